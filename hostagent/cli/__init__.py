@@ -1,0 +1,1 @@
+"""The command-line interface: parses arguments and calls the functions the daemon calls."""

@@ -1,0 +1,83 @@
+"""``hostagent devices``: the node's GPUs and MIG devices."""
+
+from __future__ import annotations
+
+from .common import host_from_args
+from .output import add_output_flag, emit, table
+
+__all__ = ["register"]
+
+
+def register(sub) -> None:
+    p = sub.add_parser("devices", help="list GPUs and MIG devices",
+                       description="List GPUs and MIG devices as NVML reports them.")
+    p.add_argument("--profiles", action="store_true",
+                   help="also list each GPU's MIG GPU-instance profiles and placements")
+    add_output_flag(p)
+    p.set_defaults(run=run)
+
+
+def run(args) -> int:
+    from ..devices import read_inventory
+    inv = read_inventory(host_from_args(args))
+    if args.output != "table":
+        data = {"gpus": inv.gpus, "unreadable": inv.unreadable}
+        if not args.profiles:
+            data["gpus"] = [_without_profiles(g) for g in inv.gpus]
+        emit(data, args.output, None)
+        return 0
+    print(render(inv, profiles=args.profiles))
+    return 0
+
+
+def _without_profiles(gpu):
+    import dataclasses
+    if gpu.mig is None:
+        return gpu
+    return dataclasses.replace(gpu, mig=dataclasses.replace(gpu.mig, profiles=()))
+
+
+def _mig_mode(gpu) -> str:
+    if gpu.mig is None:
+        return "n/a"
+    mode = "enabled" if gpu.mig.enabled else "disabled"
+    if gpu.mig.change_pending:
+        mode += f" (pending {'enabled' if gpu.mig.pending else 'disabled'})"
+    return mode
+
+
+def render(inv, *, profiles: bool = False) -> str:
+    rows = [[g.index, g.minor, g.uuid, g.name, f"{g.memory_mib} MiB", g.pci_bus_id,
+             g.compute_capability, g.architecture, _mig_mode(g)] for g in inv.gpus]
+    out = [table(["GPU", "MINOR", "UUID", "PRODUCT", "MEMORY", "PCI BUS ID", "CC", "ARCH", "MIG"],
+                 rows)]
+    for bad in inv.unreadable:
+        out.append(f"GPU {bad.index}: unreadable: {bad.error}")
+    migs = inv.mig_devices
+    if migs:
+        gpu_by_index = {g.index: g for g in inv.gpus}
+        rows = [[d.name, d.uuid, d.profile, d.gi, d.ci, str(d.placement), f"{d.memory_mib} MiB",
+                 d.multiprocessors, f"{d.copy_engines}/{d.decoders}/{d.encoders}/{d.jpegs}/{d.ofas}"]
+                for d in migs]
+        out += ["", "MIG devices:",
+                table(["DEVICE", "UUID", "PROFILE", "GI", "CI", "PLACEMENT", "MEMORY", "SMS",
+                       "CE/DEC/ENC/JPG/OFA"], rows, indent="  ")]
+        empty = [(g.index, gi) for g in gpu_by_index.values() if g.mig
+                 for gi in g.mig.gpu_instances if not gi.compute_instances]
+        for index, gi in empty:
+            out.append(f"  GPU {index}: GPU instance {gi.id} ({gi.profile} at {gi.placement}) "
+                       "has no compute instance")
+    if profiles:
+        for g in inv.gpus:
+            out.append("")
+            if g.mig is None:
+                out.append(f"GPU {g.index} ({g.name}): not MIG capable")
+                continue
+            rows = [[p.id, p.name, p.instances, f"{p.slices}/{p.memory_slices}", f"{p.memory_mib} MiB",
+                     p.multiprocessors, f"{p.copy_engines}/{p.decoders}/{p.encoders}/{p.jpegs}/{p.ofas}",
+                     ",".join(str(pl.start) for pl in p.placements) + f" (size {p.memory_slices})"]
+                    for p in g.mig.profiles]
+            out += [f"GPU {g.index} ({g.name}) MIG GPU-instance profiles:",
+                    table(["ID", "NAME", "INSTANCES", "SLICES C/M", "MEMORY", "SMS",
+                           "CE/DEC/ENC/JPG/OFA", "PLACEMENTS"], rows, indent="  ")]
+    return "\n".join(out)

@@ -1,0 +1,53 @@
+"""``hostagent`` entry point: registers the verbs and maps errors to exit codes.
+
+Start-up stays lean: command modules import heavy dependencies (pynvml, yaml) inside the
+functions that use them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from .. import __version__
+from ..errors import HostagentError
+from . import devices, node, sim
+
+__all__ = ["main", "build_parser"]
+
+COMMANDS = (devices, node, sim)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="hostagent", description="Node agent for GPU hosts.",
+        epilog="Run 'hostagent COMMAND --help' for a command's options.")
+    parser.add_argument("--version", action="version", version=f"hostagent {__version__}")
+    parser.add_argument("--simulate", metavar="DIR",
+                        help="run against the simulated node in DIR (also: HOSTAGENT_SIMULATE)")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log debug detail to stderr")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for module in COMMANDS:
+        module.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
+                        format="hostagent: %(levelname)s: %(message)s")
+    try:
+        return args.run(args) or 0
+    except HostagentError as e:
+        print(f"hostagent: error: {e.message}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

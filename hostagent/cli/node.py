@@ -1,0 +1,32 @@
+"""``hostagent node``: driver and library versions, and the host paths in use."""
+
+from __future__ import annotations
+
+from .common import host_from_args
+from .output import add_output_flag, emit, table
+
+__all__ = ["register"]
+
+
+def register(sub) -> None:
+    p = sub.add_parser("node", help="show driver, CUDA and NVML versions and host paths")
+    add_output_flag(p)
+    p.set_defaults(run=run)
+
+
+def run(args) -> int:
+    from ..devices import read_inventory
+    inv = read_inventory(host_from_args(args))
+    data = {"driver_version": inv.driver_version, "cuda_driver_version": inv.cuda_driver_version,
+            "nvml_version": inv.nvml_version, "gpus": len(inv.gpus) + len(inv.unreadable),
+            "simulated": inv.simulated, "device_nodes": inv.device_nodes, "paths": inv.paths}
+
+    def render(d):
+        rows = [[k.replace("_", " "), v] for k, v in d.items() if k != "paths"]
+        rows += [[f"{k.replace('_', ' ')}", v] for k, v in d["paths"].items()]
+        print(table(["FIELD", "VALUE"], rows))
+        if d["device_nodes"] == "regular-files":
+            print("\nnote: device nodes are regular files (simulated node created without root)")
+
+    emit(data, args.output, render)
+    return 0

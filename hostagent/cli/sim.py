@@ -1,0 +1,179 @@
+"""``hostagent sim``: create and drive a simulated GPU node."""
+
+from __future__ import annotations
+
+import os
+
+from ..errors import UsageError
+from ..hostroot import SIMULATE_ENV
+from .output import add_output_flag, emit, table
+
+__all__ = ["register"]
+
+
+def register(sub) -> None:
+    p = sub.add_parser("sim", help="create and drive a simulated GPU node",
+                       description="A simulated node: a fake NVML beneath pynvml and a generated "
+                                   "driver root. Other commands use it with --simulate DIR.")
+    verbs = p.add_subparsers(dest="verb", metavar="VERB", required=True)
+
+    v = verbs.add_parser("profiles", help="list the node profiles")
+    add_output_flag(v)
+    v.set_defaults(run=profiles)
+
+    v = verbs.add_parser("create", help="build a simulated node in a directory")
+    v.add_argument("--profile", default="dgx-a100", help="node profile (default: dgx-a100)")
+    v.add_argument("--root", required=True, help="directory to build the node in")
+    v.add_argument("--force", action="store_true", help="replace an existing simulated node")
+    v.set_defaults(run=create)
+
+    v = verbs.add_parser("demo", help="create a node in a temporary directory and show it")
+    v.add_argument("--profile", default="dgx-a100", help="node profile (default: dgx-a100)")
+    v.set_defaults(run=demo)
+
+    v = _verb(verbs, "hold", "make a process hold a GPU or MIG device (destroy then gets IN_USE)")
+    v.add_argument("device", help="GPU index or UUID, MIG UUID, or GPU:MIG")
+    v.add_argument("--pid", type=int, help="an existing process (default: start one)")
+    v.add_argument("--name", default="cuda-app", help="process name NVML reports")
+    v.add_argument("--memory", type=int, default=512, metavar="MIB", help="memory it uses")
+    v.set_defaults(run=hold)
+
+    v = _verb(verbs, "release", "drop process holds (all, or one process's)")
+    v.add_argument("pid", type=int, nargs="?", help="process id (default: all)")
+    v.set_defaults(run=release)
+
+    v = _verb(verbs, "xid", "inject an XID error event")
+    v.add_argument("--gpu", type=int, required=True)
+    v.add_argument("--xid", type=int, required=True)
+    v.add_argument("--gi", type=int, help="GPU instance the error is scoped to")
+    v.add_argument("--ci", type=int, help="compute instance the error is scoped to")
+    v.set_defaults(run=xid)
+
+    v = _verb(verbs, "ecc", "inject a double-bit ECC error event")
+    v.add_argument("--gpu", type=int, required=True)
+    v.set_defaults(run=ecc)
+
+    v = _verb(verbs, "lose", "make a GPU fall off the bus (XID 79, then GPU_IS_LOST)")
+    v.add_argument("--gpu", type=int, required=True)
+    v.set_defaults(run=lose)
+
+    v = _verb(verbs, "reboot", "reboot the node: instances vanish, pending MIG modes apply, "
+                               "Hopper and newer lose MIG mode")
+    v.set_defaults(run=reboot)
+
+    v = _verb(verbs, "driver", "unload or load the kernel driver")
+    v.add_argument("action", choices=["load", "unload"])
+    v.set_defaults(run=driver)
+
+
+def _verb(verbs, name, text):
+    v = verbs.add_parser(name, help=text, description=text)
+    v.add_argument("--root", help=f"the simulated node (default: --simulate or ${SIMULATE_ENV})")
+    return v
+
+
+def _store(args):
+    from ..sim.store import SimStore
+    root = args.root or args.simulate or os.environ.get(SIMULATE_ENV)
+    if not root:
+        raise UsageError("no simulated node given", hint=f"pass --root DIR, --simulate DIR or set {SIMULATE_ENV}")
+    store = SimStore(root)
+    store.check()
+    return store
+
+
+def profiles(args) -> int:
+    from ..sim import catalog
+    data = []
+    for name in catalog.profile_names():
+        prof = catalog.load_profile(name)
+        data.append({"name": name, "description": prof.description, "gpus": len(prof.gpus),
+                     "driver_version": prof.driver_version})
+    emit(data, args.output, lambda d: print(table(
+        ["PROFILE", "GPUS", "DRIVER", "DESCRIPTION"],
+        [[p["name"], p["gpus"], p["driver_version"], p["description"]] for p in d])))
+    return 0
+
+
+def create(args) -> int:
+    from ..sim.driverroot import create_node
+    from ..sim.store import SimStore
+    from ..sim import catalog
+    catalog.load_profile(args.profile)     # unknown profile: error before touching the root
+    if SimStore(args.root).exists() and not args.force:
+        raise UsageError("a simulated node already exists there", where=args.root,
+                         hint="pass --force to replace it")
+    store = create_node(args.root, args.profile)
+    kind = "character devices" if store.facts.real_device_nodes else "regular files (not root)"
+    print(f"created simulated node '{args.profile}' in {store.root} (device nodes: {kind})")
+    print(f"use it with: hostagent --simulate {store.root} devices")
+    return 0
+
+
+def demo(args) -> int:
+    import shutil
+    import tempfile
+    from ..hostroot import HostRoot
+    from ..devices import read_inventory
+    from ..sim.driverroot import create_node
+    from . import devices
+    root = tempfile.mkdtemp(prefix="hostagent-sim-")
+    try:
+        create_node(root, args.profile)
+        inv = read_inventory(HostRoot.simulation(root))
+        print(f"Simulated node '{args.profile}' in {root}: driver {inv.driver_version}, "
+              f"CUDA {inv.cuda_driver_version}, NVML {inv.nvml_version}\n")
+        print(devices.render(inv, profiles=False))
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    return 0
+
+
+def hold(args) -> int:
+    from ..sim import control
+    proc = control.hold(_store(args), args.device, pid=args.pid, name=args.name, used_mib=args.memory)
+    where = f"GPU {proc.gpu}" + (f" GI {proc.gi} CI {proc.ci}" if proc.gi is not None else "")
+    print(f"process {proc.pid} ({proc.name}) holds {where}")
+    return 0
+
+
+def release(args) -> int:
+    from ..sim import control
+    gone = control.release(_store(args), args.pid)
+    print(f"released {len(gone)} hold(s)")
+    return 0
+
+
+def xid(args) -> int:
+    from ..sim import control
+    ev = control.inject_xid(_store(args), args.gpu, args.xid, args.gi, args.ci)
+    print(f"XID {args.xid} on GPU {args.gpu} (event {ev.seq})")
+    return 0
+
+
+def ecc(args) -> int:
+    from ..sim import control
+    ev = control.inject_ecc(_store(args), args.gpu)
+    print(f"double-bit ECC error on GPU {args.gpu} (event {ev.seq})")
+    return 0
+
+
+def lose(args) -> int:
+    from ..sim import control
+    control.lose_gpu(_store(args), args.gpu)
+    print(f"GPU {args.gpu} has fallen off the bus")
+    return 0
+
+
+def reboot(args) -> int:
+    from ..sim import control
+    control.reboot(_store(args))
+    print("node rebooted")
+    return 0
+
+
+def driver(args) -> int:
+    from ..sim import control
+    control.set_driver_loaded(_store(args), args.action == "load")
+    print(f"driver {args.action}ed")
+    return 0

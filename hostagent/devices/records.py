@@ -1,0 +1,180 @@
+"""The inventory's records: plain, immutable facts about the node's GPUs.
+
+Facts a device cannot have are absent (``mig`` is None on a GPU without MIG), not guessed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+__all__ = ["Placement", "MigProfile", "ComputeInstance", "GpuInstance", "MigDevice",
+           "MigState", "Gpu", "UnreadableGpu", "Inventory"]
+
+
+@dataclass(frozen=True, order=True)
+class Placement:
+    start: int
+    size: int
+
+    def __str__(self) -> str:
+        return f"{self.start}:{self.size}"
+
+    def overlaps(self, other: "Placement") -> bool:
+        return self.start < other.start + other.size and other.start < self.start + self.size
+
+
+# hostagent.devices.read_inventory() -> Gpu.mig.profiles
+@dataclass(frozen=True)
+class MigProfile:
+    """A GPU-instance profile as this GPU reports it."""
+    index: int                 # NVML_GPU_INSTANCE_PROFILE_* value used to query it
+    id: int                    # nvmlGpuInstanceProfileInfo.id, used by every other call
+    name: str                  # "1g.5gb", "1g.5gb+me", ...
+    slices: int                # compute slices
+    instances: int
+    memory_mib: int
+    multiprocessors: int
+    copy_engines: int
+    decoders: int
+    encoders: int
+    jpegs: int
+    ofas: int
+    placements: tuple[Placement, ...]
+
+    @property
+    def memory_slices(self) -> int:
+        return self.placements[0].size if self.placements else 0
+
+
+# hostagent.devices.read_inventory() -> GpuInstance.compute_instances
+@dataclass(frozen=True)
+class ComputeInstance:
+    id: int
+    profile_id: int
+    slices: int
+    placement: Placement
+
+
+# hostagent.devices.read_inventory() -> Gpu.mig.gpu_instances
+@dataclass(frozen=True)
+class GpuInstance:
+    id: int
+    profile_id: int
+    profile: str
+    placement: Placement
+    compute_instances: tuple[ComputeInstance, ...]
+
+
+# hostagent.devices.read_inventory() -> Gpu.mig.devices
+@dataclass(frozen=True)
+class MigDevice:
+    """One MIG device (a compute instance) as CUDA and containers see it."""
+    uuid: str
+    parent_index: int
+    parent_uuid: str
+    parent_minor: int
+    index: int                 # NVML MIG device slot on the parent (sparse)
+    gi: int
+    ci: int
+    profile: str               # "1g.5gb", or "1c.3g.20gb" for a CI smaller than its GI
+    gi_profile_id: int
+    ci_profile_id: int
+    placement: Placement       # the GPU instance's placement on the memory-slice axis
+    ci_placement: Placement    # the compute instance's placement inside the GPU instance
+    memory_mib: int
+    multiprocessors: int
+    copy_engines: int
+    decoders: int
+    encoders: int
+    jpegs: int
+    ofas: int
+
+    @property
+    def name(self) -> str:
+        """The ``<gpu>:<mig>`` name CDI and NVIDIA_VISIBLE_DEVICES use for MIG devices."""
+        return f"{self.parent_index}:{self.index}"
+
+
+@dataclass(frozen=True)
+class MigState:
+    enabled: bool              # current mode
+    pending: bool              # mode after the next reset (or reboot, on Ampere)
+    profiles: tuple[MigProfile, ...]
+    gpu_instances: tuple[GpuInstance, ...] = ()
+    devices: tuple[MigDevice, ...] = ()
+
+    @property
+    def change_pending(self) -> bool:
+        return self.enabled != self.pending
+
+    def profile(self, name_or_id: str | int) -> MigProfile | None:
+        return next((p for p in self.profiles if name_or_id in (p.name, p.id)), None)
+
+
+# hostagent.devices.read_inventory() -> Inventory.gpus
+@dataclass(frozen=True)
+class Gpu:
+    index: int
+    minor: int
+    uuid: str
+    name: str
+    serial: str | None
+    memory_mib: int
+    pci_bus_id: str            # NVML form: "00000000:07:00.0"
+    pci_device_id: int
+    compute_capability: str    # "8.0"
+    architecture: str          # "ampere", "hopper", ...
+    mig: MigState | None       # None: the GPU is not MIG capable
+
+    @property
+    def mig_capable(self) -> bool:
+        return self.mig is not None
+
+    @property
+    def mig_enabled(self) -> bool:
+        return self.mig is not None and self.mig.enabled
+
+    @property
+    def sysfs_bus_id(self) -> str:
+        """The bus id as /sys and /proc spell it: "0000:07:00.0"."""
+        domain, rest = self.pci_bus_id.split(":", 1)
+        return f"{int(domain, 16):04x}:{rest.lower()}"
+
+
+# hostagent.devices.read_inventory() -> Inventory.unreadable
+@dataclass(frozen=True)
+class UnreadableGpu:
+    """A GPU NVML counts but cannot read (lost, or failing); kept so it is never silently gone."""
+    index: int
+    error: str
+    nvml_code: int
+
+
+@dataclass(frozen=True)
+class Inventory:
+    driver_version: str
+    cuda_driver_version: str   # "12.4"
+    nvml_version: str
+    gpus: tuple[Gpu, ...]
+    unreadable: tuple[UnreadableGpu, ...] = ()
+    simulated: bool = False
+    device_nodes: str = "char"  # "char", or "regular-files" on a simulated node without mknod
+    paths: dict = field(default_factory=dict, compare=False)
+
+    @property
+    def mig_devices(self) -> tuple[MigDevice, ...]:
+        return tuple(d for g in self.gpus if g.mig for d in g.mig.devices)
+
+    def find(self, ident: str) -> Gpu | MigDevice | None:
+        """A GPU by index or UUID, or a MIG device by UUID or ``<gpu>:<mig>`` name."""
+        ident = str(ident).strip()
+        for gpu in self.gpus:
+            if ident in (str(gpu.index), gpu.uuid):
+                return gpu
+        for dev in self.mig_devices:
+            if ident in (dev.uuid, dev.name):
+                return dev
+        return None
+
+    def to_dict(self) -> dict:
+        return asdict(self)

@@ -1,0 +1,83 @@
+"""The one error hierarchy of hostagent.
+
+    HostagentError              what went wrong, where, and what to do
+    ├── UsageError              bad command-line or request input (exit 2)
+    ├── NotFoundError           a device, file or object that does not exist
+    ├── ConfigError             an invalid configuration or data file
+    ├── StateError              the node is not in a state that allows the operation
+    └── NvmlError               a failed NVML call
+        ├── NvmlLibraryMissing  libnvidia-ml.so.1 cannot be loaded
+        └── DriverNotLoaded     the library loads but the kernel driver is absent
+
+The CLI maps these to one-line messages and exit codes; the API maps them to
+JSON errors using the stable ``code``.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "HostagentError",
+    "UsageError",
+    "NotFoundError",
+    "ConfigError",
+    "StateError",
+    "NvmlError",
+    "NvmlLibraryMissing",
+    "DriverNotLoaded",
+]
+
+
+class HostagentError(Exception):
+    code = "error"
+    exit_code = 1
+
+    def __init__(self, what: str, *, where: str | None = None, hint: str | None = None, **details):
+        self.what = what
+        self.where = where
+        self.hint = hint
+        self.details = details
+        super().__init__(self.message)
+
+    @property
+    def message(self) -> str:
+        text = f"{self.where}: {self.what}" if self.where else self.what
+        return f"{text} ({self.hint})" if self.hint else text
+
+    def to_dict(self) -> dict:
+        out = {"code": self.code, "message": self.message}
+        if self.details:
+            out["details"] = self.details
+        return out
+
+
+class UsageError(HostagentError):
+    code = "invalid_argument"
+    exit_code = 2
+
+
+class NotFoundError(HostagentError):
+    code = "not_found"
+
+
+class ConfigError(HostagentError):
+    code = "invalid_config"
+
+
+class StateError(HostagentError):
+    code = "invalid_state"
+
+
+class NvmlError(HostagentError):
+    code = "nvml_error"
+
+    def __init__(self, what: str, *, nvml_code: int | None = None, **kw):
+        super().__init__(what, **kw)
+        self.nvml_code = nvml_code
+
+
+class NvmlLibraryMissing(NvmlError):
+    code = "nvml_missing"
+
+
+class DriverNotLoaded(NvmlError):
+    code = "driver_not_loaded"

@@ -1,0 +1,64 @@
+"""Every host path hostagent touches is resolved through one HostRoot.
+
+In production the root is ``/``; in tests and on a simulated node it is a directory that
+holds a whole host tree (dev, proc, sys, etc, run, var, driver files).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["HostRoot", "SIMULATE_ENV"]
+
+SIMULATE_ENV = "HOSTAGENT_SIMULATE"
+
+
+@dataclass(frozen=True)
+class HostRoot:
+    root: Path = Path("/")
+    driver_root: Path | None = None   # where driver libraries and binaries live; default: root
+    dev_root: Path | None = None      # where /dev lives; default: root
+    simulated: bool = False
+
+    @classmethod
+    def simulation(cls, directory: str | os.PathLike) -> "HostRoot":
+        return cls(root=Path(directory).absolute(), simulated=True)
+
+    @classmethod
+    def from_env(cls, simulate: str | None = None) -> "HostRoot":
+        simulate = simulate or os.environ.get(SIMULATE_ENV)
+        return cls.simulation(simulate) if simulate else cls()
+
+    def host(self, path: str | os.PathLike) -> Path:
+        """A host path (absolute as seen on the host) inside this root."""
+        return self.root / str(path).lstrip("/")
+
+    def driver(self, path: str | os.PathLike = "") -> Path:
+        return (self.driver_root or self.root) / str(path).lstrip("/")
+
+    def dev(self, path: str | os.PathLike = "") -> Path:
+        return (self.dev_root or self.root) / "dev" / str(path).lstrip("/")
+
+    def proc(self, path: str | os.PathLike = "") -> Path:
+        return self.root / "proc" / str(path).lstrip("/")
+
+    def sys(self, path: str | os.PathLike = "") -> Path:
+        return self.root / "sys" / str(path).lstrip("/")
+
+    @property
+    def state_dir(self) -> Path:
+        return self.host("/var/lib/hostagent")
+
+    @property
+    def run_dir(self) -> Path:
+        return self.host("/run/hostagent")
+
+    @property
+    def cdi_dir(self) -> Path:
+        return self.host("/var/run/cdi")
+
+    @property
+    def config_file(self) -> Path:
+        return self.host("/etc/hostagent/config.yaml")

@@ -1,0 +1,194 @@
+"""GPU SKU and node-profile data shipped with the simulator, as typed records."""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from importlib import resources
+
+import yaml
+
+from ..errors import NotFoundError
+
+__all__ = ["GiProfileSpec", "CiProfileSpec", "MigSpec", "SkuSpec", "NodeProfile",
+           "skus", "raw_skus", "sku_from_dict", "profile_names", "load_profile", "ci_profile_index"]
+
+ARCHITECTURES = {"turing": 6, "ampere": 7, "ada": 8, "hopper": 9, "blackwell": 10}
+
+# NVML_COMPUTE_INSTANCE_PROFILE_<N>_SLICE values, keyed by slice count.
+_CI_INDEX_BY_SLICES = {1: 0, 2: 1, 3: 2, 4: 3, 7: 4, 8: 5, 6: 6}
+
+
+def ci_profile_index(slices: int) -> int:
+    return _CI_INDEX_BY_SLICES[slices]
+
+
+@dataclass(frozen=True)
+class CiProfileSpec:
+    id: int                 # NVML compute-instance profile value, which is also its id
+    slices: int
+    instances: int
+    multiprocessors: int
+    placements: tuple[int, ...]   # starts on the GPU instance's compute-slice axis
+
+
+@dataclass(frozen=True)
+class GiProfileSpec:
+    index: int              # NVML_GPU_INSTANCE_PROFILE_* value
+    id: int                 # nvmlGpuInstanceProfileInfo.id
+    name: str               # e.g. "1g.5gb", "1g.5gb+me"
+    slices: int             # compute slices
+    memory_slices: int      # placement size
+    instances: int
+    memory_mib: int
+    multiprocessors: int
+    copy_engines: int
+    decoders: int
+    encoders: int
+    jpegs: int
+    ofas: int
+    placements: tuple[int, ...]
+
+    @property
+    def all_media(self) -> bool:
+        return self.name.endswith("+me.all")
+
+    @property
+    def no_media(self) -> bool:
+        return self.name.endswith("-me")
+
+    @functools.cached_property
+    def ci_profiles(self) -> tuple[CiProfileSpec, ...]:
+        """Compute-instance profiles a GI of this profile offers.
+
+        C compute slices fit a G-slice GI when C == G or 2C <= G+1 (the rule the
+        published CI tables follow), G // C of them, packed from slice 0.
+        """
+        out = []
+        for c in sorted(_CI_INDEX_BY_SLICES):
+            if c <= self.slices and (c == self.slices or 2 * c <= self.slices + 1):
+                n = self.slices // c
+                out.append(CiProfileSpec(
+                    id=ci_profile_index(c), slices=c, instances=n,
+                    multiprocessors=self.multiprocessors * c // self.slices,
+                    placements=tuple(k * c for k in range(n))))
+        return tuple(out)
+
+    def ci_profile(self, profile_id: int) -> CiProfileSpec | None:
+        return next((p for p in self.ci_profiles if p.id == profile_id), None)
+
+
+@dataclass(frozen=True)
+class MigSpec:
+    memory_slices: int
+    compute_slices: int
+    multiprocessors: int
+    gi_profiles: tuple[GiProfileSpec, ...]
+
+    def by_id(self, profile_id: int) -> GiProfileSpec | None:
+        return next((p for p in self.gi_profiles if p.id == profile_id), None)
+
+    def by_index(self, index: int) -> GiProfileSpec | None:
+        return next((p for p in self.gi_profiles if p.index == index), None)
+
+    @property
+    def full(self) -> GiProfileSpec:
+        return max(self.gi_profiles, key=lambda p: (p.memory_slices, p.slices))
+
+
+@dataclass(frozen=True)
+class SkuSpec:
+    key: str
+    name: str
+    pci_device_id: int
+    pci_subsystem_id: int
+    architecture: str
+    compute_capability: tuple[int, int]
+    memory_mib: int
+    multiprocessors: int
+    power_limit_w: int
+    max_sm_clock_mhz: int
+    max_mem_clock_mhz: int
+    pcie_generation: int
+    pcie_width: int
+    mig: MigSpec | None
+
+    @property
+    def nvml_architecture(self) -> int:
+        return ARCHITECTURES[self.architecture]
+
+    @property
+    def mig_mode_persists(self) -> bool:
+        """Ampere keeps MIG mode in InfoROM across reboots; Hopper and newer lose it."""
+        return self.nvml_architecture < ARCHITECTURES["hopper"]
+
+
+@dataclass(frozen=True)
+class GpuSlot:
+    sku: SkuSpec
+    pci_bus_id: str          # "0000:07:00.0"
+
+
+@dataclass(frozen=True)
+class NodeProfile:
+    name: str
+    description: str
+    driver_version: str
+    cuda_driver_version: int
+    gpus: tuple[GpuSlot, ...]
+
+
+def _data(name: str):
+    return yaml.safe_load(resources.files(__package__).joinpath("data", name).read_text())
+
+
+def sku_from_dict(key: str, raw: dict) -> SkuSpec:
+    mig = raw.get("mig")
+    if mig:
+        mig = MigSpec(
+            memory_slices=mig["memory_slices"], compute_slices=mig["compute_slices"],
+            multiprocessors=mig["multiprocessors"],
+            gi_profiles=tuple(GiProfileSpec(
+                index=p["index"], id=p["id"], name=p["name"], slices=p["slices"],
+                memory_slices=p["memory_slices"], instances=p["instances"],
+                memory_mib=p["memory_mib"], multiprocessors=p["multiprocessors"],
+                copy_engines=p["copy_engines"], decoders=p["decoders"],
+                encoders=p["encoders"], jpegs=p["jpegs"], ofas=p["ofas"],
+                placements=tuple(p["placements"])) for p in mig["gpu_instance_profiles"]))
+    major, minor = str(raw["compute_capability"]).split(".")
+    return SkuSpec(
+        key=key, name=raw["name"], pci_device_id=raw["pci_device_id"],
+        pci_subsystem_id=raw["pci_subsystem_id"], architecture=raw["architecture"],
+        compute_capability=(int(major), int(minor)), memory_mib=raw["memory_mib"],
+        multiprocessors=raw["multiprocessors"], power_limit_w=raw["power_limit_w"],
+        max_sm_clock_mhz=raw["max_sm_clock_mhz"], max_mem_clock_mhz=raw["max_mem_clock_mhz"],
+        pcie_generation=raw["pcie_generation"], pcie_width=raw["pcie_width"], mig=mig)
+
+
+@functools.cache
+def raw_skus() -> dict[str, dict]:
+    return _data("skus.yaml")
+
+
+@functools.cache
+def skus() -> dict[str, SkuSpec]:
+    return {key: sku_from_dict(key, raw) for key, raw in raw_skus().items()}
+
+
+def profile_names() -> list[str]:
+    folder = resources.files(__package__).joinpath("data", "profiles")
+    return sorted(p.name.removesuffix(".yaml") for p in folder.iterdir() if p.name.endswith(".yaml"))
+
+
+@functools.cache
+def load_profile(name: str) -> NodeProfile:
+    if name not in profile_names():
+        raise NotFoundError(f"no simulated node profile named {name!r}",
+                            hint=f"choose one of: {', '.join(profile_names())}")
+    raw = _data(f"profiles/{name}.yaml")
+    table = skus()
+    slots = tuple(GpuSlot(table[group["sku"]], bus.lower())
+                  for group in raw["gpus"] for bus in group["pci_bus_ids"])
+    return NodeProfile(name=name, description=raw["description"],
+                       driver_version=str(raw["driver_version"]),
+                       cuda_driver_version=int(raw["cuda_driver_version"]), gpus=slots)

@@ -1,0 +1,127 @@
+"""What tests and demos do to a simulated node from outside: hold devices with processes,
+inject XIDs and ECC errors, lose a GPU, unload the driver, reboot."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+
+import pynvml as N
+
+from ..errors import NotFoundError, StateError, UsageError
+from .node import NodeState, SimNvmlError, SimProcess
+from .store import SimStore
+
+__all__ = ["resolve_device", "hold", "release", "inject_xid", "inject_ecc", "lose_gpu",
+           "reboot", "set_driver_loaded", "reset_gpus"]
+
+
+def resolve_device(state: NodeState, ident: str) -> tuple[int, int | None, int | None]:
+    """(gpu, gi, ci) for a GPU index or UUID, a MIG UUID, or ``<gpu>:<mig index>``."""
+    ident = ident.strip()
+    for gpu in state.gpus:
+        if ident in (str(gpu.index), gpu.uuid):
+            return gpu.index, None, None
+        for slot, (gi, ci) in state.mig_devices(gpu.index).items():
+            if ident in (ci.uuid, f"{gpu.index}:{slot}"):
+                return gpu.index, gi.id, ci.id
+    raise NotFoundError(f"no device {ident!r} on the simulated node",
+                        hint="use a GPU index or UUID, a MIG UUID, or GPU:MIG as 'hostagent devices' shows")
+
+
+def _spawn_holder() -> int:
+    sleeper = shutil.which("sleep")
+    cmd = [sleeper, "infinity"] if sleeper else [sys.executable, "-c", "import time\nwhile 1: time.sleep(3600)"]
+    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    return proc.pid
+
+
+def hold(store: SimStore, device: str, *, pid: int | None = None, name: str = "cuda-app",
+         used_mib: int = 512) -> SimProcess:
+    """Make a process hold a GPU or MIG device until it exits or is released.
+
+    Without ``pid`` a background process is started for the purpose; the driver drops the
+    hold the moment that process exits, as it does for real CUDA processes.
+    """
+    with store.mutate() as state:
+        gpu, gi, ci = resolve_device(state, device)
+        state.live_gpu(gpu)
+        spawned = pid is None
+        if spawned:
+            pid = _spawn_holder()
+        proc = SimProcess(pid=pid, gpu=gpu, gi=gi, ci=ci, name=name, used_mib=used_mib,
+                          spawned=spawned)
+        state.processes.append(proc)
+        return proc
+
+
+def release(store: SimStore, pid: int | None = None) -> list[SimProcess]:
+    """Drop the holds of ``pid`` (or all); stop holder processes the simulator started."""
+    with store.mutate() as state:
+        gone = [p for p in state.processes if pid is None or p.pid == pid]
+        if pid is not None and not gone:
+            raise NotFoundError(f"process {pid} holds no simulated device")
+        state.processes = [p for p in state.processes if p not in gone]
+    _stop_spawned(gone)
+    return gone
+
+
+def _stop_spawned(procs) -> None:
+    for p in procs:
+        if p.spawned:
+            try:
+                os.kill(p.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+
+
+def inject_xid(store: SimStore, gpu: int, xid: int, gi: int | None = None, ci: int | None = None):
+    if xid <= 0:
+        raise UsageError(f"XID must be a positive number, not {xid}")
+    with store.mutate() as state:
+        return state.add_event(_gpu_index(state, gpu), N.nvmlEventTypeXidCriticalError, xid, gi, ci)
+
+
+def inject_ecc(store: SimStore, gpu: int):
+    """A double-bit ECC error event, as NVML reports uncorrectable memory errors."""
+    with store.mutate() as state:
+        return state.add_event(_gpu_index(state, gpu), N.nvmlEventTypeDoubleBitEccError, 0)
+
+
+def lose_gpu(store: SimStore, gpu: int) -> None:
+    """The GPU falls off the bus: XID 79, then every call on it returns GPU_IS_LOST."""
+    with store.mutate() as state:
+        state.mark_lost(_gpu_index(state, gpu))
+
+
+def reboot(store: SimStore) -> None:
+    with store.mutate() as state:
+        gone = state.reboot(store.facts)
+    _stop_spawned(gone)
+
+
+def set_driver_loaded(store: SimStore, loaded: bool) -> None:
+    with store.mutate() as state:
+        state.driver_loaded = loaded
+
+
+def reset_gpus(store: SimStore, indices: list[int]) -> None:
+    """GPU reset, as ``nvidia-smi -r``: all or nothing."""
+    with store.mutate() as state:
+        for index in indices:
+            try:
+                state.reset_gpu(_gpu_index(state, index))
+            except SimNvmlError as e:
+                raise StateError(f"cannot reset GPU {index}: "
+                                 + ("in use by another client" if e.code == N.NVML_ERROR_IN_USE
+                                    else str(e))) from None
+
+
+def _gpu_index(state: NodeState, gpu: int) -> int:
+    if not 0 <= gpu < len(state.gpus):
+        raise NotFoundError(f"no GPU {gpu} on the simulated node (it has {len(state.gpus)})")
+    return gpu

@@ -1,0 +1,174 @@
+"""Generate the files a real GPU host has: device nodes, /proc entries, driver libraries,
+firmware, IPC sockets and the driver's helper binaries; keep MIG capability nodes in step
+with the simulated instances.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import socket
+import sys
+import uuid as uuidlib
+from pathlib import Path
+
+from ..fileio import ensure_dir, write_atomic
+from . import catalog
+from .elf import write_shared_object
+from .files import NodeFiles, mig_minors
+from .node import NodeState, SimGpu
+from .store import SimStore
+
+__all__ = ["create_node", "LIBRARIES", "TOOLS", "NVIDIA_MAJOR", "LIB_DIR"]
+
+NVIDIA_MAJOR = 195
+LIB_DIR = "usr/lib/x86_64-linux-gnu"
+FIRMWARE = ("gsp_ga10x.bin", "gsp_tu10x.bin")
+
+# Library stem -> SONAME suffix ("" means the SONAME carries the full driver version).
+LIBRARIES = {
+    "libcuda": "1", "libcudadebugger": "1", "libnvidia-ml": "1",
+    "libnvidia-ptxjitcompiler": "1", "libnvidia-nvvm": "4", "libnvidia-cfg": "1",
+    "libnvidia-gpucomp": "", "libnvidia-allocator": "1", "libnvidia-opencl": "1",
+    "libnvidia-encode": "1", "libnvcuvid": "1",
+}
+# Development links the driver package also installs.
+DEV_LINKS = {"libcuda.so": "libcuda.so.1", "libnvidia-ml.so": "libnvidia-ml.so.1"}
+
+TOOLS = {  # binary -> module:function in hostagent.sim.tools
+    "nvidia-smi": "nvidia_smi", "nvidia-cuda-mps-control": "mps_control",
+    "nvidia-cuda-mps-server": "mps_server", "nvidia-persistenced": "persistenced",
+}
+
+CONFIG_FILES = {
+    "usr/share/glvnd/egl_vendor.d/10_nvidia.json":
+        '{"file_format_version": "1.0.0", "ICD": {"library_path": "libEGL_nvidia.so.0"}}\n',
+    "etc/OpenCL/vendors/nvidia.icd": "libnvidia-opencl.so.1\n",
+    "usr/share/vulkan/icd.d/nvidia_icd.json":
+        '{"file_format_version": "1.0.0", "ICD": {"library_path": "libGLX_nvidia.so.0", '
+        '"api_version": "1.3.277"}}\n',
+}
+
+
+def _free_majors(root_proc_devices: str = "/proc/devices", count: int = 2) -> list[int]:
+    """Dynamic majors for nvidia-uvm and nvidia-caps that this host does not use."""
+    try:
+        used = {int(line.split()[0]) for line in open(root_proc_devices)
+                if line.strip() and line.split()[0].isdigit()}
+    except OSError:
+        used = set()
+    return [m for m in range(511, 384, -1) if m not in used][:count]
+
+
+def _gpu_identity(profile: str, bus_id: str) -> tuple[str, str]:
+    uuid = f"GPU-{uuidlib.uuid5(uuidlib.NAMESPACE_URL, f'hostagent-sim/{profile}/{bus_id}')}"
+    serial = str(int(hashlib.sha256(uuid.encode()).hexdigest(), 16))[:13]
+    return uuid, serial
+
+
+def create_node(root: str | os.PathLike, profile_name: str, *,
+                real_nodes: bool | None = None) -> SimStore:
+    """Build a simulated node of ``profile_name`` under ``root`` and return its store."""
+    profile = catalog.load_profile(profile_name)
+    root = ensure_dir(Path(root).absolute())
+    if real_nodes is None:
+        real_nodes = os.geteuid() == 0
+    w = NodeFiles(root, real_nodes)
+    uvm_major, caps_major = _free_majors()
+    version = profile.driver_version
+
+    gpus = []
+    for index, slot in enumerate(profile.gpus):
+        uuid, serial = _gpu_identity(profile.name, slot.pci_bus_id)
+        gpus.append(SimGpu(index=index, sku=slot.sku.key, uuid=uuid, pci_bus_id=slot.pci_bus_id,
+                           minor=index, serial=serial))
+    used_skus = {g.sku for g in gpus}
+    facts_raw = {"profile": profile.name, "driver_version": version,
+                 "cuda_driver_version": profile.cuda_driver_version,
+                 "real_device_nodes": real_nodes,
+                 "majors": {"nvidia": NVIDIA_MAJOR, "nvidia-uvm": uvm_major, "nvidia-caps": caps_major},
+                 "skus": {k: v for k, v in catalog.raw_skus().items() if k in used_skus}}
+
+    # /dev
+    for gpu in gpus:
+        w.chardev(f"dev/nvidia{gpu.minor}", NVIDIA_MAJOR, gpu.minor)
+    w.chardev("dev/nvidiactl", NVIDIA_MAJOR, 255)
+    w.chardev("dev/nvidia-modeset", NVIDIA_MAJOR, 254)
+    w.chardev("dev/nvidia-uvm", uvm_major, 0)
+    w.chardev("dev/nvidia-uvm-tools", uvm_major, 1)
+    ensure_dir(root / "dev/nvidia-caps")
+    w.chardev("dev/nvidia-caps/nvidia-cap1", caps_major, 1, 0o400)
+    w.chardev("dev/nvidia-caps/nvidia-cap2", caps_major, 2, 0o444)
+
+    # /proc and /sys
+    w.file("proc/devices", "Character devices:\n  1 mem\n  5 /dev/tty\n"
+           f"{NVIDIA_MAJOR} nvidia-frontend\n{uvm_major} nvidia-uvm\n{caps_major} nvidia-caps\n"
+           "\nBlock devices:\n  7 loop\n")
+    w.file("proc/modules",
+           "nvidia_uvm 1540096 0 - Live 0x0000000000000000 (PO)\n"
+           "nvidia_modeset 1314816 0 - Live 0x0000000000000000 (PO)\n"
+           "nvidia 56807424 2 nvidia_uvm,nvidia_modeset, Live 0x0000000000000000 (PO)\n")
+    w.file("proc/driver/nvidia/version",
+           f"NVRM version: NVIDIA UNIX x86_64 Kernel Module  {version}  Tue Jun  4 08:56:33 UTC 2024\n"
+           "GCC version:  gcc version 12.2.0 (Debian 12.2.0-14+deb12u1)\n")
+    w.file("sys/module/nvidia/version", f"{version}\n")
+    for gpu in gpus:
+        sku = catalog.skus()[gpu.sku]
+        w.file(f"proc/driver/nvidia/gpus/{gpu.pci_bus_id}/information",
+               f"Model: \t\t {sku.name}\nIRQ:   \t\t {120 + gpu.index}\nGPU UUID: \t {gpu.uuid}\n"
+               "Video BIOS: \t 92.00.45.00.06\nBus Type: \t PCIe\nDMA Size: \t 47 bits\n"
+               "DMA Mask: \t 0x7fffffffffff\n"
+               f"Bus Location: \t {gpu.pci_bus_id}\nDevice Minor: \t {gpu.minor}\n"
+               f"GPU Firmware: \t {version}\nGPU Excluded:\t No\n", mode=0o444)
+    for cap, minor in (("config", 1), ("monitor", 2)):
+        w.file(f"proc/driver/nvidia/capabilities/mig/{cap}",
+               f"DeviceFileMinor: {minor}\nDeviceFileMode: {0o400 if cap == 'config' else 0o444}\n"
+               "DeviceFileModify: 1\n", mode=0o444)
+    w.file("proc/driver/nvidia-caps/mig-minors",
+           "".join(f"{k} {v}\n" for k, v in mig_minors().items()), mode=0o444)
+
+    # Driver libraries, firmware, config files, IPC.
+    ensure_dir(root / LIB_DIR)
+    for stem, soname_suffix in LIBRARIES.items():
+        real = f"{stem}.so.{version}"
+        soname = f"{stem}.so.{soname_suffix or version}"
+        write_shared_object(root / LIB_DIR / real, soname)
+        if soname != real:
+            w.link(f"{LIB_DIR}/{soname}", real)
+    for link, target in DEV_LINKS.items():
+        w.link(f"{LIB_DIR}/{link}", target)
+    for name in FIRMWARE:
+        w.file(f"lib/firmware/nvidia/{version}/{name}", b"\0" * 64)
+    for rel, text in CONFIG_FILES.items():
+        w.file(rel, text)
+    ensure_dir(root / "run/nvidia-persistenced")
+    _unix_socket(root / "run/nvidia-persistenced/socket")
+    ensure_dir(root / "tmp/nvidia-mps")
+    for tool, module in TOOLS.items():
+        w.file(f"usr/bin/{tool}", _tool_script(root, module), mode=0o755)
+
+    store = SimStore(root)
+    store.initialise(facts_raw, NodeState(gpus=gpus))
+    return store
+
+
+def _unix_socket(path: Path) -> None:
+    if path.exists():
+        path.unlink()
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        s.bind(str(path))
+    finally:
+        s.close()
+
+
+def _tool_script(root: Path, module: str) -> str:
+    package_parent = Path(__file__).resolve().parents[2]
+    return (f"#!{sys.executable} -I\n"
+            "# Stand-in for the NVIDIA tool of this name, backed by the simulated node.\n"
+            "import sys\n"
+            f"sys.path.insert(0, {str(package_parent)!r})\n"
+            f"from hostagent.sim.tools import {module}\n"
+            f"sys.exit({module}.main({str(root)!r}, sys.argv[1:]))\n")
+
+

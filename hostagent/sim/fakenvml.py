@@ -1,0 +1,764 @@
+"""A fake ``libnvidia-ml.so.1`` made of ctypes C functions, installed beneath pynvml.
+
+pynvml looks functions up on its loaded library object (``pynvml.nvmlLib``) and calls
+them with ctypes arguments. Replacing that object with ``FakeNvmlLibrary`` leaves all of
+pynvml's own marshalling, struct versioning and error handling in the path. A function
+the fake does not implement raises AttributeError, which pynvml turns into
+NVML_ERROR_FUNCTION_NOT_FOUND; the name is also recorded in ``missing`` for tests.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import time
+import traceback
+from collections import Counter
+from ctypes import (CFUNCTYPE, POINTER, c_char_p, c_int, c_uint, c_ulonglong, c_void_p,
+                    sizeof)
+
+import pynvml as N
+
+from .node import MIG_ENABLE, NodeState, SimGpu, SimNvmlError
+from .store import SimStore
+
+__all__ = ["FakeNvmlLibrary", "install", "uninstall"]
+
+log = logging.getLogger(__name__)
+
+_FUNCS: dict[str, tuple[tuple, object]] = {}
+P = c_void_p   # every pointer and handle is passed as an address
+
+SUPPORTED_EVENTS = (N.nvmlEventTypeSingleBitEccError | N.nvmlEventTypeDoubleBitEccError
+                    | N.nvmlEventTypePState | N.nvmlEventTypeXidCriticalError
+                    | N.nvmlEventTypeClock)
+
+
+# nvmlErrorString texts for codes pynvml has no text for.
+ERROR_STRINGS = {
+    N.NVML_ERROR_IN_USE: "In use by another client",
+    N.NVML_ERROR_INSUFFICIENT_RESOURCES: "Insufficient resources",
+    N.NVML_ERROR_ARGUMENT_VERSION_MISMATCH: "Argument version mismatch",
+    N.NVML_ERROR_NO_DATA: "No data",
+}
+
+
+def nvml(*argtypes):
+    """Register a method as the C function of the same name with these argument types."""
+    def register(fn):
+        _FUNCS[fn.__name__] = (argtypes, fn)
+        return fn
+    return register
+
+
+def _put(ptr: int, ctype, value) -> None:
+    ctype.from_address(ptr).value = value
+
+
+def _put_str(buf: int, length: int, text: str) -> None:
+    data = text.encode()
+    if len(data) + 1 > length:
+        raise SimNvmlError(N.NVML_ERROR_INSUFFICIENT_SIZE, "buffer too small")
+    ctypes.memmove(buf, data + b"\0", len(data) + 1)
+
+
+def _struct(ptr: int, ctype):
+    if not ptr:
+        raise SimNvmlError(N.NVML_ERROR_INVALID_ARGUMENT, "NULL pointer")
+    return ctype.from_address(ptr)
+
+
+class FakeNvmlLibrary:
+    def __init__(self, store: SimStore):
+        self.store = store
+        self.calls: Counter[str] = Counter()
+        self.missing: list[str] = []
+        self.crashes: list[str] = []
+        self._handles: dict[tuple, ctypes.Array] = {}
+        self._keys: dict[int, tuple] = {}
+        self._event_sets: dict[int, dict] = {}
+        self._initialised = 0
+        self._error_strings: dict[int, ctypes.Array] = {}
+        self._funcs = {name: self._bind(name, argtypes, impl)
+                       for name, (argtypes, impl) in _FUNCS.items()}
+        # nvmlErrorString returns a char*; pynvml sets restype itself.
+        self._funcs["nvmlErrorString"] = CFUNCTYPE(c_void_p, c_int)(self._error_string)
+        # Instance attributes shadow the Python methods of the same name: callers get C functions.
+        self.__dict__.update(self._funcs)
+
+    def __getattr__(self, name):
+        self.__dict__.setdefault("missing", []).append(name)
+        raise AttributeError(f"simulated NVML has no function {name}")
+
+    # ---- plumbing ------------------------------------------------------------------
+
+    def _bind(self, name, argtypes, impl):
+        def call(*args):
+            self.calls[name] += 1
+            try:
+                if name not in ("nvmlInitWithFlags", "nvmlInit_v2") and not self._initialised:
+                    return N.NVML_ERROR_UNINITIALIZED
+                return impl(self, *args) or N.NVML_SUCCESS
+            except SimNvmlError as e:
+                return e.code
+            except Exception:   # never let a bug look like NVML_SUCCESS
+                self.crashes.append(f"{name}: {traceback.format_exc()}")
+                log.error("simulated NVML crashed in %s", name, exc_info=True)
+                return N.NVML_ERROR_UNKNOWN
+        return CFUNCTYPE(c_int, *argtypes)(call)
+
+    def _error_string(self, code):
+        if code not in self._error_strings:
+            text = ERROR_STRINGS.get(code) or N.NVMLError._errcode_to_string.get(code, "Unknown Error")
+            self._error_strings[code] = ctypes.create_string_buffer(text.encode())
+        return ctypes.addressof(self._error_strings[code])
+
+    def _handle(self, *key) -> int:
+        if key not in self._handles:
+            buf = ctypes.create_string_buffer(8)
+            self._handles[key] = buf
+            self._keys[ctypes.addressof(buf)] = key
+        return ctypes.addressof(self._handles[key])
+
+    def _put_handle(self, ptr: int, *key) -> None:
+        _put(ptr, c_void_p, self._handle(*key))
+
+    def _key(self, handle: int | None) -> tuple:
+        key = self._keys.get(handle or 0)
+        if key is None:
+            raise SimNvmlError(N.NVML_ERROR_INVALID_ARGUMENT, "invalid handle")
+        return key
+
+    def _state(self) -> NodeState:
+        return self.store.read()
+
+    @property
+    def facts(self):
+        return self.store.facts
+
+    def _device(self, handle, state=None):
+        """(state, gpu, mig) for a device handle; mig is (gi, ci) or None."""
+        state = state or self._state()
+        key = self._key(handle)
+        if key[0] == "gpu":
+            return state, state.live_gpu(key[1]), None
+        if key[0] == "mig":
+            _, gi, ci = state.find_ci(key[1], key[2], key[3])
+            return state, state.live_gpu(key[1]), (gi, ci)
+        raise SimNvmlError(N.NVML_ERROR_INVALID_ARGUMENT, "not a device handle")
+
+    def _gpu_only(self, handle):
+        state, gpu, mig = self._device(handle)
+        if mig is not None:
+            raise SimNvmlError(N.NVML_ERROR_NOT_SUPPORTED, "not supported on a MIG device")
+        return state, gpu
+
+    def _gi(self, handle, state=None):
+        state = state or self._state()
+        key = self._key(handle)
+        if key[0] != "gi":
+            raise SimNvmlError(N.NVML_ERROR_INVALID_ARGUMENT, "not a GPU instance handle")
+        gpu, gi = state.find_gi(key[1], key[2])
+        return state, gpu, gi
+
+    def _ci(self, handle):
+        state = self._state()
+        key = self._key(handle)
+        if key[0] != "ci":
+            raise SimNvmlError(N.NVML_ERROR_INVALID_ARGUMENT, "not a compute instance handle")
+        gpu, gi, ci = state.find_ci(key[1], key[2], key[3])
+        return state, gpu, gi, ci
+
+    def _sku(self, gpu: SimGpu):
+        return self.facts.skus[gpu.sku]
+
+    def _mutate(self, fn):
+        with self.store.mutate() as state:
+            return fn(state)
+
+    # ---- init and system -----------------------------------------------------------
+
+    @nvml(c_uint)
+    def nvmlInitWithFlags(self, flags):
+        if not self.store.exists():
+            return N.NVML_ERROR_LIBRARY_NOT_FOUND
+        if not self._state().driver_loaded:
+            return N.NVML_ERROR_DRIVER_NOT_LOADED
+        self._initialised += 1
+
+    @nvml()
+    def nvmlInit_v2(self):
+        return _FUNCS["nvmlInitWithFlags"][1](self, 0)
+
+    @nvml()
+    def nvmlShutdown(self):
+        self._initialised = max(0, self._initialised - 1)
+
+    @nvml(P, c_uint)
+    def nvmlSystemGetDriverVersion(self, buf, length):
+        _put_str(buf, length, self.facts.driver_version)
+
+    @nvml(P, c_uint)
+    def nvmlSystemGetNVMLVersion(self, buf, length):
+        _put_str(buf, length, f"{self.facts.cuda_driver_version // 1000}.{self.facts.driver_version}")
+
+    @nvml(P)
+    def nvmlSystemGetCudaDriverVersion(self, ptr):
+        _put(ptr, c_int, self.facts.cuda_driver_version)
+
+    @nvml(P)
+    def nvmlSystemGetCudaDriverVersion_v2(self, ptr):
+        _put(ptr, c_int, self.facts.cuda_driver_version)
+
+    # ---- device handles ------------------------------------------------------------
+
+    @nvml(P)
+    def nvmlDeviceGetCount_v2(self, ptr):
+        _put(ptr, c_uint, len(self._state().gpus))
+
+    @nvml(c_uint, P)
+    def nvmlDeviceGetHandleByIndex_v2(self, index, ptr):
+        self._state().live_gpu(index)
+        self._put_handle(ptr, "gpu", index)
+
+    @nvml(c_char_p, P)
+    def nvmlDeviceGetHandleByUUID(self, uuid, ptr):
+        uuid = (uuid or b"").decode()
+        state = self._state()
+        for gpu in state.gpus:
+            if gpu.uuid == uuid:
+                state.live_gpu(gpu.index)
+                return self._put_handle(ptr, "gpu", gpu.index)
+            for gi in gpu.gis:
+                for ci in gi.cis:
+                    if ci.uuid == uuid:
+                        return self._put_handle(ptr, "mig", gpu.index, gi.id, ci.id)
+        raise SimNvmlError(N.NVML_ERROR_NOT_FOUND, f"no device {uuid}")
+
+    @nvml(c_char_p, P)
+    def nvmlDeviceGetHandleByPciBusId_v2(self, bus_id, ptr):
+        want = _normal_bus_id((bus_id or b"").decode())
+        for gpu in self._state().gpus:
+            if _normal_bus_id(gpu.pci_bus_id) == want:
+                self._state().live_gpu(gpu.index)
+                return self._put_handle(ptr, "gpu", gpu.index)
+        raise SimNvmlError(N.NVML_ERROR_NOT_FOUND, f"no device at {want}")
+
+    # ---- device facts --------------------------------------------------------------
+
+    @nvml(P, P, c_uint)
+    def nvmlDeviceGetName(self, handle, buf, length):
+        state, gpu, mig = self._device(handle)
+        name = self._sku(gpu).name
+        if mig:
+            name += " MIG " + self._mig_profile_name(gpu, *mig)
+        _put_str(buf, length, name)
+
+    @nvml(P, P, c_uint)
+    def nvmlDeviceGetUUID(self, handle, buf, length):
+        _, gpu, mig = self._device(handle)
+        _put_str(buf, length, mig[1].uuid if mig else gpu.uuid)
+
+    @nvml(P, P, c_uint)
+    def nvmlDeviceGetSerial(self, handle, buf, length):
+        _, gpu = self._gpu_only(handle)
+        _put_str(buf, length, gpu.serial)
+
+    @nvml(P, P)
+    def nvmlDeviceGetMinorNumber(self, handle, ptr):
+        _, gpu = self._gpu_only(handle)
+        _put(ptr, c_uint, gpu.minor)
+
+    @nvml(P, P)
+    def nvmlDeviceGetPciInfo_v3(self, handle, ptr):
+        _, gpu, _ = self._device(handle)
+        sku = self._sku(gpu)
+        info = _struct(ptr, N.nvmlPciInfo_t)
+        domain, bus, rest = gpu.pci_bus_id.split(":")
+        dev = rest.split(".")[0]
+        nvml_id = _normal_bus_id(gpu.pci_bus_id).encode()
+        info.busIdLegacy = nvml_id
+        info.busId = nvml_id
+        info.domain, info.bus, info.device = int(domain, 16), int(bus, 16), int(dev, 16)
+        info.pciDeviceId, info.pciSubSystemId = sku.pci_device_id, sku.pci_subsystem_id
+
+    @nvml(P, P)
+    def nvmlDeviceGetMemoryInfo(self, handle, ptr):
+        total, used = self._memory(handle)
+        mem = _struct(ptr, N.c_nvmlMemory_t)
+        mem.total, mem.used, mem.free = total, used, total - used
+
+    @nvml(P, P)
+    def nvmlDeviceGetMemoryInfo_v2(self, handle, ptr):
+        mem = _struct(ptr, N.c_nvmlMemory_v2_t)
+        if mem.version != N.nvmlMemory_v2:
+            raise SimNvmlError(N.NVML_ERROR_ARGUMENT_VERSION_MISMATCH, "nvmlMemory_v2 expected")
+        total, used = self._memory(handle)
+        reserved = 0 if self._key(handle)[0] == "mig" else min(total - used, 512 << 20)
+        mem.total, mem.reserved, mem.used = total, reserved, used
+        mem.free = total - used - reserved
+
+    def _memory(self, handle) -> tuple[int, int]:
+        state, gpu, mig = self._device(handle)
+        if mig:
+            gi, ci = mig
+            total = self._sku(gpu).mig.by_id(gi.profile_id).memory_mib
+            used = sum(p.used_mib for p in state.processes_on(gpu.index, gi.id))
+        else:
+            total = self._sku(gpu).memory_mib
+            used = sum(p.used_mib for p in state.processes_on(gpu.index))
+        return total << 20, used << 20
+
+    @nvml(P, P, P)
+    def nvmlDeviceGetCudaComputeCapability(self, handle, major, minor):
+        _, gpu, _ = self._device(handle)
+        cc = self._sku(gpu).compute_capability
+        _put(major, c_int, cc[0])
+        _put(minor, c_int, cc[1])
+
+    @nvml(P, P)
+    def nvmlDeviceGetArchitecture(self, handle, ptr):
+        _, gpu, _ = self._device(handle)
+        _put(ptr, c_uint, self._sku(gpu).nvml_architecture)
+
+    @nvml(P, P)
+    def nvmlDeviceGetAttributes_v2(self, handle, ptr):
+        _, gpu, mig = self._device(handle)
+        sku = self._sku(gpu)
+        attrs = _struct(ptr, N.c_nvmlDeviceAttributes)
+        if mig is None:
+            full = sku.mig.full if sku.mig else None
+            attrs.multiprocessorCount = sku.multiprocessors
+            attrs.memorySizeMB = sku.memory_mib
+            if full:
+                attrs.sharedCopyEngineCount = full.copy_engines
+                attrs.sharedDecoderCount, attrs.sharedEncoderCount = full.decoders, full.encoders
+                attrs.sharedJpegCount, attrs.sharedOfaCount = full.jpegs, full.ofas
+            return
+        gi, ci = mig
+        gprof = sku.mig.by_id(gi.profile_id)
+        cprof = gprof.ci_profile(ci.profile_id)
+        attrs.multiprocessorCount = cprof.multiprocessors
+        attrs.sharedCopyEngineCount = gprof.copy_engines
+        attrs.sharedDecoderCount, attrs.sharedEncoderCount = gprof.decoders, gprof.encoders
+        attrs.sharedJpegCount, attrs.sharedOfaCount = gprof.jpegs, gprof.ofas
+        attrs.gpuInstanceSliceCount, attrs.computeInstanceSliceCount = gprof.slices, cprof.slices
+        attrs.memorySizeMB = gprof.memory_mib
+
+    @nvml(P, P, P)
+    def nvmlDeviceGetComputeRunningProcesses_v3(self, handle, count_ptr, infos):
+        state, gpu, mig = self._device(handle)
+        if mig:
+            procs = state.processes_on(gpu.index, mig[0].id, mig[1].id)
+        else:
+            procs = state.processes_on(gpu.index)
+        have = c_uint.from_address(count_ptr).value
+        _put(count_ptr, c_uint, len(procs))
+        if not procs:
+            return
+        if have < len(procs) or not infos:
+            raise SimNvmlError(N.NVML_ERROR_INSUFFICIENT_SIZE, "process buffer too small")
+        for i, p in enumerate(procs):
+            info = N.c_nvmlProcessInfo_v3_t.from_address(infos + i * sizeof(N.c_nvmlProcessInfo_v3_t))
+            info.pid, info.usedGpuMemory = p.pid, p.used_mib << 20
+            info.gpuInstanceId = 0xFFFFFFFF if p.gi is None else p.gi
+            info.computeInstanceId = 0xFFFFFFFF if p.ci is None else p.ci
+
+    # ---- MIG mode and MIG devices --------------------------------------------------
+
+    def _mig_capable(self, handle):
+        state, gpu = self._gpu_only(handle)
+        if self._sku(gpu).mig is None:
+            raise SimNvmlError(N.NVML_ERROR_NOT_SUPPORTED, "GPU is not MIG capable")
+        return state, gpu
+
+    @nvml(P, P, P)
+    def nvmlDeviceGetMigMode(self, handle, current, pending):
+        _, gpu = self._mig_capable(handle)
+        _put(current, c_uint, gpu.mig_current)
+        _put(pending, c_uint, gpu.mig_pending)
+
+    @nvml(P, c_uint, P)
+    def nvmlDeviceSetMigMode(self, handle, mode, status_ptr):
+        _, gpu = self._mig_capable(handle)
+        status = self._mutate(lambda s: s.set_mig_mode(self.facts, gpu.index, mode))
+        _put(status_ptr, c_uint, status)
+
+    @nvml(P, P)
+    def nvmlDeviceGetMaxMigDeviceCount(self, handle, ptr):
+        _, gpu = self._gpu_only(handle)
+        mig = self._sku(gpu).mig
+        on = mig is not None and gpu.mig_current == MIG_ENABLE
+        _put(ptr, c_uint, mig.compute_slices if on else 0)
+
+    @nvml(P, P)
+    def nvmlDeviceIsMigDeviceHandle(self, handle, ptr):
+        _put(ptr, c_uint, int(self._key(handle)[0] == "mig"))
+
+    @nvml(P, c_uint, P)
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, handle, index, ptr):
+        state, gpu = self._gpu_only(handle)
+        mig = self._sku(gpu).mig
+        if mig is None or gpu.mig_current != MIG_ENABLE or index >= mig.compute_slices:
+            raise SimNvmlError(N.NVML_ERROR_INVALID_ARGUMENT, f"no MIG device slot {index}")
+        found = state.mig_devices(gpu.index).get(index)
+        if found is None:
+            raise SimNvmlError(N.NVML_ERROR_NOT_FOUND, f"MIG device slot {index} is empty")
+        gi, ci = found
+        self._put_handle(ptr, "mig", gpu.index, gi.id, ci.id)
+
+    @nvml(P, P)
+    def nvmlDeviceGetDeviceHandleFromMigDeviceHandle(self, handle, ptr):
+        _, gpu, mig = self._device(handle)
+        if mig is None:
+            raise SimNvmlError(N.NVML_ERROR_INVALID_ARGUMENT, "not a MIG device handle")
+        self._put_handle(ptr, "gpu", gpu.index)
+
+    @nvml(P, P)
+    def nvmlDeviceGetGpuInstanceId(self, handle, ptr):
+        _, _, mig = self._device(handle)
+        if mig is None:
+            raise SimNvmlError(N.NVML_ERROR_NOT_SUPPORTED, "not a MIG device handle")
+        _put(ptr, c_uint, mig[0].id)
+
+    @nvml(P, P)
+    def nvmlDeviceGetComputeInstanceId(self, handle, ptr):
+        _, _, mig = self._device(handle)
+        if mig is None:
+            raise SimNvmlError(N.NVML_ERROR_NOT_SUPPORTED, "not a MIG device handle")
+        _put(ptr, c_uint, mig[1].id)
+
+    def _mig_profile_name(self, gpu, gi, ci) -> str:
+        gprof = self._sku(gpu).mig.by_id(gi.profile_id)
+        cprof = gprof.ci_profile(ci.profile_id)
+        if cprof.slices == gprof.slices:
+            return gprof.name
+        return f"{cprof.slices}c.{gprof.name}"
+
+    # ---- GPU instance profiles and placements --------------------------------------
+
+    def _enabled_profile(self, handle, *, index=None, profile_id=None, need_enabled=True):
+        _, gpu = self._mig_capable(handle)
+        if need_enabled and gpu.mig_current != MIG_ENABLE:
+            raise SimNvmlError(N.NVML_ERROR_NOT_SUPPORTED, "MIG mode is not enabled")
+        mig = self._sku(gpu).mig
+        if index is not None:
+            if index >= N.NVML_GPU_INSTANCE_PROFILE_COUNT:
+                raise SimNvmlError(N.NVML_ERROR_INVALID_ARGUMENT, f"bad profile {index}")
+            prof = mig.by_index(index)
+        else:
+            prof = mig.by_id(profile_id)
+        if prof is None:
+            code = N.NVML_ERROR_NOT_SUPPORTED if index is not None else N.NVML_ERROR_INVALID_ARGUMENT
+            raise SimNvmlError(code, "profile not supported on this GPU")
+        return gpu, prof
+
+    @staticmethod
+    def _fill_gi_profile(info, prof, version):
+        info.id, info.sliceCount, info.instanceCount = prof.id, prof.slices, prof.instances
+        info.multiprocessorCount, info.copyEngineCount = prof.multiprocessors, prof.copy_engines
+        info.decoderCount, info.encoderCount = prof.decoders, prof.encoders
+        info.jpegCount, info.ofaCount = prof.jpegs, prof.ofas
+        info.memorySizeMB = prof.memory_mib
+        if version == 1:
+            info.isP2pSupported = 0
+        else:
+            info.name = f"MIG {prof.name}".encode()
+            if version == 3:
+                info.capabilities = 0
+            else:
+                info.isP2pSupported = 0
+
+    def _gi_profile_struct(self, ptr):
+        version = c_uint.from_address(ptr).value
+        if version == N.nvmlGpuInstanceProfileInfo_v2:
+            return N.c_nvmlGpuInstanceProfileInfo_v2_t.from_address(ptr), 2
+        if version == getattr(N, "nvmlGpuInstanceProfileInfo_v3", -1):
+            return N.c_nvmlGpuInstanceProfileInfo_v3_t.from_address(ptr), 3
+        raise SimNvmlError(N.NVML_ERROR_ARGUMENT_VERSION_MISMATCH, f"struct version {version:#x}")
+
+    @nvml(P, c_uint, P)
+    def nvmlDeviceGetGpuInstanceProfileInfo(self, handle, index, ptr):
+        # nvml.h: the unversioned call fails only if the GPU lacks MIG; the V calls also
+        # fail while MIG mode is disabled.
+        _, prof = self._enabled_profile(handle, index=index, need_enabled=False)
+        self._fill_gi_profile(_struct(ptr, N.c_nvmlGpuInstanceProfileInfo_t), prof, 1)
+
+    @nvml(P, c_uint, P)
+    def nvmlDeviceGetGpuInstanceProfileInfoV(self, handle, index, ptr):
+        info, version = self._gi_profile_struct(ptr)
+        _, prof = self._enabled_profile(handle, index=index)
+        self._fill_gi_profile(info, prof, version)
+
+    @nvml(P, c_uint, P)
+    def nvmlDeviceGetGpuInstanceProfileInfoByIdV(self, handle, profile_id, ptr):
+        info, version = self._gi_profile_struct(ptr)
+        _, prof = self._enabled_profile(handle, profile_id=profile_id)
+        self._fill_gi_profile(info, prof, version)
+
+    @nvml(P, c_uint, P, P)
+    def nvmlDeviceGetGpuInstancePossiblePlacements_v2(self, handle, profile_id, array, count_ptr):
+        # Documented to work whether or not MIG is enabled.
+        _, gpu = self._mig_capable(handle)
+        prof = self._sku(gpu).mig.by_id(profile_id)
+        if prof is None:
+            raise SimNvmlError(N.NVML_ERROR_INVALID_ARGUMENT, f"no profile id {profile_id}")
+        self._put_placements(array, count_ptr, prof.placements, prof.memory_slices,
+                             N.c_nvmlGpuInstancePlacement_t)
+
+    @staticmethod
+    def _put_placements(array, count_ptr, starts, size, ctype):
+        have = c_uint.from_address(count_ptr).value
+        _put(count_ptr, c_uint, len(starts))
+        if not array:
+            return
+        if have < len(starts):
+            raise SimNvmlError(N.NVML_ERROR_INSUFFICIENT_SIZE, "placement buffer too small")
+        for i, start in enumerate(starts):
+            pl = ctype.from_address(array + i * sizeof(ctype))
+            pl.start, pl.size = start, size
+
+    @nvml(P, c_uint, P)
+    def nvmlDeviceGetGpuInstanceRemainingCapacity(self, handle, profile_id, ptr):
+        gpu, prof = self._enabled_profile(handle, profile_id=profile_id)
+        state = self._state()
+        if state.gi_capacity_error(self.facts, gpu.index, prof):
+            return _put(ptr, c_uint, 0)
+        # Capacity counts placements that could be taken one after another.
+        free, n = state.free_placements(self.facts, gpu.index, prof), 0
+        taken: set[int] = set()
+        for start in free:
+            if taken.isdisjoint(range(start, start + prof.memory_slices)):
+                taken.update(range(start, start + prof.memory_slices))
+                n += 1
+        used = sum(g.profile_id == prof.id for g in gpu.gis)
+        _put(ptr, c_uint, min(n, prof.instances - used))
+
+    # ---- GPU instance lifecycle ----------------------------------------------------
+
+    def _create_gi(self, handle, profile_id, placement, out):
+        _, gpu = self._mig_capable(handle)
+        gi = self._mutate(lambda s: s.create_gi(self.facts, gpu.index, profile_id, placement))
+        self._put_handle(out, "gi", gpu.index, gi.id)
+
+    @nvml(P, c_uint, P)
+    def nvmlDeviceCreateGpuInstance(self, handle, profile_id, out):
+        self._create_gi(handle, profile_id, None, out)
+
+    @nvml(P, c_uint, P, P)
+    def nvmlDeviceCreateGpuInstanceWithPlacement(self, handle, profile_id, placement, out):
+        pl = _struct(placement, N.c_nvmlGpuInstancePlacement_t)
+        self._create_gi(handle, profile_id, (pl.start, pl.size), out)
+
+    @nvml(P, c_uint, P, P)
+    def nvmlDeviceGetGpuInstances(self, handle, profile_id, array, count_ptr):
+        gpu, prof = self._enabled_profile(handle, profile_id=profile_id)
+        gis = [g for g in gpu.gis if g.profile_id == prof.id]
+        have = c_uint.from_address(count_ptr).value
+        _put(count_ptr, c_uint, len(gis))
+        if gis and (not array or have < len(gis)):
+            raise SimNvmlError(N.NVML_ERROR_INSUFFICIENT_SIZE, "GPU instance buffer too small")
+        for i, gi in enumerate(gis):
+            _put(array + i * sizeof(c_void_p), c_void_p, self._handle("gi", gpu.index, gi.id))
+
+    @nvml(P, c_uint, P)
+    def nvmlDeviceGetGpuInstanceById(self, handle, gi_id, out):
+        _, gpu = self._mig_capable(handle)
+        if gpu.mig_current != MIG_ENABLE:
+            raise SimNvmlError(N.NVML_ERROR_NOT_SUPPORTED, "MIG mode is not enabled")
+        if gpu.gi(gi_id) is None:
+            raise SimNvmlError(N.NVML_ERROR_NOT_FOUND, f"no GPU instance {gi_id}")
+        self._put_handle(out, "gi", gpu.index, gi_id)
+
+    @nvml(P, P)
+    def nvmlGpuInstanceGetInfo(self, handle, ptr):
+        _, gpu, gi = self._gi(handle)
+        info = _struct(ptr, N.c_nvmlGpuInstanceInfo_t)
+        _put(ptr, c_void_p, self._handle("gpu", gpu.index))   # .device is the first field
+        info.id, info.profileId = gi.id, gi.profile_id
+        info.placement.start, info.placement.size = gi.start, gi.size
+
+    @nvml(P)
+    def nvmlGpuInstanceDestroy(self, handle):
+        _, gpu, gi = self._gi(handle)
+        self._mutate(lambda s: s.destroy_gi(gpu.index, gi.id))
+
+    # ---- compute instances ---------------------------------------------------------
+
+    def _ci_profile(self, gpu, gi, profile_id, eng_profile=0):
+        if profile_id >= N.NVML_COMPUTE_INSTANCE_PROFILE_COUNT:
+            raise SimNvmlError(N.NVML_ERROR_INVALID_ARGUMENT, f"bad CI profile {profile_id}")
+        if eng_profile != N.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED:
+            raise SimNvmlError(N.NVML_ERROR_INVALID_ARGUMENT, f"bad engine profile {eng_profile}")
+        gprof = self._sku(gpu).mig.by_id(gi.profile_id)
+        cprof = gprof.ci_profile(profile_id)
+        if cprof is None:
+            raise SimNvmlError(N.NVML_ERROR_NOT_SUPPORTED, "CI profile does not fit this GI")
+        return gprof, cprof
+
+    def _fill_ci_profile(self, info, gpu, gi, gprof, cprof, version):
+        info.id, info.sliceCount, info.instanceCount = cprof.id, cprof.slices, cprof.instances
+        info.multiprocessorCount = cprof.multiprocessors
+        info.sharedCopyEngineCount = gprof.copy_engines
+        info.sharedDecoderCount, info.sharedEncoderCount = gprof.decoders, gprof.encoders
+        info.sharedJpegCount, info.sharedOfaCount = gprof.jpegs, gprof.ofas
+        if version >= 2:
+            name = gprof.name if cprof.slices == gprof.slices else f"{cprof.slices}c.{gprof.name}"
+            info.name = f"MIG {name}".encode()
+
+    @nvml(P, c_uint, c_uint, P)
+    def nvmlGpuInstanceGetComputeInstanceProfileInfo(self, handle, profile, eng, ptr):
+        _, gpu, gi = self._gi(handle)
+        gprof, cprof = self._ci_profile(gpu, gi, profile, eng)
+        self._fill_ci_profile(_struct(ptr, N.c_nvmlComputeInstanceProfileInfo_t), gpu, gi, gprof, cprof, 1)
+
+    @nvml(P, c_uint, c_uint, P)
+    def nvmlGpuInstanceGetComputeInstanceProfileInfoV(self, handle, profile, eng, ptr):
+        version = c_uint.from_address(ptr).value if ptr else 0
+        if version != N.nvmlComputeInstanceProfileInfo_v2:
+            raise SimNvmlError(N.NVML_ERROR_ARGUMENT_VERSION_MISMATCH, f"struct version {version:#x}")
+        _, gpu, gi = self._gi(handle)
+        gprof, cprof = self._ci_profile(gpu, gi, profile, eng)
+        self._fill_ci_profile(N.c_nvmlComputeInstanceProfileInfo_v2_t.from_address(ptr),
+                              gpu, gi, gprof, cprof, 2)
+
+    @nvml(P, c_uint, P)
+    def nvmlGpuInstanceGetComputeInstanceRemainingCapacity(self, handle, profile_id, ptr):
+        _, gpu, gi = self._gi(handle)
+        gprof, cprof = self._ci_profile(gpu, gi, profile_id)
+        used = {s for c in gi.cis for s in range(c.start, c.start + c.size)}
+        free = [s for s in cprof.placements if used.isdisjoint(range(s, s + cprof.slices))]
+        left = cprof.instances - sum(c.profile_id == profile_id for c in gi.cis)
+        _put(ptr, c_uint, max(0, min(len(free), left)))
+
+    @nvml(P, c_uint, P, P)
+    def nvmlGpuInstanceGetComputeInstancePossiblePlacements(self, handle, profile_id, array, count_ptr):
+        _, gpu, gi = self._gi(handle)
+        _, cprof = self._ci_profile(gpu, gi, profile_id)
+        self._put_placements(array, count_ptr, cprof.placements, cprof.slices,
+                             N.c_nvmlComputeInstancePlacement_t)
+
+    def _create_ci(self, handle, profile_id, placement, out):
+        _, gpu, gi = self._gi(handle)
+        self._ci_profile(gpu, gi, profile_id)
+        ci = self._mutate(lambda s: s.create_ci(self.facts, gpu.index, gi.id, profile_id, placement))
+        self._put_handle(out, "ci", gpu.index, gi.id, ci.id)
+
+    @nvml(P, c_uint, P)
+    def nvmlGpuInstanceCreateComputeInstance(self, handle, profile_id, out):
+        self._create_ci(handle, profile_id, None, out)
+
+    @nvml(P, c_uint, P, P)
+    def nvmlGpuInstanceCreateComputeInstanceWithPlacement(self, handle, profile_id, placement, out):
+        pl = _struct(placement, N.c_nvmlComputeInstancePlacement_t)
+        self._create_ci(handle, profile_id, (pl.start, pl.size), out)
+
+    @nvml(P, c_uint, P, P)
+    def nvmlGpuInstanceGetComputeInstances(self, handle, profile_id, array, count_ptr):
+        _, gpu, gi = self._gi(handle)
+        self._ci_profile(gpu, gi, profile_id)
+        cis = [c for c in gi.cis if c.profile_id == profile_id]
+        have = c_uint.from_address(count_ptr).value
+        _put(count_ptr, c_uint, len(cis))
+        if cis and (not array or have < len(cis)):
+            raise SimNvmlError(N.NVML_ERROR_INSUFFICIENT_SIZE, "compute instance buffer too small")
+        for i, ci in enumerate(cis):
+            _put(array + i * sizeof(c_void_p), c_void_p, self._handle("ci", gpu.index, gi.id, ci.id))
+
+    @nvml(P, c_uint, P)
+    def nvmlGpuInstanceGetComputeInstanceById(self, handle, ci_id, out):
+        _, gpu, gi = self._gi(handle)
+        if gi.ci(ci_id) is None:
+            raise SimNvmlError(N.NVML_ERROR_NOT_FOUND, f"no compute instance {ci_id}")
+        self._put_handle(out, "ci", gpu.index, gi.id, ci_id)
+
+    @nvml(P, P)
+    def nvmlComputeInstanceGetInfo_v2(self, handle, ptr):
+        _, gpu, gi, ci = self._ci(handle)
+        info = _struct(ptr, N.c_nvmlComputeInstanceInfo_t)
+        _put(ptr, c_void_p, self._handle("gpu", gpu.index))
+        _put(ptr + sizeof(c_void_p), c_void_p, self._handle("gi", gpu.index, gi.id))
+        info.id, info.profileId = ci.id, ci.profile_id
+        info.placement.start, info.placement.size = ci.start, ci.size
+
+    @nvml(P)
+    def nvmlComputeInstanceDestroy(self, handle):
+        _, gpu, gi, ci = self._ci(handle)
+        self._mutate(lambda s: s.destroy_ci(gpu.index, gi.id, ci.id))
+
+    # ---- events --------------------------------------------------------------------
+
+    @nvml(P)
+    def nvmlEventSetCreate(self, out):
+        n = len(self._event_sets) + 1
+        self._event_sets[n] = {"regs": {}, "cursor": self._state().next_seq - 1}
+        self._put_handle(out, "eventset", n)
+
+    def _event_set(self, handle) -> dict:
+        key = self._key(handle)
+        if key[0] != "eventset" or key[1] not in self._event_sets:
+            raise SimNvmlError(N.NVML_ERROR_INVALID_ARGUMENT, "not an event set")
+        return self._event_sets[key[1]]
+
+    @nvml(P, P)
+    def nvmlDeviceGetSupportedEventTypes(self, handle, ptr):
+        self._gpu_only(handle)
+        _put(ptr, c_ulonglong, SUPPORTED_EVENTS)
+
+    @nvml(P, c_ulonglong, P)
+    def nvmlDeviceRegisterEvents(self, handle, types, event_set):
+        _, gpu = self._gpu_only(handle)
+        if types & ~SUPPORTED_EVENTS:
+            raise SimNvmlError(N.NVML_ERROR_NOT_SUPPORTED, "unsupported event types")
+        regs = self._event_set(event_set)["regs"]
+        regs[gpu.index] = regs.get(gpu.index, 0) | types
+
+    @nvml(P, P, c_uint)
+    def nvmlEventSetWait_v2(self, event_set, data_ptr, timeout_ms):
+        es = self._event_set(event_set)
+        deadline = time.monotonic() + timeout_ms / 1000
+        while True:
+            state = self._state()
+            for ev in state.events:
+                if ev.seq > es["cursor"] and es["regs"].get(ev.gpu, 0) & ev.event_type:
+                    es["cursor"] = ev.seq
+                    data = _struct(data_ptr, N.c_nvmlEventData_t)
+                    _put(data_ptr, c_void_p, self._handle("gpu", ev.gpu))
+                    data.eventType, data.eventData = ev.event_type, ev.data
+                    data.gpuInstanceId, data.computeInstanceId = ev.gi, ev.ci
+                    return
+            es["cursor"] = max(es["cursor"], state.next_seq - 1)
+            if any(state.gpus[i].lost for i in es["regs"]):
+                raise SimNvmlError(N.NVML_ERROR_GPU_IS_LOST, "a registered GPU is lost")
+            if time.monotonic() >= deadline:
+                raise SimNvmlError(N.NVML_ERROR_TIMEOUT, "no event")
+            time.sleep(min(0.02, max(0.0, deadline - time.monotonic())))
+
+    @nvml(P)
+    def nvmlEventSetFree(self, event_set):
+        self._event_set(event_set)
+        del self._event_sets[self._key(event_set)[1]]
+
+
+def _normal_bus_id(bus_id: str) -> str:
+    """NVML's form: 8-digit domain, upper-case hex ("00000000:07:00.0")."""
+    parts = bus_id.strip().split(":")
+    if len(parts) == 2:
+        parts.insert(0, "0")
+    domain, bus, rest = parts
+    return f"{int(domain, 16):08X}:{bus.upper()}:{rest.upper()}"
+
+
+def install(root) -> FakeNvmlLibrary:
+    """Put a fake library for the node at ``root`` beneath pynvml."""
+    with N.libLoadLock:
+        lib = FakeNvmlLibrary(SimStore(root))
+        N.nvmlLib = lib
+        N._nvmlGetFunctionPointer_cache.clear()
+    return lib
+
+
+def uninstall() -> None:
+    with N.libLoadLock:
+        N.nvmlLib = None
+        N._nvmlGetFunctionPointer_cache.clear()

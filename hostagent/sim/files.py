@@ -1,0 +1,89 @@
+"""Files of the simulated driver root that change while the node runs."""
+
+from __future__ import annotations
+
+import functools
+import os
+import stat
+from pathlib import Path
+
+from ..fileio import ensure_dir, write_atomic
+from .node import NodeFacts, NodeState
+
+__all__ = ["NodeFiles", "mig_minors", "sync_mig_caps"]
+
+
+@functools.cache
+def mig_minors() -> dict[str, int]:
+    """The driver's fixed table of MIG capability minors (all 32 possible GPUs)."""
+    table = {"config": 1, "monitor": 2}
+    for g in range(32):
+        for i in range(15):
+            base = 3 + 135 * g + 9 * i
+            table[f"gpu{g}/gi{i}/access"] = base
+            for c in range(8):
+                table[f"gpu{g}/gi{i}/ci{c}/access"] = base + 1 + c
+    return table
+
+
+class NodeFiles:
+    """Creates files under the root; device nodes are real when we may mknod."""
+
+    def __init__(self, root: Path, real_nodes: bool):
+        self.root = root
+        self.real_nodes = real_nodes
+
+    def file(self, rel: str, text: str | bytes, mode: int = 0o644) -> Path:
+        path = self.root / rel
+        ensure_dir(path.parent)
+        write_atomic(path, text, mode=mode)
+        return path
+
+    def link(self, rel: str, target: str) -> None:
+        path = self.root / rel
+        ensure_dir(path.parent)
+        if path.is_symlink() or path.exists():
+            path.unlink()
+        path.symlink_to(target)
+
+    def chardev(self, rel: str, major: int, minor: int, mode: int = 0o666) -> None:
+        path = self.root / rel
+        ensure_dir(path.parent)
+        if path.exists() or path.is_symlink():
+            path.unlink()
+        if self.real_nodes:
+            os.mknod(path, stat.S_IFCHR | mode, os.makedev(major, minor))
+            os.chmod(path, mode)
+        else:
+            write_atomic(path, f"simulated character device {major}:{minor}\n", mode=mode)
+
+
+def sync_mig_caps(root: Path, facts: NodeFacts, state: NodeState) -> None:
+    """Make /proc and /dev capability entries match the instances that exist."""
+    minors = mig_minors()
+    w = NodeFiles(root, facts.real_device_nodes)
+    want: dict[str, int] = {}
+    for gpu in state.gpus:
+        for gi in gpu.gis:
+            want[f"gpu{gpu.minor}/gi{gi.id}/access"] = minors[f"gpu{gpu.minor}/gi{gi.id}/access"]
+            for ci in gi.cis:
+                name = f"gpu{gpu.minor}/gi{gi.id}/ci{ci.id}/access"
+                want[name] = minors[name]
+    caps_dir = root / "proc/driver/nvidia/capabilities"
+    for path in sorted(caps_dir.glob("gpu*/mig/**/access"), reverse=True):
+        rel = path.relative_to(caps_dir).as_posix().replace("/mig/", "/", 1)
+        if rel not in want:
+            path.unlink()
+    wanted_nodes = {f"nvidia-cap{m}" for m in want.values()} | {"nvidia-cap1", "nvidia-cap2"}
+    for node in (root / "dev/nvidia-caps").glob("nvidia-cap*"):
+        if node.name not in wanted_nodes:
+            node.unlink()
+    for name, minor in want.items():
+        gpu_part, rest = name.split("/", 1)
+        proc = caps_dir / gpu_part / "mig" / rest
+        if not proc.exists():
+            w.file(proc.relative_to(root).as_posix(),
+                   f"DeviceFileMinor: {minor}\nDeviceFileMode: 292\nDeviceFileModify: 1\n", mode=0o444)
+        node = root / f"dev/nvidia-caps/nvidia-cap{minor}"
+        if not (node.exists() or node.is_symlink()):
+            w.chardev(node.relative_to(root).as_posix(), facts.majors["nvidia-caps"], minor, 0o444)

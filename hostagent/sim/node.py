@@ -1,0 +1,368 @@
+"""The simulated node's state and the driver's MIG rules, independent of storage and ctypes.
+
+Every operation either succeeds and mutates the state, or raises ``SimNvmlError`` with the
+NVML return code the real driver gives for that case and leaves the state unchanged.
+"""
+
+from __future__ import annotations
+
+import uuid as uuidlib
+from dataclasses import asdict, dataclass, field
+
+import pynvml as N
+
+from .catalog import GiProfileSpec, SkuSpec, sku_from_dict
+
+__all__ = ["SimNvmlError", "ComputeInstance", "GpuInstance", "SimGpu", "SimProcess",
+           "SimEvent", "NodeFacts", "NodeState", "gpu_instance_id"]
+
+MIG_DISABLE, MIG_ENABLE = N.NVML_DEVICE_MIG_DISABLE, N.NVML_DEVICE_MIG_ENABLE
+XID_FALLEN_OFF_BUS = 79
+
+
+class SimNvmlError(Exception):
+    def __init__(self, code: int, why: str = ""):
+        super().__init__(f"NVML error {code}: {why}")
+        self.code = code
+
+
+def gpu_instance_id(start: int, size: int, memory_slices: int) -> int:
+    """GI ids follow the slot a placement takes in the binary tree of memory slices.
+
+    The whole GPU is 0, halves 1-2, quarters 3-6, eighths 7-14 on an 8-slice GPU
+    (A30: 0, 1-2, 3-6), matching the ids nvidia-smi shows for each placement.
+    """
+    return memory_slices // size - 1 + start // size
+
+
+@dataclass
+class ComputeInstance:
+    id: int
+    profile_id: int
+    start: int
+    size: int
+    uuid: str
+
+
+@dataclass
+class GpuInstance:
+    id: int
+    profile_id: int
+    start: int
+    size: int
+    cis: list[ComputeInstance] = field(default_factory=list)
+
+    def ci(self, ci_id: int) -> ComputeInstance | None:
+        return next((c for c in self.cis if c.id == ci_id), None)
+
+
+@dataclass
+class SimGpu:
+    index: int
+    sku: str
+    uuid: str
+    pci_bus_id: str          # "0000:07:00.0"
+    minor: int
+    serial: str
+    mig_current: int = MIG_DISABLE
+    mig_pending: int = MIG_DISABLE
+    lost: bool = False
+    gis: list[GpuInstance] = field(default_factory=list)
+
+    def gi(self, gi_id: int) -> GpuInstance | None:
+        return next((g for g in self.gis if g.id == gi_id), None)
+
+
+@dataclass
+class SimProcess:
+    pid: int
+    gpu: int
+    gi: int | None = None
+    ci: int | None = None
+    name: str = "cuda-app"
+    used_mib: int = 512
+    spawned: bool = False    # started by the simulator, so it may stop it
+
+
+@dataclass
+class SimEvent:
+    seq: int
+    gpu: int
+    event_type: int
+    data: int
+    gi: int = 0xFFFFFFFF     # NVML reports "not applicable" as all ones
+    ci: int = 0xFFFFFFFF
+
+
+@dataclass(frozen=True)
+class NodeFacts:
+    """The static half: what the node is. Written once at creation."""
+    profile: str
+    driver_version: str
+    cuda_driver_version: int
+    skus: dict[str, SkuSpec]
+    real_device_nodes: bool
+    majors: dict[str, int]
+
+    @classmethod
+    def from_dict(cls, raw: dict) -> "NodeFacts":
+        return cls(profile=raw["profile"], driver_version=raw["driver_version"],
+                   cuda_driver_version=raw["cuda_driver_version"],
+                   skus={k: sku_from_dict(k, v) for k, v in raw["skus"].items()},
+                   real_device_nodes=raw["real_device_nodes"], majors=raw["majors"])
+
+
+@dataclass
+class NodeState:
+    """The dynamic half: modes, instances, processes, events."""
+    gpus: list[SimGpu]
+    processes: list[SimProcess] = field(default_factory=list)
+    events: list[SimEvent] = field(default_factory=list)
+    next_seq: int = 1
+    boots: int = 0
+    driver_loaded: bool = True
+
+    MAX_EVENTS = 1000
+
+    # ---- (de)serialisation ---------------------------------------------------------
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, raw: dict) -> "NodeState":
+        gpus = []
+        for g in raw["gpus"]:
+            gis = [GpuInstance(**{**gi, "cis": [ComputeInstance(**c) for c in gi["cis"]]})
+                   for gi in g["gis"]]
+            gpus.append(SimGpu(**{**g, "gis": gis}))
+        return cls(gpus=gpus, processes=[SimProcess(**p) for p in raw["processes"]],
+                   events=[SimEvent(**e) for e in raw["events"]],
+                   next_seq=raw["next_seq"], boots=raw["boots"],
+                   driver_loaded=raw.get("driver_loaded", True))
+
+    # ---- lookups -------------------------------------------------------------------
+
+    def gpu(self, index: int) -> SimGpu:
+        if not 0 <= index < len(self.gpus):
+            raise SimNvmlError(N.NVML_ERROR_INVALID_ARGUMENT, f"no GPU {index}")
+        return self.gpus[index]
+
+    def live_gpu(self, index: int) -> SimGpu:
+        gpu = self.gpu(index)
+        if gpu.lost:
+            raise SimNvmlError(N.NVML_ERROR_GPU_IS_LOST, f"GPU {index} is lost")
+        return gpu
+
+    def processes_on(self, gpu: int, gi: int | None = None, ci: int | None = None):
+        return [p for p in self.processes if p.gpu == gpu
+                and (gi is None or p.gi == gi) and (ci is None or p.ci == ci)]
+
+    # ---- MIG mode ------------------------------------------------------------------
+
+    def set_mig_mode(self, facts: NodeFacts, index: int, mode: int) -> int:
+        """Returns the activation status, as nvmlDeviceSetMigMode does."""
+        gpu = self.live_gpu(index)
+        sku = facts.skus[gpu.sku]
+        if sku.mig is None:
+            raise SimNvmlError(N.NVML_ERROR_NOT_SUPPORTED, "GPU is not MIG capable")
+        if mode not in (MIG_DISABLE, MIG_ENABLE):
+            raise SimNvmlError(N.NVML_ERROR_INVALID_ARGUMENT, f"bad MIG mode {mode}")
+        if mode == MIG_DISABLE and gpu.gis:
+            raise SimNvmlError(N.NVML_ERROR_IN_USE, "GPU instances exist")
+        gpu.mig_pending = mode
+        if gpu.mig_current == mode:
+            return N.NVML_SUCCESS
+        busy = bool(self.processes_on(index))
+        if sku.mig_mode_persists:
+            # Ampere: the new mode waits in InfoROM for a GPU reset or a reboot.
+            return N.NVML_ERROR_IN_USE if busy else N.NVML_SUCCESS
+        if busy:
+            return N.NVML_ERROR_IN_USE
+        gpu.mig_current = mode
+        return N.NVML_SUCCESS
+
+    def reset_gpu(self, index: int) -> None:
+        """A GPU reset (nvidia-smi -r): pending mode takes effect, instances vanish."""
+        gpu = self.live_gpu(index)
+        if self.processes_on(index):
+            raise SimNvmlError(N.NVML_ERROR_IN_USE, "in use by another client")
+        gpu.mig_current = gpu.mig_pending
+        gpu.gis.clear()
+
+    def reboot(self, facts: NodeFacts) -> list[SimProcess]:
+        """Returns the processes that held GPUs (they do not survive a reboot)."""
+        gone, self.processes = self.processes, []
+        for gpu in self.gpus:
+            gpu.gis.clear()
+            gpu.lost = False
+            if facts.skus[gpu.sku].mig_mode_persists:
+                gpu.mig_current = gpu.mig_pending
+            else:
+                gpu.mig_current = gpu.mig_pending = MIG_DISABLE
+        self.events.clear()
+        self.boots += 1
+        return gone
+
+    # ---- GPU instances -------------------------------------------------------------
+
+    def _mig_gpu(self, facts: NodeFacts, index: int) -> tuple[SimGpu, SkuSpec]:
+        gpu = self.live_gpu(index)
+        sku = facts.skus[gpu.sku]
+        if sku.mig is None or gpu.mig_current != MIG_ENABLE:
+            raise SimNvmlError(N.NVML_ERROR_NOT_SUPPORTED, "MIG mode is not enabled")
+        return gpu, sku
+
+    def gi_profile(self, facts: NodeFacts, index: int, profile_id: int) -> GiProfileSpec:
+        sku = facts.skus[self.live_gpu(index).sku]
+        prof = sku.mig.by_id(profile_id) if sku.mig else None
+        if prof is None:
+            raise SimNvmlError(N.NVML_ERROR_INVALID_ARGUMENT, f"no GI profile id {profile_id}")
+        return prof
+
+    def gi_capacity_error(self, facts: NodeFacts, index: int, prof: GiProfileSpec) -> str | None:
+        """Why one more GI of ``prof`` cannot exist, ignoring placement; None if it can."""
+        gpu = self.gpus[index]
+        mig = facts.skus[gpu.sku].mig
+        profiles = [mig.by_id(g.profile_id) for g in gpu.gis]
+        if sum(p.id == prof.id for p in profiles) >= prof.instances:
+            return "instance count exhausted"
+        if sum(p.slices for p in profiles) + prof.slices > mig.compute_slices:
+            return "compute slices exhausted"
+        full = mig.full
+        for engine in ("decoders", "encoders", "jpegs", "ofas"):
+            if sum(getattr(p, engine) for p in profiles) + getattr(prof, engine) > getattr(full, engine):
+                return f"{engine} exhausted"
+        if prof.all_media and any(not p.no_media for p in profiles):
+            return "+me.all needs every other instance to be -me"
+        if any(p.all_media for p in profiles) and not prof.no_media:
+            return "a +me.all instance allows only -me instances"
+        return None
+
+    def free_placements(self, facts: NodeFacts, index: int, prof: GiProfileSpec) -> list[int]:
+        gpu = self.gpus[index]
+        used = {s for g in gpu.gis for s in range(g.start, g.start + g.size)}
+        return [s for s in prof.placements
+                if used.isdisjoint(range(s, s + prof.memory_slices))]
+
+    def create_gi(self, facts: NodeFacts, index: int, profile_id: int,
+                  placement: tuple[int, int] | None = None) -> GpuInstance:
+        gpu, sku = self._mig_gpu(facts, index)
+        prof = self.gi_profile(facts, index, profile_id)
+        if placement is not None:
+            start, size = placement
+            if size != prof.memory_slices or start not in prof.placements:
+                raise SimNvmlError(N.NVML_ERROR_INVALID_ARGUMENT,
+                                   f"placement {start}:{size} is not valid for {prof.name}")
+        why = self.gi_capacity_error(facts, index, prof)
+        if why:
+            raise SimNvmlError(N.NVML_ERROR_INSUFFICIENT_RESOURCES, why)
+        free = self.free_placements(facts, index, prof)
+        if placement is None:
+            # Without a placement the driver takes the highest free one: this reproduces
+            # the documented order dependence (1g,1g,2g,3g fails on A100; 3g,1g,2g,1g works).
+            if not free:
+                raise SimNvmlError(N.NVML_ERROR_INSUFFICIENT_RESOURCES, "no free placement")
+            start = max(free)
+        elif placement[0] not in free:
+            raise SimNvmlError(N.NVML_ERROR_INSUFFICIENT_RESOURCES,
+                               f"placement {placement[0]}:{placement[1]} overlaps an instance")
+        gi = GpuInstance(id=gpu_instance_id(start, prof.memory_slices, sku.mig.memory_slices),
+                         profile_id=prof.id, start=start, size=prof.memory_slices)
+        gpu.gis.append(gi)
+        gpu.gis.sort(key=lambda g: g.id)
+        return gi
+
+    def find_gi(self, index: int, gi_id: int) -> tuple[SimGpu, GpuInstance]:
+        gpu = self.live_gpu(index)
+        gi = gpu.gi(gi_id)
+        if gi is None:
+            raise SimNvmlError(N.NVML_ERROR_INVALID_ARGUMENT, f"GPU instance {gi_id} does not exist")
+        return gpu, gi
+
+    def destroy_gi(self, index: int, gi_id: int) -> None:
+        gpu, gi = self.find_gi(index, gi_id)
+        if gi.cis or self.processes_on(index, gi_id):
+            raise SimNvmlError(N.NVML_ERROR_IN_USE, "compute instances or processes are active")
+        gpu.gis.remove(gi)
+
+    # ---- compute instances ---------------------------------------------------------
+
+    def create_ci(self, facts: NodeFacts, index: int, gi_id: int, profile_id: int,
+                  placement: tuple[int, int] | None = None) -> ComputeInstance:
+        gpu, gi = self.find_gi(index, gi_id)
+        gprof = facts.skus[gpu.sku].mig.by_id(gi.profile_id)
+        cprof = gprof.ci_profile(profile_id)
+        if cprof is None:
+            raise SimNvmlError(N.NVML_ERROR_NOT_SUPPORTED,
+                               f"CI profile {profile_id} does not fit a {gprof.name} instance")
+        if sum(c.profile_id == profile_id for c in gi.cis) >= cprof.instances:
+            raise SimNvmlError(N.NVML_ERROR_INSUFFICIENT_RESOURCES, "instance count exhausted")
+        if sum(c.size for c in gi.cis) + cprof.slices > gprof.slices:
+            raise SimNvmlError(N.NVML_ERROR_INSUFFICIENT_RESOURCES, "compute slices exhausted")
+        used = {s for c in gi.cis for s in range(c.start, c.start + c.size)}
+        free = [s for s in cprof.placements if used.isdisjoint(range(s, s + cprof.slices))]
+        if placement is not None:
+            start, size = placement
+            if size != cprof.slices or start not in cprof.placements:
+                raise SimNvmlError(N.NVML_ERROR_INVALID_ARGUMENT,
+                                   f"placement {start}:{size} is not valid for this CI profile")
+            if start not in free:
+                raise SimNvmlError(N.NVML_ERROR_INSUFFICIENT_RESOURCES, "placement overlaps")
+        elif not free:
+            raise SimNvmlError(N.NVML_ERROR_INSUFFICIENT_RESOURCES, "no free placement")
+        else:
+            start = min(free)
+        ids = {c.id for c in gi.cis}
+        ci_id = next(i for i in range(len(ids) + 1) if i not in ids)
+        ci = ComputeInstance(id=ci_id, profile_id=profile_id, start=start, size=cprof.slices,
+                             uuid=mig_uuid(gpu.uuid, gi, ci_id))
+        gi.cis.append(ci)
+        gi.cis.sort(key=lambda c: c.id)
+        return ci
+
+    def find_ci(self, index: int, gi_id: int, ci_id: int):
+        gpu, gi = self.find_gi(index, gi_id)
+        ci = gi.ci(ci_id)
+        if ci is None:
+            raise SimNvmlError(N.NVML_ERROR_INVALID_ARGUMENT, f"compute instance {ci_id} does not exist")
+        return gpu, gi, ci
+
+    def destroy_ci(self, index: int, gi_id: int, ci_id: int) -> None:
+        _, gi, ci = self.find_ci(index, gi_id, ci_id)
+        if self.processes_on(index, gi_id, ci_id):
+            raise SimNvmlError(N.NVML_ERROR_IN_USE, "processes are active")
+        gi.cis.remove(ci)
+
+    # ---- MIG devices (one per CI) --------------------------------------------------
+
+    def mig_slot(self, gi: GpuInstance, ci: ComputeInstance) -> int:
+        """The MIG device index of a CI: its first compute slice on the GPU (sparse)."""
+        return gi.start + ci.start
+
+    def mig_devices(self, index: int) -> dict[int, tuple[GpuInstance, ComputeInstance]]:
+        gpu = self.gpus[index]
+        return {self.mig_slot(gi, ci): (gi, ci) for gi in gpu.gis for ci in gi.cis}
+
+    # ---- processes and events ------------------------------------------------------
+
+    def add_event(self, gpu: int, event_type: int, data: int,
+                  gi: int | None = None, ci: int | None = None) -> SimEvent:
+        self.gpu(gpu)
+        ev = SimEvent(seq=self.next_seq, gpu=gpu, event_type=event_type, data=data,
+                      gi=0xFFFFFFFF if gi is None else gi, ci=0xFFFFFFFF if ci is None else ci)
+        self.next_seq += 1
+        self.events.append(ev)
+        del self.events[:-self.MAX_EVENTS]
+        return ev
+
+    def mark_lost(self, index: int) -> None:
+        gpu = self.gpu(index)
+        self.add_event(index, N.nvmlEventTypeXidCriticalError, XID_FALLEN_OFF_BUS)
+        gpu.lost = True
+
+
+def mig_uuid(gpu_uuid: str, gi: GpuInstance, ci_id: int) -> str:
+    """A stable opaque MIG UUID (R470+ format) for a GI/CI at its placement."""
+    key = f"{gpu_uuid}/{gi.id}/{gi.profile_id}/{gi.start}/{ci_id}"
+    return f"MIG-{uuidlib.uuid5(uuidlib.NAMESPACE_OID, key)}"

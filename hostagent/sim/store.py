@@ -1,0 +1,103 @@
+"""Where a simulated node keeps its state: ``<root>/.sim``, shared by every process.
+
+Readers see whole files (written atomically); writers serialise on a file lock and
+re-read under it, so the CLI, the daemon, hooks and tests all see one node.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+from pathlib import Path
+
+import psutil
+
+from ..errors import NotFoundError
+from ..fileio import write_atomic
+from .files import sync_mig_caps
+from .node import NodeFacts, NodeState
+
+__all__ = ["SimStore", "SIM_DIR"]
+
+SIM_DIR = ".sim"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+class SimStore:
+    def __init__(self, root: str | os.PathLike):
+        self.root = Path(root)
+        self.dir = self.root / SIM_DIR
+        self._facts: NodeFacts | None = None
+        self._cache: tuple[tuple, NodeState] | None = None
+
+    @property
+    def state_file(self) -> Path:
+        return self.dir / "state.json"
+
+    def exists(self) -> bool:
+        return (self.dir / "node.json").is_file() and self.state_file.is_file()
+
+    def check(self) -> None:
+        if not self.exists():
+            raise NotFoundError("not a simulated node (no .sim/node.json)", where=str(self.root),
+                                hint="create one with 'hostagent sim create --profile dgx-a100 --root DIR'")
+
+    @property
+    def facts(self) -> NodeFacts:
+        if self._facts is None:
+            self.check()
+            self._facts = NodeFacts.from_dict(json.loads((self.dir / "node.json").read_text()))
+        return self._facts
+
+    def initialise(self, facts_raw: dict, state: NodeState) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        write_atomic(self.dir / "node.json", json.dumps(facts_raw, indent=1))
+        write_atomic(self.state_file, json.dumps(state.to_dict(), indent=1))
+        self._facts = None
+        self._cache = None
+
+    def read(self) -> NodeState:
+        """The current state; cached until the state file changes."""
+        try:
+            st = os.stat(self.state_file)
+        except FileNotFoundError:
+            self.check()
+            raise
+        key = (st.st_ino, st.st_mtime_ns, st.st_size)
+        if self._cache is None or self._cache[0] != key:
+            state = NodeState.from_dict(json.loads(self.state_file.read_text()))
+            self._cache = (key, state)
+        state = self._cache[1]
+        # The driver forgets a process the moment it exits.
+        if any(not _alive(p.pid) for p in state.processes):
+            state.processes = [p for p in state.processes if _alive(p.pid)]
+        return state
+
+    @contextlib.contextmanager
+    def lock(self):
+        self.check()
+        with open(self.dir / "lock", "a") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(f, fcntl.LOCK_UN)
+
+    @contextlib.contextmanager
+    def mutate(self):
+        """Yield a fresh copy of the state; commit it if the block returns normally."""
+        with self.lock():
+            state = NodeState.from_dict(json.loads(self.state_file.read_text()))
+            state.processes = [p for p in state.processes if _alive(p.pid)]
+            yield state
+            write_atomic(self.state_file, json.dumps(state.to_dict(), indent=1))
+            self._cache = None
+            sync_mig_caps(self.root, self.facts, state)
