@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from ..hostroot import HostRoot
-
 __all__ = ["host_from_args"]
 
 
-def host_from_args(args) -> HostRoot:
+def host_from_args(args):
+    from ..hostroot import HostRoot
     return HostRoot.from_env(getattr(args, "simulate", None))

@@ -7,7 +7,6 @@ functions that use them.
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 
 from .. import __version__
@@ -36,6 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    import logging
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
                         format="hostagent: %(levelname)s: %(message)s")
     try:

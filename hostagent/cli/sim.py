@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 
 from ..errors import UsageError
-from ..hostroot import SIMULATE_ENV
 from .output import add_output_flag, emit, table
 
 __all__ = ["register"]
@@ -68,15 +67,15 @@ def register(sub) -> None:
 
 def _verb(verbs, name, text):
     v = verbs.add_parser(name, help=text, description=text)
-    v.add_argument("--root", help=f"the simulated node (default: --simulate or ${SIMULATE_ENV})")
+    v.add_argument("--root", help="the simulated node (default: --simulate or $HOSTAGENT_SIMULATE)")
     return v
 
 
 def _store(args):
     from ..sim.store import SimStore
-    root = args.root or args.simulate or os.environ.get(SIMULATE_ENV)
+    root = args.root or args.simulate or os.environ.get("HOSTAGENT_SIMULATE")
     if not root:
-        raise UsageError("no simulated node given", hint=f"pass --root DIR, --simulate DIR or set {SIMULATE_ENV}")
+        raise UsageError("no simulated node given", hint="pass --root DIR, --simulate DIR or set HOSTAGENT_SIMULATE")
     store = SimStore(root)
     store.check()
     return store

@@ -6,8 +6,6 @@ import functools
 from dataclasses import dataclass
 from importlib import resources
 
-import yaml
-
 from ..errors import NotFoundError
 
 __all__ = ["GiProfileSpec", "CiProfileSpec", "MigSpec", "SkuSpec", "NodeProfile",
@@ -139,6 +137,7 @@ class NodeProfile:
 
 
 def _data(name: str):
+    import yaml   # only the simulator's data files need it
     return yaml.safe_load(resources.files(__package__).joinpath("data", name).read_text())
 
 

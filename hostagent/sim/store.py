@@ -12,8 +12,6 @@ import json
 import os
 from pathlib import Path
 
-import psutil
-
 from ..errors import NotFoundError
 from ..fileio import write_atomic
 from .files import sync_mig_caps
@@ -25,6 +23,7 @@ SIM_DIR = ".sim"
 
 
 def _alive(pid: int) -> bool:
+    import psutil   # only nodes with held devices pay for it
     try:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.Error:

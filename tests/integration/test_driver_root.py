@@ -1,0 +1,90 @@
+"""The generated driver root looks like a real host's."""
+
+import os
+import stat
+
+import pytest
+
+from hostagent.devices import read_inventory
+from hostagent.hostroot import HostRoot
+from hostagent.sim import catalog
+from hostagent.sim.driverroot import LIB_DIR, LIBRARIES, create_node
+from hostagent.sim.elf import read_soname
+from hostagent.sim.node import MIG_ENABLE
+
+
+def majors(root):
+    out = {}
+    for line in (root / "proc/devices").read_text().splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[0].isdigit():
+            out[parts[1]] = int(parts[0])
+    return out
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="creating character devices needs root")
+def test_device_nodes_are_character_devices_with_the_listed_majors(tmp_path):
+    create_node(tmp_path, "dgx-a100")
+    m = majors(tmp_path)
+    for name, (major, minor) in {"nvidia0": (m["nvidia-frontend"], 0), "nvidia7": (195, 7),
+                                 "nvidiactl": (195, 255), "nvidia-modeset": (195, 254),
+                                 "nvidia-uvm": (m["nvidia-uvm"], 0),
+                                 "nvidia-uvm-tools": (m["nvidia-uvm"], 1),
+                                 "nvidia-caps/nvidia-cap1": (m["nvidia-caps"], 1)}.items():
+        st = os.lstat(tmp_path / "dev" / name)
+        assert stat.S_ISCHR(st.st_mode), name
+        assert (os.major(st.st_rdev), os.minor(st.st_rdev)) == (major, minor), name
+    assert read_inventory(HostRoot.simulation(tmp_path)).device_nodes == "char"
+
+
+def test_without_mknod_nodes_are_regular_files_and_the_inventory_says_so(tmp_path):
+    create_node(tmp_path, "t4x2", real_nodes=False)
+    assert (tmp_path / "dev/nvidia0").is_file()
+    assert read_inventory(HostRoot.simulation(tmp_path)).device_nodes == "regular-files"
+
+
+def test_proc_files(tmp_path):
+    create_node(tmp_path, "dgx-a100")
+    version = (tmp_path / "proc/driver/nvidia/version").read_text()
+    assert "Kernel Module  550.90.07" in version
+    info = (tmp_path / "proc/driver/nvidia/gpus/0000:4e:00.0/information").read_text()
+    assert "Device Minor: \t 3" in info and "NVIDIA A100-SXM4-40GB" in info
+    minors = dict(line.split() for line in (tmp_path / "proc/driver/nvidia-caps/mig-minors").read_text().splitlines())
+    assert minors["config"] == "1" and minors["monitor"] == "2"
+    assert minors["gpu0/gi0/access"] == "3" and minors["gpu31/gi14/ci7/access"] == "4322"
+
+
+def test_driver_libraries_are_elf_objects_with_sonames(tmp_path):
+    create_node(tmp_path, "hgx-h200")
+    version = catalog.load_profile("hgx-h200").driver_version
+    libdir = tmp_path / LIB_DIR
+    for stem, suffix in LIBRARIES.items():
+        real = libdir / f"{stem}.so.{version}"
+        soname = f"{stem}.so.{suffix or version}"
+        assert read_soname(real) == soname
+        assert (libdir / soname).resolve() == real.resolve()
+    assert os.readlink(libdir / "libcuda.so") == "libcuda.so.1"
+    assert (tmp_path / f"lib/firmware/nvidia/{version}/gsp_ga10x.bin").is_file()
+    assert stat.S_ISSOCK(os.lstat(tmp_path / "run/nvidia-persistenced/socket").st_mode)
+    for tool in ("nvidia-smi", "nvidia-cuda-mps-control", "nvidia-cuda-mps-server", "nvidia-persistenced"):
+        assert os.access(tmp_path / "usr/bin" / tool, os.X_OK)
+
+
+def test_capability_nodes_follow_instances(tmp_path):
+    store = create_node(tmp_path, "dgx-a100")
+    with store.mutate() as s:
+        s.set_mig_mode(store.facts, 2, MIG_ENABLE)
+        s.reset_gpu(2)
+        gi = s.create_gi(store.facts, 2, 9, (0, 4))      # GI 1
+        s.create_ci(store.facts, 2, gi.id, 2)             # CI 0
+    # gpu2/gi1/access = 3 + 135*2 + 9 = 282; its ci0 = 283
+    caps = tmp_path / "proc/driver/nvidia/capabilities/gpu2/mig"
+    assert "DeviceFileMinor: 282" in (caps / "gi1/access").read_text()
+    assert "DeviceFileMinor: 283" in (caps / "gi1/ci0/access").read_text()
+    nodes = sorted(p.name for p in (tmp_path / "dev/nvidia-caps").iterdir())
+    assert nodes == ["nvidia-cap1", "nvidia-cap2", "nvidia-cap282", "nvidia-cap283"]
+    with store.mutate() as s:
+        s.destroy_ci(2, gi.id, 0)
+        s.destroy_gi(2, gi.id)
+    assert not (caps / "gi1").exists() or not any(caps.rglob("access"))
+    assert sorted(p.name for p in (tmp_path / "dev/nvidia-caps").iterdir()) == ["nvidia-cap1", "nvidia-cap2"]

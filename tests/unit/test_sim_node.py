@@ -1,0 +1,239 @@
+"""The simulator's MIG rules, on the node model alone (no ctypes, no files)."""
+
+import pynvml as N
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from hostagent.sim import catalog
+from hostagent.sim.node import (MIG_DISABLE, MIG_ENABLE, NodeFacts, NodeState, SimGpu,
+                                SimNvmlError, SimProcess, gpu_instance_id)
+
+
+def node(*sku_keys):
+    skus = {k: catalog.skus()[k] for k in sku_keys}
+    facts = NodeFacts(profile="t", driver_version="550.90.07", cuda_driver_version=12040,
+                      skus=skus, real_device_nodes=False, majors={})
+    gpus = [SimGpu(index=i, sku=k, uuid=f"GPU-{i}", pci_bus_id=f"0000:0{i}:00.0", minor=i,
+                   serial=str(i)) for i, k in enumerate(sku_keys)]
+    return facts, NodeState(gpus=gpus)
+
+
+def enabled(*sku_keys):
+    facts, state = node(*sku_keys)
+    for g in state.gpus:
+        g.mig_current = g.mig_pending = MIG_ENABLE
+    return facts, state
+
+
+def code(fn, *args):
+    with pytest.raises(SimNvmlError) as e:
+        fn(*args)
+    return e.value.code
+
+
+A100 = "A100-SXM4-40GB"
+H100 = "H100-SXM5-80GB"
+
+
+def test_ampere_mode_change_waits_for_reset():
+    facts, state = node(A100)
+    assert state.set_mig_mode(facts, 0, MIG_ENABLE) == N.NVML_SUCCESS
+    assert (state.gpus[0].mig_current, state.gpus[0].mig_pending) == (MIG_DISABLE, MIG_ENABLE)
+    state.reset_gpu(0)
+    assert state.gpus[0].mig_current == MIG_ENABLE
+
+
+def test_hopper_mode_change_is_immediate_unless_busy():
+    facts, state = node(H100, H100)
+    assert state.set_mig_mode(facts, 0, MIG_ENABLE) == N.NVML_SUCCESS
+    assert state.gpus[0].mig_current == MIG_ENABLE
+    state.processes.append(SimProcess(pid=1, gpu=1))
+    assert state.set_mig_mode(facts, 1, MIG_ENABLE) == N.NVML_ERROR_IN_USE
+    assert (state.gpus[1].mig_current, state.gpus[1].mig_pending) == (MIG_DISABLE, MIG_ENABLE)
+    assert code(state.reset_gpu, 1) == N.NVML_ERROR_IN_USE
+
+
+def test_mode_on_gpu_without_mig_is_not_supported():
+    facts, state = node("T4")
+    assert code(state.set_mig_mode, facts, 0, MIG_ENABLE) == N.NVML_ERROR_NOT_SUPPORTED
+
+
+def test_gpu_instances_need_mig_enabled():
+    facts, state = node(A100)
+    assert code(state.create_gi, facts, 0, 19) == N.NVML_ERROR_NOT_SUPPORTED
+
+
+def test_driver_chosen_placements_reproduce_the_documented_order_dependence():
+    # MIG user guide: on A100 "-cgi 19,19,14,9" fails, "9,19,14,19" succeeds.
+    facts, state = enabled(A100)
+    for pid in (19, 19, 14):
+        state.create_gi(facts, 0, pid)
+    assert code(state.create_gi, facts, 0, 9) == N.NVML_ERROR_INSUFFICIENT_RESOURCES
+    facts, state = enabled(A100)
+    for pid in (9, 19, 14, 19):
+        state.create_gi(facts, 0, pid)
+    # ... and the guide's example placement for 4g, 2g, 1g: 0:4, 4:2, 6:1.
+    facts, state = enabled(A100)
+    got = [(gi.start, gi.size) for gi in (state.create_gi(facts, 0, p) for p in (5, 14, 19))]
+    assert got == [(0, 4), (4, 2), (6, 1)]
+
+
+def test_explicit_placements():
+    facts, state = enabled(A100)
+    assert code(state.create_gi, facts, 0, 9, (2, 4)) == N.NVML_ERROR_INVALID_ARGUMENT
+    assert code(state.create_gi, facts, 0, 9, (0, 2)) == N.NVML_ERROR_INVALID_ARGUMENT
+    state.create_gi(facts, 0, 19, (0, 1))
+    assert code(state.create_gi, facts, 0, 9, (0, 4)) == N.NVML_ERROR_INSUFFICIENT_RESOURCES
+    gi = state.create_gi(facts, 0, 9, (4, 4))
+    assert (gi.id, gi.start, gi.size) == (2, 4, 4)
+    assert code(state.create_gi, facts, 0, 99) == N.NVML_ERROR_INVALID_ARGUMENT
+
+
+def test_gpu_instance_ids_follow_placement():
+    assert [gpu_instance_id(s, 1, 8) for s in range(7)] == [7, 8, 9, 10, 11, 12, 13]
+    assert [gpu_instance_id(s, 2, 8) for s in (0, 2, 4, 6)] == [3, 4, 5, 6]
+    assert [gpu_instance_id(s, 4, 8) for s in (0, 4)] == [1, 2]
+    assert gpu_instance_id(0, 8, 8) == 0
+    assert [gpu_instance_id(s, 1, 4) for s in range(4)] == [3, 4, 5, 6]
+
+
+def test_compute_slice_budget_and_instance_counts():
+    facts, state = enabled(A100)
+    for _ in range(7):
+        state.create_gi(facts, 0, 19)
+    assert code(state.create_gi, facts, 0, 19) == N.NVML_ERROR_INSUFFICIENT_RESOURCES
+    facts, state = enabled(A100)
+    state.create_gi(facts, 0, 5)            # 4g: 4 compute slices, memory 0-3
+    state.create_gi(facts, 0, 9, (4, 4))    # 3g: 3 more, 7 in all
+    assert code(state.create_gi, facts, 0, 19) == N.NVML_ERROR_INSUFFICIENT_RESOURCES
+
+
+def test_media_extension_is_exclusive():
+    facts, state = enabled(A100)
+    state.create_gi(facts, 0, 20)           # 1g.5gb+me
+    assert code(state.create_gi, facts, 0, 20) == N.NVML_ERROR_INSUFFICIENT_RESOURCES
+
+
+def test_destroy_refuses_while_in_use():
+    facts, state = enabled(A100)
+    gi = state.create_gi(facts, 0, 9)
+    ci = state.create_ci(facts, 0, gi.id, 2)
+    assert code(state.destroy_gi, 0, gi.id) == N.NVML_ERROR_IN_USE
+    state.processes.append(SimProcess(pid=1, gpu=0, gi=gi.id, ci=ci.id))
+    assert code(state.destroy_ci, 0, gi.id, ci.id) == N.NVML_ERROR_IN_USE
+    state.processes.clear()
+    state.destroy_ci(0, gi.id, ci.id)
+    state.destroy_gi(0, gi.id)
+    assert state.gpus[0].gis == []
+    assert code(state.destroy_gi, 0, gi.id) == N.NVML_ERROR_INVALID_ARGUMENT
+
+
+def test_compute_instances_pack_inside_their_gpu_instance():
+    facts, state = enabled(A100)
+    gi = state.create_gi(facts, 0, 0)       # 7g
+    assert code(state.create_ci, facts, 0, gi.id, 5) == N.NVML_ERROR_NOT_SUPPORTED   # 8 slices
+    cis = [state.create_ci(facts, 0, gi.id, 1) for _ in range(3)]                      # 3x 2c
+    assert [(c.start, c.size) for c in cis] == [(0, 2), (2, 2), (4, 2)]
+    state.create_ci(facts, 0, gi.id, 0)
+    assert code(state.create_ci, facts, 0, gi.id, 0) == N.NVML_ERROR_INSUFFICIENT_RESOURCES
+    assert len({c.uuid for c in state.gpus[0].gis[0].cis}) == 4
+
+
+def test_mig_devices_use_sparse_slots():
+    facts, state = enabled(A100)
+    gi = state.create_gi(facts, 0, 9, (4, 4))
+    state.create_ci(facts, 0, gi.id, 0, (1, 1))
+    assert list(state.mig_devices(0)) == [5]
+
+
+def test_disable_refused_while_instances_exist():
+    facts, state = enabled(A100)
+    state.create_gi(facts, 0, 19)
+    assert code(state.set_mig_mode, facts, 0, MIG_DISABLE) == N.NVML_ERROR_IN_USE
+
+
+def test_reboot_semantics_per_architecture():
+    facts, state = enabled(A100, H100)
+    state.create_gi(facts, 0, 19)
+    state.create_gi(facts, 1, 19)
+    state.processes.append(SimProcess(pid=1, gpu=0))
+    state.gpus[0].lost = True
+    state.reboot(facts)
+    a100, h100 = state.gpus
+    assert a100.gis == [] and h100.gis == [] and state.processes == []
+    assert a100.mig_current == MIG_ENABLE and not a100.lost       # InfoROM keeps it
+    assert (h100.mig_current, h100.mig_pending) == (MIG_DISABLE, MIG_DISABLE)
+
+
+def test_lost_gpu_returns_gpu_is_lost():
+    facts, state = enabled(A100)
+    state.mark_lost(0)
+    assert code(state.create_gi, facts, 0, 19) == N.NVML_ERROR_GPU_IS_LOST
+    assert state.events[-1].data == 79
+
+
+# ---- property: any sequence of calls keeps the placement rules -------------------------
+
+OPS = st.lists(st.tuples(
+    st.sampled_from(["gi", "gi_at", "ci", "ci_at", "dgi", "dci", "hold", "free"]),
+    st.integers(0, 20), st.integers(0, 8), st.integers(0, 8)), max_size=40)
+
+
+def check_invariants(facts, state):
+    for gpu in state.gpus:
+        mig = facts.skus[gpu.sku].mig
+        used = []
+        for gi in gpu.gis:
+            prof = mig.by_id(gi.profile_id)
+            assert gi.start in prof.placements and gi.size == prof.memory_slices
+            assert gi.id == gpu_instance_id(gi.start, gi.size, mig.memory_slices)
+            used += range(gi.start, gi.start + gi.size)
+            cslots = []
+            for ci in gi.cis:
+                cprof = prof.ci_profile(ci.profile_id)
+                assert ci.start in cprof.placements and ci.size == cprof.slices
+                cslots += range(ci.start, ci.start + ci.size)
+            assert len(cslots) == len(set(cslots)) and all(s < prof.slices for s in cslots)
+        assert len(used) == len(set(used)), "memory slices overlap"
+        profs = [mig.by_id(g.profile_id) for g in gpu.gis]
+        assert sum(p.slices for p in profs) <= mig.compute_slices
+        for p in set(profs):
+            assert profs.count(p) <= p.instances
+        slots = list(state.mig_devices(gpu.index))
+        assert len(slots) == sum(len(g.cis) for g in gpu.gis) and max(slots, default=0) < mig.compute_slices
+
+
+@pytest.mark.parametrize("sku", [A100, "A30-24GB", H100])
+@settings(max_examples=150, deadline=None)
+@given(ops=OPS)
+def test_random_call_sequences_keep_the_placement_rules(sku, ops):
+    facts, state = enabled(sku)
+    mig = facts.skus[sku].mig
+    ids = [p.id for p in mig.gi_profiles]
+    for op, a, b, c in ops:
+        before = state.to_dict()
+        gpu = state.gpus[0]
+        gi = gpu.gis[b % len(gpu.gis)] if gpu.gis else None
+        try:
+            if op == "gi":
+                state.create_gi(facts, 0, ids[a % len(ids)])
+            elif op == "gi_at":
+                prof = mig.by_id(ids[a % len(ids)])
+                state.create_gi(facts, 0, prof.id, (b, prof.memory_slices if c % 4 else c))
+            elif op in ("ci", "ci_at") and gi:
+                cprofs = mig.by_id(gi.profile_id).ci_profiles
+                cp = cprofs[a % len(cprofs)]
+                state.create_ci(facts, 0, gi.id, cp.id, (c, cp.slices) if op == "ci_at" else None)
+            elif op == "dgi" and gi:
+                state.destroy_gi(0, gi.id)
+            elif op == "dci" and gi and gi.cis:
+                state.destroy_ci(0, gi.id, gi.cis[c % len(gi.cis)].id)
+            elif op == "hold" and gi and gi.cis:
+                state.processes.append(SimProcess(pid=a, gpu=0, gi=gi.id, ci=gi.cis[0].id))
+            elif op == "free":
+                state.processes.clear()
+        except SimNvmlError as e:
+            assert e.code in (N.NVML_ERROR_INSUFFICIENT_RESOURCES, N.NVML_ERROR_INVALID_ARGUMENT,
+                              N.NVML_ERROR_IN_USE, N.NVML_ERROR_NOT_SUPPORTED)
+            assert state.to_dict() == before, f"failed {op} changed the state"
+        check_invariants(facts, state)
