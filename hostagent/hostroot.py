@@ -22,6 +22,12 @@ class HostRoot:
     dev_root: Path | None = None      # where /dev lives; default: root
     simulated: bool = False
 
+    def __post_init__(self):
+        for name in ("root", "driver_root", "dev_root"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, Path):
+                object.__setattr__(self, name, Path(value))
+
     @classmethod
     def simulation(cls, directory: str | os.PathLike) -> "HostRoot":
         return cls(root=Path(directory).absolute(), simulated=True)
