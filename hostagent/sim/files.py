@@ -10,7 +10,7 @@ from pathlib import Path
 from ..fileio import ensure_dir, write_atomic
 from .node import NodeFacts, NodeState
 
-__all__ = ["NodeFiles", "mig_minors", "sync_mig_caps"]
+__all__ = ["NodeFiles", "mig_minors", "sync_mig_caps", "create_cap_nodes"]
 
 
 @functools.cache
@@ -59,7 +59,11 @@ class NodeFiles:
 
 
 def sync_mig_caps(root: Path, facts: NodeFacts, state: NodeState) -> None:
-    """Make /proc and /dev capability entries match the instances that exist."""
+    """Make the /proc capability files match the instances that exist, as the driver does.
+
+    The driver cannot create ``/dev/nvidia-caps`` nodes; nvidia-smi and hostagent's MIG
+    manager do (``create_cap_nodes``), and stale nodes stay until someone removes them.
+    """
     minors = mig_minors()
     w = NodeFiles(root, facts.real_device_nodes)
     want: dict[str, int] = {}
@@ -74,16 +78,27 @@ def sync_mig_caps(root: Path, facts: NodeFacts, state: NodeState) -> None:
         rel = path.relative_to(caps_dir).as_posix().replace("/mig/", "/", 1)
         if rel not in want:
             path.unlink()
-    wanted_nodes = {f"nvidia-cap{m}" for m in want.values()} | {"nvidia-cap1", "nvidia-cap2"}
-    for node in (root / "dev/nvidia-caps").glob("nvidia-cap*"):
-        if node.name not in wanted_nodes:
-            node.unlink()
+            parent = path.parent
+            while parent.name != "mig" and not any(parent.iterdir()):
+                parent.rmdir()
+                parent = parent.parent
     for name, minor in want.items():
         gpu_part, rest = name.split("/", 1)
         proc = caps_dir / gpu_part / "mig" / rest
         if not proc.exists():
             w.file(proc.relative_to(root).as_posix(),
                    f"DeviceFileMinor: {minor}\nDeviceFileMode: 292\nDeviceFileModify: 1\n", mode=0o444)
+
+
+def create_cap_nodes(root: Path, facts: NodeFacts) -> list[int]:
+    """Create the /dev node of every capability /proc lists (what ``nvidia-modprobe -f`` does
+    for each); returns the minors created."""
+    w = NodeFiles(root, facts.real_device_nodes)
+    created = []
+    for proc in sorted((root / "proc/driver/nvidia/capabilities").glob("gpu*/mig/**/access")):
+        minor = int(proc.read_text().split("DeviceFileMinor:")[1].split()[0])
         node = root / f"dev/nvidia-caps/nvidia-cap{minor}"
         if not (node.exists() or node.is_symlink()):
             w.chardev(node.relative_to(root).as_posix(), facts.majors["nvidia-caps"], minor, 0o444)
+            created.append(minor)
+    return created

@@ -10,6 +10,7 @@ from hostagent.hostroot import HostRoot
 from hostagent.sim import catalog
 from hostagent.sim.driverroot import LIB_DIR, LIBRARIES, create_node
 from hostagent.sim.elf import read_soname
+from hostagent.sim.files import create_cap_nodes
 from hostagent.sim.node import MIG_ENABLE
 
 
@@ -70,7 +71,7 @@ def test_driver_libraries_are_elf_objects_with_sonames(tmp_path):
         assert os.access(tmp_path / "usr/bin" / tool, os.X_OK)
 
 
-def test_capability_nodes_follow_instances(tmp_path):
+def test_capability_files_follow_instances_and_nodes_are_made_on_request(tmp_path):
     store = create_node(tmp_path, "dgx-a100")
     with store.mutate() as s:
         s.set_mig_mode(store.facts, 2, MIG_ENABLE)
@@ -81,10 +82,15 @@ def test_capability_nodes_follow_instances(tmp_path):
     caps = tmp_path / "proc/driver/nvidia/capabilities/gpu2/mig"
     assert "DeviceFileMinor: 282" in (caps / "gi1/access").read_text()
     assert "DeviceFileMinor: 283" in (caps / "gi1/ci0/access").read_text()
-    nodes = sorted(p.name for p in (tmp_path / "dev/nvidia-caps").iterdir())
-    assert nodes == ["nvidia-cap1", "nvidia-cap2", "nvidia-cap282", "nvidia-cap283"]
+    # Like the real driver, the simulator does not create /dev nodes itself ...
+    nodes = lambda: sorted(p.name for p in (tmp_path / "dev/nvidia-caps").iterdir())
+    assert nodes() == ["nvidia-cap1", "nvidia-cap2"]
+    # ... nvidia-modprobe -f / nvidia-smi do.
+    assert create_cap_nodes(tmp_path, store.facts) == [282, 283]
+    assert nodes() == ["nvidia-cap1", "nvidia-cap2", "nvidia-cap282", "nvidia-cap283"]
     with store.mutate() as s:
         s.destroy_ci(2, gi.id, 0)
         s.destroy_gi(2, gi.id)
-    assert not (caps / "gi1").exists() or not any(caps.rglob("access"))
-    assert sorted(p.name for p in (tmp_path / "dev/nvidia-caps").iterdir()) == ["nvidia-cap1", "nvidia-cap2"]
+    assert not any((tmp_path / "proc/driver/nvidia/capabilities").rglob("gpu*/mig/**/access"))
+    assert not (caps / "gi1").exists()
+    assert "nvidia-cap282" in nodes()     # stale nodes stay until someone removes them

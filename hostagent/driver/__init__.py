@@ -1,0 +1,1 @@
+"""Facts about the installed NVIDIA driver read from host files (not NVML)."""
