@@ -67,14 +67,19 @@ def _gpu_identity(profile: str, bus_id: str) -> tuple[str, str]:
 
 
 def create_node(root: str | os.PathLike, profile_name: str, *,
-                real_nodes: bool | None = None) -> SimStore:
-    """Build a simulated node of ``profile_name`` under ``root`` and return its store."""
+                real_nodes: bool | None = None, dynamic_majors: tuple[int, int] | None = None) -> SimStore:
+    """Build a simulated node of ``profile_name`` under ``root`` and return its store.
+
+    ``dynamic_majors`` fixes the (nvidia-uvm, nvidia-caps) majors; by default they are
+    chosen among majors this host does not use, so a container given these nodes can
+    never reach a real device.
+    """
     profile = catalog.load_profile(profile_name)
     root = ensure_dir(Path(root).absolute())
     if real_nodes is None:
         real_nodes = os.geteuid() == 0
     w = NodeFiles(root, real_nodes)
-    uvm_major, caps_major = _free_majors()
+    uvm_major, caps_major = dynamic_majors or _free_majors()
     version = profile.driver_version
 
     gpus = []

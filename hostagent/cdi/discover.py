@@ -1,0 +1,194 @@
+"""Find what a container needs from the host, as ``Edits``. Discoverers read host files
+through the HostRoot and know nothing about CDI's format.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..devices import Gpu, MigDevice
+from ..driver import nvcaps
+from ..driver.elf import read_soname
+from ..errors import NotFoundError
+from ..hostroot import HostRoot
+from .edits import IPC_MOUNT_OPTIONS, DeviceNode, Edits, Mount
+
+__all__ = ["Discovery", "MissingDeviceNode"]
+
+LIBRARY_DIRS = ("usr/lib64", "usr/lib/x86_64-linux-gnu", "usr/lib/aarch64-linux-gnu",
+                "usr/lib/x86_64-linux-gnu/nvidia/current", "usr/lib/aarch64-linux-gnu/nvidia/current",
+                "lib64", "lib/x86_64-linux-gnu", "lib/aarch64-linux-gnu")
+BINARY_DIRS = ("usr/bin", "usr/sbin", "usr/local/bin", "usr/local/sbin", "bin", "sbin")
+BINARIES = ("nvidia-smi", "nvidia-debugdump", "nvidia-persistenced", "nvidia-cuda-mps-control",
+            "nvidia-cuda-mps-server", "nvidia-imex", "nvidia-imex-ctl")
+CONTROL_NODES = ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset")
+IPC_SOCKETS = ("run/nvidia-persistenced/socket", "var/run/nvidia-persistenced/socket",
+               "run/nvidia-fabricmanager/socket", "var/run/nvidia-fabricmanager/socket")
+# Graphics and compute config files: where the driver may install them -> container path.
+CONFIG_FILES = {
+    "glvnd/egl_vendor.d/10_nvidia.json": "/usr/share/glvnd/egl_vendor.d/10_nvidia.json",
+    "egl/egl_external_platform.d/15_nvidia_gbm.json": "/usr/share/egl/egl_external_platform.d/15_nvidia_gbm.json",
+    "egl/egl_external_platform.d/10_nvidia_wayland.json": "/usr/share/egl/egl_external_platform.d/10_nvidia_wayland.json",
+    "vulkan/icd.d/nvidia_icd.json": "/etc/vulkan/icd.d/nvidia_icd.json",
+    "vulkan/icd.d/nvidia_layers.json": "/etc/vulkan/icd.d/nvidia_layers.json",
+    "vulkan/implicit_layer.d/nvidia_layers.json": "/etc/vulkan/implicit_layer.d/nvidia_layers.json",
+    "OpenCL/vendors/nvidia.icd": "/etc/OpenCL/vendors/nvidia.icd",
+}
+CONFIG_ROOTS = ("etc", "usr/share", "usr/local/share")
+
+
+class MissingDeviceNode(NotFoundError):
+    code = "missing_device_node"
+
+
+@dataclass
+class Discovery:
+    """One generation's view of the host; caches the driver's tables it reads."""
+    host: HostRoot
+    driver_version: str
+    _mig_minors: dict | None = field(default=None, repr=False)
+
+    # ---- device nodes --------------------------------------------------------------
+
+    def node(self, container_path: str, *, required: bool = True) -> DeviceNode | None:
+        """The character device at ``container_path`` (e.g. /dev/nvidia0), read from the host."""
+        host_path = self.host.dev(container_path.removeprefix("/dev/"))
+        try:
+            st = os.stat(host_path)
+        except FileNotFoundError:
+            if required:
+                raise MissingDeviceNode(f"device node {container_path} does not exist",
+                                        where=str(host_path)) from None
+            return None
+        if not stat.S_ISCHR(st.st_mode):
+            if required:
+                raise MissingDeviceNode(f"{container_path} is not a character device",
+                                        where=str(host_path),
+                                        hint="on a simulated node, create it as root") from None
+            return None
+        return DeviceNode(path=container_path, host_path=str(host_path), major=os.major(st.st_rdev),
+                          minor=os.minor(st.st_rdev), file_mode=stat.S_IMODE(st.st_mode))
+
+    def control_nodes(self) -> Edits:
+        nodes = (self.node(f"/dev/{name}", required=False) for name in CONTROL_NODES)
+        return Edits(device_nodes=tuple(n for n in nodes if n))
+
+    def gpu(self, gpu: Gpu) -> Edits:
+        nodes = [self.node(f"/dev/nvidia{gpu.minor}")]
+        links = []
+        drm = self.host.sys(f"bus/pci/devices/{gpu.sysfs_bus_id}/drm")
+        for entry in sorted(drm.glob("card*")) + sorted(drm.glob("renderD*")):
+            node = self.node(f"/dev/dri/{entry.name}", required=False)
+            if node:
+                nodes.append(node)
+                kind = "card" if entry.name.startswith("card") else "render"
+                links.append((f"../{entry.name}", f"/dev/dri/by-path/pci-{gpu.sysfs_bus_id}-{kind}"))
+        return Edits(device_nodes=tuple(nodes), links=tuple(links))
+
+    def mig_device(self, dev: MigDevice) -> Edits:
+        """Parent node plus the GI and CI access capabilities; a missing one is an error."""
+        if self._mig_minors is None:
+            self._mig_minors = nvcaps.read_mig_minors(self.host)
+        nodes = [self.node(f"/dev/nvidia{dev.parent_minor}")]
+        for cap in (nvcaps.gi_cap(dev.parent_minor, dev.gi), nvcaps.ci_cap(dev.parent_minor, dev.gi, dev.ci)):
+            minor = self._mig_minors.get(cap)
+            if minor is None:
+                raise MissingDeviceNode(f"the driver lists no capability {cap}",
+                                        where=str(self.host.proc("driver/nvidia-caps/mig-minors")))
+            try:
+                nodes.append(self.node(f"/dev/nvidia-caps/nvidia-cap{minor}"))
+            except MissingDeviceNode as e:
+                raise MissingDeviceNode(f"capability node for {cap} is missing", where=e.where,
+                                        hint="create it with 'hostagent mig apply' or 'nvidia-smi', "
+                                             "which make the nodes for new MIG instances") from None
+        return Edits(device_nodes=tuple(nodes))
+
+    # ---- driver files --------------------------------------------------------------
+
+    def _container_path(self, host_file: Path) -> str:
+        return "/" + host_file.relative_to(self.host.driver()).as_posix()
+
+    def libraries(self) -> Edits:
+        """Every ``lib*.so.<driver version>``, its SONAME and ``.so`` links that exist on the
+        host, and the folders whose linker cache must be refreshed."""
+        mounts, links, folders = [], [], []
+        seen: set[Path] = set()
+        suffix = f".so.{self.driver_version}"
+        for rel in LIBRARY_DIRS:
+            for folder in (self.host.driver(rel), self.host.driver(rel) / "vdpau"):
+                if not folder.is_dir() or folder.resolve() in seen:
+                    continue
+                seen.add(folder.resolve())
+                libs = sorted(p for p in folder.glob(f"lib*{suffix}") if p.is_file())
+                if not libs:
+                    continue
+                cfolder = self._container_path(folder)
+                folders.append(cfolder)
+                for lib in libs:
+                    mounts.append(Mount(str(lib.resolve()), self._container_path(lib)))
+                    links += self._library_links(folder, cfolder, lib)
+        return Edits(mounts=tuple(mounts), links=tuple(links), folders=tuple(folders))
+
+    @staticmethod
+    def _library_links(folder: Path, cfolder: str, lib: Path) -> list[tuple[str, str]]:
+        out = []
+        soname = read_soname(lib)
+        if soname and soname != lib.name and (folder / soname).is_symlink():
+            out.append((lib.name, f"{cfolder}/{soname}"))
+        stem = lib.name.split(".so.", 1)[0]
+        dev_link = folder / f"{stem}.so"
+        if stem == "libcuda":
+            out.append(("libcuda.so.1", f"{cfolder}/libcuda.so"))     # CUDA's loader wants it
+        elif dev_link.is_symlink() and soname:
+            out.append((os.readlink(dev_link), f"{cfolder}/{stem}.so"))
+        return out
+
+    def binaries(self) -> Edits:
+        mounts = []
+        for name in BINARIES:
+            for rel in BINARY_DIRS:
+                path = self.host.driver(rel) / name
+                if path.is_file():
+                    mounts.append(Mount(str(path.resolve()), f"/usr/bin/{name}"))
+                    break
+        return Edits(mounts=tuple(mounts))
+
+    def ipc(self) -> Edits:
+        mounts, seen = [], set()
+        for rel in IPC_SOCKETS:
+            path = self.host.host(rel)
+            try:
+                if not stat.S_ISSOCK(os.stat(path).st_mode) or path.resolve() in seen:
+                    continue
+            except OSError:
+                continue
+            seen.add(path.resolve())
+            mounts.append(Mount(str(path), "/" + rel.removeprefix("var/"), IPC_MOUNT_OPTIONS))
+        return Edits(mounts=tuple(mounts))
+
+    def firmware(self) -> Edits:
+        release = os.uname().release
+        dirs = []
+        custom = self.host.sys("module/firmware_class/parameters/path")
+        if custom.is_file() and custom.read_text().strip():
+            dirs.append(custom.read_text().strip())
+        dirs += [f"/lib/firmware/updates/{release}", "/lib/firmware/updates",
+                 f"/lib/firmware/{release}", "/lib/firmware"]
+        for d in dirs:
+            found = sorted(self.host.driver(d).glob(f"nvidia/{self.driver_version}/gsp*.bin"))
+            if found:
+                return Edits(mounts=tuple(Mount(str(p), self._container_path(p)) for p in found))
+        return Edits()
+
+    def config_files(self) -> Edits:
+        mounts = []
+        for rel, container_path in CONFIG_FILES.items():
+            for root in CONFIG_ROOTS:
+                path = self.host.driver(root) / rel
+                if path.is_file():
+                    mounts.append(Mount(str(path), container_path))
+                    break
+        return Edits(mounts=tuple(mounts))

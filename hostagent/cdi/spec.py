@@ -1,0 +1,107 @@
+"""Build the node's CDI spec from the inventory and what discovery found on the host."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+
+from ..devices import Inventory
+from ..errors import HostagentError, UsageError
+from .discover import Discovery, MissingDeviceNode
+from .edits import Edits, Hook
+from .naming import device_name
+from .validate import check_kind
+from .version import KNOWN_VERSIONS, minimum_version, version_key
+
+__all__ = ["SpecOptions", "GeneratedSpec", "build_spec", "hook_command", "HOOK_ENV"]
+
+# Hooks never inherit the container's environment: the spec gives them this one.
+HOOK_ENV = ("PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",)
+
+
+@dataclass(frozen=True)
+class SpecOptions:
+    vendor: str = "nvidia.com"
+    device_class: str = "gpu"
+    name_strategies: tuple[str, ...] = ("index", "uuid")
+    all_device: bool = True
+    cdi_version: str = "auto"
+    hook_interpreter: str = field(default_factory=lambda: sys.executable)
+
+    @property
+    def kind(self) -> str:
+        return f"{self.vendor}/{self.device_class}"
+
+
+@dataclass(frozen=True)
+class GeneratedSpec:
+    spec: dict
+    problems: tuple[HostagentError, ...]    # devices left out, and why
+
+    @property
+    def device_names(self) -> list[str]:
+        return [d["name"] for d in self.spec["devices"]]
+
+
+def hook_command(interpreter: str, verb: str, *args: str) -> Hook:
+    """One run of the hook program: isolated interpreter (no PYTHON* variables, no user
+    site, no script directory on the path) with an explicit environment."""
+    return Hook(path=interpreter, args=("python3", "-I", "-m", "hostagent.hooks", verb, *args),
+                env=HOOK_ENV)
+
+
+def _hooks(edits: Edits, interpreter: str, verb: str) -> tuple[Hook, ...]:
+    args = [a for target, link in edits.links for a in ("--link", f"{target}::{link}")]
+    args += [a for folder in edits.folders for a in ("--folder", folder)]
+    return (hook_command(interpreter, verb, *args),) if args else ()
+
+
+def build_spec(inventory: Inventory, discovery: Discovery, options: SpecOptions = SpecOptions()) -> GeneratedSpec:
+    check_kind(options.kind)
+    problems: list[HostagentError] = [
+        HostagentError(f"GPU {bad.index} is left out: {bad.error}") for bad in inventory.unreadable]
+
+    per_device: list[tuple[object, Edits]] = []
+    for gpu in inventory.gpus:
+        targets = gpu.mig.devices if gpu.mig_enabled else (gpu,)
+        for dev in targets:
+            try:
+                edits = discovery.mig_device(dev) if dev is not gpu else discovery.gpu(gpu)
+            except MissingDeviceNode as e:
+                label = f"MIG device {dev.name} ({dev.uuid})" if dev is not gpu else f"GPU {gpu.index}"
+                problems.append(MissingDeviceNode(f"{label} is left out: {e.what}", where=e.where, hint=e.hint))
+                continue
+            per_device.append((dev, edits))
+
+    devices = []
+    for dev, edits in per_device:
+        body = edits.to_cdi(_hooks(edits, options.hook_interpreter, "create-symlinks"))
+        devices += [{"name": device_name(dev, s), "containerEdits": body} for s in options.name_strategies]
+    if options.all_device and per_device:
+        union = Edits.merge(*(e for _, e in per_device))
+        devices.append({"name": "all",
+                        "containerEdits": union.to_cdi(_hooks(union, options.hook_interpreter, "create-symlinks"))})
+    if not devices:
+        raise HostagentError("no GPU or MIG device could be described; a CDI spec needs at least one",
+                             hint="; ".join(p.message for p in problems) or "is MIG enabled with no instances?")
+
+    common = Edits.merge(Edits(env=("NVIDIA_VISIBLE_DEVICES=void",)), discovery.control_nodes(),
+                         discovery.libraries(), discovery.binaries(), discovery.ipc(),
+                         discovery.firmware(), discovery.config_files())
+    spec = {"cdiVersion": "", "kind": options.kind, "devices": devices,
+            "containerEdits": common.to_cdi(_hooks(common, options.hook_interpreter, "prepare"))}
+    spec["cdiVersion"] = _version(spec, options.cdi_version)
+    return GeneratedSpec(spec=spec, problems=tuple(problems))
+
+
+def _version(spec: dict, requested: str) -> str:
+    needed = minimum_version(spec)
+    if requested == "auto":
+        return needed
+    requested = requested.removeprefix("v")
+    if requested not in KNOWN_VERSIONS:
+        raise UsageError(f"unknown CDI version {requested}", hint=f"use auto or one of {', '.join(KNOWN_VERSIONS)}")
+    if version_key(requested) < version_key(needed):
+        raise UsageError(f"this spec needs cdiVersion {needed} or newer, not {requested}",
+                         hint="use --cdi-version auto")
+    return requested

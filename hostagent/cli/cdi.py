@@ -1,0 +1,116 @@
+"""``hostagent cdi``: generate, refresh, list and validate CDI specs."""
+
+from __future__ import annotations
+
+import sys
+
+from .common import host_from_args
+from .output import add_output_flag, emit, table
+
+__all__ = ["register"]
+
+
+def register(sub) -> None:
+    p = sub.add_parser("cdi", help="CDI specs for GPUs and MIG devices")
+    verbs = p.add_subparsers(dest="verb", metavar="VERB", required=True)
+
+    v = verbs.add_parser("generate", help="print (or write) a CDI spec for this node")
+    v.add_argument("--output", metavar="FILE", help="write the spec here (atomically, mode 0644)")
+    v.add_argument("--format", choices=["json", "yaml"], help="default: from --output's extension, else json")
+    _spec_flags(v)
+    v.set_defaults(run=generate)
+
+    v = verbs.add_parser("refresh", help="regenerate the node's spec in /var/run/cdi if it changed")
+    v.add_argument("--dry-run", action="store_true", help="say what would change, write nothing")
+    _spec_flags(v)
+    v.set_defaults(run=refresh)
+
+    v = verbs.add_parser("list", help="list the devices the spec directories offer")
+    add_output_flag(v)
+    v.set_defaults(run=list_devices)
+
+    v = verbs.add_parser("validate", help="check spec files against CDI's rules")
+    v.add_argument("files", nargs="+", metavar="FILE")
+    v.set_defaults(run=validate)
+
+
+def _spec_flags(v) -> None:
+    v.add_argument("--vendor", default="nvidia.com")
+    v.add_argument("--class", dest="device_class", default="gpu")
+    v.add_argument("--device-name-strategy", default="index,uuid",
+                   help="comma list of index, uuid, type-index (default: index,uuid)")
+    v.add_argument("--driver-root", metavar="DIR", help="where the driver's files are (default: the host root)")
+    v.add_argument("--dev-root", metavar="DIR", help="where /dev is (default: the host root)")
+    v.add_argument("--no-all-device", action="store_true", help="leave out the 'all' device")
+    v.add_argument("--cdi-version", default="auto", help="auto (the lowest the content needs) or X.Y.Z")
+
+
+def _host_and_options(args):
+    import dataclasses
+    from ..cdi.naming import parse_strategies
+    from ..cdi.spec import SpecOptions
+    host = host_from_args(args)
+    if args.driver_root or args.dev_root:
+        host = dataclasses.replace(host, driver_root=args.driver_root or host.driver_root,
+                                   dev_root=args.dev_root or host.dev_root)
+    options = SpecOptions(vendor=args.vendor, device_class=args.device_class,
+                          name_strategies=parse_strategies(args.device_name_strategy),
+                          all_device=not args.no_all_device, cdi_version=args.cdi_version)
+    return host, options
+
+
+def _report(problems) -> int:
+    for p in problems:
+        print(f"hostagent: error: {p.message}", file=sys.stderr)
+    return 1 if problems else 0
+
+
+def generate(args) -> int:
+    from ..cdi.refresh import generate as gen
+    from ..cdi.render import render
+    from ..fileio import write_atomic
+    host, options = _host_and_options(args)
+    generated = gen(host, options)
+    fmt = args.format or ("yaml" if args.output and args.output.endswith(".yaml") else "json")
+    text = render(generated.spec, fmt)
+    if args.output:
+        write_atomic(args.output, text, mode=0o644)
+    else:
+        sys.stdout.write(text)
+    return _report(generated.problems)
+
+
+def refresh(args) -> int:
+    from ..cdi.refresh import refresh as do_refresh
+    host, options = _host_and_options(args)
+    change, generated = do_refresh(host, options, dry_run=args.dry_run)
+    print(("would write " if args.dry_run and change.written else "") + change.describe())
+    return _report(generated.problems)
+
+
+def list_devices(args) -> int:
+    from ..cdi.registry import list_devices as do_list
+    devices, errors = do_list(host_from_args(args))
+    emit({"devices": devices, "errors": errors}, args.output, lambda d: print(
+        table(["DEVICE", "SPEC", "STATUS"], [[x.name, x.spec, x.status] for x in d["devices"]])))
+    for e in errors:
+        print(f"hostagent: warning: {e}", file=sys.stderr)
+    return 0
+
+
+def validate(args) -> int:
+    from ..cdi.validate import load_spec_file, validate_spec
+    from ..errors import HostagentError
+    failed = 0
+    for path in args.files:
+        try:
+            problems = validate_spec(load_spec_file(path))
+        except HostagentError as e:
+            problems = [e.what]
+        for p in problems:
+            print(f"{path}: {p}")
+        if problems:
+            failed += 1
+        else:
+            print(f"{path}: valid")
+    return 1 if failed else 0

@@ -1,0 +1,76 @@
+"""CDI's version and validation rules, on spec documents alone."""
+
+import pytest
+
+from hostagent.cdi.render import render
+from hostagent.cdi.validate import check_kind, validate_spec
+from hostagent.cdi.version import minimum_version
+from hostagent.errors import UsageError
+
+import yaml
+
+
+def spec(**over):
+    base = {"cdiVersion": "0.3.0", "kind": "nvidia.com/gpu",
+            "devices": [{"name": "gpu0", "containerEdits": {"deviceNodes": [{"path": "/dev/nvidia0"}]}}]}
+    base.update(over)
+    return base
+
+
+def dev(name, **edits):
+    return {"name": name, "containerEdits": edits or {"deviceNodes": [{"path": "/dev/x"}]}}
+
+
+@pytest.mark.parametrize("doc, version", [
+    (spec(), "0.3.0"),
+    (spec(containerEdits={"mounts": [{"hostPath": "/a", "containerPath": "/a", "type": "bind"}]}), "0.4.0"),
+    (spec(devices=[dev("0")]), "0.5.0"),
+    (spec(devices=[dev("gpu0", deviceNodes=[{"path": "/dev/x", "hostPath": "/dev/x"}])]), "0.5.0"),
+    (spec(kind="nvidia.com/gpu.mig"), "0.6.0"),
+    (spec(annotations={"a": "b"}), "0.6.0"),
+    (spec(containerEdits={"additionalGids": [44]}), "0.7.0"),
+    (spec(containerEdits={"intelRdt": {}}), "0.7.0"),
+    (spec(containerEdits={"netDevices": [{"hostInterfaceName": "a", "name": "b"}]}), "1.1.0"),
+])
+def test_minimum_version_follows_the_library_rule(doc, version):
+    assert minimum_version(doc) == version
+
+
+@pytest.mark.parametrize("kind", ["x/gpu", "nvidia.com/g", "nvidia.com", "-bad/gpu", "nvidia.com/gpu-"])
+def test_bad_kinds_are_refused_including_one_character_parts(kind):
+    with pytest.raises(UsageError):
+        check_kind(kind)
+    assert validate_spec(spec(kind=kind))
+
+
+@pytest.mark.parametrize("doc, fragment", [
+    (spec(cdiVersion="0.2.0"), "not a known CDI version"),
+    (spec(cdiVersion="v0.5.0", devices=[dev("0")]), "leading 'v'"),
+    (spec(devices=[]), "at least one device"),
+    (spec(devices=[dev("gpu0"), dev("gpu0")]), "duplicate device 'gpu0'"),
+    (spec(devices=[dev("bad/name")]), "devices[0].name"),
+    (spec(devices=[{"name": "gpu0", "containerEdits": {}}]), "non-empty edits"),
+    (spec(devices=[dev("0")]), "needs 0.5.0 or newer"),
+    (spec(annotations={"a": "b"}), "spec.annotations: needs cdiVersion 0.6.0"),
+    (spec(containerEdits={"env": ["=1"]}), "containerEdits.env[0]"),
+    (spec(containerEdits={"deviceNodes": [{"path": "/d", "permissions": "rwx"}]}), "not a subset of 'rwm'"),
+    (spec(containerEdits={"deviceNodes": [{"path": "/d", "type": "x"}]}), "deviceNodes[0].type"),
+    (spec(containerEdits={"mounts": [{"hostPath": "/a"}]}), "mounts[0].containerPath: required"),
+    (spec(containerEdits={"hooks": [{"hookName": "preStart", "path": "/h"}]}), "hooks[0].hookName"),
+    (spec(containerEdits={"hooks": [{"hookName": "createContainer", "path": "h"}]}), "absolute path"),
+    (spec(containerEdits={"hooks": [{"hookName": "createContainer", "path": "/h", "timeout": 0}]}), "timeout"),
+    (spec(bogus=1), "unknown field 'bogus'"),
+])
+def test_validation_names_the_problem_and_its_place(doc, fragment):
+    assert any(fragment in p for p in validate_spec(doc)), validate_spec(doc)
+
+
+def test_valid_spec_has_no_problems():
+    assert validate_spec(spec()) == []
+
+
+def test_yaml_output_quotes_every_string_so_yaml_1_1_cannot_retype_it():
+    doc = spec(devices=[dev("0"), dev("1e3"), dev("yes")], containerEdits={"env": ["A=0o17"]})
+    text = render(doc, "yaml")
+    assert yaml.safe_load(text) == doc
+    assert '"1e3"' in text and '"yes"' in text and "&id" not in text
