@@ -8,9 +8,33 @@ import json
 __all__ = ["render"]
 
 
+def _json(spec: dict) -> str:
+    """JSON with one device, node, mount or hook per line: diffable, and fast (each line
+    goes through the C encoder; a fully indented dump of a large spec is ten times slower)."""
+    def items(values, indent):
+        return ("[\n" + ",\n".join(indent + "  " + json.dumps(v) for v in values)
+                + "\n" + indent + "]") if values else "[]"
+
+    def edits(e, indent):
+        lines = [f'{indent}  {json.dumps(k)}: {items(v, indent + "  ") if isinstance(v, list) else json.dumps(v)}'
+                 for k, v in e.items()]
+        return "{\n" + ",\n".join(lines) + "\n" + indent + "}"
+
+    lines = []
+    for key, value in spec.items():
+        if key == "devices":
+            text = items(value, "  ")
+        elif key == "containerEdits":
+            text = edits(value, "  ")
+        else:
+            text = json.dumps(value)
+        lines.append(f"  {json.dumps(key)}: {text}")
+    return "{\n" + ",\n".join(lines) + "\n}\n"
+
+
 def render(spec: dict, fmt: str = "json") -> str:
     if fmt == "json":
-        return json.dumps(spec, indent=2) + "\n"
+        return _json(spec)
     import yaml
 
     class QuotedDumper(yaml.SafeDumper):

@@ -195,13 +195,19 @@ def _read_gpu_instances(h, profiles) -> tuple[GpuInstance, ...]:
             out.append(GpuInstance(
                 id=info.id, profile_id=info.profileId, profile=prof.name,
                 placement=Placement(info.placement.start, info.placement.size),
-                compute_instances=_read_compute_instances(gi)))
+                compute_instances=_read_compute_instances(gi, prof.slices)))
     return tuple(sorted(out, key=lambda g: g.id))
 
 
-def _read_compute_instances(gi) -> tuple[ComputeInstance, ...]:
+# Compute slices of each NVML_COMPUTE_INSTANCE_PROFILE_* value (1, 2, 3, 4, 7, 8, 6, 1 REV1, 7 NVL).
+_CI_SLICES = (1, 2, 3, 4, 7, 8, 6, 1, 7)
+
+
+def _read_compute_instances(gi, gi_slices: int) -> tuple[ComputeInstance, ...]:
     out = []
     for idx in range(N.NVML_COMPUTE_INSTANCE_PROFILE_COUNT):
+        if idx < len(_CI_SLICES) and _CI_SLICES[idx] > gi_slices:
+            continue   # cannot fit: skip a call the driver would answer NOT_SUPPORTED
         try:
             prof = N.nvmlGpuInstanceGetComputeInstanceProfileInfo(
                 gi, idx, N.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED)

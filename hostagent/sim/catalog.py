@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from importlib import resources
+from pathlib import Path
 
 from ..errors import NotFoundError
 
@@ -136,9 +136,12 @@ class NodeProfile:
     gpus: tuple[GpuSlot, ...]
 
 
+DATA = Path(__file__).parent / "data"
+
+
 def _data(name: str):
     import yaml   # only the simulator's data files need it
-    return yaml.safe_load(resources.files(__package__).joinpath("data", name).read_text())
+    return yaml.safe_load((DATA / name).read_text())
 
 
 def sku_from_dict(key: str, raw: dict) -> SkuSpec:
@@ -175,8 +178,7 @@ def skus() -> dict[str, SkuSpec]:
 
 
 def profile_names() -> list[str]:
-    folder = resources.files(__package__).joinpath("data", "profiles")
-    return sorted(p.name.removesuffix(".yaml") for p in folder.iterdir() if p.name.endswith(".yaml"))
+    return sorted(p.stem for p in (DATA / "profiles").glob("*.yaml"))
 
 
 @functools.cache

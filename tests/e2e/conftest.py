@@ -1,0 +1,59 @@
+"""Real container engines: images are built from local tarballs, never pulled."""
+
+import hashlib
+import os
+import shutil
+import subprocess
+import tarfile
+from pathlib import Path
+
+import pytest
+
+BUSYBOX_APPLETS = ("sh", "ls", "cat", "readlink", "grep", "echo", "test", "stat", "find", "env", "id")
+PODMAN_FLAGS = ("--runtime", "runc", "--ulimit", "nofile=1024:1024", "--ulimit", "nproc=1024:1024")
+
+
+def require(*tools):
+    if os.geteuid() != 0:
+        pytest.skip("container engines need root here")
+    missing = [t for t in tools if not shutil.which(t)]
+    if missing:
+        pytest.skip(f"not installed: {', '.join(missing)} (.ci/run installs them)")
+
+
+def build_rootfs(root: Path) -> Path:
+    """busybox-static plus the host's static ldconfig: enough to check device nodes,
+    mounts, links and the linker cache from inside a container."""
+    busybox = Path("/bin/busybox")
+    ldconfig = Path("/sbin/ldconfig")
+    for d in ("bin", "sbin", "etc/ld.so.conf.d", "dev", "proc", "sys", "tmp", "usr/lib/x86_64-linux-gnu"):
+        (root / d).mkdir(parents=True, exist_ok=True)
+    shutil.copy2(busybox, root / "bin/busybox")
+    for applet in BUSYBOX_APPLETS:
+        (root / "bin" / applet).symlink_to("busybox")
+    shutil.copy2(ldconfig, root / "sbin/ldconfig")
+    (root / "etc/ld.so.conf").write_text("include /etc/ld.so.conf.d/*.conf\n")
+    return root
+
+
+@pytest.fixture(scope="session")
+def podman_image(tmp_path_factory):
+    require("podman", "runc", "busybox")
+    root = build_rootfs(tmp_path_factory.mktemp("rootfs"))
+    tarball = root.parent / "rootfs.tar"
+    with tarfile.open(tarball, "w") as tar:
+        tar.add(root, arcname=".")
+    tag = "localhost/hostagent-e2e:" + hashlib.sha256(tarball.read_bytes()).hexdigest()[:12]
+    subprocess.run(["podman", "import", "-q", str(tarball), tag], check=True, capture_output=True)
+    yield tag
+    subprocess.run(["podman", "rmi", "-f", tag], capture_output=True)
+
+
+def podman_run(image: str, *args: str, devices=(), check=True) -> subprocess.CompletedProcess:
+    cmd = ["podman", "run", "--rm", *PODMAN_FLAGS]
+    for d in devices:
+        cmd += ["--device", d]
+    proc = subprocess.run(cmd + [image, *args], capture_output=True, text=True, timeout=120)
+    if check:
+        assert proc.returncode == 0, proc.stderr
+    return proc
