@@ -169,11 +169,10 @@ def test_not_a_simulated_node(tmp_path):
 
 
 def test_missing_nvml_library_is_a_clear_error():
-    try:
-        ctypes.CDLL("libnvidia-ml.so.1")
+    # A fresh process: this one may have loaded a simulated library with that SONAME.
+    probe = "import ctypes\ntry:\n    ctypes.CDLL('libnvidia-ml.so.1')\nexcept OSError:\n    print('absent')"
+    if subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True).stdout.strip() != "absent":
         pytest.skip("this host has a real libnvidia-ml.so.1")
-    except OSError:
-        pass
     code = ("import pynvml; from hostagent.devices import nvml_session, read_inventory\n"
             "from hostagent.hostroot import HostRoot\n"
             "from hostagent.errors import NvmlLibraryMissing\n"
