@@ -112,13 +112,15 @@ def set_driver_loaded(store: SimStore, loaded: bool) -> None:
 def reset_gpus(store: SimStore, indices: list[int]) -> None:
     """GPU reset, as ``nvidia-smi -r``: all or nothing."""
     with store.mutate() as state:
+        busy = [i for i in indices if state.processes_on(_gpu_index(state, i))]
+        if busy:
+            raise StateError(f"cannot reset GPU {', '.join(map(str, busy))}: in use by another client",
+                             busy=busy)
         for index in indices:
             try:
-                state.reset_gpu(_gpu_index(state, index))
+                state.reset_gpu(index)
             except SimNvmlError as e:
-                raise StateError(f"cannot reset GPU {index}: "
-                                 + ("in use by another client" if e.code == N.NVML_ERROR_IN_USE
-                                    else str(e))) from None
+                raise StateError(f"cannot reset GPU {index}: {e}") from None
 
 
 def _gpu_index(state: NodeState, gpu: int) -> int:

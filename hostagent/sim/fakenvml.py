@@ -521,18 +521,7 @@ class FakeNvmlLibrary:
     @nvml(P, c_uint, P)
     def nvmlDeviceGetGpuInstanceRemainingCapacity(self, handle, profile_id, ptr):
         gpu, prof = self._enabled_profile(handle, profile_id=profile_id)
-        state = self._state()
-        if state.gi_capacity_error(self.facts, gpu.index, prof):
-            return _put(ptr, c_uint, 0)
-        # Capacity counts placements that could be taken one after another.
-        free, n = state.free_placements(self.facts, gpu.index, prof), 0
-        taken: set[int] = set()
-        for start in free:
-            if taken.isdisjoint(range(start, start + prof.memory_slices)):
-                taken.update(range(start, start + prof.memory_slices))
-                n += 1
-        used = sum(g.profile_id == prof.id for g in gpu.gis)
-        _put(ptr, c_uint, min(n, prof.instances - used))
+        _put(ptr, c_uint, self._state().gi_remaining(self.facts, gpu.index, prof))
 
     # ---- GPU instance lifecycle ----------------------------------------------------
 

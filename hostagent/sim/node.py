@@ -175,8 +175,10 @@ class NodeState:
             return N.NVML_SUCCESS
         busy = bool(self.processes_on(index))
         if sku.mig_mode_persists:
-            # Ampere: the new mode waits in InfoROM for a GPU reset or a reboot.
-            return N.NVML_ERROR_IN_USE if busy else N.NVML_SUCCESS
+            # Ampere: the driver tries to reset the GPU itself, which fails while driver
+            # clients (persistenced, nvidia_drm, monitoring) hold it, as on typical nodes:
+            # the mode waits in InfoROM for a GPU reset or a reboot.
+            return N.NVML_ERROR_IN_USE
         if busy:
             return N.NVML_ERROR_IN_USE
         gpu.mig_current = mode
@@ -244,6 +246,19 @@ class NodeState:
         used = {s for g in gpu.gis for s in range(g.start, g.start + g.size)}
         return [s for s in prof.placements
                 if used.isdisjoint(range(s, s + prof.memory_slices))]
+
+    def gi_remaining(self, facts: NodeFacts, index: int, prof: GiProfileSpec) -> int:
+        """How many more GIs of ``prof`` fit, placed one after another (RemainingCapacity)."""
+        if self.gi_capacity_error(facts, index, prof):
+            return 0
+        taken: set[int] = set()
+        fits = 0
+        for start in self.free_placements(facts, index, prof):
+            if taken.isdisjoint(range(start, start + prof.memory_slices)):
+                taken.update(range(start, start + prof.memory_slices))
+                fits += 1
+        used = sum(g.profile_id == prof.id for g in self.gpus[index].gis)
+        return min(fits, prof.instances - used)
 
     def create_gi(self, facts: NodeFacts, index: int, profile_id: int,
                   placement: tuple[int, int] | None = None) -> GpuInstance:

@@ -37,7 +37,7 @@ H100 = "H100-SXM5-80GB"
 
 def test_ampere_mode_change_waits_for_reset():
     facts, state = node(A100)
-    assert state.set_mig_mode(facts, 0, MIG_ENABLE) == N.NVML_SUCCESS
+    assert state.set_mig_mode(facts, 0, MIG_ENABLE) == N.NVML_ERROR_IN_USE
     assert (state.gpus[0].mig_current, state.gpus[0].mig_pending) == (MIG_DISABLE, MIG_ENABLE)
     state.reset_gpu(0)
     assert state.gpus[0].mig_current == MIG_ENABLE

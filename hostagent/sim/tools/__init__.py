@@ -17,17 +17,24 @@ from __future__ import annotations
 import os
 import time
 
-__all__ = ["log_line", "pid_alive", "read_pid", "detach", "init_done", "wait_init"]
+__all__ = ["format_line", "log_line", "pid_alive", "read_pid", "detach", "init_done", "wait_init"]
 
 _init_fd: int | None = None   # in a daemon: the write end of its init pipe
 
 
-def log_line(path: str | os.PathLike, who: str, message: str, pid: int | None = None) -> None:
-    """Append ``[2024-06-04 10:22:16.735 Control 12345] message`` as MPS logs do."""
+def format_line(who: str, message: str, pid: int | None = None) -> str:
+    """``[2024-06-04 10:22:16.735 Control 12345] message``, the MPS log line shape."""
     now = time.time()
     stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(now)) + f".{int(now * 1000) % 1000:03d}"
+    return f"[{stamp} {who} {os.getpid() if pid is None else pid:>5}] {message}"
+
+
+def log_line(path: str | os.PathLike, who: str, message: str, pid: int | None = None) -> str:
+    """Append one MPS-style log line to ``path``; returns the line."""
+    line = format_line(who, message, pid)
     with open(path, "a") as f:
-        f.write(f"[{stamp} {who} {os.getpid() if pid is None else pid:>5}] {message}\n")
+        f.write(line + "\n")
+    return line
 
 
 def pid_alive(pid: int) -> bool:
