@@ -11,11 +11,11 @@ import sys
 
 from .. import __version__
 from ..errors import HostagentError
-from . import cdi, devices, node, sim
+from . import cdi, devices, labels, node, sim
 
 __all__ = ["main", "build_parser"]
 
-COMMANDS = (devices, node, cdi, sim)
+COMMANDS = (devices, node, cdi, labels, sim)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -131,6 +131,7 @@ class GpuSlot:
 class NodeProfile:
     name: str
     description: str
+    machine: str
     driver_version: str
     cuda_driver_version: int
     gpus: tuple[GpuSlot, ...]
@@ -190,6 +191,6 @@ def load_profile(name: str) -> NodeProfile:
     table = skus()
     slots = tuple(GpuSlot(table[group["sku"]], bus.lower())
                   for group in raw["gpus"] for bus in group["pci_bus_ids"])
-    return NodeProfile(name=name, description=raw["description"],
+    return NodeProfile(name=name, description=raw["description"], machine=raw["machine"],
                        driver_version=str(raw["driver_version"]),
                        cuda_driver_version=int(raw["cuda_driver_version"]), gpus=slots)

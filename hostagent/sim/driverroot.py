@@ -117,8 +117,10 @@ def create_node(root: str | os.PathLike, profile_name: str, *,
            f"NVRM version: NVIDIA UNIX x86_64 Kernel Module  {version}  Tue Jun  4 08:56:33 UTC 2024\n"
            "GCC version:  gcc version 12.2.0 (Debian 12.2.0-14+deb12u1)\n")
     w.file("sys/module/nvidia/version", f"{version}\n")
+    w.file("sys/class/dmi/id/product_name", f"{profile.machine}\n", mode=0o444)
     for gpu in gpus:
         sku = catalog.skus()[gpu.sku]
+        w.file(f"sys/bus/pci/devices/{gpu.pci_bus_id}/class", "0x030200\n", mode=0o444)  # 3D controller
         w.file(f"proc/driver/nvidia/gpus/{gpu.pci_bus_id}/information",
                f"Model: \t\t {sku.name}\nIRQ:   \t\t {120 + gpu.index}\nGPU UUID: \t {gpu.uuid}\n"
                "Video BIOS: \t 92.00.45.00.06\nBus Type: \t PCIe\nDMA Size: \t 47 bits\n"
