@@ -15,11 +15,15 @@ def ensure_dir(path: str | os.PathLike, mode: int = 0o755) -> Path:
     return path
 
 
-def write_atomic(path: str | os.PathLike, data: str | bytes, mode: int = 0o644) -> None:
+def write_atomic(path: str | os.PathLike, data: str | bytes, mode: int = 0o644, *,
+                 durable: bool = True) -> None:
     """Write ``data`` to ``path`` so readers see the old file or the new one, never a part.
 
     Temp file in the same directory, fsync, chmod, rename over the target, fsync the
     directory. On any failure the temp file is removed and the target is untouched.
+    ``durable=False`` skips the fsyncs: the rename still makes the write atomic for other
+    processes and survives the writer's crash, but not a power loss (the simulator's
+    state, which a real power loss would wipe anyway, needs no more).
     """
     path = Path(path)
     if isinstance(data, str):
@@ -30,7 +34,8 @@ def write_atomic(path: str | os.PathLike, data: str | bytes, mode: int = 0o644) 
             f.write(data)
             f.flush()
             os.fchmod(f.fileno(), mode)
-            os.fsync(f.fileno())
+            if durable:
+                os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         try:
@@ -38,6 +43,8 @@ def write_atomic(path: str | os.PathLike, data: str | bytes, mode: int = 0o644) 
         except FileNotFoundError:
             pass
         raise
+    if not durable:
+        return
     dfd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
     try:
         os.fsync(dfd)

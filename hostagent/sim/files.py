@@ -36,7 +36,7 @@ class NodeFiles:
     def file(self, rel: str, text: str | bytes, mode: int = 0o644) -> Path:
         path = self.root / rel
         ensure_dir(path.parent)
-        write_atomic(path, text, mode=mode)
+        write_atomic(path, text, mode=mode, durable=False)   # simulated files: see SimStore.mutate
         return path
 
     def link(self, rel: str, target: str) -> None:
@@ -55,7 +55,8 @@ class NodeFiles:
             os.mknod(path, stat.S_IFCHR | mode, os.makedev(major, minor))
             os.chmod(path, mode)
         else:
-            write_atomic(path, f"simulated character device {major}:{minor}\n", mode=mode)
+            write_atomic(path, f"simulated character device {major}:{minor}\n", mode=mode,
+                         durable=False)
 
 
 def sync_mig_caps(root: Path, facts: NodeFacts, state: NodeState) -> None:

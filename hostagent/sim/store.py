@@ -97,6 +97,8 @@ class SimStore:
             state = NodeState.from_dict(json.loads(self.state_file.read_text()))
             state.processes = [p for p in state.processes if _alive(p.pid)]
             yield state
-            write_atomic(self.state_file, json.dumps(state.to_dict(), indent=1))
+            # No fsync: simulated state needs atomicity between processes, not durability,
+            # and fsync would dominate the cost of every simulated NVML mutation.
+            write_atomic(self.state_file, json.dumps(state.to_dict(), indent=1), durable=False)
             self._cache = None
             sync_mig_caps(self.root, self.facts, state)
