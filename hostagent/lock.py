@@ -3,6 +3,10 @@
 A ``flock`` on ``/run/hostagent/node.lock``; the kernel drops it when the holder exits, so a
 crashed holder never leaves the node locked. The holder writes its pid and purpose into
 the file so a waiting command can say who it waits for.
+
+The lock is re-entrant within a thread: a writer that already holds it (a MIG apply) may
+call code that takes it too (a CDI refresh after the layout changed) without deadlocking
+on its own flock.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ import contextlib
 import errno
 import fcntl
 import os
+import threading
 import time
 
 from .errors import StateError
@@ -19,11 +24,24 @@ from .hostroot import HostRoot
 
 __all__ = ["node_lock"]
 
+_held = threading.local()    # lock paths this thread holds, with nesting depth
+
 
 @contextlib.contextmanager
 def node_lock(host: HostRoot, purpose: str, *, timeout: float | None = 60.0):
     """Hold the node lock for ``purpose``; wait up to ``timeout`` seconds (None: forever)."""
     path = ensure_dir(host.run_dir, 0o755) / "node.lock"
+    depth = getattr(_held, "paths", None)
+    if depth is None:
+        depth = _held.paths = {}
+    key = os.path.realpath(path)
+    if depth.get(key):
+        depth[key] += 1
+        try:
+            yield
+        finally:
+            depth[key] -= 1
+        return
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     try:
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -41,9 +59,11 @@ def node_lock(host: HostRoot, purpose: str, *, timeout: float | None = 60.0):
             time.sleep(0.05)
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"pid {os.getpid()}: {purpose}\n".encode(), 0)
+        depth[key] = 1
         try:
             yield
         finally:
+            depth.pop(key, None)
             os.ftruncate(fd, 0)
             fcntl.flock(fd, fcntl.LOCK_UN)
     finally:
