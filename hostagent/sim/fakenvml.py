@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import os
+import signal
 import time
 import traceback
 from collections import Counter
+from dataclasses import dataclass
 from ctypes import (CFUNCTYPE, POINTER, c_char_p, c_int, c_uint, c_ulonglong, c_void_p,
                     sizeof)
 
@@ -22,7 +25,7 @@ import pynvml as N
 from .node import MIG_ENABLE, NodeState, SimGpu, SimNvmlError
 from .store import SimStore
 
-__all__ = ["FakeNvmlLibrary", "install", "uninstall"]
+__all__ = ["FakeNvmlLibrary", "Fault", "install", "uninstall", "FAULT_ENV", "MUTATING"]
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +44,40 @@ ERROR_STRINGS = {
     N.NVML_ERROR_ARGUMENT_VERSION_MISMATCH: "Argument version mismatch",
     N.NVML_ERROR_NO_DATA: "No data",
 }
+
+
+# Faults a test can make the simulated driver commit, on the calls that change MIG state.
+FAULT_ENV = "HOSTAGENT_SIM_FAULT"
+MUTATING = frozenset({
+    "nvmlDeviceSetMigMode", "nvmlDeviceCreateGpuInstance", "nvmlDeviceCreateGpuInstanceWithPlacement",
+    "nvmlGpuInstanceCreateComputeInstance", "nvmlGpuInstanceCreateComputeInstanceWithPlacement",
+    "nvmlGpuInstanceDestroy", "nvmlComputeInstanceDestroy"})
+FAULT_ACTIONS = ("error", "kill-before", "kill-after")
+
+
+@dataclass
+class Fault:
+    """After ``after`` mutating calls pass, the next one fails with ``code`` ("error"), or
+    the calling process is killed (SIGKILL) before or after the call takes effect, as a
+    crash or power cut in the middle of a MIG change would."""
+    action: str
+    after: int = 0
+    code: int = N.NVML_ERROR_UNKNOWN
+
+    @classmethod
+    def parse(cls, text: str) -> "Fault":
+        """``ACTION:AFTER[:CODE]``, e.g. ``kill-after:3`` or ``error:0:23``."""
+        parts = text.strip().split(":")
+        if parts[0] not in FAULT_ACTIONS or len(parts) not in (2, 3):
+            raise ValueError(f"bad simulated NVML fault {text!r}: want ACTION:AFTER[:CODE] with "
+                             f"ACTION one of {', '.join(FAULT_ACTIONS)}")
+        return cls(parts[0], int(parts[1]), int(parts[2]) if len(parts) == 3 else N.NVML_ERROR_UNKNOWN)
+
+
+def _die() -> None:
+    os.kill(os.getpid(), signal.SIGKILL)
+    while True:               # SIGKILL to oneself lands before kill() returns; be sure anyway
+        time.sleep(1)
 
 
 def nvml(*argtypes):
@@ -79,6 +116,9 @@ class FakeNvmlLibrary:
         self._event_sets: dict[int, dict] = {}
         self._initialised = 0
         self._error_strings: dict[int, ctypes.Array] = {}
+        # Queued faults; in memory, so they belong to this process (a child started with
+        # HOSTAGENT_SIM_FAULT set gets its own).
+        self.faults: list[Fault] = [Fault.parse(f) for f in os.environ.get(FAULT_ENV, "").split(",") if f]
         self._funcs = {name: self._bind(name, argtypes, impl)
                        for name, (argtypes, impl) in _FUNCS.items()}
         # nvmlErrorString returns a char*; pynvml sets restype itself.
@@ -92,12 +132,37 @@ class FakeNvmlLibrary:
 
     # ---- plumbing ------------------------------------------------------------------
 
+    def inject(self, action: str, after: int = 0, code: int = N.NVML_ERROR_UNKNOWN) -> Fault:
+        """Queue a fault on the mutating calls of this process (see ``Fault``)."""
+        fault = Fault.parse(f"{action}:{after}:{code}")
+        self.faults.append(fault)
+        return fault
+
+    def _fault(self, name: str) -> Fault | None:
+        if name not in MUTATING or not self.faults:
+            return None
+        head = self.faults[0]
+        if head.after > 0:
+            head.after -= 1
+            return None
+        return self.faults.pop(0)
+
     def _bind(self, name, argtypes, impl):
         def call(*args):
             self.calls[name] += 1
             try:
                 if name not in ("nvmlInitWithFlags", "nvmlInit_v2") and not self._initialised:
                     return N.NVML_ERROR_UNINITIALIZED
+                fault = self._fault(name)
+                if fault is not None:
+                    if fault.action == "error":
+                        return fault.code
+                    if fault.action == "kill-before":
+                        _die()
+                    try:
+                        impl(self, *args)
+                    finally:
+                        _die()
                 return impl(self, *args) or N.NVML_SUCCESS
             except SimNvmlError as e:
                 return e.code
