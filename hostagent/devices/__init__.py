@@ -1,9 +1,9 @@
 """The node's GPU inventory, read through pynvml into immutable records."""
 
 from .reader import mig_profile_name, nvml_session, read_inventory
-from .records import (ComputeInstance, Gpu, GpuInstance, Inventory, MigDevice, MigProfile,
-                      MigState, Placement, UnreadableGpu)
+from .records import (ComputeInstance, Gpu, GpuInstance, GpuProcess, Inventory, MigDevice,
+                      MigProfile, MigState, Placement, UnreadableGpu)
 
 __all__ = ["read_inventory", "nvml_session", "mig_profile_name", "Inventory", "Gpu",
            "UnreadableGpu", "MigState", "MigProfile", "MigDevice", "GpuInstance",
-           "ComputeInstance", "Placement"]
+           "ComputeInstance", "Placement", "GpuProcess"]

@@ -135,7 +135,8 @@ def _read_gpu(index: int) -> Gpu:
     gpu_minor = N.nvmlDeviceGetMinorNumber(h)
     return Gpu(index=index, minor=gpu_minor, uuid=uuid, name=_text(N.nvmlDeviceGetName(h)),
                serial=serial, memory_mib=memory_mib, pci_bus_id=_text(pci.busId),
-               pci_device_id=pci.pciDeviceId, compute_capability=f"{major}.{minor}",
+               pci_device_id=pci.pciDeviceId, pci_subsystem_id=pci.pciSubSystemId,
+               compute_capability=f"{major}.{minor}",
                architecture=ARCHITECTURES.get(N.nvmlDeviceGetArchitecture(h), "unknown"),
                mig=_read_mig(h, index, uuid, gpu_minor, memory_mib))
 

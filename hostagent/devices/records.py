@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 __all__ = ["Placement", "MigProfile", "ComputeInstance", "GpuInstance", "MigDevice",
-           "MigState", "Gpu", "UnreadableGpu", "Inventory"]
+           "MigState", "Gpu", "UnreadableGpu", "Inventory", "GpuProcess"]
 
 
 @dataclass(frozen=True, order=True)
@@ -125,6 +125,7 @@ class Gpu:
     compute_capability: str    # "8.0"
     architecture: str          # "ampere", "hopper", ...
     mig: MigState | None       # None: the GPU is not MIG capable
+    pci_subsystem_id: int = 0  # 0xSSSSVVVV, for mig-parted's qualified device filters
 
     @property
     def mig_capable(self) -> bool:
@@ -139,6 +140,17 @@ class Gpu:
         """The bus id as /sys and /proc spell it: "0000:07:00.0"."""
         domain, rest = self.pci_bus_id.split(":", 1)
         return f"{int(domain, 16):04x}:{rest.lower()}"
+
+
+# hostagent.devices.migctl.MigControl.processes()
+@dataclass(frozen=True)
+class GpuProcess:
+    """A process NVML reports on a GPU; ``gi``/``ci`` are None outside MIG instances."""
+    pid: int
+    gpu: int
+    gi: int | None
+    ci: int | None
+    used_mib: int | None
 
 
 # hostagent.devices.read_inventory() -> Inventory.unreadable
