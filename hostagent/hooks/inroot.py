@@ -1,0 +1,130 @@
+"""Resolve container paths inside the container root, as chroot would, without a chroot.
+
+The hook runs as host root on a filesystem the image controls. A path such as
+``/usr/lib/x86_64-linux-gnu/libcuda.so`` may cross symlinks the image planted (to ``/``,
+``../../..``, ``/proc/1/root/etc``), and another process may swap a directory for a symlink
+while the hook runs. So a path is never handed to the kernel as a string. It is walked one
+component at a time from a held descriptor of the root:
+
+* each step is ``openat(dir_fd, name, O_PATH|O_NOFOLLOW)``: a single name, never followed;
+* a symlink is read through the descriptor just opened (``readlinkat(fd, "")``, so it is
+  exactly the link that was checked) and its target is walked in turn: an absolute target
+  restarts at the container root, a relative one continues from the link's directory;
+* ``..`` pops a stack of descriptors this walk opened itself and stops at the root, so it
+  can never reach the root's real parent (``openat(fd, "..")`` could, after a rename);
+* magic links (``/proc/<pid>/root``) are never followed by the kernel because of
+  O_NOFOLLOW; their text (``/``) is walked like any absolute target, inside the root;
+* at most 40 symlinks per walk, like the kernel, and a bounded number of steps.
+
+The result is a descriptor of the directory; callers create and rename entries with
+``*at`` calls relative to it, so later swaps of any path component cannot redirect them.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+
+from .errors import HookError
+
+MAX_HOPS = 40
+MAX_STEPS = 4096
+_STEP = os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC
+_S_IFMT, _S_IFDIR, _S_IFLNK = 0o170000, 0o040000, 0o120000
+
+
+class Root:
+    """A held container root. ``path`` is only for messages and mount bookkeeping."""
+
+    __slots__ = ("fd", "path")
+
+    def __init__(self, path: str):
+        try:
+            fd = os.open(path, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            raise HookError(f"container root {path} does not exist") from None
+        except NotADirectoryError:
+            raise HookError(f"container root {path} is not a directory") from None
+        except OSError as e:
+            raise HookError(f"cannot open container root {path}: {e.strerror}") from None
+        st, host = os.fstat(fd), os.stat("/")
+        if (st.st_dev, st.st_ino) == (host.st_dev, host.st_ino):
+            os.close(fd)
+            raise HookError(f"container root {path} is the host's /; refusing to touch it")
+        self.fd, self.path = fd, path
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    def __enter__(self) -> "Root":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def opendir(self, path: str, *, create: bool = False) -> int:
+        """A new O_PATH descriptor of directory ``path`` (a container path), made with
+        mode 0755 where missing if ``create``. Raises OSError (FileNotFoundError,
+        NotADirectoryError, ELOOP) when the walk cannot finish."""
+        return self._walk(path.split("/"), create)
+
+    def parent(self, path: str, *, create: bool = False) -> tuple[int, str]:
+        """(descriptor of the parent directory, final name) for ``path``; the final name
+        itself is not followed, so a link or file there can be replaced, not written
+        through."""
+        parts = [p for p in path.split("/") if p and p != "."]
+        if not parts or parts[-1] == "..":
+            raise HookError(f"container path {path!r} does not name a file")
+        return self._walk(parts[:-1], create), parts[-1]
+
+    def _walk(self, parts: list[str], create: bool) -> int:
+        stack = [self.fd]                # stack[1:] are descriptors this walk owns
+        todo = parts[::-1]
+        hops = steps = 0
+        try:
+            while todo:
+                name = todo.pop()
+                steps += 1
+                if steps > MAX_STEPS:
+                    raise OSError(errno.ENAMETOOLONG, "path too long after following links")
+                if name in ("", "."):
+                    continue
+                if name == "..":
+                    if len(stack) > 1:
+                        os.close(stack.pop())
+                    continue
+                try:
+                    fd = os.open(name, _STEP, dir_fd=stack[-1])
+                except FileNotFoundError:
+                    if not create:
+                        raise
+                    try:
+                        os.mkdir(name, 0o755, dir_fd=stack[-1])
+                    except FileExistsError:
+                        pass                     # raced with another creator: look again
+                    todo.append(name)
+                    continue
+                kind = os.fstat(fd).st_mode & _S_IFMT
+                if kind == _S_IFDIR:
+                    stack.append(fd)
+                    continue
+                if kind != _S_IFLNK:
+                    os.close(fd)
+                    raise NotADirectoryError(errno.ENOTDIR, "not a directory", name)
+                try:
+                    target = os.readlink("", dir_fd=fd)
+                finally:
+                    os.close(fd)
+                hops += 1
+                if hops > MAX_HOPS:
+                    raise OSError(errno.ELOOP, "too many levels of symbolic links", name)
+                if target.startswith("/"):
+                    while len(stack) > 1:
+                        os.close(stack.pop())
+                todo.extend(target.split("/")[::-1])
+            return stack.pop() if len(stack) > 1 else os.dup(self.fd)
+        finally:
+            for fd in stack[1:]:
+                os.close(fd)

@@ -1,0 +1,85 @@
+"""Entry point of ``hostagent-hook`` (``python3 -I -m hostagent.hooks VERB ...``).
+
+Runs as host root at every container start, on a container root the image controls.
+Order matters: trusted working directory and environment check first, then everything is
+read and checked (arguments, OCI state, bundle, container root, host ldconfig) before
+the first write, so a broken call fails with one line and changes nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from . import cli
+from .errors import HookError
+
+# Variables the dynamic loader (or libc) acts on. They are read when the interpreter
+# starts, so they cannot be cleaned up from here; but extension modules this program loads
+# later (ctypes pulls in libffi) would still be found through them. Their presence means
+# the engine passed the container's environment: refuse before loading anything.
+_LOADER_VARS = ("GCONV_PATH", "GLIBC_TUNABLES", "LOCPATH", "NLSPATH")
+
+
+def main(argv: list[str] | None = None) -> int:
+    os.chdir("/")                    # never the container rootfs the engine may leave us in
+    os.umask(0o022)
+    try:
+        _check_environment()
+        req = cli.parse(sys.argv[1:] if argv is None else list(argv))
+        for message in req.warnings:
+            warn(message)
+        if req.help:
+            print(cli.USAGE)
+            return 0
+        if req.verb is None:
+            if not req.warnings:
+                warn("no verb given; nothing to do (see --help)")
+            return 0
+        _run(req)
+        return 0
+    except HookError as e:
+        print(f"{cli.PROG}: error: {e}", file=sys.stderr)
+        return e.code
+
+
+def warn(message: str) -> None:
+    print(f"{cli.PROG}: warning: {message}", file=sys.stderr)
+
+
+def _check_environment() -> None:
+    bad = [k for k in os.environ if k.startswith("LD_") or k in _LOADER_VARS]
+    if not sys.flags.isolated:
+        bad += [k for k in os.environ if k.startswith("PYTHON")]
+    if bad:
+        raise HookError(f"refusing to run with {', '.join(sorted(bad))} set: the container's environment "
+                        "reached the hook. Give the hook an explicit env (PATH only) and run it as python3 -I")
+
+
+def _run(req: cli.Request) -> None:
+    from . import ocistate
+    from .inroot import Root
+
+    state = ocistate.read_state(0)
+    root_path = ocistate.container_root(state)
+    wants_links = req.verb in ("prepare", "create-symlinks") and req.links
+    wants_cache = req.verb == "update-ldcache" or (req.verb == "prepare" and req.folders)
+    exe_fds: list[int] = []
+    with Root(root_path) as root:
+        try:
+            if wants_cache:
+                from . import hostbin
+                exe_fds.append(hostbin.open_ldconfig(req.ldconfig_path))
+                sealed = hostbin.sealed_copy(exe_fds[0])
+                if sealed is not None:
+                    exe_fds.insert(0, sealed)
+            # Everything is checked: from here on the container root is written.
+            if wants_links:
+                from .links import create_links
+                create_links(root, req.links, warn)
+            if wants_cache:
+                from .ldcache import update
+                update(root, req.folders, exe_fds, req.ldconfig_timeout)
+        finally:
+            for fd in exe_fds:
+                os.close(fd)

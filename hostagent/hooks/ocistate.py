@@ -1,0 +1,83 @@
+"""The OCI state on stdin and the bundle's config.json: where the container root is.
+
+Both are written by the engine, but they are parsed defensively all the same (bounded
+sizes, strict JSON, explicit type checks) so a broken engine or a hand-made call fails
+with one clear line before anything is written.
+"""
+
+from __future__ import annotations
+
+import os
+
+from .errors import HookError
+from .jsonmini import loads
+
+MAX_STATE = 1 << 20          # the state is a few hundred bytes plus annotations
+MAX_CONFIG = 16 << 20
+
+
+def read_state(fd: int = 0) -> dict:
+    chunks, size = [], 0
+    while True:
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            break
+        size += len(chunk)
+        if size > MAX_STATE:
+            raise HookError(f"OCI state on stdin is larger than {MAX_STATE} bytes; refusing it")
+        chunks.append(chunk)
+    try:
+        state = loads(b"".join(chunks))
+    except ValueError as e:
+        raise HookError(f"OCI state on stdin is not valid JSON ({e}); is this run as an OCI hook?") from None
+    if not isinstance(state, dict):
+        raise HookError("OCI state on stdin is not a JSON object")
+    return state
+
+
+def container_root(state: dict) -> str:
+    """The root path: crun's non-standard ``root`` field, else ``root.path`` from the
+    bundle's config.json (relative to the bundle when not absolute)."""
+    bundle = state.get("bundle")
+    if not isinstance(bundle, str) or not bundle:
+        raise HookError("OCI state has no bundle path")
+    if not bundle.startswith("/") or "\0" in bundle:
+        raise HookError(f"OCI state bundle {bundle!r} is not an absolute path")
+    config = _load_config(os.path.join(bundle, "config.json"))
+    root = state.get("root")
+    if root is None:
+        spec_root = config.get("root")
+        root = spec_root.get("path") if isinstance(spec_root, dict) else None
+        if not isinstance(root, str) or not root:
+            raise HookError(f"{bundle}/config.json has no root.path")
+        if "\0" not in root:
+            root = os.path.join(bundle, root)     # no-op when root is absolute
+    if not isinstance(root, str) or not root.startswith("/") or "\0" in root:
+        raise HookError(f"container root {root!r} is not an absolute path")
+    return root
+
+
+def _load_config(path: str) -> dict:
+    try:
+        # O_NONBLOCK: a FIFO named config.json must not hang the container start.
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+    except FileNotFoundError:
+        raise HookError(f"bundle config {path} does not exist") from None
+    except OSError as e:
+        raise HookError(f"cannot open bundle config {path}: {e.strerror}") from None
+    try:
+        st = os.fstat(fd)
+        if (st.st_mode & 0o170000) != 0o100000:
+            raise HookError(f"bundle config {path} is not a regular file")
+        if st.st_size > MAX_CONFIG:
+            raise HookError(f"bundle config {path} is larger than {MAX_CONFIG} bytes")
+        data = os.read(fd, st.st_size + 1)
+    finally:
+        os.close(fd)
+    try:
+        config = loads(data)
+    except ValueError as e:
+        raise HookError(f"bundle config {path} is not valid JSON ({e})") from None
+    if not isinstance(config, dict):
+        raise HookError(f"bundle config {path} is not a JSON object")
+    return config
