@@ -1,0 +1,153 @@
+"""``/etc/hostagent/config.yaml``: one section per feature, every key optional.
+
+The JSON Schema shipped beside this module (``config.schema.json``) is the single source of
+keys, types and defaults; ``docs/runtime.md`` documents the sections. A feature adds its
+section to the schema and, if it wants typed access, a record here.
+
+The runtime shim loads the configuration at every GPU container's create, where importing
+PyYAML and jsonschema would cost more than the rest of its work. ``load_config_cached``
+therefore keeps the validated result as JSON under ``/run/hostagent`` keyed by the source
+file's identity, and validates again only when the file changed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+
+from .errors import ConfigError
+
+__all__ = ["DEFAULT_PATH", "Config", "RuntimeConfig", "HookConfig", "load_config", "load_config_cached",
+           "schema", "validate_data"]
+
+DEFAULT_PATH = "/etc/hostagent/config.yaml"
+SCHEMA_FILE = os.path.join(os.path.dirname(__file__), "config.schema.json")
+
+
+@dataclass(frozen=True)
+class RuntimeConfig:
+    low_level_runtimes: tuple[str, ...]
+    cdi_spec_dirs: tuple[str, ...]
+    default_kind: str
+    annotation_prefixes: tuple[str, ...]
+    accept_volume_mounts: bool
+    accept_env_unprivileged: bool
+    log_file: str | None
+
+
+@dataclass(frozen=True)
+class HookConfig:
+    interpreter: str | None
+
+
+@dataclass(frozen=True)
+class Config:
+    data: dict              # validated, every section and key present (defaults filled in)
+    source: str | None      # the file it came from; None when there was none
+
+    def section(self, name: str) -> dict:
+        return self.data[name]
+
+    @property
+    def runtime(self) -> RuntimeConfig:
+        return RuntimeConfig(**{k: tuple(v) if isinstance(v, list) else v
+                                for k, v in self.data["runtime"].items()})
+
+    @property
+    def hook(self) -> HookConfig:
+        return HookConfig(**self.data["hook"])
+
+
+def schema() -> dict:
+    with open(SCHEMA_FILE) as f:
+        return json.load(f)
+
+
+def _with_defaults(data: dict, sch: dict) -> dict:
+    """``data`` with every section and key present; schema defaults fill the gaps."""
+    out = {}
+    for section, sub in sch["properties"].items():
+        given = data.get(section) or {}
+        out[section] = {key: given.get(key, prop.get("default")) for key, prop in sub["properties"].items()}
+    return out
+
+
+def _where(path) -> str:
+    out = ""
+    for part in path:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or "(top level)"
+
+
+def validate_data(data, source: str = "config") -> dict:
+    """Validate a parsed document; return it with defaults filled in. Every problem is
+    reported with its key path (``runtime.cdi_spec_dirs[1]: ...``)."""
+    import jsonschema
+    if data is None:
+        data = {}
+    sch = schema()
+    validator = jsonschema.Draft7Validator(sch)
+    errors = sorted(validator.iter_errors(data), key=lambda e: list(map(str, e.absolute_path)))
+    if errors:
+        problems = []
+        for e in errors:
+            msg = e.message
+            if e.validator == "additionalProperties":
+                msg = msg.replace("Additional properties are not allowed", "unknown key(s)")
+            elif e.validator == "pattern" and e.schema.get("pattern") == "^/":
+                msg = f"{e.instance!r} must be an absolute path"
+            problems.append(f"{_where(e.absolute_path)}: {msg}")
+        raise ConfigError("; ".join(problems), where=source,
+                          hint="see docs/runtime.md for the keys and their defaults")
+    return _with_defaults(data, sch)
+
+
+def load_config(path: str | os.PathLike | None = None) -> Config:
+    """Read, validate and complete the configuration; a missing file means all defaults."""
+    path = os.fspath(path or DEFAULT_PATH)
+    try:
+        with open(path) as f:
+            text = f.read()
+    except FileNotFoundError:
+        return Config(_with_defaults({}, schema()), None)
+    except OSError as e:
+        raise ConfigError(f"cannot read: {e.strerror}", where=path) from None
+    import yaml
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise ConfigError(f"is not valid YAML: {e}".replace("\n", " "), where=path) from None
+    return Config(validate_data(data, path), path)
+
+
+def _stamp(st: os.stat_result) -> list[int]:
+    return [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+
+
+def load_config_cached(path: str | os.PathLike | None, cache_dir: str | os.PathLike) -> Config:
+    """``load_config`` for hot paths: reuse the validated copy in ``cache_dir`` while the
+    source file is unchanged (same device, inode, size, mtime and ctime)."""
+    path = os.fspath(path or DEFAULT_PATH)
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return Config(_with_defaults({}, schema()), None)
+    except OSError as e:
+        raise ConfigError(f"cannot read: {e.strerror}", where=path) from None
+    cache = os.path.join(os.fspath(cache_dir), "config." + path.replace("/", "_") + ".json")
+    try:
+        with open(cache) as f:
+            cached = json.load(f)
+        if cached.get("stamp") == _stamp(st) and cached.get("source") == path:
+            return Config(cached["data"], path)
+    except (OSError, ValueError, AttributeError):
+        pass
+    config = load_config(path)
+    try:
+        from .fileio import ensure_dir, write_atomic
+        ensure_dir(cache_dir)
+        write_atomic(cache, json.dumps({"source": path, "stamp": _stamp(st), "data": config.data}), mode=0o600)
+    except OSError:
+        pass    # a cache we cannot write only costs time
+    return config
