@@ -1,0 +1,104 @@
+"""The sh front of ``hostagent-runtime``: what container engines actually execute.
+
+An engine calls its OCI runtime several times per container (create, start, state,
+delete, ...). Starting Python for each costs ~40% of a trivial container's start, so the
+front is a POSIX sh script that execs the low-level runtime itself unless the call is a
+``create`` whose config.json mentions one of the request markers (a fixed-string grep).
+Only then does it run the Python part, with ``-I -S`` and an explicit ``sys.path``:
+``site`` processing (.pth files, editable-install finders) alone costs tens of
+milliseconds, more than the shim's own work.
+
+Everything the front needs is resolved when it is rendered (``install-shim``): the
+low-level runtime, the interpreter, the import path and the markers. Re-run
+``hostagent runtime install-shim`` after changing ``runtime.low_level_runtimes``,
+``runtime.annotation_prefixes`` or ``runtime.accept_volume_mounts``, or after moving the
+Python installation.
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass
+
+from .requests import ENV_NAME, MARKER_DIR, VALUE_OPTIONS
+
+__all__ = ["FrontSettings", "render_front", "front_settings", "DEFAULT_SHIM_PATH"]
+
+DEFAULT_SHIM_PATH = "/usr/local/sbin/hostagent-runtime"
+
+
+@dataclass(frozen=True)
+class FrontSettings:
+    runtime: str                 # absolute path of runc/crun
+    python: str                  # absolute path of the interpreter
+    sys_path: tuple[str, ...]    # where hostagent and its dependencies are importable
+    grep: str                    # absolute path of grep
+    markers: tuple[str, ...]     # fixed strings that may mean a request
+    config: str                  # the hostagent config file the shim reads
+    cache_dir: str
+
+
+def front_settings(runtime_config, *, runtime: str | None = None, config: str, cache_dir: str) -> FrontSettings:
+    """Resolve everything the front needs from this installation and ``runtime_config``."""
+    import os
+    import shutil
+    import sys
+    from pathlib import Path
+
+    import hostagent
+    from ..errors import NotFoundError
+    from .shim import find_runtime
+    runtime = find_runtime([runtime] if runtime else runtime_config.low_level_runtimes)
+    grep = shutil.which("grep")
+    if not grep:
+        raise NotFoundError("grep is not installed", hint="the shim's front uses it to look for GPU requests")
+    # hostagent itself (an editable install is found by a meta-path hook, not sys.path), then
+    # the package directories site set up for this interpreter (PyYAML, jsonschema, ...).
+    paths = [str(Path(hostagent.__file__).resolve().parent.parent)]
+    paths += [p for p in sys.path if p.endswith(("site-packages", "dist-packages")) and os.path.isdir(p)]
+    markers = list(runtime_config.annotation_prefixes) + [f"{ENV_NAME}="]
+    if runtime_config.accept_volume_mounts:
+        markers.append(MARKER_DIR.rstrip("/").rsplit("/", 1)[1])   # nvidia-container-devices
+    return FrontSettings(runtime=str(Path(runtime).resolve()), python=sys.executable,
+                         sys_path=tuple(dict.fromkeys(paths)), grep=grep, markers=tuple(markers),
+                         config=config, cache_dir=cache_dir)
+
+
+def render_front(s: FrontSettings) -> str:
+    q = shlex.quote
+    bootstrap = (f"import sys; sys.path[:0] = {list(s.sys_path)!r}; "
+                 "from hostagent.runtime.shim import main; main()")
+    greps = " ".join(f"-e {q(m)}" for m in s.markers)
+    value_opts = "|".join(sorted(VALUE_OPTIONS))
+    return f"""#!/bin/sh
+# hostagent-runtime: OCI runtime shim front, written by 'hostagent runtime install-shim'.
+# Do not edit: re-run install-shim instead. Every call except a create whose config.json
+# mentions a GPU request execs the low-level runtime directly, without starting Python.
+RUNTIME={q(s.runtime)}
+cmd= bundle=. skip=
+for arg do
+    if [ -n "$skip" ]; then
+        [ "$skip" = b ] && bundle=$arg
+        skip=
+        continue
+    fi
+    if [ -z "$cmd" ]; then
+        case $arg in
+            {value_opts}) skip=v ;;
+            -*) ;;
+            create) cmd=create ;;
+            *) exec "$RUNTIME" "$@" ;;
+        esac
+    else
+        case $arg in
+            --bundle|-b) skip=b ;;
+            --bundle=*) bundle=${{arg#--bundle=}} ;;
+        esac
+    fi
+done
+if [ "$cmd" = create ] && {q(s.grep)} -qsF {greps} -- "$bundle/config.json"; then
+    exec {q(s.python)} -I -S -c {q(bootstrap)} \\
+        --runtime "$RUNTIME" --config {q(s.config)} --cache-dir {q(s.cache_dir)} -- "$@"
+fi
+exec "$RUNTIME" "$@"
+"""
