@@ -56,6 +56,12 @@ def register(sub) -> None:
     v.add_argument("--gpu", type=int, required=True)
     v.set_defaults(run=lose)
 
+    v = _verb(verbs, "events", "make event registration on a GPU fail with NOT_SUPPORTED (off) "
+                               "or work (on)")
+    v.add_argument("--gpu", type=int, required=True)
+    v.add_argument("support", choices=["on", "off"])
+    v.set_defaults(run=events)
+
     v = _verb(verbs, "reboot", "reboot the node: instances vanish, pending MIG modes apply, "
                                "Hopper and newer lose MIG mode")
     v.set_defaults(run=reboot)
@@ -161,6 +167,14 @@ def lose(args) -> int:
     from ..sim import control
     control.lose_gpu(_store(args), args.gpu)
     print(f"GPU {args.gpu} has fallen off the bus")
+    return 0
+
+
+def events(args) -> int:
+    from ..sim import control
+    control.set_event_support(_store(args), args.gpu, args.support == "on")
+    state = "works" if args.support == "on" else "fails with NOT_SUPPORTED"
+    print(f"event registration on GPU {args.gpu} {state} (from the next registration)")
     return 0
 
 

@@ -16,7 +16,7 @@ from .node import NodeState, SimNvmlError, SimProcess
 from .store import SimStore
 
 __all__ = ["resolve_device", "hold", "release", "inject_xid", "inject_ecc", "lose_gpu",
-           "reboot", "set_driver_loaded", "reset_gpus"]
+           "set_event_support", "reboot", "set_driver_loaded", "reset_gpus"]
 
 
 def resolve_device(state: NodeState, ident: str) -> tuple[int, int | None, int | None]:
@@ -96,6 +96,13 @@ def lose_gpu(store: SimStore, gpu: int) -> None:
     """The GPU falls off the bus: XID 79, then every call on it returns GPU_IS_LOST."""
     with store.mutate() as state:
         state.mark_lost(_gpu_index(state, gpu))
+
+
+def set_event_support(store: SimStore, gpu: int, supported: bool) -> None:
+    """Whether nvmlDeviceRegisterEvents works on a GPU (off: NOT_SUPPORTED, though the
+    supported-types mask still lists the events). Takes effect at the next registration."""
+    with store.mutate() as state:
+        state.gpus[_gpu_index(state, gpu)].events_supported = supported
 
 
 def reboot(store: SimStore) -> None:

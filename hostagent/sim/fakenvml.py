@@ -22,6 +22,8 @@ from ctypes import (CFUNCTYPE, POINTER, c_char_p, c_int, c_uint, c_ulonglong, c_
 
 import pynvml as N
 
+from . import telemetry
+from .catalog import ARCHITECTURES
 from .node import MIG_ENABLE, NodeState, SimGpu, SimNvmlError
 from .store import SimStore
 
@@ -114,6 +116,8 @@ class FakeNvmlLibrary:
         self._handles: dict[tuple, ctypes.Array] = {}
         self._keys: dict[int, tuple] = {}
         self._event_sets: dict[int, dict] = {}
+        self._next_event_set = 1
+        self._energy: dict[int, tuple[float, float, float]] = {}   # gpu -> (boot, t, mJ)
         self._initialised = 0
         self._error_strings: dict[int, ctypes.Array] = {}
         # Queued faults; in memory, so they belong to this process (a child started with
@@ -740,11 +744,118 @@ class FakeNvmlLibrary:
         _, gpu, gi, ci = self._ci(handle)
         self._mutate(lambda s: s.destroy_ci(gpu.index, gi.id, ci.id))
 
+    # ---- telemetry (sensor values from sim.telemetry) -------------------------------
+
+    def _sensors(self, handle, *, mig_ok: bool = False):
+        """(state, gpu, reading) for a physical GPU; MIG device handles get NOT_SUPPORTED."""
+        state, gpu, mig = self._device(handle)
+        if mig is not None and not mig_ok:
+            raise SimNvmlError(N.NVML_ERROR_NOT_SUPPORTED, "not supported on a MIG device")
+        t = time.time()
+        reading = telemetry.read_sensors(self._sku(gpu), gpu.uuid, len(state.processes_on(gpu.index)),
+                                         t, self._booted_at(state))
+        return state, gpu, reading
+
+    def _booted_at(self, state) -> float:
+        return state.booted_at or (self.store.dir / "node.json").stat().st_mtime
+
+    def _whole_gpu_only(self, handle):
+        """Utilisation queries: not on MIG devices, nor on a GPU with MIG enabled (nvml.h)."""
+        state, gpu, reading = self._sensors(handle)
+        if gpu.mig_current == MIG_ENABLE:
+            raise SimNvmlError(N.NVML_ERROR_NOT_SUPPORTED, "not supported with MIG enabled")
+        return reading
+
+    @nvml(P, P)
+    def nvmlDeviceGetUtilizationRates(self, handle, ptr):
+        reading = self._whole_gpu_only(handle)
+        util = _struct(ptr, N.c_nvmlUtilization_t)
+        util.gpu, util.memory = reading.gpu_util, reading.mem_util
+
+    @nvml(P, P, P)
+    def nvmlDeviceGetEncoderUtilization(self, handle, util, period_us):
+        reading = self._whole_gpu_only(handle)
+        _put(util, c_uint, reading.enc_util)
+        _put(period_us, c_uint, 1_000_000)
+
+    @nvml(P, P, P)
+    def nvmlDeviceGetDecoderUtilization(self, handle, util, period_us):
+        reading = self._whole_gpu_only(handle)
+        _put(util, c_uint, reading.dec_util)
+        _put(period_us, c_uint, 1_000_000)
+
+    @nvml(P, c_uint, P)
+    def nvmlDeviceGetTemperature(self, handle, sensor, ptr):
+        if sensor != N.NVML_TEMPERATURE_GPU:
+            raise SimNvmlError(N.NVML_ERROR_INVALID_ARGUMENT, f"bad sensor {sensor}")
+        _put(ptr, c_uint, self._sensors(handle)[2].gpu_temp_c)
+
+    @nvml(P, c_int, P)
+    def nvmlDeviceGetFieldValues(self, handle, count, values):
+        # Per-entry results, as NVML gives: the call succeeds, unknown fields say NOT_SUPPORTED.
+        _, gpu, mig = self._device(handle)
+        reading = None if mig else self._sensors(handle)[2]
+        now_us = int(time.time() * 1e6)
+        for i in range(count):
+            fv = N.c_nvmlFieldValue_t.from_address(values + i * sizeof(N.c_nvmlFieldValue_t))
+            fv.timestamp, fv.latencyUsec = now_us, 0
+            if (fv.fieldId == N.NVML_FI_DEV_MEMORY_TEMP and reading is not None
+                    and telemetry.has_hbm(self._sku(gpu))):
+                fv.valueType, fv.nvmlReturn = N.NVML_VALUE_TYPE_UNSIGNED_INT, N.NVML_SUCCESS
+                fv.value.uiVal = reading.mem_temp_c
+            else:
+                fv.nvmlReturn = N.NVML_ERROR_NOT_SUPPORTED
+
+    @nvml(P, P)
+    def nvmlDeviceGetPowerUsage(self, handle, ptr):
+        _put(ptr, c_uint, self._sensors(handle)[2].power_mw)
+
+    @nvml(P, P)
+    def nvmlDeviceGetTotalEnergyConsumption(self, handle, ptr):
+        # The counter integrates the power this process has seen since its first read,
+        # starting from the idle power over the time since boot: monotonic and consistent
+        # with nvmlDeviceGetPowerUsage, though two processes may read different totals.
+        state, gpu, reading = self._sensors(handle)
+        boot, t = self._booted_at(state), time.time()
+        last = self._energy.get(gpu.index)
+        if last is None or last[0] != boot:
+            energy = telemetry.idle_power_mw(self._sku(gpu)) * max(0.0, t - boot)
+        else:
+            energy = last[2] + reading.power_mw * max(0.0, t - last[1])
+        self._energy[gpu.index] = (boot, t, energy)
+        _put(ptr, c_ulonglong, int(energy))
+
+    @nvml(P, c_uint, P)
+    def nvmlDeviceGetClockInfo(self, handle, clock_type, ptr):
+        reading = self._sensors(handle)[2]
+        clocks = {N.NVML_CLOCK_GRAPHICS: reading.sm_clock_mhz, N.NVML_CLOCK_SM: reading.sm_clock_mhz,
+                  N.NVML_CLOCK_MEM: reading.mem_clock_mhz, N.NVML_CLOCK_VIDEO: reading.sm_clock_mhz * 9 // 10}
+        if clock_type not in clocks:
+            raise SimNvmlError(N.NVML_ERROR_INVALID_ARGUMENT, f"bad clock type {clock_type}")
+        _put(ptr, c_uint, clocks[clock_type])
+
+    @nvml(P, P)
+    def nvmlDeviceGetPcieReplayCounter(self, handle, ptr):
+        _put(ptr, c_uint, self._sensors(handle)[2].pcie_replays)
+
+    @nvml(P, P, P, P, P)
+    def nvmlDeviceGetRemappedRows(self, handle, corr, unc, pending, failure):
+        _, gpu, reading = self._sensors(handle)
+        # nvml.h: Ampere or newer; not on MIG-enabled GPUs with active instances.
+        if self._sku(gpu).nvml_architecture < ARCHITECTURES["ampere"]:
+            raise SimNvmlError(N.NVML_ERROR_NOT_SUPPORTED, "row remapping needs Ampere or newer")
+        if gpu.mig_current == MIG_ENABLE and gpu.gis:
+            raise SimNvmlError(N.NVML_ERROR_NOT_SUPPORTED, "MIG instances are active")
+        _put(corr, c_uint, reading.remapped_correctable)
+        _put(unc, c_uint, 0)
+        _put(pending, c_uint, 0)
+        _put(failure, c_uint, 0)
+
     # ---- events --------------------------------------------------------------------
 
     @nvml(P)
     def nvmlEventSetCreate(self, out):
-        n = len(self._event_sets) + 1
+        n, self._next_event_set = self._next_event_set, self._next_event_set + 1
         self._event_sets[n] = {"regs": {}, "cursor": self._state().next_seq - 1}
         self._put_handle(out, "eventset", n)
 
@@ -764,6 +875,9 @@ class FakeNvmlLibrary:
         _, gpu = self._gpu_only(handle)
         if types & ~SUPPORTED_EVENTS:
             raise SimNvmlError(N.NVML_ERROR_NOT_SUPPORTED, "unsupported event types")
+        if not gpu.events_supported:
+            # The supported-types mask still lists them: the case masking does not catch.
+            raise SimNvmlError(N.NVML_ERROR_NOT_SUPPORTED, "event registration not supported")
         regs = self._event_set(event_set)["regs"]
         regs[gpu.index] = regs.get(gpu.index, 0) | types
 

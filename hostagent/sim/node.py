@@ -6,6 +6,7 @@ NVML return code the real driver gives for that case and leaves the state unchan
 
 from __future__ import annotations
 
+import time
 import uuid as uuidlib
 from dataclasses import asdict, dataclass, field
 
@@ -68,6 +69,9 @@ class SimGpu:
     mig_pending: int = MIG_DISABLE
     lost: bool = False
     gis: list[GpuInstance] = field(default_factory=list)
+    # False: nvmlDeviceRegisterEvents answers NOT_SUPPORTED, as the device plugin met on
+    # older boards (its v0.19.0 "Fix healthchecking on old devices").
+    events_supported: bool = True
 
     def gi(self, gi_id: int) -> GpuInstance | None:
         return next((g for g in self.gis if g.id == gi_id), None)
@@ -121,6 +125,7 @@ class NodeState:
     next_seq: int = 1
     boots: int = 0
     driver_loaded: bool = True
+    booted_at: float = field(default_factory=time.time)   # counters such as energy start here
 
     MAX_EVENTS = 1000
 
@@ -139,7 +144,8 @@ class NodeState:
         return cls(gpus=gpus, processes=[SimProcess(**p) for p in raw["processes"]],
                    events=[SimEvent(**e) for e in raw["events"]],
                    next_seq=raw["next_seq"], boots=raw["boots"],
-                   driver_loaded=raw.get("driver_loaded", True))
+                   driver_loaded=raw.get("driver_loaded", True),
+                   booted_at=raw.get("booted_at", 0.0))
 
     # ---- lookups -------------------------------------------------------------------
 
@@ -204,6 +210,7 @@ class NodeState:
                 gpu.mig_current = gpu.mig_pending = MIG_DISABLE
         self.events.clear()
         self.boots += 1
+        self.booted_at = time.time()
         return gone
 
     # ---- GPU instances -------------------------------------------------------------
