@@ -5,6 +5,9 @@
     ├── NotFoundError           a device, file or object that does not exist
     ├── ConfigError             an invalid configuration or data file
     ├── StateError              the node is not in a state that allows the operation
+    ├── ConflictError           the request conflicts with existing state (an allocation, a busy device)
+    ├── PermissionDenied        the caller may not do this
+    ├── UnavailableError        the service cannot answer now (starting, overloaded, NVML down)
     └── NvmlError               a failed NVML call
         ├── NvmlLibraryMissing  libnvidia-ml.so.1 cannot be loaded
         └── DriverNotLoaded     the library loads but the kernel driver is absent
@@ -21,6 +24,9 @@ __all__ = [
     "NotFoundError",
     "ConfigError",
     "StateError",
+    "ConflictError",
+    "PermissionDenied",
+    "UnavailableError",
     "NvmlError",
     "NvmlLibraryMissing",
     "DriverNotLoaded",
@@ -65,6 +71,18 @@ class ConfigError(HostagentError):
 
 class StateError(HostagentError):
     code = "invalid_state"
+
+
+class ConflictError(HostagentError):
+    code = "conflict"
+
+
+class PermissionDenied(HostagentError):
+    code = "forbidden"
+
+
+class UnavailableError(HostagentError):
+    code = "unavailable"
 
 
 class NvmlError(HostagentError):
