@@ -13,7 +13,8 @@ from .naming import device_name
 from .validate import check_kind
 from .version import KNOWN_VERSIONS, minimum_version, version_key
 
-__all__ = ["SpecOptions", "GeneratedSpec", "build_spec", "hook_command", "HOOK_ENV"]
+__all__ = ["SpecOptions", "GeneratedSpec", "build_spec", "hook_command", "HOOK_ENV", "common_edits",
+           "edits_to_cdi"]
 
 # Hooks never inherit the container's environment: the spec gives them this one.
 HOOK_ENV = ("PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",)
@@ -45,8 +46,10 @@ class GeneratedSpec:
 
 def hook_command(interpreter: str, verb: str, *args: str) -> Hook:
     """One run of the hook program: isolated interpreter (no PYTHON* variables, no user
-    site, no script directory on the path) with an explicit environment."""
-    return Hook(path=interpreter, args=("python3", "-I", "-m", "hostagent.hooks", verb, *args),
+    site, no script directory on the path) with an explicit environment. argv[0] is the
+    interpreter's full path: Python finds its prefix (and so hostagent) from argv[0], and a
+    bare "python3" would be looked up on PATH and may name another installation."""
+    return Hook(path=interpreter, args=(interpreter, "-I", "-m", "hostagent.hooks", verb, *args),
                 env=HOOK_ENV)
 
 
@@ -54,6 +57,19 @@ def _hooks(edits: Edits, interpreter: str, verb: str) -> tuple[Hook, ...]:
     args = [a for target, link in edits.links for a in ("--link", f"{target}::{link}")]
     args += [a for folder in edits.folders for a in ("--folder", folder)]
     return (hook_command(interpreter, verb, *args),) if args else ()
+
+
+def edits_to_cdi(edits: Edits, interpreter: str, *, common: bool = False) -> dict:
+    """A device's (or, with ``common``, the spec's) ``containerEdits``, links and folders
+    turned into the hook run that makes them."""
+    return edits.to_cdi(_hooks(edits, interpreter, "prepare" if common else "create-symlinks"))
+
+
+def common_edits(discovery: Discovery) -> Edits:
+    """What every container using any of the node's devices needs, once."""
+    return Edits.merge(Edits(env=("NVIDIA_VISIBLE_DEVICES=void",)), discovery.control_nodes(),
+                       discovery.libraries(), discovery.binaries(), discovery.ipc(),
+                       discovery.firmware(), discovery.config_files())
 
 
 def build_spec(inventory: Inventory, discovery: Discovery, options: SpecOptions = SpecOptions()) -> GeneratedSpec:
@@ -85,11 +101,9 @@ def build_spec(inventory: Inventory, discovery: Discovery, options: SpecOptions 
         raise HostagentError("no GPU or MIG device could be described; a CDI spec needs at least one",
                              hint="; ".join(p.message for p in problems) or "is MIG enabled with no instances?")
 
-    common = Edits.merge(Edits(env=("NVIDIA_VISIBLE_DEVICES=void",)), discovery.control_nodes(),
-                         discovery.libraries(), discovery.binaries(), discovery.ipc(),
-                         discovery.firmware(), discovery.config_files())
+    common = common_edits(discovery)
     spec = {"cdiVersion": "", "kind": options.kind, "devices": devices,
-            "containerEdits": common.to_cdi(_hooks(common, options.hook_interpreter, "prepare"))}
+            "containerEdits": edits_to_cdi(common, options.hook_interpreter, common=True)}
     spec["cdiVersion"] = _version(spec, options.cdi_version)
     return GeneratedSpec(spec=spec, problems=tuple(problems))
 

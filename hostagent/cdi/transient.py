@@ -1,0 +1,71 @@
+"""Transient CDI specs: one file per allocation in ``/var/run/cdi``, gone when it is released.
+
+Named by CDI's own convention (``GenerateTransientSpecName``): ``<vendor>-<class>_<id>``,
+with ``/`` in the id replaced by ``_``. Device names are ``<id>-gpu<index>`` and
+``<id>-mig<gpu>:<mig>``, so a plugin only relays ``<vendor>/<class>=<id>-...`` names and two
+allocations can never define the same device.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..devices import Gpu, MigDevice
+from ..hostroot import HostRoot
+from .discover import Discovery
+from .edits import Edits
+from .spec import common_edits, edits_to_cdi
+from .version import minimum_version
+
+__all__ = ["ALLOCATION_KIND", "safe_id", "spec_file_name", "spec_file", "device_name",
+           "build_transient_spec", "transient_spec_files"]
+
+ALLOCATION_KIND = "hostagent.io/allocation"
+
+
+def safe_id(allocation_id: str) -> str:
+    return allocation_id.replace("/", "_")
+
+
+def spec_file_name(allocation_id: str, kind: str = ALLOCATION_KIND) -> str:
+    vendor, cls = kind.split("/", 1)
+    return f"{vendor}-{cls}_{safe_id(allocation_id)}.json"
+
+
+def spec_file(host: HostRoot, allocation_id: str, kind: str = ALLOCATION_KIND) -> Path:
+    return host.cdi_dir / spec_file_name(allocation_id, kind)
+
+
+def transient_spec_files(host: HostRoot, kind: str = ALLOCATION_KIND) -> dict[str, Path]:
+    """Transient spec files of ``kind`` in the CDI directory, by safe id."""
+    vendor, cls = kind.split("/", 1)
+    prefix = f"{vendor}-{cls}_"
+    try:
+        entries = list(host.cdi_dir.iterdir())
+    except FileNotFoundError:
+        return {}
+    return {p.name[len(prefix):-len(".json")]: p for p in entries
+            if p.name.startswith(prefix) and p.name.endswith(".json")}
+
+
+def device_name(allocation_id: str, device: Gpu | MigDevice) -> str:
+    local = f"gpu{device.index}" if isinstance(device, Gpu) else f"mig{device.name}"
+    return f"{safe_id(allocation_id)}-{local}"
+
+
+def build_transient_spec(discovery: Discovery, allocation_id: str,
+                         devices: list[Gpu | MigDevice], interpreter: str,
+                         kind: str = ALLOCATION_KIND) -> tuple[dict, dict]:
+    """The allocation's spec, and the same edits merged into one ``containerEdits`` for
+    callers that cannot use CDI. Raises MissingDeviceNode for a device without its nodes."""
+    per_device = [(dev, discovery.gpu(dev) if isinstance(dev, Gpu) else discovery.mig_device(dev))
+                  for dev in devices]
+    common = common_edits(discovery)
+    spec = {"cdiVersion": "", "kind": kind,
+            "devices": [{"name": device_name(allocation_id, dev),
+                         "containerEdits": edits_to_cdi(edits, interpreter)} for dev, edits in per_device],
+            "containerEdits": edits_to_cdi(common, interpreter, common=True)}
+    spec["cdiVersion"] = minimum_version(spec)
+    union = Edits.merge(common, *(edits for _, edits in per_device))
+    merged = edits_to_cdi(union, interpreter, common=True)
+    return spec, merged
