@@ -1,0 +1,259 @@
+"""The ``/v1`` routes: who may call what, and how each request becomes a response.
+
+``App(agent)`` is the server's ``app(request)``: it answers reads synchronously from the
+agent's current snapshot (rendered once per revision and cached), and returns coroutines
+for mutations and the watch stream. Errors become ``{code, message, details}`` with an
+HTTP status chosen by the error's class.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from ..errors import (ConfigError, ConflictError, HostagentError, NotFoundError, NvmlError,
+                      PermissionDenied, StateError, UnavailableError, UsageError)
+from .http import Request
+from .peercred import allows
+from .schema import document_bytes, parse_json, validate_body
+from .server import Response, StreamResponse, error_response
+from .watch import watch_stream
+
+__all__ = ["App", "status_for"]
+
+_STATUS_BY_CODE = {"unknown_device": 422}
+_STATUS_BY_CLASS = ((NotFoundError, 404), (PermissionDenied, 403), (ConflictError, 409),
+                    (StateError, 409), (UsageError, 400), (ConfigError, 400),
+                    (UnavailableError, 503), (NvmlError, 503))
+
+
+def status_for(error: HostagentError) -> int:
+    if error.code in _STATUS_BY_CODE:
+        return _STATUS_BY_CODE[error.code]
+    return next((s for cls, s in _STATUS_BY_CLASS if isinstance(error, cls)), 500)
+
+
+def _error(e: HostagentError) -> Response:
+    details = dict(e.details)
+    if e.hint:
+        details.setdefault("hint", e.hint)
+    return error_response(status_for(e), e.code, e.message, details)
+
+
+def _dumps(data) -> bytes:
+    return json.dumps(data, separators=(",", ":")).encode() + b"\n"
+
+
+@dataclass(frozen=True)
+class Route:
+    method: str
+    handler: str          # App method name
+    role: str             # least role: "operator" or "admin"
+
+
+_FLAGS = {"true": True, "1": True, "false": False, "0": False}
+
+
+class App:
+    # Exact paths, then prefixes whose remainder is one parameter (it may contain '/', as
+    # CDI names and pod/container allocation ids do).
+    EXACT = {
+        "/v1/openapi.json": (Route("GET", "get_openapi", "operator"),),
+        "/v1/node": (Route("GET", "get_node", "operator"),),
+        "/v1/devices": (Route("GET", "list_devices", "operator"),),
+        "/v1/watch": (Route("GET", "watch", "operator"),),
+        "/v1/allocations": (Route("GET", "list_allocations", "operator"),
+                            Route("POST", "create_allocation", "operator")),
+        "/v1/inventory/refresh": (Route("POST", "refresh", "admin"),),
+    }
+    PREFIX = {
+        "/v1/devices/": (Route("GET", "get_device", "operator"),),
+        "/v1/allocations/": (Route("GET", "get_allocation", "operator"),
+                             Route("DELETE", "delete_allocation", "operator")),
+    }
+
+    def __init__(self, agent):
+        self.agent = agent
+
+    @classmethod
+    def add_routes(cls, exact: dict | None = None, prefix: dict | None = None) -> None:
+        """For features that bring their own endpoints (MIG, metrics)."""
+        for table, extra in ((cls.EXACT, exact or {}), (cls.PREFIX, prefix or {})):
+            for path, routes in extra.items():
+                table[path] = tuple(table.get(path, ())) + tuple(routes)
+
+    def _route(self, request: Request):
+        path = request.path
+        routes = self.EXACT.get(path)
+        param = None
+        if routes is None:
+            for prefix, candidates in self.PREFIX.items():
+                if path.startswith(prefix) and len(path) > len(prefix):
+                    routes, param = candidates, path[len(prefix):]
+                    break
+        if routes is None:
+            raise HttpNotFound()
+        method = "GET" if request.method == "HEAD" else request.method
+        for route in routes:
+            if route.method == method:
+                return route, param
+        raise MethodNotAllowed(sorted({r.method for r in routes} | ({"HEAD"} if any(
+            r.method == "GET" for r in routes) else set())))
+
+    def __call__(self, request: Request):
+        caller = request.caller
+        if caller is None or caller.role == "none":
+            return error_response(403, "forbidden", "the caller may not use the agent's API",
+                                  {"uid": getattr(caller, "uid", None),
+                                   "hint": "be root or a member of the agent's group"})
+        try:
+            route, param = self._route(request)
+        except HttpNotFound:
+            return error_response(404, "not_found", f"no such endpoint: {request.path}")
+        except MethodNotAllowed as e:
+            r = error_response(405, "method_not_allowed", f"{request.method} is not allowed here",
+                               {"allow": e.allowed})
+            r.headers = (("Allow", ", ".join(e.allowed)),)
+            return r
+        if not allows(caller.role, route.role):
+            return error_response(403, "forbidden", f"{route.method} {request.path} needs the {route.role} role",
+                                  {"role": caller.role, "needed": route.role})
+        if param is not None:
+            request.params["id"] = param
+        try:
+            result = getattr(self, route.handler)(request)
+        except HostagentError as e:
+            return _error(e)
+        if isinstance(result, Response):
+            return result
+        return self._guard(result)
+
+    async def _guard(self, coroutine):
+        try:
+            return await coroutine
+        except HostagentError as e:
+            return _error(e)
+
+    # ---- helpers ------------------------------------------------------------------
+
+    def _snapshot_response(self, request: Request, key, render) -> Response:
+        snap = self.agent.snapshot
+        etag = f'"{snap.revision}"'
+        if request.headers.get("if-none-match") == etag:
+            return Response(304, b"", (("ETag", etag),))
+        body = snap.cached(key, lambda: _dumps(render(snap)))
+        return Response(200, body, (("ETag", etag),))
+
+    @staticmethod
+    def _body(request: Request, operation_id: str):
+        data = parse_json(request.body)
+        validate_body(operation_id, data)
+        return data
+
+    # ---- handlers -----------------------------------------------------------------
+
+    def get_openapi(self, request: Request) -> Response:
+        return Response(200, document_bytes())
+
+    def get_node(self, request: Request) -> Response:
+        return self._snapshot_response(request, "node", lambda s: {"revision": s.revision, **s.node})
+
+    def list_devices(self, request: Request) -> Response:
+        kind = request.param("type")
+        if kind not in (None, "gpu", "mig"):
+            raise UsageError("type must be gpu or mig", parameter="type")
+        profiles = request.param("profiles")
+        if profiles is not None and profiles not in _FLAGS:
+            raise UsageError("profiles must be true or false", parameter="profiles")
+        profiles = _FLAGS.get(profiles, False)
+
+        def render(s):
+            gpus = [] if kind == "mig" else [_with_profiles(d, s) if profiles else d for d in s.gpus]
+            migs = [] if kind == "gpu" else s.mig_devices
+            return {"revision": s.revision, "gpus": gpus, "mig_devices": migs, "unreadable": s.unreadable}
+        return self._snapshot_response(request, ("devices", kind, profiles), render)
+
+    def get_device(self, request: Request) -> Response:
+        ident = request.params["id"]
+        snap = self.agent.snapshot
+        view = snap.find(ident)
+        if view is None:
+            raise NotFoundError(f"no device {ident!r}",
+                                hint="use an index, UUID, MIG name (0:1) or CDI name from GET /v1/devices")
+        return self._snapshot_response(request, ("device", view["uuid"]),
+                                       lambda s: _with_profiles(view, s) if view["kind"] == "gpu" else view)
+
+    def watch(self, request: Request):
+        since = request.param("since")
+        if since is not None:
+            if not since.isdigit() or len(since) > 19:
+                raise UsageError("since must be a revision (a non-negative integer)", parameter="since")
+            since = int(since)
+        return _stream(watch_stream(self.agent, since))
+
+    def list_allocations(self, request: Request) -> Response:
+        from ..daemon.views import allocation_view
+        return self._snapshot_response(request, "allocations", lambda s: {
+            "revision": s.revision,
+            "allocations": [_with_missing(allocation_view(a), s) for a in s.allocations.values()]})
+
+    def get_allocation(self, request: Request) -> Response:
+        from ..daemon.views import allocation_view
+        alloc_id = request.params["id"]
+        alloc = self.agent.snapshot.allocations.get(alloc_id)
+        if alloc is None:
+            raise NotFoundError(f"no allocation {alloc_id!r}")
+        return self._snapshot_response(request, ("allocation", alloc_id),
+                                       lambda s: _with_missing(allocation_view(alloc), s))
+
+    def create_allocation(self, request: Request):
+        body = self._body(request, "createAllocation")
+        return self._create(body)
+
+    async def _create(self, body):
+        from ..daemon.views import allocation_view
+        created, alloc = await self.agent.allocate(body)
+        view = allocation_view(alloc)
+        headers = (("Location", f"/v1/allocations/{alloc.id}"),)
+        return Response(201 if created else 200, _dumps(view), headers)
+
+    def delete_allocation(self, request: Request):
+        return self._delete(request.params["id"])
+
+    async def _delete(self, alloc_id):
+        from ..daemon.views import allocation_view
+        alloc = await self.agent.release(alloc_id)
+        return Response(200, _dumps(allocation_view(alloc)))
+
+    def refresh(self, request: Request):
+        return self._refresh()
+
+    async def _refresh(self):
+        revision = await self.agent.refresh("api request")
+        return Response(200, _dumps({"revision": revision}))
+
+
+async def _stream(producer):
+    return StreamResponse(producer)
+
+
+def _with_profiles(view: dict, snap) -> dict:
+    profiles = snap.profiles.get(view["uuid"])
+    if profiles is None or view["mig"] is None:
+        return view
+    return {**view, "mig": {**view["mig"], "profiles": profiles}}
+
+
+def _with_missing(view: dict, snap) -> dict:
+    missing = [u for u in view["devices"] if u not in snap.devices]
+    return {**view, "missing_devices": missing} if missing else view
+
+
+class HttpNotFound(Exception):
+    pass
+
+
+class MethodNotAllowed(Exception):
+    def __init__(self, allowed):
+        super().__init__(allowed)
+        self.allowed = allowed

@@ -1,0 +1,376 @@
+"""The API's HTTP/1.1 server on a UNIX socket: one asyncio protocol per connection.
+
+A protocol rather than streams: a cached GET is parsed and answered inside
+``data_received`` with no task, no future and no copy beyond the response bytes, which is
+what makes thousands of requests a second cheap on a small host.
+
+Defences, so one slow or hostile client cannot stall the others:
+
+- a bound on open connections, overall and per non-root user (503 beyond it);
+- a header deadline that runs from a request's first byte (bytes trickled in do not extend
+  it), a body deadline, an idle deadline between keep-alive requests;
+- size limits on the request line, headers and body (414, 431, 413);
+- flow control: when a client stops reading, the server stops reading its requests, and a
+  client that has not read for ``write_timeout`` is dropped;
+- requests on one connection are answered in order, one at a time (no pipelining fan-out).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from dataclasses import dataclass, field
+
+from .http import LAST_CHUNK, HttpError, Limits, Request, chunk, parse_head, response_head
+from .peercred import Caller, peer_caller
+
+__all__ = ["Response", "StreamResponse", "ServerOptions", "ApiServer", "error_response", "json_response"]
+
+log = logging.getLogger("hostagent.api")
+
+_IDLE, _HEAD, _BODY, _BUSY = range(4)
+
+
+@dataclass
+class Response:
+    status: int
+    body: bytes = b""
+    headers: tuple[tuple[str, str], ...] = ()
+    content_type: str = "application/json"
+
+
+@dataclass
+class StreamResponse:
+    """A chunked body written by ``producer(stream)`` until it returns or the client leaves."""
+    producer: object                   # async callable taking a Stream
+    status: int = 200
+    headers: tuple[tuple[str, str], ...] = ()
+    content_type: str = "application/x-ndjson"
+
+
+def json_response(status: int, data, headers=()) -> Response:
+    return Response(status, json.dumps(data, separators=(",", ":")).encode() + b"\n", tuple(headers))
+
+
+def error_response(status: int, code: str, message: str, details: dict | None = None) -> Response:
+    return json_response(status, {"code": code, "message": message, "details": details or {}})
+
+
+@dataclass
+class ServerOptions:
+    limits: Limits = field(default_factory=Limits)
+    header_timeout: float = 10.0
+    body_timeout: float = 10.0
+    idle_timeout: float = 60.0
+    write_timeout: float = 30.0
+    max_connections: int = 512
+    max_connections_per_user: int = 64
+    agent_gid: int | None = None
+
+
+class Stream:
+    """The write side of a streamed response, with the connection's flow control."""
+
+    def __init__(self, conn: "Connection"):
+        self._conn = conn
+
+    @property
+    def closed(self) -> bool:
+        return self._conn.closed
+
+    async def send(self, data: bytes) -> None:
+        conn = self._conn
+        if conn.closed:
+            raise ConnectionResetError("the client went away")
+        conn.transport.write(chunk(data))
+        if conn.write_paused:
+            await conn.drain()
+
+
+class Connection(asyncio.Protocol):
+    def __init__(self, server: "ApiServer"):
+        self.server = server
+        self.loop = server.loop
+        self.transport = None
+        self.caller: Caller | None = None
+        self.buf = bytearray()
+        self.phase = _IDLE
+        self.request: Request | None = None
+        self.timer = None
+        self.task = None
+        self.closed = False
+        self.write_paused = False
+        self.streaming = False
+        self._drain_waiter = None
+
+    # ---- lifecycle --------------------------------------------------------------
+
+    def connection_made(self, transport):
+        self.transport = transport
+        server = self.server
+        try:
+            self.caller = peer_caller(transport.get_extra_info("socket"), server.options.agent_gid)
+        except OSError:
+            self.caller = Caller(pid=0, uid=-1, gid=-1, groups=())
+        if not server.admit(self):
+            self.closed = True
+            transport.write(self._render(error_response(
+                503, "too_many_connections", "the agent has too many open connections; retry later"),
+                keep_alive=False))
+            transport.close()
+            return
+        self._arm(server.options.header_timeout, self._timed_out)
+
+    def connection_lost(self, exc):
+        if self.closed and self not in self.server.connections:
+            return
+        self.closed = True
+        self._disarm()
+        self.server.release(self)
+        if self.task is not None and not self.task.done():
+            self.task.cancel()
+        if self._drain_waiter is not None and not self._drain_waiter.done():
+            self._drain_waiter.set_exception(ConnectionResetError("the client went away"))
+
+    def close(self):
+        if not self.closed:
+            self.closed = True
+            self._disarm()
+            self.transport.close()
+
+    def pause_writing(self):
+        self.write_paused = True
+        self._update_reading()
+        self._arm(self.server.options.write_timeout, self._write_timed_out)
+
+    def resume_writing(self):
+        self.write_paused = False
+        self._disarm()
+        if self._drain_waiter is not None and not self._drain_waiter.done():
+            self._drain_waiter.set_result(None)
+        if self.phase != _BUSY and not self.closed:
+            self._update_reading()
+            self._arm_idle()
+            self._process()
+
+    def _update_reading(self):
+        """Read requests only while none is being answered and the client reads answers."""
+        if self.closed:
+            return
+        if self.phase == _BUSY or self.write_paused:
+            self.transport.pause_reading()
+        else:
+            self.transport.resume_reading()
+
+    async def drain(self):
+        if self.write_paused and not self.closed:
+            self._drain_waiter = self.loop.create_future()
+            await self._drain_waiter
+
+    # ---- timers -----------------------------------------------------------------
+
+    def _arm(self, seconds: float, callback):
+        if self.timer is not None:
+            self.timer.cancel()
+        self.timer = self.loop.call_later(seconds, callback)
+
+    def _disarm(self):
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+
+    def _arm_idle(self):
+        self._arm(self.server.options.idle_timeout if not self.buf else
+                  self.server.options.header_timeout, self._timed_out)
+
+    def _timed_out(self):
+        self.timer = None
+        if self.closed:
+            return
+        if self.phase in (_HEAD, _BODY) or self.buf:
+            what = "headers" if self.phase != _BODY else "body"
+            self._send(error_response(408, "timeout", f"the request {what} did not arrive in time"),
+                       keep_alive=False)
+        self.close()
+
+    def _write_timed_out(self):
+        self.timer = None
+        log.info("dropping %s: it stopped reading", self.caller.describe())
+        self.closed = True
+        self.transport.abort()
+
+    # ---- reading ----------------------------------------------------------------
+
+    def data_received(self, data):
+        if self.closed:
+            return
+        self.buf += data
+        if self.phase == _IDLE:
+            self.phase = _HEAD                       # the header deadline starts now
+            self._arm(self.server.options.header_timeout, self._timed_out)
+        if self.phase != _BUSY:
+            self._process()
+
+    def _process(self):
+        limits = self.server.options.limits
+        while not self.closed and self.phase != _BUSY and not self.write_paused:
+            if self.phase in (_IDLE, _HEAD):
+                end = self.buf.find(b"\r\n\r\n", 0, limits.max_header_bytes + 4)
+                if end < 0:
+                    if len(self.buf) > limits.max_header_bytes:
+                        return self._fail(HttpError(431, "header_too_large",
+                                                    f"request head larger than {limits.max_header_bytes} bytes"))
+                    if not self.buf:
+                        self.phase = _IDLE
+                    return
+                head = bytes(self.buf[:end])
+                del self.buf[:end + 4]
+                try:
+                    request = parse_head(head, limits)
+                except HttpError as e:
+                    return self._fail(e)
+                request.caller = self.caller
+                self.request = request
+                if request.content_length:
+                    self.phase = _BODY
+                    self._arm(self.server.options.body_timeout, self._timed_out)
+                    if request.expect_continue and len(self.buf) < request.content_length:
+                        self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+            if self.phase == _BODY:
+                request = self.request
+                if len(self.buf) < request.content_length:
+                    return
+                request.body = bytes(self.buf[:request.content_length])
+                del self.buf[:request.content_length]
+            self._dispatch(self.request)
+
+    def _fail(self, error: HttpError):
+        """A request we cannot frame: answer and close (what follows cannot be trusted)."""
+        self._send(error_response(error.status, error.code, error.message, error.details),
+                   keep_alive=False)
+        self.close()
+
+    # ---- answering --------------------------------------------------------------
+
+    def _dispatch(self, request: Request):
+        self.phase = _BUSY
+        self._disarm()
+        try:
+            result = self.server.app(request)
+        except Exception:   # the app maps its own errors; this is a bug
+            log.exception("handler failed for %s %s", request.method, request.target)
+            result = error_response(500, "internal", "internal error")
+        if isinstance(result, Response):
+            self._finish(request, result)
+            return
+        self._update_reading()
+        self.task = self.loop.create_task(self._run(request, result))
+
+    async def _run(self, request: Request, awaitable):
+        try:
+            result = await awaitable
+            if isinstance(result, StreamResponse):
+                await self._stream(request, result)
+                return
+        except asyncio.CancelledError:
+            self.close()
+            raise
+        except Exception:
+            log.exception("handler failed for %s %s", request.method, request.target)
+            result = error_response(500, "internal", "internal error")
+        self.task = None
+        if not self.closed:
+            self._finish(request, result)
+            self._update_reading()
+            if self.phase != _BUSY:
+                self._process()
+
+    async def _stream(self, request: Request, result: StreamResponse):
+        self.streaming = True
+        headers = (("Content-Type", result.content_type), ("Cache-Control", "no-store")) + result.headers
+        self.transport.write(response_head(result.status, list(headers), length=None, keep_alive=False))
+        try:
+            await result.producer(Stream(self))
+            if not self.closed:
+                self.transport.write(LAST_CHUNK)
+        except (ConnectionError, asyncio.CancelledError):
+            pass
+        finally:
+            self.close()
+
+    def _finish(self, request: Request, response: Response):
+        keep_alive = request.keep_alive and not self.server.closing
+        self._send(response, keep_alive=keep_alive, head_only=request.method == "HEAD")
+        self.request = None
+        if not keep_alive:
+            self.close()
+            return
+        self.phase = _HEAD if self.buf else _IDLE
+        if not self.write_paused:
+            self._arm_idle()
+
+    def _render(self, response: Response, *, keep_alive: bool, head_only: bool = False) -> bytes:
+        headers = [("Content-Type", response.content_type), *response.headers]
+        head = response_head(response.status, headers, length=len(response.body), keep_alive=keep_alive)
+        return head if head_only else head + response.body
+
+    def _send(self, response: Response, *, keep_alive: bool, head_only: bool = False):
+        self.transport.write(self._render(response, keep_alive=keep_alive, head_only=head_only))
+
+
+class ApiServer:
+    """Owns the listening socket and the set of connections; ``app(request)`` answers."""
+
+    def __init__(self, app, options: ServerOptions):
+        self.app = app
+        self.options = options
+        self.loop = None
+        self.connections: set[Connection] = set()
+        self.per_user: dict[int, int] = {}
+        self.closing = False
+        self._server = None
+
+    def admit(self, conn: Connection) -> bool:
+        uid = conn.caller.uid
+        count = self.per_user.get(uid, 0)
+        if len(self.connections) >= self.options.max_connections or (
+                uid != 0 and count >= self.options.max_connections_per_user) or self.closing:
+            return False
+        self.connections.add(conn)
+        self.per_user[uid] = count + 1
+        return True
+
+    def release(self, conn: Connection) -> None:
+        if conn in self.connections:
+            self.connections.discard(conn)
+            uid = conn.caller.uid
+            left = self.per_user.get(uid, 1) - 1
+            if left:
+                self.per_user[uid] = left
+            else:
+                self.per_user.pop(uid, None)
+
+    async def start(self, sock) -> None:
+        """Serve on an already bound and listening UNIX socket."""
+        self.loop = asyncio.get_running_loop()
+        self._server = await self.loop.create_unix_server(lambda: Connection(self), sock=sock)
+
+    async def stop(self, grace: float = 5.0) -> None:
+        """Stop accepting; end idle connections and streams; let requests in flight finish."""
+        self.closing = True
+        if self._server is not None:
+            self._server.close()
+        busy = []
+        for conn in list(self.connections):
+            if conn.streaming:
+                conn.task.cancel()
+            elif conn.task is not None and not conn.task.done():
+                busy.append(conn.task)
+            else:
+                conn.close()
+        if busy:
+            await asyncio.wait(busy, timeout=grace)
+        for conn in list(self.connections):
+            conn.close()
+

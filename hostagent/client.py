@@ -1,0 +1,311 @@
+"""A small client of the agent's local API, over a pluggable transport.
+
+    Client                 policy: paths, JSON, errors mapped to hostagent's hierarchy
+      └── Transport        I/O: ``handle_request(Request) -> Response``, ``close()``
+          ├── UnixSocketTransport   HTTP/1.1 on the agent's UNIX socket (keep-alive)
+          └── HandlerTransport      a function answers: tests without a socket
+
+Error responses become the matching ``HostagentError`` subclass carrying the server's
+stable ``code``; a socket nobody listens on becomes ``DaemonNotRunning``. Standard library
+only, so the CLI can use it without slowing its start.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import socket
+from dataclasses import dataclass, field
+from urllib.parse import quote, urlencode
+
+from .errors import (ConflictError, HostagentError, NotFoundError, PermissionDenied,
+                     UnavailableError, UsageError)
+
+__all__ = ["Client", "Request", "Response", "Transport", "UnixSocketTransport", "HandlerTransport",
+           "DaemonNotRunning", "ApiError", "DEFAULT_SOCKET", "daemon_running"]
+
+DEFAULT_SOCKET = "/run/hostagent/hostagent.sock"
+_MAX_HEAD = 65536
+
+
+class DaemonNotRunning(UnavailableError):
+    code = "daemon_not_running"
+
+
+class ApiError(HostagentError):
+    """An error response the status does not map to a narrower class."""
+
+
+_BY_STATUS = {400: UsageError, 403: PermissionDenied, 404: NotFoundError, 409: ConflictError,
+              422: UsageError, 503: UnavailableError}
+
+
+@dataclass
+class Request:
+    method: str
+    path: str                          # with the query string
+    body: bytes | None = None
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class Response:
+    status: int
+    headers: dict[str, str]
+    body: bytes = b""
+    stream: object = None              # for streamed bodies: an iterator of byte chunks
+
+    def json(self):
+        return json.loads(self.body)
+
+    def lines(self):
+        """The body's lines, as they arrive for a stream."""
+        if self.stream is None:
+            yield from (line for line in self.body.splitlines() if line)
+            return
+        pending = b""
+        for data in self.stream:
+            pending += data
+            *complete, pending = pending.split(b"\n")
+            yield from (line for line in complete if line)
+        if pending:
+            yield pending
+
+
+class Transport:
+    def handle_request(self, request: Request) -> Response:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class HandlerTransport(Transport):
+    """``handler(request) -> Response`` answers every request (no socket, no server)."""
+
+    def __init__(self, handler):
+        self.handler = handler
+
+    def handle_request(self, request: Request) -> Response:
+        return self.handler(request)
+
+
+class _Reader:
+    def __init__(self, sock: socket.socket):
+        self.sock = sock
+        self.buf = b""
+
+    def fill(self) -> bool:
+        data = self.sock.recv(65536)
+        self.buf += data
+        return bool(data)
+
+    def until(self, marker: bytes, limit: int) -> bytes:
+        while marker not in self.buf:
+            if len(self.buf) > limit or not self.fill():
+                raise ConnectionError("the agent closed the connection mid-response")
+        head, self.buf = self.buf.split(marker, 1)
+        return head
+
+    def exactly(self, n: int) -> bytes:
+        while len(self.buf) < n:
+            if not self.fill():
+                raise ConnectionError("the agent closed the connection mid-response")
+        data, self.buf = self.buf[:n], self.buf[n:]
+        return data
+
+    def chunks(self):
+        while True:
+            size = int(self.until(b"\r\n", _MAX_HEAD).split(b";")[0], 16)
+            if size == 0:
+                self.until(b"\r\n", _MAX_HEAD)
+                return
+            data = self.exactly(size)
+            self.exactly(2)
+            yield data
+
+
+class UnixSocketTransport(Transport):
+    """HTTP/1.1 over the agent's socket, one kept-alive connection reused (re-opened when
+    the agent closed it). Streamed responses take the connection with them."""
+
+    def __init__(self, path: str | os.PathLike = DEFAULT_SOCKET, timeout: float | None = 30.0):
+        self.path = os.fspath(path)
+        self.timeout = timeout
+        self._sock: socket.socket | None = None
+
+    def _connect(self) -> socket.socket:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        sock.settimeout(self.timeout)
+        try:
+            sock.connect(self.path)
+        except OSError as e:
+            sock.close()
+            if e.errno in (errno.ENOENT, errno.ECONNREFUSED):
+                raise DaemonNotRunning("the hostagent daemon is not running", where=self.path,
+                                       hint="start it: systemctl start hostagent") from None
+            if e.errno == errno.EACCES:
+                raise PermissionDenied("no permission to connect to the agent's socket",
+                                       where=self.path,
+                                       hint="be root or a member of the hostagent group") from None
+            raise UnavailableError(f"cannot connect to the agent: {e.strerror}", where=self.path) from None
+        return sock
+
+    def close(self) -> None:
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+
+    def _send(self, request: Request, sock: socket.socket) -> None:
+        body = request.body or b""
+        headers = {"Host": "localhost", "Accept": "application/json", **request.headers}
+        if request.body is not None:
+            headers.setdefault("Content-Type", "application/json")
+            headers["Content-Length"] = str(len(body))
+        head = f"{request.method} {request.path} HTTP/1.1\r\n" + "".join(
+            f"{k}: {v}\r\n" for k, v in headers.items()) + "\r\n"
+        sock.sendall(head.encode("latin-1") + body)
+
+    def handle_request(self, request: Request) -> Response:
+        reused = self._sock is not None
+        sock = self._sock or self._connect()
+        self._sock = None
+        try:
+            self._send(request, sock)
+            reader = _Reader(sock)
+            head = reader.until(b"\r\n\r\n", _MAX_HEAD)
+        except (ConnectionError, BrokenPipeError) as e:
+            sock.close()
+            if reused:      # the agent closed an idle kept-alive connection: once more, afresh
+                return self.handle_request(request)
+            raise UnavailableError(f"the agent dropped the connection: {e}", where=self.path) from None
+        except socket.timeout:
+            sock.close()
+            raise UnavailableError("the agent did not answer in time", where=self.path) from None
+        status_line, *lines = head.decode("latin-1").split("\r\n")
+        status = int(status_line.split(" ", 2)[1])
+        headers = {}
+        for line in lines:
+            k, _, v = line.partition(":")
+            headers[k.strip().lower()] = v.strip()
+        if headers.get("transfer-encoding", "").lower() == "chunked":
+            def stream():
+                try:
+                    yield from reader.chunks()
+                finally:
+                    sock.close()
+            return Response(status, headers, stream=stream())
+        body = reader.exactly(int(headers.get("content-length", 0)))
+        if headers.get("connection", "").lower() == "close":
+            sock.close()
+        else:
+            self._sock = sock
+        return Response(status, headers, body)
+
+
+def _error(response: Response) -> HostagentError:
+    try:
+        data = response.json()
+        code, message, details = data["code"], data["message"], data.get("details") or {}
+    except (ValueError, KeyError, TypeError):
+        code, message, details = "http_error", f"HTTP {response.status}", {}
+    cls = _BY_STATUS.get(response.status, ApiError)
+    error = cls(message)       # the server's message already names the hint
+    error.details = details
+    error.code = code          # the server's stable code, more precise than the class's
+    error.status = response.status
+    return error
+
+
+class Client:
+    """``Client()`` talks to the local daemon; ``Client(transport=...)`` to anything else."""
+
+    def __init__(self, transport: Transport | None = None, socket_path: str | os.PathLike | None = None,
+                 timeout: float | None = 30.0):
+        self.transport = transport or UnixSocketTransport(socket_path or DEFAULT_SOCKET, timeout)
+
+    @classmethod
+    def for_host(cls, host, **kw) -> "Client":
+        """The daemon of a HostRoot (a simulated node's socket lives under its root)."""
+        return cls(socket_path=host.host(DEFAULT_SOCKET), **kw)
+
+    def close(self) -> None:
+        self.transport.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def request(self, method: str, path: str, body=None, query: dict | None = None) -> Response:
+        if query:
+            path += "?" + urlencode({k: v for k, v in query.items() if v is not None})
+        data = None if body is None else json.dumps(body).encode()
+        response = self.transport.handle_request(Request(method, path, data))
+        if response.status >= 400:
+            raise _error(response)
+        return response
+
+    def get(self, path: str, **query):
+        return self.request("GET", path, query=query).json()
+
+    # ---- the API ------------------------------------------------------------------
+
+    def node(self) -> dict:
+        return self.get("/v1/node")
+
+    def devices(self, type: str | None = None, profiles: bool = False) -> dict:
+        return self.get("/v1/devices", type=type, profiles="true" if profiles else None)
+
+    def device(self, ident: str) -> dict:
+        return self.get("/v1/devices/" + quote(str(ident), safe=""))
+
+    def allocations(self) -> list[dict]:
+        return self.get("/v1/allocations")["allocations"]
+
+    def allocation(self, alloc_id: str) -> dict:
+        return self.get("/v1/allocations/" + quote(alloc_id, safe=""))
+
+    def allocate(self, alloc_id: str, devices: list, sharing: dict | None = None,
+                 labels: dict | None = None) -> dict:
+        """``devices``: names ("0", a UUID, "0:1", a CDI name) or ``{"constraints": {...},
+        "count": n}`` items."""
+        items = [d if isinstance(d, dict) else {"device": str(d)} for d in devices]
+        body = {"id": alloc_id, "devices": items}
+        if sharing:
+            body["sharing"] = sharing
+        if labels:
+            body["labels"] = labels
+        return self.request("POST", "/v1/allocations", body).json()
+
+    def release(self, alloc_id: str) -> dict:
+        return self.request("DELETE", "/v1/allocations/" + quote(alloc_id, safe="")).json()
+
+    def refresh(self) -> int:
+        return self.request("POST", "/v1/inventory/refresh").json()["revision"]
+
+    def watch(self, since: int | None = None):
+        """Events as dicts, as they happen (a generator; close it to stop watching)."""
+        response = self.request("GET", "/v1/watch", query={"since": since})
+        for line in response.lines():
+            yield json.loads(line)
+
+
+def daemon_running(socket_path: str | os.PathLike) -> bool:
+    """Whether a daemon accepts connections on ``socket_path`` (cheap: connect and close)."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    try:
+        sock.connect(os.fspath(socket_path))
+        return True
+    except OSError:
+        return False
+    finally:
+        sock.close()

@@ -1,0 +1,1 @@
+"""The agent daemon: start-up reconcile, node state, allocations, events; serves the API."""

@@ -1,0 +1,52 @@
+"""The allocations checkpoint: ``<state_dir>/allocations.json``, written atomically and
+durably after each change. Writing it is the commit point of an allocation: the transient
+spec is written before it (so a crash in between leaves a spec the next start removes) and
+removed after it (so a crash in between leaves a spec the next start removes too).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+
+from ..fileio import ensure_dir, write_atomic
+from ..hostroot import HostRoot
+from .allocations import Allocation
+
+__all__ = ["VERSION", "path", "load", "save"]
+
+VERSION = 1
+log = logging.getLogger("hostagent.daemon")
+
+
+def path(host: HostRoot) -> Path:
+    return host.state_dir / "allocations.json"
+
+
+def load(host: HostRoot) -> list[Allocation]:
+    """The checkpointed allocations. An unreadable checkpoint is kept aside (never
+    overwritten silently) and the agent starts with none."""
+    p = path(host)
+    try:
+        text = p.read_text()
+    except FileNotFoundError:
+        return []
+    try:
+        data = json.loads(text)
+        if data.get("version") != VERSION:
+            raise ValueError(f"unknown checkpoint version {data.get('version')!r}")
+        return [Allocation.from_checkpoint(a) for a in data["allocations"]]
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        aside = p.with_name(f"{p.name}.unreadable-{int(time.time())}")
+        p.rename(aside)
+        log.error("allocations checkpoint is unreadable (%s); kept as %s, starting with none",
+                  e, aside, extra={"fields": {"checkpoint": str(aside)}})
+        return []
+
+
+def save(host: HostRoot, allocations) -> None:
+    ensure_dir(host.state_dir, 0o700)
+    data = {"version": VERSION, "allocations": [a.checkpoint() for a in allocations]}
+    write_atomic(path(host), json.dumps(data, indent=1, sort_keys=True) + "\n", mode=0o600)

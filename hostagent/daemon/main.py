@@ -1,0 +1,188 @@
+"""The daemon's lifecycle: start-up reconcile, serve, reload on SIGHUP, stop on SIGTERM.
+
+``hostagentd`` and ``hostagent serve`` both land in ``run``. Under systemd (Type=notify) it
+says READY=1 once the socket serves, keeps STATUS current, pings the watchdog from the
+event loop (a wedged loop stops the pings and systemd restarts the service), and says
+RELOADING=1/STOPPING=1 around reloads and stops.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import sys
+
+from ..errors import ConfigError, HostagentError
+from ..hostroot import HostRoot
+
+__all__ = ["main", "run", "Daemon"]
+
+log = logging.getLogger("hostagent.daemon")
+
+
+def _server_options(api, gid):
+    from ..api.http import Limits
+    from ..api.server import ServerOptions
+    return ServerOptions(
+        limits=Limits(max_header_bytes=api.max_header_bytes, max_body_bytes=api.max_body_bytes),
+        header_timeout=api.header_timeout, body_timeout=api.body_timeout,
+        idle_timeout=api.idle_timeout, write_timeout=api.write_timeout,
+        max_connections=api.max_connections, max_connections_per_user=api.max_connections_per_user,
+        agent_gid=gid)
+
+
+class Daemon:
+    def __init__(self, host: HostRoot, settings, config_path=None):
+        from .notify import Notifier
+        self.host = host
+        self.settings = settings
+        self.config_path = config_path
+        self.notifier = Notifier()
+        self.agent = None
+        self.server = None
+        self.socket_path = host.host(settings.api.socket)
+        self._stop = None
+        self._tasks: set[asyncio.Task] = set()
+
+    def _spawn(self, coroutine) -> None:
+        task = asyncio.get_running_loop().create_task(coroutine)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def status_text(self) -> str:
+        node = self.agent.snapshot.node
+        if node.get("inventory", {}).get("state") == "error":
+            return f"serving; inventory unreadable: {node['inventory']['message']}"
+        return (f"serving {node.get('gpus', 0)} GPU(s), {node.get('mig_devices', 0)} MIG device(s), "
+                f"{node.get('allocations', 0)} allocation(s) on {self.socket_path}")
+
+    async def run(self) -> int:
+        from ..api.routes import App
+        from ..api.server import ApiServer
+        from .agent import Agent
+        from .listen import bind_socket
+        from .notify import watchdog_interval
+        loop = asyncio.get_running_loop()
+        self._stop = asyncio.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self._stop.set)
+        loop.add_signal_handler(signal.SIGHUP, lambda: self._spawn(self.reload()))
+
+        self.notifier.status("starting: reading the inventory")
+        self.agent = Agent(self.host, self.settings)
+        await self.agent.start()
+        api = self.settings.api
+        sock, gid = bind_socket(self.socket_path, api.group, api.mode)
+        self.server = ApiServer(App(self.agent), _server_options(api, gid))
+        await self.server.start(sock)
+        log.info("listening on %s", self.socket_path, extra={"fields": {"socket": str(self.socket_path)}})
+        self.notifier.ready(self.status_text())
+
+        interval = watchdog_interval()
+        if interval:
+            self._spawn(self._watchdog(interval))
+        self._spawn(self._resync())
+        await self._stop.wait()
+
+        log.info("stopping")
+        self.notifier.stopping()
+        for task in list(self._tasks):
+            task.cancel()
+        await self.server.stop(self.settings.daemon.shutdown_grace)
+        try:
+            # Only our own socket: a newer daemon may have replaced it already.
+            if os.stat(self.socket_path).st_ino == os.fstat(sock.fileno()).st_ino:
+                os.unlink(self.socket_path)
+        except OSError:
+            pass
+        sock.close()
+        self.agent.close()
+        return 0
+
+    async def _watchdog(self, interval: float) -> None:
+        while True:
+            self.notifier.watchdog()
+            await asyncio.sleep(interval)
+
+    async def _resync(self) -> None:
+        """Re-read the inventory every ``resync_interval``; sooner while it is unreadable."""
+        backoff = 2.0
+        while True:
+            interval = self.settings.daemon.resync_interval
+            if self.agent.inventory_error is not None:
+                delay = backoff if not interval else min(backoff, interval)
+                backoff = min(backoff * 2, 60.0)
+            elif interval:
+                delay, backoff = interval, 2.0
+            else:
+                delay = 3600.0          # nothing to do; look again for a changed setting
+            await asyncio.sleep(delay)
+            if self.agent.inventory_error is not None or self.settings.daemon.resync_interval:
+                before = self.agent.snapshot.node.get("inventory", {}).get("state")
+                await self.agent.refresh("resync")
+                if before != self.agent.snapshot.node.get("inventory", {}).get("state"):
+                    self.notifier.status(self.status_text())
+
+    async def reload(self) -> None:
+        """SIGHUP: validate the new configuration; keep the old one if it is bad."""
+        from .logs import set_level
+        from .settings import load_settings
+        self.notifier.reloading()
+        try:
+            new = load_settings(self.host, self.config_path)
+        except ConfigError as e:
+            log.error("configuration not reloaded, the previous one stays in force: %s", e.message,
+                      extra={"fields": {"config": self.config_path or str(self.host.config_file)}})
+            self.notifier.notify(ready=1, status=f"{self.status_text()}; last reload failed: {e.message}")
+            return
+        for key in self.settings.restart_needed(new):
+            log.warning("%s changed: takes effect at the next restart", key)
+        api = new.api
+        old_gid = self.server.options.agent_gid
+        self.server.options = _server_options(api, old_gid)
+        self.agent.events.resize(api.watch_buffer)
+        set_level(new.daemon.log_level)
+        self.settings = self.agent.settings = new
+        log.info("configuration reloaded from %s", new.source or "defaults (no file)")
+        await self.agent.refresh("reload")
+        self.notifier.ready(self.status_text())
+
+
+def run(host: HostRoot, config_path=None, log_level: str | None = None) -> int:
+    from .listen import instance_lock
+    from .logs import setup_logging
+    from .settings import load_settings
+    setup_logging(log_level or "info")
+    try:
+        settings = load_settings(host, config_path)
+    except ConfigError as e:
+        log.error("cannot start: %s", e.message)
+        return 1
+    from .logs import set_level
+    set_level(log_level or settings.daemon.log_level)
+    try:
+        with instance_lock(host):
+            return asyncio.run(Daemon(host, settings, config_path).run())
+    except HostagentError as e:
+        log.error("cannot start: %s", e.message)
+        return 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``hostagentd``: the daemon alone, for the systemd unit."""
+    from .. import __version__
+    from .args import add_arguments
+    parser = argparse.ArgumentParser(prog="hostagentd", description="The hostagent daemon.")
+    parser.add_argument("--version", action="version", version=f"hostagentd {__version__}")
+    add_arguments(parser)
+    parser.add_argument("--simulate", metavar="DIR",
+                        help="run against the simulated node in DIR (also: HOSTAGENT_SIMULATE)")
+    args = parser.parse_args(argv)
+    return run(HostRoot.from_env(args.simulate), args.config, args.log_level)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
