@@ -17,7 +17,7 @@ from .conftest import podman_run
 
 LIBDIR = "/usr/lib/x86_64-linux-gnu"
 # Inside the container: device nodes with their numbers, the library folder, the cache.
-PROBE = ("for f in /dev/nvidia* /dev/nvidia-caps/*; do [ -e \"$f\" ] && echo \"node $f $(stat -c '%F %t:%T' $f)\"; done; "
+PROBE = ("for f in /dev/nvidia* /dev/nvidia-caps/*; do [ -c \"$f\" ] && echo \"node $f $(stat -c '%F %t:%T' $f)\"; done; "
          f"for f in {LIBDIR}/*; do echo \"lib $f -> $(readlink $f)\"; done; ldconfig -p")
 
 

@@ -76,7 +76,7 @@ def test_common_edits_have_libraries_links_binaries_ipc_firmware_and_one_hook(ma
     assert [n["path"] for n in edits["deviceNodes"]] == ["/dev/nvidiactl", "/dev/nvidia-uvm",
                                                          "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset"]
     [hook] = edits["hooks"]
-    assert hook["hookName"] == "createContainer" and hook["args"][:5] == ["python3", "-I", "-m", "hostagent.hooks", "prepare"]
+    assert hook["hookName"] == "createContainer" and hook["args"][:5] == [hook["path"], "-I", "-m", "hostagent.hooks", "prepare"]
     assert hook["env"] and all(not e.startswith(("LD_", "PYTHON")) for e in hook["env"])
     assert "libcuda.so.550.90.07::/usr/lib/x86_64-linux-gnu/libcuda.so.1" in hook["args"]
     assert hook["args"][-2:] == ["--folder", "/usr/lib/x86_64-linux-gnu"]
