@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-BUSYBOX_APPLETS = ("sh", "ls", "cat", "readlink", "grep", "echo", "test", "stat", "find", "env", "id")
+BUSYBOX_APPLETS = ("sh", "true", "ls", "cat", "readlink", "grep", "echo", "test", "stat", "find", "env", "id")
 PODMAN_FLAGS = ("--runtime", "runc", "--ulimit", "nofile=1024:1024", "--ulimit", "nproc=1024:1024")
 
 
