@@ -1,0 +1,121 @@
+"""The hook's command line: known verbs and flags, the warn-and-continue policy, usage errors."""
+
+import io
+import os
+
+import pytest
+
+from hostagent.hooks import cli, main as hook_main
+from hostagent.hooks.errors import UsageError
+
+
+@pytest.fixture(autouse=True)
+def clean_environment(monkeypatch):
+    """main() refuses PYTHON* variables when not isolated, and pytest is not isolated."""
+    for name in list(os.environ):
+        if name.startswith(("PYTHON", "LD_")):
+            monkeypatch.delenv(name)
+
+
+def test_prepare_takes_repeated_links_and_folders_in_both_spellings():
+    req = cli.parse(["prepare", "--link", "libcuda.so.1::/usr/lib/x86_64-linux-gnu/libcuda.so",
+                     "--link=../libnvidia-allocator.so.1::/usr/lib/gbm/nvidia-drm_gbm.so",
+                     "--folder", "/usr/lib/x86_64-linux-gnu", "--folder=/usr/lib64/",
+                     "--ldconfig-path", "/usr/sbin/ldconfig", "--ldconfig-timeout=2.5"])
+    assert req.verb == "prepare" and not req.warnings
+    assert req.links == [("libcuda.so.1", "/usr/lib/x86_64-linux-gnu/libcuda.so"),
+                         ("../libnvidia-allocator.so.1", "/usr/lib/gbm/nvidia-drm_gbm.so")]
+    assert req.folders == ["/usr/lib/x86_64-linux-gnu", "/usr/lib64"]
+    assert (req.ldconfig_path, req.ldconfig_timeout) == ("/usr/sbin/ldconfig", 2.5)
+
+
+def test_defaults_and_duplicates():
+    req = cli.parse(["update-ldcache", "--folder", "/lib", "--folder", "/lib/", "--folder", "/./lib"])
+    assert req.folders == ["/lib"]
+    assert (req.ldconfig_path, req.ldconfig_timeout) == ("/sbin/ldconfig", cli.DEFAULT_TIMEOUT)
+    req = cli.parse(["create-symlinks", "--link", "a::/b", "--link", "a::/b"])
+    assert req.links == [("a", "/b")]
+
+
+def test_unknown_verb_is_a_warning_and_nothing_to_do():
+    req = cli.parse(["enable-cuda-compat", "--host-driver-version=550.54.15"])
+    assert req.verb is None
+    assert req.warnings == ["unknown verb 'enable-cuda-compat' ignored; this hook knows prepare, "
+                            "create-symlinks, update-ldcache"]
+
+
+def test_unknown_flags_are_skipped_with_their_values_and_the_rest_still_applies():
+    req = cli.parse(["--debug", "prepare", "--new-flag", "value", "--link", "a::/b",
+                     "--other=x", "--flag-without-value", "--folder", "/lib", "stray"])
+    assert req.verb == "prepare"
+    assert req.links == [("a", "/b")] and req.folders == ["/lib"]
+    assert req.warnings == ["unknown flag '--debug' before the verb ignored",
+                            "unknown flag '--new-flag' for prepare ignored",
+                            "unknown flag '--other' for prepare ignored",
+                            "unknown flag '--flag-without-value' for prepare ignored",
+                            "unexpected argument 'stray' ignored"]
+
+
+def test_a_flag_of_another_verb_is_ignored_not_applied():
+    req = cli.parse(["create-symlinks", "--folder", "/lib", "--link", "a::/b"])
+    assert req.folders == [] and req.links == [("a", "/b")]
+    assert req.warnings == ["unknown flag '--folder' for create-symlinks ignored"]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["prepare", "--link"], "--link needs a value"),
+    (["prepare", "--link", "no-separator"], "expected TARGET::LINK"),
+    (["prepare", "--link", "a::b::c"], "expected TARGET::LINK"),
+    (["prepare", "--link", "::/b"], "expected TARGET::LINK"),
+    (["prepare", "--link", "a\0::/b"], "not a usable path"),
+    (["prepare", "--folder", "lib"], "must be an absolute container path"),
+    (["prepare", "--folder", "/lib\ninclude /proc/1/root/etc/*"], "characters ld.so.conf cannot hold"),
+    (["prepare", "--folder", "/lib # comment"], "characters ld.so.conf cannot hold"),
+    (["prepare", "--folder", "/lib=libc6"], "characters ld.so.conf cannot hold"),
+    (["prepare", "--folder", "/lib "], "leading or trailing blanks"),
+    (["update-ldcache", "--ldconfig-path", "sbin/ldconfig"], "must be an absolute path on the host"),
+    (["update-ldcache", "--ldconfig-timeout", "0"], "expected seconds"),
+    (["update-ldcache", "--ldconfig-timeout", "nan"], "expected seconds"),
+    (["update-ldcache", "--ldconfig-timeout", "soon"], "expected seconds"),
+])
+def test_known_flags_used_wrongly_are_usage_errors(argv, message):
+    with pytest.raises(UsageError, match=message) as info:
+        cli.parse(argv)
+    assert info.value.code == 2
+
+
+def test_main_warns_and_exits_zero_on_unknown_verbs_without_reading_stdin(capsys, monkeypatch):
+    monkeypatch.setattr(os, "read", lambda *a: pytest.fail("stdin must not be read"))
+    assert hook_main.main(["chmod", "--mode", "755", "--path", "/dev/dri"]) == 0
+    err = capsys.readouterr().err
+    assert err == ("hostagent-hook: warning: unknown verb 'chmod' ignored; this hook knows prepare, "
+                   "create-symlinks, update-ldcache\n")
+
+
+def test_main_changes_to_a_trusted_directory_first(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert hook_main.main(["--help"]) == 0
+    assert os.getcwd() == "/"
+
+
+def test_main_reports_usage_errors_in_one_line(capsys):
+    assert hook_main.main(["prepare", "--link", "nonsense"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("hostagent-hook: error: --link 'nonsense': expected TARGET::LINK") and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("name", ["LD_PRELOAD", "LD_LIBRARY_PATH", "LD_AUDIT", "GCONV_PATH", "GLIBC_TUNABLES"])
+def test_main_refuses_a_leaked_loader_environment(name, monkeypatch, capsys):
+    monkeypatch.setenv(name, "/proc/self/cwd/evil.so")
+    monkeypatch.setattr("sys.stdin", io.StringIO("{}"))
+    assert hook_main.main(["prepare", "--folder", "/lib"]) == 1
+    assert f"refusing to run with {name} set" in capsys.readouterr().err
+
+
+def test_python_variables_only_matter_when_not_isolated(monkeypatch, capsys):
+    monkeypatch.setenv("PYTHONPATH", "/rootfs")
+    monkeypatch.setattr("sys.flags", type("F", (), {"isolated": 0})())
+    assert hook_main.main(["create-symlinks"]) == 1
+    assert "refusing to run with PYTHONPATH set" in capsys.readouterr().err
+    monkeypatch.setattr("sys.flags", type("F", (), {"isolated": 1})())
+    assert hook_main.main(["no-such-verb"]) == 0
