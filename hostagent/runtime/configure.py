@@ -1,0 +1,95 @@
+"""``runtime configure`` and ``runtime revert``: plan (read + render + diff), then apply.
+
+Planning reads the engine's sources and current destinations and renders the new files;
+it writes nothing, so ``--dry-run`` is the plan printed. Applying saves a backup of every
+file it replaces and writes all of them or none (``files.write``).
+"""
+
+from __future__ import annotations
+
+import posixpath
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..errors import UsageError
+from . import files
+from .engine import ENGINES, Settings, configure
+
+__all__ = ["DEFAULT", "Plan", "plan_configure", "apply_plan", "plan_revert", "apply_revert", "backup_folder"]
+
+DEFAULT = "default"     # --drop-in not given: the engine's default drop-in (if it has any)
+
+
+@dataclass
+class Plan:
+    runtime: str
+    service: str
+    changes: list[files.Change]
+    notes: list[str] = field(default_factory=list)
+    config: str = ""
+
+
+def _absolute(path: str, flag: str) -> str:
+    if not posixpath.isabs(path):
+        raise UsageError(f"{flag} must be an absolute path, not {path!r}")
+    return posixpath.normpath(path)
+
+
+def plan_configure(host, runtime: str, settings: Settings, *, config: str | None = None,
+                   drop_in: str | None = DEFAULT) -> Plan:
+    if runtime not in ENGINES:
+        raise UsageError(f"unknown runtime {runtime!r}", hint=f"one of {', '.join(ENGINES)}")
+    mod = ENGINES[runtime]()
+    config = _absolute(config or mod.DEFAULT_CONFIG, "--config")
+    explicit = drop_in != DEFAULT
+    if not explicit:
+        drop_in = mod.DEFAULT_DROP_IN
+    if drop_in:
+        drop_in = _absolute(drop_in, "--drop-in")
+    notes = []
+    snapshots = files.read(host, mod.sources(config, drop_in))
+    texts = {p: s.text for p, s in snapshots.items()}
+    if runtime == "containerd" and drop_in and not explicit:
+        if mod.build(texts, config, None).version == 1:    # v1 has no imports: edit in place
+            drop_in = None
+            notes.append(f"{config} is a version 1 config (no imports): editing it in place")
+    engine = mod.build(texts, config, drop_in)
+    rendered = configure(engine, settings)
+    for path in rendered:
+        if path not in snapshots:
+            snapshots[path] = files.read_one(host, path)
+    return Plan(runtime, mod.SERVICE, files.changes(snapshots, rendered, make_parent={drop_in}),
+                notes + engine.notes, config)
+
+
+def backup_folder(host, runtime: str, backup_dir: str | None = None) -> Path:
+    return Path(backup_dir) / runtime if backup_dir else host.state_dir / "runtime-backups" / runtime
+
+
+def apply_plan(plan: Plan, folder: Path, *, before_rename=None) -> None:
+    """Write the plan's files, keeping the previous ones in ``folder`` for ``revert``."""
+    if not plan.changes:
+        return
+    staging = folder.with_name(folder.name + ".new")
+    if staging.exists():
+        files.drop_backup(staging)
+    files.save_backup(staging, plan.changes)
+    try:
+        files.write(plan.changes, before_rename=before_rename)
+    except BaseException:
+        files.drop_backup(staging)
+        raise
+    if folder.exists():
+        files.drop_backup(folder)
+    staging.rename(folder)
+
+
+def plan_revert(host, runtime: str, folder: Path, *, force: bool = False) -> Plan:
+    if runtime not in ENGINES:
+        raise UsageError(f"unknown runtime {runtime!r}", hint=f"one of {', '.join(ENGINES)}")
+    return Plan(runtime, ENGINES[runtime]().SERVICE, files.load_backup(folder, host, force=force))
+
+
+def apply_revert(plan: Plan, folder: Path) -> None:
+    files.write(plan.changes)
+    files.drop_backup(folder)

@@ -1,0 +1,264 @@
+"""Reading, diffing and writing engine configuration files: the imperative shell.
+
+A write of several files is all or nothing, and never overwrites another admin's edit:
+
+1. every new text is written to a temporary file beside its target (a read-only or
+   missing directory fails here, before any target changed);
+2. the previous contents are saved in the backup directory with a manifest
+   (``revert`` restores them);
+3. right before each rename, the target is compared with what was read (existence,
+   then size/mtime/inode, then content); any difference aborts the run and undoes the
+   renames already done.
+"""
+
+from __future__ import annotations
+
+import difflib
+import glob
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import ConfigError, HostagentError, NotFoundError, StateError
+
+__all__ = ["Snapshot", "Change", "read", "changes", "diff", "write", "save_backup", "load_backup",
+           "drop_backup"]
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    path: str                 # as the engine knows it (host path)
+    real: Path                # where it is under the host root
+    text: str | None          # None: the file does not exist
+    stamp: tuple | None       # (size, mtime_ns, inode) when read
+
+
+@dataclass(frozen=True)
+class Change:
+    snapshot: Snapshot
+    new: str | None           # None: remove the file
+    make_parent: bool = False  # a missing parent directory may be created (drop-in folders)
+
+    @property
+    def path(self) -> str:
+        return self.snapshot.path
+
+
+def _stamp(st: os.stat_result) -> tuple:
+    return (st.st_size, st.st_mtime_ns, st.st_ino)
+
+
+def read_one(host, path: str) -> Snapshot:
+    real = host.host(path)
+    try:
+        with open(real, "rb") as f:
+            st = os.fstat(f.fileno())
+            data = f.read()
+    except FileNotFoundError:
+        return Snapshot(path, real, None, None)
+    except IsADirectoryError:
+        raise ConfigError("is a directory, not a configuration file", where=str(real)) from None
+    except OSError as e:
+        raise ConfigError(f"cannot read: {e.strerror}", where=str(real)) from None
+    try:
+        text = data.decode()
+    except UnicodeDecodeError:
+        raise ConfigError("is not UTF-8 text", where=str(real)) from None
+    return Snapshot(path, real, text, _stamp(st))
+
+
+def read(host, patterns) -> dict[str, Snapshot]:
+    """Snapshots of ``patterns`` (host paths; a pattern with * matches existing files,
+    sorted), in order."""
+    out = {}
+    for pattern in patterns:
+        if "*" in pattern:
+            real_pattern = str(host.host(pattern))
+            prefix = str(host.host("/"))
+            for real in sorted(glob.glob(real_pattern)):
+                if os.path.isfile(real):
+                    path = "/" + os.path.relpath(real, prefix) if prefix != "/" else real
+                    out[path] = read_one(host, path)
+        else:
+            out[pattern] = read_one(host, pattern)
+    return out
+
+
+def changes(snapshots: dict[str, Snapshot], rendered: dict[str, str | None], make_parent=()) -> list[Change]:
+    """The rendered files whose text differs from what is there; the folders of the paths
+    in ``make_parent`` may be created."""
+    return [Change(snapshots[p], new, p in make_parent) for p, new in rendered.items() if snapshots[p].text != new]
+
+
+def diff(items: list[Change]) -> str:
+    out = []
+    for c in items:
+        old = (c.snapshot.text or "").splitlines(keepends=True)
+        new = (c.new or "").splitlines(keepends=True)
+        a = c.path if c.snapshot.text is not None else "/dev/null"
+        b = c.path if c.new is not None else "/dev/null"
+        out += difflib.unified_diff(old, new, a, b)
+        if out and not out[-1].endswith("\n"):
+            out[-1] += "\n"
+    return "".join(out)
+
+
+def _check_unchanged(snap: Snapshot) -> None:
+    """Refuse when the file is not what was read (another writer got there in between)."""
+    try:
+        st = os.stat(snap.real)
+    except FileNotFoundError:
+        if snap.text is None:
+            return
+        raise StateError("was removed while hostagent was editing it", where=str(snap.real),
+                         hint="nothing was changed; run the command again") from None
+    if snap.text is not None and _stamp(st) == snap.stamp:
+        return
+    current = read_one_text(snap.real)
+    if current != snap.text:
+        raise StateError("changed while hostagent was editing it (another admin or tool?)",
+                         where=str(snap.real), hint="nothing was changed; run the command again")
+
+
+def read_one_text(real: Path) -> str | None:
+    try:
+        return real.read_text()
+    except FileNotFoundError:
+        return None
+
+
+def _directory(real: Path, make: bool) -> Path:
+    """The target's directory; a missing one is created only for a drop-in, and only when
+    its parent exists (the engine's own folder missing means the engine is not there)."""
+    folder = real.parent
+    if folder.is_dir():
+        return folder
+    if make and folder.parent.is_dir():
+        try:
+            folder.mkdir(mode=0o755)
+        except OSError as e:
+            raise HostagentError(f"cannot create the directory: {e.strerror}", where=str(folder),
+                                 hint="nothing was changed") from None
+        return folder
+    raise NotFoundError("the directory does not exist", where=str(folder),
+                        hint="is the engine installed? nothing was changed")
+
+
+def _temp(real: Path, text: str, mode: int, make_parent: bool = False) -> str:
+    folder = _directory(real, make_parent)
+    tmp = str(folder / f".{real.name}.hostagent-{os.getpid()}.tmp")
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, mode)
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, mode)
+    except OSError as e:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise HostagentError(f"cannot write: {e.strerror}", where=str(folder),
+                             hint="nothing was changed") from None
+    return tmp
+
+
+def _fsync_dir(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write(items: list[Change], *, before_rename=None) -> None:
+    """Write ``items`` all or nothing (see the module docstring). ``before_rename`` runs
+    after the temporary files exist and the backups are saved (tests use it to race)."""
+    temps: dict[str, str] = {}
+    try:
+        for c in items:
+            if c.new is not None:
+                mode = os.stat(c.snapshot.real).st_mode & 0o7777 if c.snapshot.text is not None else 0o644
+                temps[c.path] = _temp(c.snapshot.real, c.new, mode, c.make_parent)
+        if before_rename:
+            before_rename()
+        for c in items:
+            _check_unchanged(c.snapshot)
+        done: list[Change] = []
+        try:
+            for c in items:
+                _check_unchanged(c.snapshot)     # again, right before this rename
+                if c.new is None:
+                    os.unlink(c.snapshot.real)
+                else:
+                    os.replace(temps.pop(c.path), c.snapshot.real)
+                done.append(c)
+                _fsync_dir(c.snapshot.real.parent)
+        except BaseException:
+            for c in reversed(done):             # put back what this run replaced
+                if c.snapshot.text is None:
+                    os.unlink(c.snapshot.real)
+                else:
+                    tmp = _temp(c.snapshot.real, c.snapshot.text, os.stat(c.snapshot.real).st_mode & 0o7777)
+                    os.replace(tmp, c.snapshot.real)
+            raise
+    finally:
+        for tmp in temps.values():
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+
+
+def _sha(text: str | None) -> str | None:
+    return None if text is None else hashlib.sha256(text.encode()).hexdigest()
+
+
+def save_backup(folder: Path, items: list[Change]) -> None:
+    """Keep the previous contents of ``items`` in ``folder`` (replacing an older backup)."""
+    from ..fileio import write_atomic
+    try:
+        folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+        entries = []
+        for i, c in enumerate(items):
+            entry = {"path": c.path, "real": str(c.snapshot.real), "existed": c.snapshot.text is not None,
+                     "written_sha256": _sha(c.new)}
+            if c.snapshot.text is not None:
+                entry["backup"] = f"{i}.orig"
+                write_atomic(folder / entry["backup"], c.snapshot.text, mode=0o600)
+            entries.append(entry)
+        write_atomic(folder / "manifest.json", json.dumps({"files": entries}, indent=2) + "\n", mode=0o600)
+    except OSError as e:
+        raise HostagentError(f"cannot save the backup: {e.strerror}", where=str(folder),
+                             hint="nothing was changed") from None
+
+
+def load_backup(folder: Path, host, *, force: bool = False) -> list[Change]:
+    """The changes that restore the files saved in ``folder``."""
+    manifest = folder / "manifest.json"
+    try:
+        entries = json.loads(manifest.read_text())["files"]
+    except FileNotFoundError:
+        raise NotFoundError("no backup to restore", where=str(folder),
+                            hint="nothing was configured by hostagent since the last revert") from None
+    except (ValueError, KeyError) as e:
+        raise ConfigError(f"the backup manifest is unreadable: {e}", where=str(manifest)) from None
+    out = []
+    for e in entries:
+        snap = read_one(host, e["path"])
+        if _sha(snap.text) != e["written_sha256"] and not force:
+            raise StateError("changed since hostagent wrote it", where=str(snap.real),
+                             hint="nothing was restored; check the file, then use --force to restore anyway")
+        old = (folder / e["backup"]).read_text() if e["existed"] else None
+        if snap.text != old:
+            out.append(Change(snap, old))
+    return out
+
+
+def drop_backup(folder: Path) -> None:
+    for p in folder.glob("*"):
+        p.unlink()
+    folder.rmdir()

@@ -1,0 +1,185 @@
+"""runtime configure on bad input: a clear error, a non-zero exit, and no file changed."""
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from hostagent.cli.main import main
+from hostagent.errors import StateError
+from hostagent.hostroot import HostRoot
+from hostagent.runtime import files
+from hostagent.runtime.configure import apply_plan, backup_folder, plan_configure
+from hostagent.runtime.engine import Settings
+
+INPUTS = Path(__file__).parent / "golden" / "runtime" / "inputs"
+
+
+@pytest.fixture
+def root(tmp_path):
+    root = tmp_path / "root"
+    for d in ("etc/containerd", "etc/crio/crio.conf.d", "etc/docker"):
+        (root / d).mkdir(parents=True)
+    shutil.copyfile(INPUTS / "containerd-comments-v2.toml", root / "etc/containerd/config.toml")
+    shutil.copyfile(INPUTS / "daemon.json", root / "etc/docker/daemon.json")
+    return root
+
+
+def snapshot(root: Path) -> dict:
+    return {str(p.relative_to(root)): (p.read_bytes() if p.is_file() else None)
+            for p in sorted(root.rglob("*")) if p.relative_to(root).parts[:2] != ("run", "hostagent")
+            and p.relative_to(root) != Path("run")}
+
+
+def configure(root, tmp_path, *args):
+    return main(["--simulate", str(root), "runtime", "configure", "--backup-dir", str(tmp_path / "b"), *args])
+
+
+def write(root, path, text):
+    (root / path).write_text(text)
+
+
+@pytest.mark.parametrize("setup, args, code, message", [
+    (lambda r: write(r, "etc/containerd/config.toml", "version = 2\n[plugins\n"),
+     ["--runtime", "containerd"], 1, "config.toml: is not valid TOML"),
+    (lambda r: write(r, "etc/containerd/config.toml", "version = 4\n"),
+     ["--runtime", "containerd"], 1, "unknown containerd config version 4"),
+    (lambda r: write(r, "etc/containerd/config.toml", 'version = "2"\n'),
+     ["--runtime", "containerd"], 1, "unknown containerd config version '2'"),
+    (lambda r: write(r, "etc/containerd/config.toml", "version = 2\nplugins = 3\n"),
+     ["--runtime", "containerd"], 1, "plugins is a int, not a table"),
+    (lambda r: shutil.copyfile(INPUTS / "containerd-comments-v1.toml", r / "etc/containerd/config.toml"),
+     ["--runtime", "containerd", "--drop-in", "/etc/containerd/conf.d/x.toml"], 2, "version 1 config, which has no imports"),
+    (lambda r: shutil.rmtree(r / "etc/containerd"),
+     ["--runtime", "containerd"], 1, "etc/containerd: the directory does not exist"),
+    (lambda r: None, ["--runtime", "containerd", "--config", "etc/containerd/config.toml"], 2, "must be an absolute path"),
+    (lambda r: write(r, "etc/docker/daemon.json", '{"runtimes": {,}}'),
+     ["--runtime", "docker"], 1, "daemon.json: is not valid JSON: Expecting property name"),
+    (lambda r: write(r, "etc/docker/daemon.json", "[]"), ["--runtime", "docker"], 1, "is not a JSON object"),
+    (lambda r: write(r, "etc/docker/daemon.json", '{"runtimes": []}'), ["--runtime", "docker"], 1,
+     "runtimes is not a JSON object"),
+    (lambda r: None, ["--runtime", "docker", "--drop-in", "/etc/docker/x.json"], 2, "dockerd has no drop-in files"),
+    (lambda r: None, ["--runtime", "crio", "--no-drop-in"], 2, "never edits its main file"),
+    (lambda r: write(r, "etc/crio/crio.conf.d/10-broken.conf", "[crio.runtime\n"),
+     ["--runtime", "crio"], 1, "10-broken.conf: is not valid TOML"),
+    (lambda r: (r / "etc/hostagent").mkdir() or write(r, "etc/hostagent/config.yaml", "runtime:\n  cdi_spec_dirs: x\n"),
+     ["--runtime", "docker", "--cdi"], 1, "runtime.cdi_spec_dirs: 'x' is not of type 'array'"),
+])
+def test_bad_input(root, tmp_path, capsys, setup, args, code, message):
+    setup(root)
+    before = snapshot(root)
+    assert configure(root, tmp_path, *args) == code
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+    assert snapshot(root) == before
+    assert not (tmp_path / "b").exists() or not any((tmp_path / "b").rglob("manifest.json"))
+
+
+def test_bad_input_from_a_real_process_exits_1(root, tmp_path):
+    write(root, "etc/containerd/config.toml", "version = [\n")
+    proc = subprocess.run(["python3", "-m", "hostagent.cli.main", "--simulate", str(root), "runtime", "configure",
+                           "--runtime", "containerd", "--backup-dir", str(tmp_path / "b")],
+                          capture_output=True, text=True)
+    assert proc.returncode == 1
+    assert proc.stderr.startswith("hostagent: error: ") and len(proc.stderr.strip().splitlines()) == 1
+
+
+@pytest.fixture
+def read_only(tmp_path):
+    """A read-only directory, even for root (a read-only tmpfs)."""
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    if os.geteuid() == 0:
+        if subprocess.run(["mount", "-t", "tmpfs", "-o", "ro", "tmpfs", str(folder)]).returncode != 0:
+            pytest.skip("cannot mount a read-only tmpfs here")
+        yield folder
+        subprocess.run(["umount", str(folder)])
+    else:
+        folder.chmod(0o555)
+        yield folder
+        folder.chmod(0o755)
+
+
+def test_read_only_drop_in_directory_changes_nothing(root, tmp_path, capsys, read_only):
+    before = snapshot(root)
+    code = main(["runtime", "configure", "--runtime", "containerd", "--config", str(root / "etc/containerd/config.toml"),
+                 "--drop-in", str(read_only / "99-hostagent.toml"), "--backup-dir", str(tmp_path / "b")])
+    assert code == 1
+    err = capsys.readouterr().err
+    assert f"{read_only}: cannot write" in err and "nothing was changed" in err
+    assert snapshot(root) == before                  # the root file did not get its import either
+    assert list(read_only.iterdir()) == []
+
+
+def _plan(root):
+    host = HostRoot.simulation(root)
+    return host, plan_configure(host, "containerd", Settings(cdi=True))
+
+
+def test_concurrent_edit_between_read_and_write_is_refused(root, tmp_path):
+    host, plan = _plan(root)
+    config = root / "etc/containerd/config.toml"
+    admin = config.read_text() + "\n# added by another admin meanwhile\n"
+
+    with pytest.raises(StateError, match="changed while hostagent was editing it"):
+        apply_plan(plan, tmp_path / "b" / "containerd", before_rename=lambda: config.write_text(admin))
+    assert config.read_text() == admin                           # the admin's edit stands
+    assert not (root / "etc/containerd/conf.d/99-hostagent.toml").exists()
+    assert not (tmp_path / "b" / "containerd").exists()           # no backup of a run that did nothing
+    assert [p.name for p in (root / "etc/containerd").iterdir() if p.name.endswith(".tmp")] == []
+
+
+def test_same_content_rewritten_meanwhile_is_not_a_conflict(root, tmp_path):
+    host, plan = _plan(root)
+    config = root / "etc/containerd/config.toml"
+    text = config.read_text()
+    apply_plan(plan, tmp_path / "b" / "containerd", before_rename=lambda: config.write_text(text))
+    assert "99-hostagent.toml" in config.read_text()
+
+
+def test_file_created_meanwhile_is_refused(root, tmp_path):
+    host, plan = _plan(root)
+    drop_in = root / "etc/containerd/conf.d/99-hostagent.toml"
+    with pytest.raises(StateError):
+        apply_plan(plan, tmp_path / "b" / "containerd", before_rename=lambda: drop_in.write_text("# someone else's\n"))
+    assert drop_in.read_text() == "# someone else's\n"
+
+
+def test_race_on_the_second_file_rolls_back_the_first(root, tmp_path, monkeypatch):
+    """The drop-in is renamed first; the root file changes right after: both end as before."""
+    host, plan = _plan(root)
+    config = root / "etc/containerd/config.toml"
+    original = config.read_text()
+    order = [c.path for c in plan.changes]
+    plan.changes.sort(key=lambda c: c.path != "/etc/containerd/conf.d/99-hostagent.toml")
+    real_replace = os.replace
+    calls = []
+
+    def replace(src, dst):
+        real_replace(src, dst)
+        calls.append(dst)
+        if len(calls) == 1:
+            config.write_text(original + "# meanwhile\n")
+
+    monkeypatch.setattr(files.os, "replace", replace)
+    with pytest.raises(StateError):
+        apply_plan(plan, tmp_path / "b" / "containerd")
+    monkeypatch.undo()
+    assert sorted(order) == sorted(c.path for c in plan.changes)
+    assert config.read_text() == original + "# meanwhile\n"
+    assert not (root / "etc/containerd/conf.d/99-hostagent.toml").exists()
+
+
+def test_revert_refuses_a_file_changed_since(root, tmp_path, capsys):
+    assert configure(root, tmp_path, "--runtime", "docker") == 0
+    daemon = root / "etc/docker/daemon.json"
+    daemon.write_text(daemon.read_text().replace("json-file", "journald"))
+    changed = daemon.read_text()
+    args = ["--simulate", str(root), "runtime", "revert", "--runtime", "docker", "--backup-dir", str(tmp_path / "b")]
+    assert main(args) == 1
+    assert "changed since hostagent wrote it" in capsys.readouterr().err
+    assert daemon.read_text() == changed
+    assert main(args + ["--force"]) == 0
+    assert daemon.read_text() == (INPUTS / "daemon.json").read_text()
