@@ -1,8 +1,11 @@
 """``/etc/hostagent/config.yaml``: one section per feature, every key optional.
 
-The JSON Schema shipped beside this module (``config.schema.json``) is the single source of
-keys, types and defaults; ``docs/runtime.md`` documents the sections. A feature adds its
-section to the schema and, if it wants typed access, a record here.
+The JSON Schema shipped beside this module (``config.schema.json``) and the section schemas
+of other features (``SECTION_SCHEMAS``) are the single source of keys, types and defaults.
+A feature adds its sections either to ``config.schema.json`` or in a schema file of its own
+listed in ``SECTION_SCHEMAS`` (whose top-level ``properties`` are sections), and reads them
+from ``Config.section(name)`` or a typed record. ``docs/runtime.md`` documents the
+``runtime`` and ``hook`` sections.
 
 The runtime shim loads the configuration at every GPU container's create, where importing
 PyYAML and jsonschema would cost more than the rest of its work. ``load_config_cached``
@@ -23,6 +26,8 @@ __all__ = ["DEFAULT_PATH", "Config", "RuntimeConfig", "HookConfig", "load_config
 
 DEFAULT_PATH = "/etc/hostagent/config.yaml"
 SCHEMA_FILE = os.path.join(os.path.dirname(__file__), "config.schema.json")
+# Schema files of features that keep their sections beside their code (package-relative).
+SECTION_SCHEMAS = ("daemon/settings.schema.json",)
 
 
 @dataclass(frozen=True)
@@ -60,8 +65,18 @@ class Config:
 
 
 def schema() -> dict:
+    """The whole file's schema: ours plus every feature's sections."""
     with open(SCHEMA_FILE) as f:
-        return json.load(f)
+        out = json.load(f)
+    for rel in SECTION_SCHEMAS:
+        try:
+            with open(os.path.join(os.path.dirname(__file__), rel)) as f:
+                extra = json.load(f)
+        except FileNotFoundError:
+            continue                     # that feature is not installed
+        for name, sub in extra.get("properties", {}).items():
+            out["properties"].setdefault(name, sub)
+    return out
 
 
 def _with_defaults(data: dict, sch: dict) -> dict:

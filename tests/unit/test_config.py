@@ -85,3 +85,14 @@ def test_cache_never_hides_an_invalid_file(tmp_path):
     with pytest.raises(ConfigError):
         load_config_cached(path, cache)
     assert not cache.exists() or not list(cache.iterdir())
+
+
+def test_sections_of_other_features_are_part_of_the_file(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("runtime:\n  accept_env_unprivileged: true\ndaemon:\n  resync_interval: 5\n")
+    config = load_config(path)
+    assert config.section("daemon")["resync_interval"] == 5
+    assert config.section("api")["socket"] == "/run/hostagent/hostagent.sock"     # defaults filled in
+    path.write_text("daemon:\n  resync_interval: -1\n")
+    with pytest.raises(ConfigError, match="daemon.resync_interval"):
+        load_config(path)
