@@ -10,7 +10,7 @@ from pathlib import Path
 from ..fileio import ensure_dir, write_atomic
 from .node import NodeFacts, NodeState
 
-__all__ = ["NodeFiles", "mig_minors", "sync_mig_caps", "create_cap_nodes"]
+__all__ = ["NodeFiles", "mig_minors", "mig_cap_names", "sync_mig_caps", "create_cap_nodes"]
 
 
 @functools.cache
@@ -59,14 +59,9 @@ class NodeFiles:
                          durable=False)
 
 
-def sync_mig_caps(root: Path, facts: NodeFacts, state: NodeState) -> None:
-    """Make the /proc capability files match the instances that exist, as the driver does.
-
-    The driver cannot create ``/dev/nvidia-caps`` nodes; nvidia-smi and hostagent's MIG
-    manager do (``create_cap_nodes``), and stale nodes stay until someone removes them.
-    """
+def mig_cap_names(state: NodeState) -> dict[str, int]:
+    """The capabilities the driver lists for the instances that exist: name -> minor."""
     minors = mig_minors()
-    w = NodeFiles(root, facts.real_device_nodes)
     want: dict[str, int] = {}
     for gpu in state.gpus:
         for gi in gpu.gis:
@@ -74,18 +69,47 @@ def sync_mig_caps(root: Path, facts: NodeFacts, state: NodeState) -> None:
             for ci in gi.cis:
                 name = f"gpu{gpu.minor}/gi{gi.id}/ci{ci.id}/access"
                 want[name] = minors[name]
+    return want
+
+
+def sync_mig_caps(root: Path, facts: NodeFacts, state: NodeState,
+                  before: dict[str, int] | None = None) -> None:
+    """Make the /proc capability files match the instances that exist, as the driver does.
+
+    With ``before`` (the capabilities of the state this one was changed from) only the
+    difference is written; without, the whole tree is scanned. The driver cannot create
+    ``/dev/nvidia-caps`` nodes; nvidia-smi and hostagent's MIG manager do
+    (``create_cap_nodes``), and stale nodes stay until someone removes them.
+    """
+    w = NodeFiles(root, facts.real_device_nodes)
+    want = mig_cap_names(state)
     caps_dir = root / "proc/driver/nvidia/capabilities"
-    for path in sorted(caps_dir.glob("gpu*/mig/**/access"), reverse=True):
-        rel = path.relative_to(caps_dir).as_posix().replace("/mig/", "/", 1)
-        if rel not in want:
-            path.unlink()
-            parent = path.parent
-            while parent.name != "mig" and not any(parent.iterdir()):
-                parent.rmdir()
-                parent = parent.parent
-    for name, minor in want.items():
+
+    def proc_path(name: str) -> Path:
         gpu_part, rest = name.split("/", 1)
-        proc = caps_dir / gpu_part / "mig" / rest
+        return caps_dir / gpu_part / "mig" / rest
+
+    if before is None:
+        stale = []
+        for path in caps_dir.glob("gpu*/mig/**/access"):
+            rel = path.relative_to(caps_dir).as_posix().replace("/mig/", "/", 1)
+            if rel not in want:
+                stale.append(path)
+    else:
+        stale = [proc_path(name) for name in before if name not in want]
+    for path in sorted(stale, reverse=True):         # CIs before their GI
+        try:
+            path.unlink()
+        except FileNotFoundError:
+            continue
+        parent = path.parent
+        while parent.name != "mig" and not any(parent.iterdir()):
+            parent.rmdir()
+            parent = parent.parent
+    for name, minor in want.items():
+        if before is not None and name in before:
+            continue
+        proc = proc_path(name)
         if not proc.exists():
             w.file(proc.relative_to(root).as_posix(),
                    f"DeviceFileMinor: {minor}\nDeviceFileMode: 292\nDeviceFileModify: 1\n", mode=0o444)
