@@ -1,0 +1,216 @@
+"""mig-parted v1 config files: read unchanged, validated while parsing.
+
+The checks and their wording follow mig-parted's ``api/spec/v1/spec.go`` and
+``pkg/types/mig_config.go`` (see docs/mig.md); each message is prefixed with where in the
+file it applies. One deliberate addition: a ``device-filter`` that is not a PCI id is an
+error here, where mig-parted silently never matches it.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+
+from ..errors import ConfigError, NotFoundError, UsageError
+from .profiles import parse_profile
+
+__all__ = ["DeviceFilter", "ConfigEntry", "MigSpec", "parse_spec", "load_spec", "VERSION"]
+
+VERSION = "v1"
+_ENTRY_FIELDS = ("device-filter", "devices", "mig-enabled", "mig-devices")
+
+
+@dataclass(frozen=True)
+class DeviceFilter:
+    """``0xDDDDVVVV`` (device, vendor), optionally ``:0xSSSSVVVV`` (subsystem) since v0.15."""
+    device: int
+    subsystem: int | None = None
+
+    @classmethod
+    def parse(cls, text: str) -> "DeviceFilter":
+        head, colon, tail = text.partition(":")
+        try:
+            device = int(head.strip(), 0)
+            subsystem = int(tail.strip(), 0) if colon else None
+        except ValueError:
+            raise ValueError(f"invalid device-filter '{text}' (expected a PCI id such as "
+                             "'0x20B010DE' or '0x20B010DE:0x134F10DE')") from None
+        for value in (device, subsystem):
+            if value is not None and not 0 <= value < 1 << 32:
+                raise ValueError(f"invalid device-filter '{text}' (out of range)")
+        return cls(device, subsystem)
+
+    def matches(self, device_id: int, subsystem_id: int) -> bool:
+        return device_id == self.device and self.subsystem in (None, subsystem_id)
+
+    def __str__(self) -> str:
+        text = f"0x{self.device:08X}"
+        return text if self.subsystem is None else f"{text}:0x{self.subsystem:08X}"
+
+
+@dataclass(frozen=True)
+class ConfigEntry:
+    """One ``MigConfigSpec``: which GPUs, and the mode and devices they get."""
+    devices: str | tuple[int, ...]              # "all", or NVML indices
+    mig_enabled: bool
+    mig_devices: tuple[tuple[str, int], ...] = ()   # profile name -> count, as written
+    device_filter: tuple[DeviceFilter, ...] = ()
+
+    def selects(self, index: int, device_id: int, subsystem_id: int = 0) -> bool:
+        if self.device_filter and not any(f.matches(device_id, subsystem_id) for f in self.device_filter):
+            return False
+        return self.devices == "all" or index in self.devices
+
+    def to_dict(self) -> dict:
+        out: dict = {}
+        if self.device_filter:
+            filters = [str(f) for f in self.device_filter]
+            out["device-filter"] = filters[0] if len(filters) == 1 else filters
+        out["devices"] = self.devices if self.devices == "all" else list(self.devices)
+        out["mig-enabled"] = self.mig_enabled
+        if self.mig_enabled:
+            out["mig-devices"] = dict(self.mig_devices)
+        return out
+
+
+@dataclass(frozen=True)
+class MigSpec:
+    configs: dict[str, tuple[ConfigEntry, ...]]
+    source: str = "<bundled default>"
+
+    def select(self, name: str | None) -> tuple[str, tuple[ConfigEntry, ...]]:
+        """The named config; without a name, the only one (as mig-parted allows)."""
+        if name is None:
+            if len(self.configs) != 1:
+                raise UsageError(f"{self.source} has {len(self.configs)} configs; choose one with -c",
+                                 hint="configs: " + ", ".join(sorted(self.configs)))
+            name = next(iter(self.configs))
+        if name not in self.configs:
+            raise NotFoundError(f"no MIG config named '{name}'", where=self.source,
+                                hint="configs: " + ", ".join(sorted(self.configs)))
+        return name, self.configs[name]
+
+    def to_dict(self) -> dict:
+        return {"version": VERSION,
+                "mig-configs": {k: [e.to_dict() for e in v] for k, v in self.configs.items()}}
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _entry(raw, where: str) -> ConfigEntry:
+    if not isinstance(raw, dict):
+        raise ValueError(f"{where}: expected a mapping, not {type(raw).__name__}")
+    for field in ("devices", "mig-enabled"):
+        if field not in raw:
+            raise ValueError(f"{where}: missing required field: {field}")
+    for key in raw:
+        if key not in _ENTRY_FIELDS:
+            raise ValueError(f"{where}: unexpected field: {key}")
+
+    filters = raw.get("device-filter")
+    if filters is None or filters == "":
+        filters = []
+    elif isinstance(filters, str):
+        filters = [filters]
+    elif not (isinstance(filters, list) and all(isinstance(f, str) for f in filters)):
+        raise ValueError(f"{where}: 'device-filter' must be a string or a list of strings "
+                         "(quote hex ids in YAML: \"0x20B010DE\")")
+    try:
+        device_filter = tuple(DeviceFilter.parse(f) for f in filters)
+    except ValueError as e:
+        raise ValueError(f"{where}: {e}") from None
+
+    devices = raw["devices"]
+    if isinstance(devices, str):
+        if devices != "all":
+            raise ValueError(f"{where}: invalid string input for 'devices': {devices}")
+    elif isinstance(devices, list) and all(_is_int(d) for d in devices):
+        devices = tuple(devices)
+    else:
+        raise ValueError(f"{where}: invalid input for 'devices': {devices!r} "
+                         "(expected \"all\" or a list of GPU indices)")
+
+    enabled = raw["mig-enabled"]
+    if not isinstance(enabled, bool):
+        raise ValueError(f"{where}: invalid input for 'mig-enabled': {enabled!r} (expected true or false)")
+
+    mig_devices = raw.get("mig-devices")
+    if mig_devices is not None:
+        if not isinstance(mig_devices, dict):
+            raise ValueError(f"{where}: invalid input for 'mig-devices': expected a mapping of "
+                             "profile names to counts")
+        _check_mig_devices(mig_devices, where)
+    if enabled and mig_devices is None:
+        raise ValueError(f"{where}: missing required field 'mig-devices' when 'mig-enabled' is true")
+    if not enabled and mig_devices:
+        raise ValueError(f"{where}: MIG devices included when 'mig-enabled' is false")
+    return ConfigEntry(devices=devices, mig_enabled=enabled,
+                       mig_devices=tuple((str(k), v) for k, v in (mig_devices or {}).items()),
+                       device_filter=device_filter)
+
+
+def _check_mig_devices(mig_devices: dict, where: str) -> None:
+    """mig-parted's ``MigConfig.AssertValid``: names well formed, counts >= 0, not all 0."""
+    prefix = f"{where}: error validating values in 'mig-devices' field"
+    for name, count in mig_devices.items():
+        try:
+            parse_profile(name)
+        except ValueError as e:
+            raise ValueError(f"{prefix}: invalid format for '{name}': {e}") from None
+        if not _is_int(count) or count < 0:
+            raise ValueError(f"{prefix}: invalid count for '{name}': {count}")
+    if mig_devices and not any(mig_devices.values()):
+        raise ValueError(f"{prefix}: all counts for all MigProfiles are 0")
+
+
+def parse_spec(document, source: str = "<input>") -> MigSpec:
+    """A v1 spec from YAML/JSON text or an already-parsed mapping."""
+    if isinstance(document, (str, bytes)):
+        import yaml
+        try:
+            document = yaml.safe_load(document)
+        except yaml.YAMLError as e:
+            raise ConfigError(f"not valid YAML or JSON: {e}".replace("\n", " "), where=source) from None
+    try:
+        return MigSpec(_configs(document), source)
+    except ValueError as e:
+        raise ConfigError(str(e), where=source) from None
+
+
+def _configs(doc) -> dict[str, tuple[ConfigEntry, ...]]:
+    if doc is None:
+        doc = {}
+    if not isinstance(doc, dict):
+        raise ValueError("expected a mapping with 'version' and 'mig-configs'")
+    if "version" not in doc and doc:
+        raise ValueError("unable to parse with missing 'version' field")
+    if doc.get("version") != VERSION:
+        raise ValueError(f"unknown version: {doc.get('version', '')}")
+    for key in doc:
+        if key not in ("version", "mig-configs"):
+            raise ValueError(f"unexpected field: {key}")
+    raw = doc.get("mig-configs")
+    if not isinstance(raw, dict) or not raw:
+        raise ValueError("at least one entry in 'mig-configs' is required")
+    configs = {}
+    for name, entries in raw.items():
+        if not isinstance(entries, list) or not entries:
+            raise ValueError(f"at least one entry in '{name}' is required")
+        configs[str(name)] = tuple(_entry(e, f"mig-configs.{name}[{i}]") for i, e in enumerate(entries))
+    return configs
+
+
+def load_spec(path: str) -> MigSpec:
+    """Read a config file; ``-`` reads standard input, as mig-parted does."""
+    if path == "-":
+        return parse_spec(sys.stdin.read(), "<stdin>")
+    try:
+        with open(path, "rb") as f:
+            text = f.read()
+    except FileNotFoundError:
+        raise NotFoundError("MIG config file not found", where=path) from None
+    except OSError as e:
+        raise ConfigError(f"cannot read MIG config file: {e.strerror}", where=path) from None
+    return parse_spec(text, path)
