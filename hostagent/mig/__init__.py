@@ -15,6 +15,8 @@ minimal disruption, and an all-or-nothing executor with checkpoint, journal and 
     service    the operations with locking and recovery, as the CLI and daemon call them
 """
 
+from .planner import PlanError, plan, restore_plan
 from .spec import ConfigEntry, DeviceFilter, MigSpec, load_spec, parse_spec
 
-__all__ = ["MigSpec", "ConfigEntry", "DeviceFilter", "load_spec", "parse_spec"]
+__all__ = ["plan", "restore_plan", "PlanError", "MigSpec", "ConfigEntry", "DeviceFilter",
+           "load_spec", "parse_spec"]

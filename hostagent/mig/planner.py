@@ -1,0 +1,136 @@
+"""The pure planner: (inventory, spec, config name) -> MigPlan.
+
+Every targeted GPU is resolved and solved before anything is touched, so an unknown
+profile name or a layout that cannot fit fails the whole plan with every problem named,
+and the executor never starts a change it cannot finish. Minimal disruption comes from
+two places: a GPU whose instances already give the requested devices is left alone, and
+on a changing GPU the solver's cost keeps instances whose profile and placement match.
+"""
+
+from __future__ import annotations
+
+from ..devices.records import Gpu, Inventory
+from ..errors import ConfigError, UsageError
+from .layout import Layout
+from .plan import GpuPlan, MigPlan, diff
+from .profiles import ci_shapes, parse_profile
+from .solver import Geometry, Infeasible, solve
+from .spec import ConfigEntry, MigSpec
+
+__all__ = ["plan", "restore_plan", "PlanError", "needs_reset", "resolve"]
+
+
+class PlanError(ConfigError):
+    """The selected config cannot be applied to this node; nothing was changed."""
+    code = "mig_plan_error"
+
+
+def needs_reset(gpu: Gpu) -> bool:
+    """Ampere keeps a new MIG mode pending until a GPU reset; Hopper and newer switch at once."""
+    return int(gpu.compute_capability.split(".")[0]) < 9
+
+
+def resolve(gpu: Gpu, entry: ConfigEntry) -> tuple[dict[int, list[int]], dict[str, int]]:
+    """Profile names against this GPU's own table: (GI profile id -> CI slice counts,
+    canonical name -> count). ValueError names the GPU and the names it does have."""
+    profiles = {p.name: p for p in gpu.mig.profiles}
+    request: dict[int, list[int]] = {}
+    counts: dict[str, int] = {}
+    for name, count in entry.mig_devices:
+        if count == 0:
+            continue
+        pn = parse_profile(name)
+        prof = profiles.get(pn.gi_name)
+        if prof is None:
+            raise ValueError(f"GPU {gpu.index} ({gpu.name}) has no MIG profile '{name}'; its "
+                             f"profiles are {', '.join(profiles)} (and <C>c.<profile> compute-instance forms)")
+        sizes = [s.slices for s in ci_shapes(prof.slices)]
+        if pn.c not in sizes:
+            raise ValueError(f"GPU {gpu.index} ({gpu.name}): '{name}': a {prof.name} GPU instance "
+                             f"offers compute instances of {', '.join(f'{c}c' for c in sizes)} only")
+        request.setdefault(prof.id, []).extend([pn.c] * count)
+        counts[str(pn)] = counts.get(str(pn), 0) + count
+    return request, counts
+
+
+def _entry_for(gpu: Gpu, entries: tuple[ConfigEntry, ...], config: str) -> ConfigEntry | None:
+    """The entry selecting this GPU. mig-parted applies every match in turn (the last wins);
+    matches that disagree are an error here instead."""
+    found = [(i, e) for i, e in enumerate(entries)
+             if e.selects(gpu.index, gpu.pci_device_id, gpu.pci_subsystem_id)]
+    distinct = {(e.mig_enabled, tuple(sorted(e.mig_devices))) for _, e in found}
+    if len(distinct) > 1:
+        raise ValueError(f"GPU {gpu.index} is selected by entries "
+                         f"{', '.join(str(i) for i, _ in found)} of '{config}' with different layouts")
+    return found[-1][1] if found else None
+
+
+def _target(gpu: Gpu, before: Layout, entry: ConfigEntry, *, mode_only: bool,
+            skip_reset: bool) -> Layout:
+    want = entry.mig_enabled
+    if skip_reset and needs_reset(gpu) and before.enabled != want:
+        if not mode_only:
+            raise UsageError(f"GPU {gpu.index} ({gpu.name}) needs a GPU reset for its MIG mode "
+                             "change, so --skip-reset leaves no way to create its instances",
+                             hint="use --skip-reset with --mode-only, or drop --skip-reset")
+        # Ampere with --skip-reset: the new mode waits for the next reset or reboot.
+        return Layout(before.enabled, want, ())
+    if not want:
+        return Layout(False, False, ())
+    if mode_only:
+        return Layout(True, True, before.gis if before.enabled else ())
+    request, counts = resolve(gpu, entry)
+    live = before.gis if before.enabled else ()
+    if before.enabled and all(gi.cis for gi in live) and before.counts() == counts:
+        return Layout(True, True, live)        # already gives the requested devices
+    try:
+        gis = solve(Geometry.of(gpu.mig.profiles), request, live)
+    except Infeasible as e:
+        raise ValueError(f"GPU {gpu.index} ({gpu.name}): {e}") from None
+    return Layout(True, True, gis)
+
+
+def plan(inventory: Inventory, spec: MigSpec, config: str | None = None, *,
+         mode_only: bool = False, skip_reset: bool = False) -> MigPlan:
+    """What applying ``config`` changes, per GPU; raises PlanError naming every problem."""
+    name, entries = spec.select(config)
+    problems, gpus = [], []
+    warnings = [f"GPU {u.index} cannot be read ({u.error}); it is left alone" for u in inventory.unreadable]
+    for gpu in inventory.gpus:
+        try:
+            entry = _entry_for(gpu, entries, name)
+            if entry is None:
+                continue
+            if gpu.mig is None:
+                if entry.mig_enabled:
+                    problems.append(f"GPU {gpu.index} ({gpu.name}) is not MIG capable")
+                continue
+            before = Layout.of(gpu)
+            after = _target(gpu, before, entry, mode_only=mode_only, skip_reset=skip_reset)
+            gpus.append(diff(gpu, before, after, reset_needed=needs_reset(gpu) and not skip_reset))
+        except ValueError as e:
+            problems.append(str(e))
+    if problems:
+        raise PlanError(f"config '{name}' cannot be applied: " + "; ".join(problems),
+                        where=spec.source, hint="nothing was changed")
+    return MigPlan(config=name, gpus=tuple(gpus), mode_only=mode_only, warnings=tuple(warnings))
+
+
+def restore_plan(inventory: Inventory, layouts: dict[str, Layout], *, skip_reset: bool = False,
+                 label: str = "checkpoint") -> MigPlan:
+    """Steps back to exact layouts (by GPU UUID): rollback and crash recovery."""
+    gpus, warnings = [], []
+    by_uuid = {g.uuid: g for g in inventory.gpus}
+    for uuid, target in layouts.items():
+        gpu = by_uuid.get(uuid)
+        if gpu is None or gpu.mig is None:
+            warnings.append(f"{uuid} is not readable; its layout cannot be restored")
+            continue
+        before = Layout.of(gpu)
+        if not target.settled and before.enabled != target.enabled:
+            # A mode change that was pending before we started cannot be re-created after a
+            # reset without a second one; restore the mode that was in effect.
+            warnings.append(f"GPU {gpu.index}: its pending MIG mode change was dropped")
+            target = Layout(target.enabled, target.enabled, target.gis)
+        gpus.append(diff(gpu, before, target, reset_needed=needs_reset(gpu) and not skip_reset))
+    return MigPlan(config=label, gpus=tuple(gpus), warnings=tuple(warnings))
