@@ -35,7 +35,8 @@ def collect_edits(cache, names, *, driver_only_kinds=()) -> list[dict]:
     wanted = list(dict.fromkeys(names))            # de-duplicated, first order kept
     missing = [n for n in wanted if n not in cache.devices]
     if missing:
-        offered = sorted(cache.devices)
+        kinds = {n.split("=", 1)[0] for n in missing}
+        offered = sorted(d for d in cache.devices if d.split("=", 1)[0] in kinds) or sorted(cache.devices)
         hint = "devices offered: " + (", ".join(offered) if offered else "none")
         if cache.errors:
             hint += "; specs skipped: " + "; ".join(cache.errors)

@@ -1,0 +1,224 @@
+"""containerd 1.6 end to end: configured configs load, and containers run through the shim.
+
+A private containerd (own root, state and socket under tmp, no CRI plugin) runs busybox
+containers with `ctr run --runc-binary <recorder>`: the recorder keeps config.json as
+containerd wrote it, then execs the installed hostagent-runtime front; the front's
+low-level runtime is a second recorder that keeps config.json as the shim left it, then
+execs runc. The node's CDI spec (a simulated DGX A100, a vendor of its own) is in /etc/cdi.
+"""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from hostagent.cdi.refresh import generate
+from hostagent.cdi.render import render
+from hostagent.cdi.spec import SpecOptions
+from hostagent.cli.main import main
+
+from .conftest import require
+
+INPUTS = Path(__file__).parents[1] / "integration" / "golden" / "runtime" / "inputs"
+LIBDIR = "/usr/lib/x86_64-linux-gnu"
+PROBE = ("for f in /dev/nvidia* /dev/nvidia-caps/*; do [ -c \"$f\" ] && echo \"node $f $(stat -c '%t:%T' $f)\"; done; "
+         f"for f in {LIBDIR}/*; do echo \"lib $f -> $(readlink $f)\"; done; ldconfig -p || echo no linker cache")
+NS = "hostagent-e2e"
+RECORDER = """#!/bin/sh
+# Keep config.json of every create (as {stage}), then run {target}.
+prev= bundle=
+for a do
+    [ "$prev" = --bundle ] && bundle=$a
+    prev=$a
+done
+[ -n "$bundle" ] && cp "$bundle/config.json" "{record}/{stage}-$(basename "$bundle").json"
+exec {target} "$@"
+"""
+
+
+def test_configured_default_configs_load(tmp_path):
+    """configure on `containerd config default` (v2) and its v1/v3 forms; containerd accepts each."""
+    require("containerd")
+    for version in (1, 2, 3):
+        d = tmp_path / f"v{version}"
+        d.mkdir()
+        shutil.copyfile(INPUTS / f"containerd-default-v{version}.toml", d / "config.toml")
+        args = ["runtime", "configure", "--runtime", "containerd", "--config", str(d / "config.toml"),
+                "--cdi", "--backup-dir", str(tmp_path / "backups" / str(version))]
+        if version > 1:
+            args += ["--drop-in", str(d / "conf.d/99-hostagent.toml")]
+        assert main(args) == 0
+        proc = subprocess.run(["containerd", "--config", str(d / "config.toml"), "config", "dump"],
+                              capture_output=True, text=True, timeout=30)
+        assert proc.returncode == 0, f"v{version}: {proc.stderr}"
+        # containerd 1.6 knows the v1/v2 CRI section (and merges the drop-in into it); it has
+        # no CDI, so its dump leaves enable_cdi out, and it has no v3 CRI section to show.
+        if version < 3:
+            assert 'BinaryName = "/usr/local/sbin/hostagent-runtime"' in proc.stdout, f"v{version}"
+        if version > 1:
+            assert str(d / "conf.d/99-hostagent.toml") in proc.stdout     # the import
+
+
+@pytest.fixture(scope="module")
+def spec(tmp_path_factory):
+    from hostagent.hostroot import HostRoot
+    from hostagent.sim.driverroot import create_node
+    require("containerd", "ctr", "runc", "podman", "busybox")
+    root = tmp_path_factory.mktemp("node")
+    create_node(root, "dgx-a100")
+    vendor = f"e2e-{uuid.uuid4().hex[:8]}.hostagent.test"
+    generated = generate(HostRoot.simulation(root), SpecOptions(vendor=vendor))
+    path = Path("/etc/cdi") / f"{vendor}-gpu.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(render(generated.spec))
+    yield generated.spec
+    path.unlink()
+
+
+@pytest.fixture(scope="module")
+def containerd(tmp_path_factory):
+    require("containerd", "ctr", "runc")
+    d = tmp_path_factory.mktemp("containerd")
+    sock = d / "c.sock"
+    (d / "config.toml").write_text(
+        f'version = 2\nroot = "{d}/root"\nstate = "{d}/state"\n'
+        f'disabled_plugins = ["io.containerd.grpc.v1.cri"]\n[grpc]\n  address = "{sock}"\n')
+    log = open(d / "containerd.log", "w")
+    proc = subprocess.Popen(["containerd", "--config", str(d / "config.toml")], stdout=log, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 20
+    while subprocess.run(["ctr", "-a", str(sock), "version"], capture_output=True).returncode != 0:
+        assert proc.poll() is None and time.monotonic() < deadline, (d / "containerd.log").read_text()
+        time.sleep(0.1)
+    yield sock
+    subprocess.run(["ctr", "-a", str(sock), "-n", NS, "tasks", "ls"], capture_output=True)
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    log.close()
+    shutil.rmtree(d / "root", ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def image(containerd, podman_image, tmp_path_factory):
+    """The busybox + ldconfig image, saved by podman as a docker archive, imported into our containerd."""
+    tar = tmp_path_factory.mktemp("image") / "image.tar"
+    subprocess.run(["podman", "save", "-q", "--format", "docker-archive", "-o", str(tar), podman_image],
+                   check=True, capture_output=True)
+    subprocess.run(["ctr", "-a", str(containerd), "-n", NS, "images", "import", "--snapshotter", "native", str(tar)],
+                   check=True, capture_output=True)
+    return podman_image
+
+
+def recorder(path: Path, stage: str, target: str, record: Path) -> Path:
+    path.write_text(RECORDER.format(stage=stage, target=target, record=record))
+    path.chmod(0o755)
+    return path
+
+
+@pytest.fixture(scope="module")
+def shims(spec, tmp_path_factory):
+    """Two installed fronts: the default config, and one honouring NVIDIA_VISIBLE_DEVICES for all."""
+    d = tmp_path_factory.mktemp("shim")
+    record = d / "record"
+    record.mkdir()
+    runc = recorder(d / "runc-after-shim", "after", shutil.which("runc"), record)
+    kind = spec["kind"]
+    out = {}
+    for name, extra in (("default", ""), ("env", "  accept_env_unprivileged: true\n")):
+        config = d / f"{name}.yaml"
+        config.write_text(f"runtime:\n  default_kind: {kind}\n  log_file: {d}/shim.log\n{extra}")
+        front = d / f"hostagent-runtime-{name}"
+        assert main(["runtime", "install-shim", "--path", str(front), "--low-level-runtime", str(runc),
+                     "--agent-config", str(config)]) == 0
+        out[name] = recorder(d / f"before-{name}", "before", str(front), record)
+    return out, record
+
+
+def ctr_run(sock, image, runc_binary, *args, name=None, check=True):
+    name = name or f"c-{uuid.uuid4().hex[:8]}"
+    cmd = ["ctr", "-a", str(sock), "-n", NS, "run", "--rm", "--snapshotter", "native",
+           "--runc-binary", str(runc_binary), *args, image, name, "sh", "-c", PROBE]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    if check:
+        assert proc.returncode == 0, proc.stderr
+    return name, proc
+
+
+def parse(out):
+    nodes = {line.split()[1]: line.split()[2] for line in out.splitlines() if line.startswith("node ")}
+    libs = {line.split()[1]: line.split(" -> ")[1] for line in out.splitlines() if line.startswith("lib ")}
+    return nodes, libs
+
+
+def expected_nodes(spec, device):
+    edits = next(d for d in spec["devices"] if d["name"] == device)["containerEdits"]
+    return {n["path"]: f"{n['major']:x}:{n['minor']:x}" for n in edits["deviceNodes"] + spec["containerEdits"]["deviceNodes"]}
+
+
+def check_gpu(spec, out):
+    nodes, libs = parse(out)
+    assert nodes == expected_nodes(spec, "0")                      # GPU 0 and the control nodes, nothing else
+    assert libs[f"{LIBDIR}/libcuda.so.1"] == "libcuda.so.550.90.07"
+    assert libs[f"{LIBDIR}/libcuda.so.550.90.07"] == ""
+    assert f"libcuda.so.1 (libc6,x86-64) => {LIBDIR}/libcuda.so.1" in out
+
+
+def configs(record, name):
+    return [(record / f"{stage}-{name}.json").read_bytes() for stage in ("before", "after")]
+
+
+def test_annotation_request(containerd, image, spec, shims):
+    fronts, record = shims
+    name, proc = ctr_run(containerd, image, fronts["default"], "--annotation", f"cdi.k8s.io/gpu={spec['kind']}=0")
+    check_gpu(spec, proc.stdout)
+    before, after = configs(record, name)
+    assert json.loads(after)["linux"]["devices"] and before != after
+
+
+def test_env_request_when_enabled(containerd, image, spec, shims):
+    fronts, record = shims
+    name, proc = ctr_run(containerd, image, fronts["env"], "--env", "NVIDIA_VISIBLE_DEVICES=0")
+    check_gpu(spec, proc.stdout)
+
+
+def test_env_request_of_a_privileged_container(containerd, image, spec, shims):
+    fronts, record = shims
+    name, proc = ctr_run(containerd, image, fronts["default"], "--privileged", "--env", "NVIDIA_VISIBLE_DEVICES=0")
+    nodes, _ = parse(proc.stdout)
+    assert nodes["/dev/nvidia0"] == "c3:0" and "/dev/nvidia1" not in nodes
+    assert "libcuda.so.1 (libc6,x86-64)" in proc.stdout
+
+
+def test_unprivileged_env_is_ignored_by_default(containerd, image, spec, shims):
+    fronts, record = shims
+    name, proc = ctr_run(containerd, image, fronts["default"], "--env", "NVIDIA_VISIBLE_DEVICES=0")
+    assert parse(proc.stdout)[0] == {} and "libcuda" not in proc.stdout
+    before, after = configs(record, name)
+    assert before == after
+
+
+def test_container_without_request_is_untouched(containerd, image, spec, shims):
+    fronts, record = shims
+    name, proc = ctr_run(containerd, image, fronts["default"])
+    assert parse(proc.stdout)[0] == {} and "libcuda" not in proc.stdout
+    before, after = configs(record, name)
+    assert before == after                                   # byte for byte
+
+
+def test_missing_device_fails_naming_it(containerd, image, spec, shims):
+    fronts, record = shims
+    name, proc = ctr_run(containerd, image, fronts["default"], "--annotation", f"cdi.k8s.io/gpu={spec['kind']}=9",
+                         check=False)
+    assert proc.returncode != 0
+    assert f"unresolvable CDI device {spec['kind']}=9" in proc.stderr
+    assert f"{spec['kind']}=0" in proc.stderr                 # and the devices that exist
+    assert not (record / f"after-{name}.json").exists()       # runc never saw it
