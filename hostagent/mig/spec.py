@@ -165,12 +165,33 @@ def _check_mig_devices(mig_devices: dict, where: str) -> None:
         raise ValueError(f"{prefix}: all counts for all MigProfiles are 0")
 
 
+def _yaml_load(text):
+    """YAML with every mapping key kept as written: every key of the format is a string,
+    and YAML 1.1 would turn a config named ``off`` or ``yes`` into a boolean."""
+    import yaml
+
+    class Loader(yaml.SafeLoader):
+        pass
+
+    def mapping(loader, node):
+        loader.flatten_mapping(node)          # YAML merge keys ("<<") as usual
+        out = {}
+        for key_node, value_node in node.value:
+            key = (key_node.value if isinstance(key_node, yaml.ScalarNode)
+                   else loader.construct_object(key_node, deep=True))
+            out[key] = loader.construct_object(value_node, deep=True)
+        return out
+
+    Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, mapping)
+    return yaml.load(text, Loader=Loader)
+
+
 def parse_spec(document, source: str = "<input>") -> MigSpec:
     """A v1 spec from YAML/JSON text or an already-parsed mapping."""
     if isinstance(document, (str, bytes)):
         import yaml
         try:
-            document = yaml.safe_load(document)
+            document = _yaml_load(document)
         except yaml.YAMLError as e:
             raise ConfigError(f"not valid YAML or JSON: {e}".replace("\n", " "), where=source) from None
     try:

@@ -151,3 +151,12 @@ def test_selecting_a_config():
         spec.select(None)
     only = parse_spec(_one("{devices: all, mig-enabled: false}"))
     assert only.select(None)[0] == "c"     # the only config may be left implicit
+
+
+def test_config_names_stay_strings_even_where_yaml_1_1_sees_booleans():
+    spec = parse_spec("version: v1\nmig-configs:\n  off:\n    - {devices: all, mig-enabled: no}\n"
+                      "  base:\n    - &b {devices: all, mig-enabled: yes, mig-devices: {1g.5gb: 1}}\n"
+                      "  on:\n    - <<: *b\n      devices: [0]\n")
+    assert list(spec.configs) == ["off", "base", "on"]
+    assert spec.configs["off"][0].mig_enabled is False          # values keep YAML 1.1 booleans
+    assert spec.configs["on"][0] == ConfigEntry((0,), True, (("1g.5gb", 1),))

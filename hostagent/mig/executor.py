@@ -1,0 +1,92 @@
+"""Apply a MigPlan all or nothing: checkpoint, journal, steps, verify, capability nodes.
+
+On any failure (an NVML error, a GPU in use, a failed reset, a hook, an interrupt) the
+node is restored to the checkpoint before the error is reported, and the error says what
+failed and what the rollback did. A crash leaves the journal for ``recovery.recover``.
+The caller holds the node lock.
+
+``on_layout_changed(host)`` is called after every change of the node's MIG layout
+(applied, rolled back), still under the node lock (which is re-entrant), so a CDI
+refresh wired in there sees the final layout before anyone else can change it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+from ..devices import read_inventory
+from ..devices.records import Inventory
+from ..errors import HostagentError, StateError
+from ..hostroot import HostRoot
+from .capnodes import CapNodeChange, sync_cap_nodes
+from .journal import ROLLING_BACK, Journal
+from .plan import MigPlan
+from .recovery import restore
+from .runner import Progress, RunReport, quiet, run_plan, verify
+
+__all__ = ["execute", "ApplyReport", "MigApplyError", "no_hook"]
+
+
+class MigApplyError(StateError):
+    code = "mig_apply_failed"
+
+
+def no_hook(host: HostRoot) -> None:
+    pass
+
+
+@dataclass
+class ApplyReport:
+    plan: MigPlan
+    run: RunReport = field(default_factory=RunReport)
+    nodes: CapNodeChange = field(default_factory=CapNodeChange)
+
+
+def _describe(e: BaseException) -> str:
+    if isinstance(e, HostagentError):
+        return e.message
+    if isinstance(e, KeyboardInterrupt):
+        return "interrupted"
+    return f"{type(e).__name__}: {e}"
+
+
+def _roll_back(host: HostRoot, journal: Journal, why: str, progress: Progress,
+               on_layout_changed) -> str:
+    journal.mark(ROLLING_BACK, why)
+    progress(None, f"failed: {why}; rolling back")
+    try:
+        report = restore(host, journal.record, progress=progress)
+    except BaseException as e:
+        return (f"rolling back failed too ({_describe(e)}); the journal {Journal.path(host)} is kept "
+                "and the next 'hostagent mig' command retries the rollback")
+    journal.finish()
+    on_layout_changed(host)
+    return f"rolled back to the previous layout ({len(report.steps)} steps)"
+
+
+def execute(host: HostRoot, inventory: Inventory, plan: MigPlan, *, skip_reset: bool = False,
+            force: bool = False, before_phase: Callable[[str], None] = lambda phase: None,
+            progress: Progress = quiet,
+            on_layout_changed: Callable[[HostRoot], None] = no_hook) -> ApplyReport:
+    """Apply ``plan`` (made from ``inventory``, read under the same lock)."""
+    report = ApplyReport(plan)
+    if not plan.changed:
+        return report
+    journal = Journal.begin(host, inventory, plan, skip_reset=skip_reset)
+    try:
+        run_plan(host, plan, report.run, skip_reset=skip_reset, force=force,
+                 before_phase=before_phase, progress=progress)
+        verify(host, journal.record.after, journal.record.indices)
+        # Before the journal goes: a crash here is finished by recovery, nodes included.
+        report.nodes = sync_cap_nodes(host, read_inventory(host))
+    except BaseException as e:
+        why = _describe(e)
+        outcome = _roll_back(host, journal, why, progress, on_layout_changed)
+        if isinstance(e, KeyboardInterrupt):
+            raise
+        raise MigApplyError(f"applying '{plan.config}' failed after {len(report.run.steps)} of "
+                            f"{sum(len(g.steps) for g in plan.changed)} steps: {why}; {outcome}") from None
+    journal.finish()
+    on_layout_changed(host)
+    return report

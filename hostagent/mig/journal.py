@@ -1,0 +1,128 @@
+"""The checkpoint and the journal of a MIG apply, in ``<state dir>/mig``.
+
+``checkpoint.json`` holds every MIG GPU's exact layout (mode and placements) taken before
+anything changes; it stays after a successful apply as the record of the previous layout.
+``journal.json`` exists only while an apply runs: the GPUs it changes with their layouts
+before and after, and its status. Recovery needs nothing else because it compares the
+node's actual state with those two layouts (it never replays steps), so the journal is
+rewritten only when the status changes. Both are written atomically and durably.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass
+
+from ..devices.records import Inventory
+from ..errors import StateError
+from ..fileio import ensure_dir, write_atomic
+from ..hostroot import HostRoot
+from .layout import Layout
+from .plan import MigPlan
+
+__all__ = ["Journal", "JournalRecord", "mig_state_dir", "read_checkpoint", "APPLYING", "ROLLING_BACK"]
+
+APPLYING, ROLLING_BACK = "applying", "rolling-back"
+VERSION = 1
+
+
+def mig_state_dir(host: HostRoot):
+    return host.state_dir / "mig"
+
+
+def _stamp() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S%z")
+
+
+@dataclass(frozen=True)
+class JournalRecord:
+    config: str
+    status: str
+    started: str
+    pid: int
+    skip_reset: bool
+    before: dict[str, Layout]        # by GPU UUID
+    after: dict[str, Layout]
+    indices: dict[str, int]
+    error: str | None = None
+
+    def to_dict(self) -> dict:
+        return {"version": VERSION, "config": self.config, "status": self.status,
+                "started": self.started, "pid": self.pid, "skip_reset": self.skip_reset,
+                "error": self.error,
+                "gpus": {u: {"index": self.indices[u], "before": self.before[u].to_dict(),
+                             "after": self.after[u].to_dict()} for u in self.before}}
+
+    @classmethod
+    def from_dict(cls, raw: dict) -> "JournalRecord":
+        if raw.get("version") != VERSION:
+            raise ValueError(f"unknown journal version {raw.get('version')!r}")
+        gpus = raw["gpus"]
+        return cls(config=raw["config"], status=raw["status"], started=raw["started"],
+                   pid=raw["pid"], skip_reset=raw["skip_reset"], error=raw.get("error"),
+                   before={u: Layout.from_dict(g["before"]) for u, g in gpus.items()},
+                   after={u: Layout.from_dict(g["after"]) for u, g in gpus.items()},
+                   indices={u: g["index"] for u, g in gpus.items()})
+
+
+class Journal:
+    def __init__(self, host: HostRoot, record: JournalRecord):
+        self.host = host
+        self.record = record
+
+    @staticmethod
+    def path(host: HostRoot):
+        return mig_state_dir(host) / "journal.json"
+
+    @classmethod
+    def load(cls, host: HostRoot) -> "Journal | None":
+        path = cls.path(host)
+        try:
+            raw = json.loads(path.read_text())
+            return cls(host, JournalRecord.from_dict(raw))
+        except FileNotFoundError:
+            return None
+        except (ValueError, KeyError, TypeError) as e:
+            raise StateError(f"the MIG journal cannot be read ({e})", where=str(path),
+                             hint="inspect it, restore the layout by hand from checkpoint.json, "
+                                  "then remove the journal") from None
+
+    @classmethod
+    def begin(cls, host: HostRoot, inventory: Inventory, plan: MigPlan, *, skip_reset: bool) -> "Journal":
+        """Write the checkpoint, then the journal; only then may anything change."""
+        directory = ensure_dir(mig_state_dir(host), 0o700)
+        checkpoint = {"version": "v1", "created": _stamp(), "config": plan.config,
+                      "gpus": {g.uuid: {"index": g.index, **Layout.of(g).to_dict()}
+                               for g in inventory.gpus if g.mig is not None}}
+        write_atomic(directory / "checkpoint.json", json.dumps(checkpoint, indent=1), mode=0o600)
+        changed = plan.changed
+        record = JournalRecord(config=plan.config, status=APPLYING, started=_stamp(), pid=os.getpid(),
+                               skip_reset=skip_reset, before={g.uuid: g.before for g in changed},
+                               after={g.uuid: g.after for g in changed},
+                               indices={g.uuid: g.index for g in changed})
+        journal = cls(host, record)
+        journal._write()
+        return journal
+
+    def _write(self) -> None:
+        write_atomic(self.path(self.host), json.dumps(self.record.to_dict(), indent=1), mode=0o600)
+
+    def mark(self, status: str, error: str | None = None) -> None:
+        from dataclasses import replace
+        self.record = replace(self.record, status=status, error=error or self.record.error)
+        self._write()
+
+    def finish(self) -> None:
+        try:
+            os.unlink(self.path(self.host))
+        except FileNotFoundError:
+            pass
+
+
+def read_checkpoint(host: HostRoot) -> dict | None:
+    try:
+        return json.loads((mig_state_dir(host) / "checkpoint.json").read_text())
+    except (FileNotFoundError, ValueError):
+        return None

@@ -1,0 +1,141 @@
+"""The MIG operations as the CLI and the daemon call them: locking, crash recovery, hooks.
+
+Every operation first finishes or rolls back an apply a crash interrupted. Mutations wait
+for the node lock; read operations take it only briefly to recover, and when another
+apply holds it they report the state as it is, with a note.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from dataclasses import dataclass, field
+from typing import Callable
+
+from ..devices import read_inventory
+from ..devices.records import Inventory
+from ..errors import HostagentError, StateError
+from ..hostroot import HostRoot
+from ..lock import node_lock
+from .defaults import default_spec
+from .executor import ApplyReport, execute, no_hook
+from .hooks import NO_HOOKS, Hooks
+from .journal import Journal, read_checkpoint
+from .layout import Layout
+from .plan import MigPlan
+from .planner import plan as make_plan
+from .recovery import recover
+from .runner import Progress, quiet
+from .spec import MigSpec
+
+__all__ = ["ApplyResult", "apply", "plan", "check", "status", "recover_pending", "NotApplied"]
+
+log = logging.getLogger(__name__)
+
+READ_LOCK_WAIT = 5.0
+
+
+class NotApplied(StateError):
+    code = "mig_not_applied"
+
+
+@dataclass
+class ApplyResult:
+    plan: MigPlan
+    report: ApplyReport | None = None          # None for a dry run
+    notes: list[str] = field(default_factory=list)
+
+
+def recover_pending(host: HostRoot, *, wait: float | None = READ_LOCK_WAIT, progress: Progress = quiet,
+                    on_layout_changed: Callable[[HostRoot], None] = no_hook) -> str | None:
+    """Recover an interrupted apply if there is one; a note saying what happened, if anything."""
+    if not Journal.path(host).exists():      # the common case costs one stat
+        return None
+    with contextlib.ExitStack() as stack:
+        try:
+            stack.enter_context(node_lock(host, "mig recovery", timeout=wait))
+        except StateError as e:
+            return f"a MIG apply is in progress ({e.what}); showing the state as it is"
+        return recover(host, progress=progress, on_layout_changed=on_layout_changed)
+
+
+def _spec(spec: MigSpec | None, inventory: Inventory) -> MigSpec:
+    return spec if spec is not None else default_spec(inventory)
+
+
+def apply(host: HostRoot, spec: MigSpec | None, config: str | None, *, mode_only: bool = False,
+          skip_reset: bool = False, force: bool = False, dry_run: bool = False,
+          hooks: Hooks = NO_HOOKS, hook_env: dict[str, str] | None = None,
+          progress: Progress = quiet,
+          on_layout_changed: Callable[[HostRoot], None] = no_hook) -> ApplyResult:
+    """Apply ``config`` of ``spec`` (None: the bundled default), with mig-parted's hooks."""
+    with node_lock(host, f"mig apply {config or ''}".strip()):
+        notes = []
+        recovered = recover(host, progress=progress, on_layout_changed=on_layout_changed)
+        if recovered:
+            notes.append(recovered)
+        inventory = read_inventory(host)
+        result = ApplyResult(make_plan(inventory, _spec(spec, inventory), config,
+                                       mode_only=mode_only, skip_reset=skip_reset), notes=notes)
+        if dry_run:
+            return result
+        env = {**(hook_env or {}), "MIG_PARTED_SELECTED_CONFIG": result.plan.config}
+        hooks.run("apply-start", env)
+        failure = None
+        try:
+            result.report = execute(host, inventory, result.plan, skip_reset=skip_reset, force=force,
+                                    before_phase=lambda phase: hooks.run(f"pre-apply-{phase}", env),
+                                    progress=progress, on_layout_changed=on_layout_changed)
+        except BaseException as e:
+            failure = e
+            raise
+        finally:
+            # Always runs, as mig-parted's deferred apply-exit; its failure is reported only
+            # when nothing failed before it.
+            try:
+                hooks.run("apply-exit", env)
+            except HostagentError as e:
+                if failure is None:
+                    raise
+                log.error("%s", e.message)
+        return result
+
+
+def plan(host: HostRoot, spec: MigSpec | None, config: str | None, *,
+         mode_only: bool = False) -> tuple[MigPlan, list[str]]:
+    note = recover_pending(host)
+    inventory = read_inventory(host)
+    return (make_plan(inventory, _spec(spec, inventory), config, mode_only=mode_only),
+            [note] if note else [])
+
+
+def check(host: HostRoot, spec: MigSpec | None, config: str | None, *, mode_only: bool = False) -> MigPlan:
+    """mig-parted's ``assert``: raises NotApplied unless nothing would change."""
+    result, _ = plan(host, spec, config, mode_only=mode_only)
+    if result.changed:
+        raise NotApplied("assertion failure: selected configuration not currently applied",
+                         hint=f"GPU {', '.join(str(g.index) for g in result.changed)} differ; "
+                              "'hostagent mig plan' shows what applying would change")
+    return result
+
+
+def status(host: HostRoot) -> dict:
+    note = recover_pending(host)
+    inventory = read_inventory(host)
+    gpus = []
+    for gpu in inventory.gpus:
+        layout = Layout.of(gpu)
+        gpus.append({"index": gpu.index, "name": gpu.name, "uuid": gpu.uuid,
+                     "mig": None if gpu.mig is None else {
+                         "enabled": layout.enabled, "pending": layout.pending,
+                         "devices": layout.counts(), "layout": layout.describe(),
+                         "gpu_instances": layout.to_dict()["gpu_instances"]}})
+    journal = Journal.load(host)
+    checkpoint = read_checkpoint(host)
+    return {"gpus": gpus,
+            "apply_in_progress": None if journal is None else {
+                "config": journal.record.config, "status": journal.record.status,
+                "started": journal.record.started, "pid": journal.record.pid},
+            "checkpoint": None if checkpoint is None else {
+                "created": checkpoint.get("created"), "config": checkpoint.get("config")},
+            "notes": [note] if note else []}

@@ -1,0 +1,181 @@
+"""A fault at every step of an apply ends in the old or the new layout, never in between.
+
+Faults come from the simulated driver beneath pynvml: an NVML error on the Nth mutating
+call (the executor rolls back), or the death of the applying process before or after the
+Nth call takes effect (the next ``mig`` command recovers from the journal).
+"""
+
+import os
+import signal
+import subprocess
+import sys
+
+import pynvml as N
+import pytest
+
+from hostagent.devices import read_inventory
+from hostagent.mig import service
+from hostagent.mig.executor import MigApplyError
+from hostagent.mig.journal import Journal, read_checkpoint
+from hostagent.mig.layout import Layout
+from hostagent.mig.spec import parse_spec
+from hostagent.sim.fakenvml import FAULT_ENV
+
+from .test_mig_apply import cap_minors, expected_minors
+
+# Hopper: a CI change inside a kept GI, a kept GI, a mode switch on, a mode switch off.
+HOPPER = parse_spec("""
+version: v1
+mig-configs:
+  old:
+    - devices: [0]
+      mig-enabled: true
+      mig-devices: {"1g.10gb": 2, "2g.20gb": 1, "3g.40gb": 1}
+    - devices: [2]
+      mig-enabled: true
+      mig-devices: {"7g.80gb": 1}
+  new:
+    - devices: [0]
+      mig-enabled: true
+      mig-devices: {"1g.10gb": 2, "2g.20gb": 1, "1c.3g.40gb": 2}
+    - devices: [1]
+      mig-enabled: true
+      mig-devices: {"3g.40gb": 1, "2g.20gb": 1}
+    - devices: [2]
+      mig-enabled: false
+""")
+
+# Ampere: the mode change needs a reset, in the apply and again in the rollback.
+AMPERE = parse_spec("""
+version: v1
+mig-configs:
+  old:
+    - devices: [0]
+      mig-enabled: false
+  new:
+    - devices: [0]
+      mig-enabled: true
+      mig-devices: {"3g.20gb": 2}
+""")
+
+
+def snapshot(host) -> dict[int, Layout]:
+    return {g.index: Layout.of(g) for g in read_inventory(host).gpus}
+
+
+def setup(make_node, profile, spec):
+    host, store = make_node(profile)
+    service.apply(host, spec, "old")
+    old = snapshot(host)
+    plan, _ = service.plan(host, spec, "new")
+    new = {**old, **{g.index: g.after for g in plan.gpus}}
+    steps = sum(len(g.steps) for g in plan.changed)
+    return host, old, new, steps
+
+
+def consistent(host):
+    assert Journal.load(host) is None
+    assert cap_minors(host) == expected_minors(host)
+
+
+@pytest.mark.parametrize("profile, spec", [("hgx-h100", HOPPER), ("dgx-a100", AMPERE)])
+def test_nvml_error_at_every_step_rolls_back_to_the_old_layout(make_node, profile, spec):
+    host, old, new, steps = setup(make_node, profile, spec)
+    assert steps >= (11 if spec is HOPPER else 5)
+    for n in range(steps):
+        N.nvmlLib.inject("error", after=n, code=N.NVML_ERROR_UNKNOWN)
+        with pytest.raises(MigApplyError) as e:
+            service.apply(host, spec, "new")
+        assert f"failed after {n} of {steps} steps" in e.value.message
+        assert "rolled back to the previous layout" in e.value.message
+        assert snapshot(host) == old, n
+        consistent(host)
+    assert N.nvmlLib.faults == []
+    service.apply(host, spec, "new")          # and without a fault it goes through
+    assert snapshot(host) == new
+    consistent(host)
+
+
+def crash_at(host, spec, action: str, n: int) -> bool:
+    """Apply 'new' in a child process that dies at mutating call n; False if it finished."""
+    read_inventory(host)                      # the child inherits the installed simulator
+    pid = os.fork()
+    if pid == 0:
+        code = 3
+        try:
+            N.nvmlLib.faults[:] = []
+            N.nvmlLib.inject(action, after=n)
+            service.apply(host, spec, "new")
+            code = 0
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    if os.WIFEXITED(status):
+        assert os.WEXITSTATUS(status) == 0
+        return False
+    assert os.WTERMSIG(status) == signal.SIGKILL
+    return True
+
+
+@pytest.mark.parametrize("profile, spec", [("hgx-h100", HOPPER), ("dgx-a100", AMPERE)])
+@pytest.mark.parametrize("action", ["kill-before", "kill-after"])
+def test_crash_at_every_step_is_recovered_by_the_next_command(make_node, profile, spec, action):
+    host, old, new, steps = setup(make_node, profile, spec)
+    outcomes = []
+    for n in range(steps + 1):
+        crashed = crash_at(host, spec, action, n)
+        if not crashed:
+            assert n == steps                  # only past the last step does it finish
+            assert snapshot(host) == new
+            break
+        assert Journal.load(host) is not None  # the crash left its journal
+        note = service.recover_pending(host)   # what the next 'mig' command does first
+        assert note and ("rolled back" in note or "completed" in note)
+        now = snapshot(host)
+        assert now in (old, new), f"{action} at step {n} left an in-between layout"
+        outcomes.append("new" if now == new else "old")
+        consistent(host)
+        if now == new:
+            service.apply(host, spec, "old")
+    # Killed after its last call took effect, the apply is complete: recovery finishes it.
+    assert outcomes[-1] == ("new" if action == "kill-after" else "old")
+    assert outcomes[0] == "old"
+
+
+def test_a_failed_rollback_keeps_the_journal_for_the_next_command(make_node):
+    host, old, new, steps = setup(make_node, "hgx-h100", HOPPER)
+    N.nvmlLib.inject("error", after=4)        # the apply fails at its 5th call ...
+    N.nvmlLib.inject("error", after=0)        # ... and the rollback at its first
+    with pytest.raises(MigApplyError, match="rolling back failed too.*journal.*is kept"):
+        service.apply(host, spec=HOPPER, config="new")
+    assert Journal.load(host).record.status == "rolling-back"
+    assert snapshot(host) not in (old, new)
+    status = service.status(host)             # any mig command finishes the rollback
+    assert "rolled back" in status["notes"][0] and status["apply_in_progress"] is None
+    assert snapshot(host) == old
+    consistent(host)
+
+
+def test_checkpoint_records_placements_before_anything_changes(make_node):
+    host, old, new, steps = setup(make_node, "hgx-h100", HOPPER)
+    service.apply(host, HOPPER, "new")
+    ckpt = read_checkpoint(host)
+    assert ckpt["config"] == "new"
+    by_index = {g["index"]: g for g in ckpt["gpus"].values()}
+    assert Layout.from_dict(by_index[0]) == old[0]
+    assert [gi["placement"] for gi in by_index[0]["gpu_instances"]][:1] == [{"start": 0, "size": 2}]
+
+
+def test_crashed_cli_apply_is_recovered_by_the_next_cli_command(make_node, tmp_path):
+    host, old, new, steps = setup(make_node, "hgx-h100", HOPPER)
+    cfg = tmp_path / "mig.yaml"
+    cfg.write_text(f"version: v1\nmig-configs: {HOPPER.to_dict()['mig-configs']}\n".replace("'", '"'))
+    cli = [sys.executable, "-m", "hostagent.cli.main", "--simulate", str(host.root), "mig"]
+    env = {**os.environ, FAULT_ENV: "kill-after:6"}
+    done = subprocess.run(cli + ["apply", "-f", str(cfg), "-c", "new"], env=env, capture_output=True, text=True)
+    assert done.returncode == -signal.SIGKILL
+    status = subprocess.run(cli + ["status"], capture_output=True, text=True)
+    assert status.returncode == 0, status.stderr
+    assert "rolled back the interrupted apply of 'new'" in status.stderr
+    assert snapshot(host) == old
+    consistent(host)
