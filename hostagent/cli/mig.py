@@ -1,0 +1,204 @@
+"""``hostagent mig``: apply, check and show MIG layouts from mig-parted config files.
+
+Without ``-f`` the bundled default config (generated from the GPUs present) is used. As in
+mig-parted, ``-f``, ``-c`` and ``-k`` default to $MIG_PARTED_CONFIG_FILE,
+$MIG_PARTED_SELECTED_CONFIG and $MIG_PARTED_HOOKS_FILE.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from .common import host_from_args
+from .output import FORMATS, add_output_flag, emit, table
+
+__all__ = ["register"]
+
+
+def register(sub) -> None:
+    p = sub.add_parser("mig", help="apply and inspect MIG layouts (mig-parted config files)",
+                       description="Apply and inspect MIG layouts declared in mig-parted v1 config "
+                                   "files, with explicit placements, minimal disruption and rollback.")
+    verbs = p.add_subparsers(dest="verb", metavar="VERB", required=True)
+
+    v = verbs.add_parser("apply", help="apply a config (only what differs changes)",
+                         description="Apply a MIG config: GPUs already matching are left alone; on "
+                                     "the others only the instances that differ are destroyed and "
+                                     "created. On any failure the previous layout is restored.")
+    _config_flags(v)
+    v.add_argument("--dry-run", action="store_true", help="print the plan and change nothing")
+    v.add_argument("-m", "--mode-only", action="store_true", help="only change the MIG mode")
+    v.add_argument("-s", "--skip-reset", action="store_true",
+                   help="leave Ampere mode changes pending (for a reboot) instead of resetting GPUs")
+    v.add_argument("-k", "--hooks", "--hooks-file", dest="hooks", metavar="FILE",
+                   default=os.environ.get("MIG_PARTED_HOOKS_FILE") or None,
+                   help="mig-parted hooks file (default: $MIG_PARTED_HOOKS_FILE)")
+    v.add_argument("--force", action="store_true",
+                   help="terminate processes using instances that must be destroyed")
+    v.add_argument("-o", "--output", choices=FORMATS, default="table",
+                   help="format of the --dry-run plan (default: table)")
+    v.set_defaults(run=run_apply)
+
+    v = verbs.add_parser("assert", help="exit 0 if the config is applied, 1 if not")
+    _config_flags(v)
+    v.add_argument("-m", "--mode-only", action="store_true", help="only check the MIG mode")
+    v.set_defaults(run=run_assert)
+
+    v = verbs.add_parser("plan", help="show what applying a config would change, per GPU")
+    _config_flags(v)
+    v.add_argument("-m", "--mode-only", action="store_true", help="only the MIG mode")
+    add_output_flag(v)
+    v.set_defaults(run=run_plan)
+
+    v = verbs.add_parser("export", help="print the current layout as a v1 config")
+    v.add_argument("-o", "--output", choices=("yaml", "json"), default="yaml",
+                   help="output format (default: yaml)")
+    v.add_argument("-l", "--config-label", default="current", help="config name (default: current)")
+    v.add_argument("--bundled", action="store_true",
+                   help="print the bundled default config for this node's GPUs instead")
+    v.set_defaults(run=run_export)
+
+    v = verbs.add_parser("status", help="MIG mode and layout per GPU, and any apply in progress")
+    add_output_flag(v)
+    v.set_defaults(run=run_status)
+
+
+def _config_flags(v) -> None:
+    v.add_argument("-f", "--config-file", metavar="FILE",
+                   default=os.environ.get("MIG_PARTED_CONFIG_FILE") or None,
+                   help="mig-parted v1 config file, '-' for stdin (default: $MIG_PARTED_CONFIG_FILE, "
+                        "else the bundled default)")
+    v.add_argument("-c", "--selected-config", metavar="NAME",
+                   default=os.environ.get("MIG_PARTED_SELECTED_CONFIG") or None,
+                   help="config to use (default: $MIG_PARTED_SELECTED_CONFIG, or the only one)")
+
+
+def _spec(args):
+    from ..mig.spec import load_spec
+    return load_spec(args.config_file) if args.config_file else None
+
+
+def _progress(gpu, message) -> None:
+    print(f"GPU {gpu}: {message}" if gpu is not None else message, file=sys.stderr, flush=True)
+
+
+def _notes(notes) -> None:
+    for note in notes:
+        print(f"hostagent: {note}", file=sys.stderr)
+
+
+def render_plan(plan) -> str:
+    out = []
+    for g in plan.gpus:
+        head = f"GPU {g.index} ({g.name}, {g.pci_bus_id})"
+        if not g.changed:
+            out.append(f"{head}: unchanged ({g.before.describe()})")
+            continue
+        out += [f"{head}: {g.summary()}", f"  before: {g.before.describe()}",
+                f"  after:  {g.after.describe()}"]
+        out += [f"  - {s.describe()}" for s in g.steps]
+        if g.reset:
+            out.append(f"  - reset the GPU (nvidia-smi -r -i {g.pci_bus_id})")
+    if not plan.gpus:
+        out.append(f"config '{plan.config}' selects no GPU on this node")
+    out += [f"warning: {w}" for w in plan.warnings]
+    return "\n".join(out)
+
+
+def run_apply(args) -> int:
+    from ..mig import service
+    from ..mig.hooks import NO_HOOKS, load_hooks
+    host = host_from_args(args)
+    spec = _spec(args)
+    hooks = load_hooks(args.hooks) if args.hooks else NO_HOOKS
+    env = {"MIG_PARTED_CONFIG_FILE": args.config_file or "", "MIG_PARTED_HOOKS_FILE": args.hooks or "",
+           "MIG_PARTED_SKIP_RESET": str(args.skip_reset).lower(),
+           "MIG_PARTED_MODE_CHANGE_ONLY": str(args.mode_only).lower()}
+    result = service.apply(host, spec, args.selected_config, mode_only=args.mode_only,
+                           skip_reset=args.skip_reset, force=args.force, dry_run=args.dry_run,
+                           hooks=hooks, hook_env=env, progress=_progress)
+    _notes(result.notes)
+    plan = result.plan
+    if args.dry_run:
+        emit(plan.to_dict(), args.output, lambda _: print(render_plan(plan)))
+        print("dry run: nothing was changed", file=sys.stderr)
+        return 0
+    for w in plan.warnings:
+        print(f"hostagent: warning: {w}", file=sys.stderr)
+    changed = plan.changed
+    for g in plan.gpus:
+        print(f"GPU {g.index} ({g.name}): {g.summary()}")
+    report = result.report
+    if report and report.run.terminated:
+        print(f"terminated (--force): {', '.join(report.run.terminated)}")
+    if report and (report.nodes.created or report.nodes.removed):
+        print(f"capability nodes: {len(report.nodes.created)} created, {len(report.nodes.removed)} removed")
+    if changed:
+        print(f"MIG configuration '{plan.config}' applied successfully: {len(changed)} GPU(s) changed, "
+              f"{len(plan.gpus) - len(changed)} unchanged")
+    else:
+        print(f"MIG configuration '{plan.config}' applied successfully: already in place, nothing changed")
+    return 0
+
+
+def run_assert(args) -> int:
+    from ..mig import service
+    plan = service.check(host_from_args(args), _spec(args), args.selected_config, mode_only=args.mode_only)
+    print(f"MIG configuration '{plan.config}' is applied")
+    return 0
+
+
+def run_plan(args) -> int:
+    from ..mig import service
+    plan, notes = service.plan(host_from_args(args), _spec(args), args.selected_config,
+                               mode_only=args.mode_only)
+    _notes(notes)
+    emit(plan.to_dict(), args.output, lambda _: print(render_plan(plan)))
+    return 0
+
+
+def run_export(args) -> int:
+    from ..devices import read_inventory
+    from ..mig import service
+    from ..mig.defaults import default_spec
+    from ..mig.export import export_spec
+    host = host_from_args(args)
+    note = service.recover_pending(host)
+    if note:
+        _notes([note])
+    inventory = read_inventory(host)
+    spec = default_spec(inventory) if args.bundled else export_spec(inventory, args.config_label)
+    emit(spec.to_dict(), args.output, None)
+    return 0
+
+
+def run_status(args) -> int:
+    from ..mig import service
+    data = service.status(host_from_args(args))
+    _notes(data["notes"])
+
+    def render(d):
+        rows = []
+        for g in d["gpus"]:
+            mig = g["mig"]
+            if mig is None:
+                rows.append([g["index"], g["name"], "n/a", "-", "-"])
+                continue
+            mode = "enabled" if mig["enabled"] else "disabled"
+            if mig["enabled"] != mig["pending"]:
+                mode += f" (pending {'enabled' if mig['pending'] else 'disabled'})"
+            devices = ", ".join(f"{n}x {p}" for p, n in sorted(mig["devices"].items())) or "-"
+            placements = ", ".join(f"{gi['profile']}@{gi['placement']['start']}:{gi['placement']['size']}"
+                                   for gi in mig["gpu_instances"]) or "-"
+            rows.append([g["index"], g["name"], mode, devices, placements])
+        print(table(["GPU", "PRODUCT", "MIG", "DEVICES", "GPU INSTANCES"], rows))
+        if d["apply_in_progress"]:
+            a = d["apply_in_progress"]
+            print(f"\napply of '{a['config']}' in progress ({a['status']}, pid {a['pid']}, since {a['started']})")
+        if d["checkpoint"]:
+            c = d["checkpoint"]
+            print(f"\nlast checkpoint: {c['created']} (before applying '{c['config']}')")
+
+    emit(data, args.output, render)
+    return 0

@@ -1,0 +1,240 @@
+"""``hostagent mig`` as users run it: verbs, exit codes, one-line errors, hooks, the lock."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+import yaml
+
+from hostagent.cli.main import main
+from hostagent.devices import read_inventory
+from hostagent.hostroot import HostRoot
+from hostagent.lock import node_lock
+from hostagent.mig.layout import Layout
+
+CONFIG = """version: v1
+mig-configs:
+  mixed:
+    - devices: [0]
+      mig-enabled: true
+      mig-devices: {"1g.10gb": 2, "2g.20gb": 1, "3g.40gb": 1}
+    - devices: [1]
+      mig-enabled: true
+      mig-devices: {"1c.7g.80gb": 2, "2c.7g.80gb": 1}
+  off:
+    - devices: all
+      mig-enabled: false
+  wrong-sku:
+    - devices: all
+      mig-enabled: true
+      mig-devices: {"2g.10gb": 1}
+"""
+
+
+@pytest.fixture
+def node(make_node, tmp_path):
+    host, store = make_node("mixed")             # 2x A100-80GB + T4
+    cfg = tmp_path / "mig.yaml"
+    cfg.write_text(CONFIG)
+    return host, store, cfg
+
+
+def run(capsys, host, *args):
+    try:
+        code = main(["--simulate", str(host.root), "mig", *map(str, args)])
+    except SystemExit as e:                      # argparse usage errors
+        code = e.code
+    out, err = capsys.readouterr()
+    assert "Traceback" not in err
+    return code, out, err
+
+
+def layouts(host):
+    return {g.index: Layout.of(g) for g in read_inventory(host).gpus if g.mig}
+
+
+def test_apply_assert_plan_status_export(capsys, node):
+    host, _, cfg = node
+    code, out, err = run(capsys, host, "assert", "-f", cfg, "-c", "mixed")
+    assert code == 1 and err.strip() == ("hostagent: error: assertion failure: selected configuration not "
+                                         "currently applied (GPU 0, 1 differ; 'hostagent mig plan' shows "
+                                         "what applying would change)")
+    code, out, err = run(capsys, host, "plan", "-f", cfg, "-c", "mixed")
+    assert code == 0 and "GPU 0 (NVIDIA A100-SXM4-80GB, 00000000:41:00.0): enable MIG (reset)" in out
+    assert "create GPU instance 3g.40gb@4:4" in out and "reset the GPU (nvidia-smi -r -i 00000000:41:00.0)" in out
+    code, out, err = run(capsys, host, "apply", "-f", cfg, "-c", "mixed")
+    assert code == 0, err
+    assert "GPU 0: enable MIG mode" in err and "resetting GPU 0" in err      # progress on stderr
+    assert "GPU 1 (NVIDIA A100-SXM4-80GB): enable MIG (reset), create 1 GI, create 3 CI" in out
+    assert out.strip().endswith("applied successfully: 2 GPU(s) changed, 0 unchanged")
+    assert run(capsys, host, "assert", "-f", cfg, "-c", "mixed")[0] == 0
+    code, out, err = run(capsys, host, "apply", "-f", cfg, "-c", "mixed")
+    assert code == 0 and "already in place, nothing changed" in out and err == ""
+    code, out, _ = run(capsys, host, "status", "-o", "json")
+    status = json.loads(out)
+    assert status["gpus"][1]["mig"]["devices"] == {"1c.7g.80gb": 2, "2c.7g.80gb": 1}
+    assert status["gpus"][2]["mig"] is None and status["checkpoint"]["config"] == "mixed"
+    code, out, _ = run(capsys, host, "status")
+    assert "2x 1g.10gb, 1x 2g.20gb, 1x 3g.40gb" in out and "7g.80gb@0:8" in out
+    code, out, _ = run(capsys, host, "export", "-l", "saved")
+    exported = yaml.safe_load(out)
+    assert exported["version"] == "v1" and list(exported["mig-configs"]) == ["saved"]
+    assert {"device-filter": "0x1EB810DE", "devices": "all", "mig-enabled": False} in exported["mig-configs"]["saved"]
+
+
+def test_export_round_trips_onto_another_node(capsys, node, make_node, tmp_path):
+    host, _, cfg = node
+    run(capsys, host, "apply", "-f", cfg, "-c", "mixed")
+    code, out, _ = run(capsys, host, "export", "-o", "json")
+    saved = tmp_path / "exported.json"
+    saved.write_text(out)
+    assert run(capsys, host, "assert", "-f", saved, "-c", "current")[0] == 0
+    other, _ = make_node("mixed")
+    assert run(capsys, other, "apply", "-f", saved)[0] == 0     # the only config: -c optional
+    assert {i: l.counts() for i, l in layouts(other).items()} == {i: l.counts() for i, l in layouts(host).items()}
+
+
+def test_dry_run_changes_nothing(capsys, node):
+    host, store, cfg = node
+    before = store.state_file.read_text()
+    code, out, err = run(capsys, host, "apply", "-f", cfg, "-c", "mixed", "--dry-run", "-o", "json")
+    assert code == 0 and "dry run" in err
+    assert json.loads(out)["changed"] == [0, 1]
+    assert store.state_file.read_text() == before
+
+
+def test_errors_are_one_line_with_exit_codes(capsys, node, tmp_path):
+    host, _, cfg = node
+    code, _, err = run(capsys, host, "apply", "-f", cfg, "-c", "wrong-sku")
+    assert code == 1 and err.count("\n") == 1
+    assert "GPU 0 (NVIDIA A100-SXM4-80GB) has no MIG profile '2g.10gb'" in err and "nothing was changed" in err
+    code, _, err = run(capsys, host, "apply", "-f", cfg, "-c", "nope")
+    assert code == 1 and "no MIG config named 'nope'" in err and "mixed, off, wrong-sku" in err
+    code, _, err = run(capsys, host, "apply", "-f", cfg)
+    assert code == 2 and "choose one with -c" in err
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("version: v1\nmig-configs:\n  x:\n    - devices: 7\n      mig-enabled: false\n")
+    code, _, err = run(capsys, host, "plan", "-f", bad, "-c", "x")
+    assert code == 1 and f"{bad}: mig-configs.x[0]: invalid input for 'devices': 7" in err
+    code, _, err = run(capsys, host, "apply", "-f", tmp_path / "missing.yaml", "-c", "x")
+    assert code == 1 and "MIG config file not found" in err
+    code, _, err = run(capsys, host, "apply", "--bogus")
+    assert code == 2
+    code, _, err = run(capsys, host, "apply", "-c", "all-enabled", "--skip-reset")
+    assert code == 2 and "--skip-reset" in err
+
+
+def test_bundled_default_is_used_without_a_file_and_can_be_printed(capsys, node):
+    host, _, _ = node
+    code, out, _ = run(capsys, host, "export", "--bundled")
+    bundled = yaml.safe_load(out)["mig-configs"]
+    assert bundled["all-balanced"] == [{"device-filter": "0x20B210DE", "devices": "all", "mig-enabled": True,
+                                        "mig-devices": {"1g.10gb": 2, "2g.20gb": 1, "3g.40gb": 1}}]
+    assert run(capsys, host, "apply", "-c", "all-balanced")[0] == 0
+    assert run(capsys, host, "assert", "-c", "all-balanced")[0] == 0
+
+
+def test_mig_parted_environment_variables_select_file_and_config(node):
+    host, _, cfg = node
+    env = {**os.environ, "MIG_PARTED_CONFIG_FILE": str(cfg), "MIG_PARTED_SELECTED_CONFIG": "mixed"}
+    env.pop("HOSTAGENT_SIMULATE", None)
+    done = subprocess.run([sys.executable, "-m", "hostagent.cli.main", "--simulate", str(host.root),
+                           "mig", "apply"], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert layouts(host)[1].counts() == {"1c.7g.80gb": 2, "2c.7g.80gb": 1}
+
+
+def hooks_file(tmp_path, names, fail=None):
+    log = tmp_path / "hooks.log"
+    hooks = {}
+    for name in names:
+        script = f'echo "{name} $MIG_PARTED_SELECTED_CONFIG $HOOK_VAR ${{PARENT_VAR:-unset}}" >> {log}'
+        if name == fail:
+            script += "; echo 'cannot stop kubelet' >&2; exit 3"
+        hooks[name] = [{"command": "/bin/sh", "args": ["-c", script], "envs": {"HOOK_VAR": "from-hook"}}]
+    path = tmp_path / "hooks.yaml"
+    path.write_text(yaml.safe_dump({"version": "v1", "hooks": hooks}))
+    return path, log
+
+
+ALL_HOOKS = ["apply-start", "pre-apply-mode", "pre-apply-config", "apply-exit"]
+
+
+def test_hooks_run_at_mig_parteds_points_with_its_environment(capsys, node, tmp_path, monkeypatch):
+    host, _, cfg = node
+    monkeypatch.setenv("PARENT_VAR", "leaked")       # hooks do not inherit the caller's environment
+    path, log = hooks_file(tmp_path, ALL_HOOKS)
+    assert run(capsys, host, "apply", "-f", cfg, "-c", "mixed", "--hooks", path)[0] == 0
+    assert log.read_text().splitlines() == [f"{n} mixed from-hook unset" for n in ALL_HOOKS]
+    log.unlink()
+    assert run(capsys, host, "apply", "-f", cfg, "-c", "mixed", "-k", path)[0] == 0
+    # Already applied: the pre-apply hooks (which stop services) do not run.
+    assert log.read_text().splitlines() == ["apply-start mixed from-hook unset", "apply-exit mixed from-hook unset"]
+
+
+def test_a_failing_hook_before_config_rolls_back_the_mode_change(capsys, node, tmp_path):
+    host, _, cfg = node
+    before = layouts(host)
+    path, log = hooks_file(tmp_path, ALL_HOOKS, fail="pre-apply-config")
+    code, _, err = run(capsys, host, "apply", "-f", cfg, "-c", "mixed", "--hooks", path)
+    assert code == 1 and "pre-apply-config hook failed: /bin/sh exited with status 3: cannot stop kubelet" in err
+    assert "rolled back to the previous layout" in err
+    assert layouts(host) == before
+    assert [ln.split()[0] for ln in log.read_text().splitlines()] == ALL_HOOKS    # apply-exit still ran
+
+
+def test_a_failing_apply_start_hook_stops_before_anything(capsys, node, tmp_path):
+    host, store, cfg = node
+    before = store.state_file.read_text()
+    path, log = hooks_file(tmp_path, ALL_HOOKS, fail="apply-start")
+    code, _, err = run(capsys, host, "apply", "-f", cfg, "-c", "mixed", "--hooks", path)
+    assert code == 1 and "apply-start hook failed" in err
+    assert store.state_file.read_text() == before
+    assert [ln.split()[0] for ln in log.read_text().splitlines()] == ["apply-start"]
+
+
+def test_unknown_hook_names_are_rejected(capsys, node, tmp_path):
+    host, _, cfg = node
+    path = tmp_path / "hooks.yaml"
+    path.write_text("version: v1\nhooks:\n  pre-apply-modes:\n    - command: /bin/true\n")
+    code, _, err = run(capsys, host, "apply", "-f", cfg, "-c", "mixed", "--hooks", path)
+    assert code == 1 and "unknown hook 'pre-apply-modes'" in err
+
+
+def test_concurrent_applies_wait_for_the_node_lock(node):
+    host, _, cfg = node
+    cli = [sys.executable, "-m", "hostagent.cli.main", "--simulate", str(host.root), "mig", "apply",
+           "-f", str(cfg), "-c", "mixed"]
+    with node_lock(host, "test holds the node"):
+        proc = subprocess.Popen(cli, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        time.sleep(1.0)
+        assert proc.poll() is None                       # waiting for the lock
+        assert not any(l.enabled for l in layouts(host).values())
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert layouts(host)[0].counts() == {"1g.10gb": 2, "2g.20gb": 1, "3g.40gb": 1}
+
+
+def test_read_commands_do_not_wait_for_a_running_apply(capsys, node, monkeypatch):
+    host, _, cfg = node
+    import hostagent.mig.service as service
+    monkeypatch.setattr(service, "READ_LOCK_WAIT", 0.2)
+    run(capsys, host, "apply", "-f", cfg, "-c", "mixed")
+    # An apply in progress in another process: journal present, lock held.
+    from hostagent.mig.journal import Journal
+    Journal.path(host).write_text("{}")
+    code = ("import sys, time; from hostagent.lock import node_lock; from hostagent.hostroot import HostRoot\n"
+            "with node_lock(HostRoot.simulation(sys.argv[1]), 'mig apply'):\n"
+            "    print('locked', flush=True); time.sleep(30)")
+    holder = subprocess.Popen([sys.executable, "-c", code, str(host.root)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        note = service.recover_pending(host, wait=0.2)
+        assert note.startswith("a MIG apply is in progress (the node is locked by pid")
+    finally:
+        holder.kill()
+        holder.wait()
+        Journal.path(host).unlink()
