@@ -11,11 +11,11 @@ import sys
 
 from .. import __version__
 from ..errors import HostagentError
-from . import cdi, devices, labels, mig, node, runtime, serve, sim
+from . import cdi, devices, health, labels, mig, node, runtime, serve, sim
 
 __all__ = ["main", "build_parser"]
 
-COMMANDS = (devices, node, cdi, labels, mig, runtime, sim, serve)
+COMMANDS = (devices, health, node, cdi, labels, mig, runtime, sim, serve)
 
 
 def build_parser() -> argparse.ArgumentParser:

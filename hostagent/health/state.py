@@ -1,0 +1,170 @@
+"""Per-device health as a value, and the pure transitions that change it.
+
+Every function takes a ``HealthState`` and returns ``(new_state, changed_records)``; the
+state is never modified in place, and the revision grows by one whenever anything changed.
+
+- A critical event (an XID outside the ignore list, a double-bit ECC error) makes a device
+  unhealthy until ``quiet_period`` seconds pass without another one: a transient XID does
+  not take a GPU away forever. ``quiet_period`` None (or 0) keeps it unhealthy until cleared.
+- A lost GPU stays unhealthy until cleared (or the node restarts): no quiet period brings
+  back a GPU that fell off the bus.
+- ``unmonitored`` is kept apart from health: a device nobody watches is not called healthy.
+- ``clear`` is the operator's word: the named devices (a GPU with its MIG devices) are
+  healthy again now.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Iterable
+
+from ..errors import NotFoundError
+from .fanout import DeviceIndex
+from .records import ECC_DBE, GPU_LOST, UNMONITORED, XID, DeviceHealth, HealthEvent, Reason
+
+__all__ = ["HealthState", "initial", "apply_event", "recover_due", "clear", "set_monitored",
+           "reconcile", "next_due"]
+
+
+@dataclass(frozen=True)
+class HealthState:
+    devices: dict = field(default_factory=dict)   # key -> DeviceHealth, in inventory order
+    revision: int = 0
+
+    def get(self, key: str) -> DeviceHealth | None:
+        return self.devices.get(key)
+
+    def resolve(self, ident: str) -> DeviceHealth:
+        """A device by UUID, or by name as ``hostagent devices`` shows it ("0", "0:3")."""
+        ident = str(ident).strip()
+        found = self.devices.get(ident) or next(
+            (d for d in self.devices.values() if d.name == ident), None)
+        if found is None:
+            raise NotFoundError(f"no device {ident!r} in the health state",
+                                hint="use a GPU index or UUID, a MIG UUID or GPU:MIG as "
+                                     "'hostagent health status' lists them")
+        return found
+
+    @property
+    def unhealthy(self) -> tuple[DeviceHealth, ...]:
+        return tuple(d for d in self.devices.values() if not d.healthy)
+
+    def to_dict(self) -> dict:
+        return {"revision": self.revision, "devices": [d.to_dict() for d in self.devices.values()]}
+
+
+def _commit(state: HealthState, updates: dict[str, DeviceHealth]):
+    changed = {k: v for k, v in updates.items() if state.devices.get(k) != v}
+    if not changed:
+        return state, ()
+    devices = {k: changed.get(k, v) for k, v in state.devices.items()}
+    devices.update({k: v for k, v in changed.items() if k not in devices})
+    return HealthState(devices, state.revision + 1), tuple(changed.values())
+
+
+def _with_state_change(old: DeviceHealth, new: DeviceHealth, now: float) -> DeviceHealth:
+    return new if new.state == old.state else dataclasses.replace(new, changed_at=now)
+
+
+def initial(index: DeviceIndex, now: float) -> HealthState:
+    return HealthState({r.key: DeviceHealth(r.key, r.name, r.gpu, r.gi, r.ci, changed_at=now)
+                        for r in index.refs()})
+
+
+def _recover_at(reasons: tuple[Reason, ...], quiet_period: float | None) -> float | None:
+    if not reasons or not quiet_period or any(r.sticky for r in reasons):
+        return None
+    return max(r.at for r in reasons) + quiet_period
+
+
+def apply_event(state: HealthState, event: HealthEvent, *, quiet_period: float | None,
+                now: float):
+    updates = {}
+    for key in event.devices:
+        old = state.devices.get(key)
+        if old is None:
+            continue
+        new = old
+        if event.kind in (XID, ECC_DBE, GPU_LOST):
+            new = dataclasses.replace(new, last_event_at=event.at)
+            if event.kind == XID:
+                new = dataclasses.replace(new, last_xid=event.xid)
+        if event.kind == UNMONITORED:
+            new = dataclasses.replace(new, monitored=False, monitor_detail=event.detail)
+        elif event.critical:
+            reason = Reason(event.kind, event.at, event.xid, gpu_wide=event.gi is None,
+                            sticky=event.kind == GPU_LOST, detail=event.detail)
+            reasons = new.reasons + (reason,)
+            new = dataclasses.replace(new, healthy=False, reasons=reasons,
+                                      recover_at=_recover_at(reasons, quiet_period))
+        updates[key] = _with_state_change(old, new, now)
+    return _commit(state, updates)
+
+
+def recover_due(state: HealthState, now: float):
+    """Devices whose quiet period has passed become healthy."""
+    updates = {}
+    for key, old in state.devices.items():
+        if old.recover_at is not None and old.recover_at <= now:
+            new = dataclasses.replace(old, healthy=True, reasons=(), recover_at=None)
+            updates[key] = _with_state_change(old, new, now)
+    return _commit(state, updates)
+
+
+def next_due(state: HealthState) -> float | None:
+    due = [d.recover_at for d in state.devices.values() if d.recover_at is not None]
+    return min(due) if due else None
+
+
+def clear(state: HealthState, idents: Iterable[str] | None, now: float):
+    """Make devices healthy now: all of them (``idents`` None), or the named ones; naming a
+    GPU clears its MIG devices too. Unknown names raise NotFoundError, nothing changes."""
+    if idents is None:
+        targets = list(state.devices.values())
+    else:
+        targets = []
+        for ident in idents:
+            dev = state.resolve(ident)
+            targets.append(dev)
+            if not dev.is_mig:
+                targets += [d for d in state.devices.values() if d.gpu == dev.gpu and d.is_mig]
+    updates = {}
+    for old in targets:
+        new = dataclasses.replace(old, healthy=True, reasons=(), recover_at=None)
+        updates[old.key] = _with_state_change(old, new, now)
+    return _commit(state, updates)
+
+
+def set_monitored(state: HealthState, gpus: Iterable[int], now: float):
+    """The event source watches these GPUs (again): they and their MIG devices are monitored."""
+    gpus = set(gpus)
+    updates = {}
+    for key, old in state.devices.items():
+        if old.gpu in gpus and not old.monitored:
+            new = dataclasses.replace(old, monitored=True, monitor_detail="")
+            updates[key] = _with_state_change(old, new, now)
+    return _commit(state, updates)
+
+
+def reconcile(state: HealthState, index: DeviceIndex, now: float):
+    """Follow an inventory change: records of vanished devices go, new MIG devices inherit
+    their GPU's GPU-wide reasons and monitoring, records that stay keep their history."""
+    devices = {}
+    for ref in index.refs():
+        old = state.devices.get(ref.key)
+        if old is not None:
+            devices[ref.key] = dataclasses.replace(old, name=ref.name, gpu=ref.gpu, gi=ref.gi, ci=ref.ci)
+            continue
+        new = DeviceHealth(ref.key, ref.name, ref.gpu, ref.gi, ref.ci, changed_at=now)
+        parent = state.devices.get(index.gpus[ref.gpu].key)
+        if ref.gi is not None and parent is not None:
+            inherited = tuple(r for r in parent.reasons if r.gpu_wide)
+            new = dataclasses.replace(new, healthy=not inherited, reasons=inherited,
+                                      recover_at=parent.recover_at if inherited else None,
+                                      monitored=parent.monitored, monitor_detail=parent.monitor_detail)
+        devices[ref.key] = new
+    if devices == state.devices and list(devices) == list(state.devices):
+        return state, ()
+    changed = tuple(d for k, d in devices.items() if state.devices.get(k) != d)
+    return HealthState(devices, state.revision + 1), changed

@@ -1,0 +1,71 @@
+"""Health in the inventory's views: annotate device listings, and one line per device."""
+
+from __future__ import annotations
+
+import time
+
+from .records import DeviceHealth
+from .state import HealthState
+
+__all__ = ["annotate", "summary", "rows", "HEADERS"]
+
+HEADERS = ["DEVICE", "UUID", "HEALTH", "REASONS", "LAST XID", "SINCE", "RECOVERS"]
+
+
+def summary(dev: DeviceHealth | None) -> dict:
+    """The ``health`` entry a device listing carries."""
+    if dev is None:
+        return {"state": "unknown"}
+    out = {"state": dev.state, "since": dev.changed_at}
+    if dev.reasons:
+        out["reasons"] = [str(r) for r in dev.reasons]
+    if dev.last_xid is not None:
+        out["last_xid"] = dev.last_xid
+    if dev.recover_at is not None:
+        out["recover_at"] = dev.recover_at
+    if not dev.monitored:
+        out["unmonitored"] = dev.monitor_detail
+    return out
+
+
+def annotate(listing: dict, state: HealthState) -> dict:
+    """A copy of a plain device listing (``{"gpus": [...]}`` with each GPU's ``mig.devices``,
+    as ``hostagent devices -o json`` and the API give it) with a ``health`` entry on every
+    GPU and MIG device."""
+    out = dict(listing)
+    gpus = []
+    for gpu in listing.get("gpus", []):
+        gpu = dict(gpu, health=summary(state.get(gpu.get("uuid"))))
+        mig = gpu.get("mig")
+        if mig and mig.get("devices"):
+            gpu["mig"] = dict(mig, devices=[dict(d, health=summary(state.get(d.get("uuid"))))
+                                            for d in mig["devices"]])
+        gpus.append(gpu)
+    out["gpus"] = gpus
+    return out
+
+
+def _ago(t: float | None, now: float) -> str:
+    if not t:
+        return "-"
+    s = max(0, int(now - t))
+    return f"{s}s ago" if s < 120 else f"{s // 60}m ago" if s < 7200 else f"{s // 3600}h ago"
+
+
+def _until(t: float | None, now: float) -> str:
+    if t is None:
+        return "-"
+    return f"in {max(0, int(t - now + 0.999))}s"
+
+
+def rows(state: HealthState, now: float | None = None) -> list[list]:
+    now = time.time() if now is None else now
+    out = []
+    for d in state.devices.values():
+        reasons = ", ".join(dict.fromkeys(str(r) for r in d.reasons))
+        if not d.monitored:
+            reasons = ", ".join(filter(None, [reasons, f"unmonitored: {d.monitor_detail}"]))
+        out.append([d.name, d.key, d.state, reasons or "-",
+                    "-" if d.last_xid is None else d.last_xid, _ago(d.changed_at, now),
+                    _until(d.recover_at, now)])
+    return out

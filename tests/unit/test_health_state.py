@@ -1,0 +1,193 @@
+"""Fan-out and the health state machine, on hand-made inventories (no NVML)."""
+
+import dataclasses
+
+import pytest
+
+from hostagent.devices.events import KINDS as RAW_KINDS
+from hostagent.devices.events import RawEvent
+from hostagent.devices.records import (ComputeInstance, Gpu, GpuInstance, Inventory, MigDevice,
+                                       MigState, Placement, UnreadableGpu)
+from hostagent.errors import NotFoundError
+from hostagent.health import KINDS, DeviceIndex, XidPolicy, annotate, to_health_event
+from hostagent.health import state as S
+from hostagent.health.view import rows
+
+P = Placement(0, 1)
+
+
+def mig(gpu, slot, gi, ci, profile="1g.5gb"):
+    return MigDevice(uuid=f"MIG-{gpu}-{gi}-{ci}", parent_index=gpu, parent_uuid=f"GPU-{gpu}",
+                     parent_minor=gpu, index=slot, gi=gi, ci=ci, profile=profile, gi_profile_id=19,
+                     ci_profile_id=0, placement=P, ci_placement=P, memory_mib=4864,
+                     multiprocessors=14, copy_engines=1, decoders=0, encoders=0, jpegs=0, ofas=0)
+
+
+def gpu(index, devices=(), gis=()):
+    state = MigState(enabled=bool(devices), pending=bool(devices), profiles=(),
+                     gpu_instances=tuple(gis), devices=tuple(devices))
+    return Gpu(index=index, minor=index, uuid=f"GPU-{index}", name="NVIDIA A100-SXM4-40GB",
+               serial=None, memory_mib=40960, pci_bus_id=f"00000000:0{index}:00.0",
+               pci_device_id=0x20B010DE, compute_capability="8.0", architecture="ampere", mig=state)
+
+
+def inventory(*gpus, unreadable=()):
+    return Inventory(driver_version="550.90.07", cuda_driver_version="12.4", nvml_version="12.550",
+                     gpus=tuple(gpus), unreadable=tuple(unreadable))
+
+
+# GPU 0: GI 7 (one CI) and GI 1 with two compute instances (a 3g split 1c+2c); GPU 1 whole.
+INV = inventory(gpu(0, [mig(0, 6, 7, 0), mig(0, 0, 1, 0, "1c.3g.20gb"), mig(0, 1, 1, 1, "2c.3g.20gb")]),
+                gpu(1))
+INDEX = DeviceIndex.from_inventory(INV)
+ALL0 = ("GPU-0", "MIG-0-7-0", "MIG-0-1-0", "MIG-0-1-1")
+
+
+def raw(kind="xid", g=0, xid=48, gi=None, ci=None, at=100.0, detail=""):
+    return RawEvent(kind, g, f"GPU-{g}", at, xid=xid if kind == "xid" else None, gi=gi, ci=ci,
+                    detail=detail)
+
+
+def event(policy=XidPolicy(), allocations=None, **kw):
+    return to_health_event(raw(**kw), INDEX, policy, allocations)
+
+
+def test_kinds_match_the_event_edge():
+    assert KINDS == RAW_KINDS
+
+
+@pytest.mark.parametrize("gi, ci, want, unresolved", [
+    (None, None, ALL0, False),                         # GPU-wide: the GPU and every MIG device
+    (7, 0, ("MIG-0-7-0",), False),                     # scoped: only that instance
+    (1, None, ("MIG-0-1-0", "MIG-0-1-1"), False),      # GI named, no CI: every CI of the GI
+    (1, 1, ("MIG-0-1-1",), False),
+    (9, 0, ("GPU-0",), True),                          # unknown instance: kept on the GPU only
+])
+def test_fan_out(gi, ci, want, unresolved):
+    ev = event(gi=gi, ci=ci)
+    assert ev.devices == want and ev.unresolved is unresolved
+
+
+def test_fan_out_reaches_every_allocation():
+    allocs = {"GPU-0": ["whole"], "MIG-0-7-0": ["a", "b"], "MIG-0-1-1": ["c", "a"]}
+    ev = event(allocations=lambda key: allocs.get(key, ()))
+    assert ev.allocations == ("whole", "a", "b", "c")      # replicas too, each once
+    assert event(gi=7, ci=0, allocations=lambda key: allocs.get(key, ())).allocations == ("a", "b")
+
+
+def test_ignored_xid_is_recorded_not_unhealthy():
+    st = S.initial(INDEX, 0.0)
+    ev = event(xid=13)
+    assert ev.ignored and not ev.critical
+    st2, changed = S.apply_event(st, ev, quiet_period=60, now=100.0)
+    assert {d.key for d in changed} == set(ALL0)
+    assert all(d.healthy and d.last_xid == 13 and d.state == "healthy" for d in changed)
+    assert st2.revision == st.revision + 1 and not st2.unhealthy
+
+
+def test_critical_xid_then_quiet_recovery():
+    st = S.initial(INDEX, 0.0)
+    st, changed = S.apply_event(st, event(xid=48, at=100.0), quiet_period=60, now=100.0)
+    assert {d.key for d in st.unhealthy} == set(ALL0)
+    assert all(d.recover_at == 160.0 and d.changed_at == 100.0 for d in changed)
+    assert S.next_due(st) == 160.0
+    # another error on one instance extends only that instance's quiet period
+    st, _ = S.apply_event(st, event(xid=94, gi=7, ci=0, at=130.0), quiet_period=60, now=130.0)
+    assert st.get("MIG-0-7-0").recover_at == 190.0 and st.get("GPU-0").recover_at == 160.0
+    assert [str(r) for r in st.get("MIG-0-7-0").reasons] == ["XID 48", "XID 94 (instance)"]
+    same, changed = S.recover_due(st, 159.9)
+    assert same is st and changed == ()
+    st, changed = S.recover_due(st, 160.0)
+    assert {d.key for d in changed} == {"GPU-0", "MIG-0-1-0", "MIG-0-1-1"}
+    assert {d.key for d in st.unhealthy} == {"MIG-0-7-0"}
+    st, changed = S.recover_due(st, 190.0)
+    assert not st.unhealthy and changed[0].reasons == () and changed[0].changed_at == 190.0
+
+
+def test_no_quiet_period_means_until_cleared():
+    st = S.initial(INDEX, 0.0)
+    st, _ = S.apply_event(st, event(kind="ecc_dbe", at=5.0), quiet_period=None, now=5.0)
+    assert all(d.recover_at is None for d in st.unhealthy) and len(st.unhealthy) == 4
+    assert S.recover_due(st, 1e12)[1] == ()
+
+
+def test_gpu_lost_is_sticky():
+    st = S.initial(INDEX, 0.0)
+    st, _ = S.apply_event(st, event(xid=79, at=1.0), quiet_period=10, now=1.0)
+    st, _ = S.apply_event(st, event(kind="gpu_lost", at=2.0), quiet_period=10, now=2.0)
+    assert all(d.recover_at is None for d in st.unhealthy)
+    assert S.recover_due(st, 1e9)[1] == ()
+    st, changed = S.clear(st, ["0"], now=3.0)             # a GPU clears its MIG devices too
+    assert {d.key for d in changed} == set(ALL0) and not st.unhealthy
+
+
+def test_clear_named_devices_and_all():
+    st = S.initial(INDEX, 0.0)
+    st, _ = S.apply_event(st, event(at=1.0), quiet_period=None, now=1.0)
+    st, _ = S.apply_event(st, event(g=1, at=1.0), quiet_period=None, now=1.0)
+    st2, changed = S.clear(st, ["0:6"], now=2.0)           # by name, as hostagent devices shows it
+    assert [d.key for d in changed] == ["MIG-0-7-0"]
+    st2, changed = S.clear(st2, ["GPU-1"], now=2.0)        # by UUID
+    assert [d.key for d in changed] == ["GPU-1"]
+    with pytest.raises(NotFoundError):
+        S.clear(st2, ["7"], now=2.0)
+    st3, changed = S.clear(st2, None, now=3.0)
+    assert not st3.unhealthy and len(changed) == 3
+    assert S.clear(st3, None, now=4.0) == (st3, ())        # nothing to do: no new revision
+
+
+def test_unmonitored_is_not_healthy_and_comes_back():
+    st = S.initial(INDEX, 0.0)
+    ev = event(kind="unmonitored", g=0, detail="event registration: Not Supported")
+    st, changed = S.apply_event(st, ev, quiet_period=60, now=1.0)
+    assert {d.state for d in changed} == {"unmonitored"} and len(changed) == 4
+    assert st.get("GPU-1").state == "healthy"
+    # an XID while unmonitored (seen another way) still makes it unhealthy: that wins
+    st, _ = S.apply_event(st, event(xid=48, at=2.0), quiet_period=60, now=2.0)
+    assert st.get("GPU-0").state == "unhealthy"
+    st, changed = S.set_monitored(st, [0], now=3.0)
+    assert all(d.monitored for d in changed) and st.get("GPU-0").state == "unhealthy"
+    assert S.set_monitored(st, [0, 1], now=4.0)[1] == ()
+
+
+def test_reconcile_follows_mig_changes():
+    st = S.initial(INDEX, 0.0)
+    st, _ = S.apply_event(st, event(xid=48, at=1.0), quiet_period=60, now=1.0)       # GPU-wide
+    st, _ = S.apply_event(st, event(xid=94, gi=7, ci=0, at=2.0), quiet_period=60, now=2.0)
+    # GI 1 destroyed, GI 2 created on GPU 0
+    new = DeviceIndex.from_inventory(inventory(gpu(0, [mig(0, 6, 7, 0), mig(0, 4, 2, 0)]), gpu(1)))
+    st2, changed = S.reconcile(st, new, now=3.0)
+    assert list(st2.devices) == ["GPU-0", "MIG-0-7-0", "MIG-0-2-0", "GPU-1"]
+    fresh = st2.get("MIG-0-2-0")
+    assert [d.key for d in changed] == ["MIG-0-2-0"]
+    assert not fresh.healthy and [str(r) for r in fresh.reasons] == ["XID 48"]   # GPU-wide only
+    assert fresh.recover_at == 61.0
+    assert st2.get("MIG-0-7-0") == st.get("MIG-0-7-0")                           # history kept
+    assert S.reconcile(st2, new, now=4.0)[0] is st2
+
+
+def test_unreadable_gpu_has_a_record():
+    inv = inventory(gpu(0), unreadable=[UnreadableGpu(index=1, error="GPU is lost", nvml_code=15)])
+    index = DeviceIndex.from_inventory(inv)
+    st = S.initial(index, 0.0)
+    assert list(st.devices) == ["GPU-0", "gpu:1"]
+    ev = to_health_event(RawEvent("gpu_lost", 1, None, 1.0), index, XidPolicy())
+    assert ev.devices == ("gpu:1",) and ev.gpu_uuid is None
+    st, _ = S.apply_event(st, ev, quiet_period=60, now=1.0)
+    assert st.get("gpu:1").state == "unhealthy"
+
+
+def test_annotate_and_rows():
+    st = S.initial(INDEX, 0.0)
+    st, _ = S.apply_event(st, event(xid=94, gi=7, ci=0, at=10.0), quiet_period=60, now=10.0)
+    from hostagent.cli.output import to_plain
+    listing = annotate({"gpus": to_plain(INV.gpus)}, st)
+    g0 = listing["gpus"][0]
+    assert g0["health"]["state"] == "healthy"
+    by_uuid = {d["uuid"]: d["health"] for d in g0["mig"]["devices"]}
+    assert by_uuid["MIG-0-7-0"] == {"state": "unhealthy", "since": 10.0, "reasons": ["XID 94 (instance)"],
+                                    "last_xid": 94, "recover_at": 70.0}
+    assert by_uuid["MIG-0-1-0"]["state"] == "healthy"
+    table = {r[0]: r for r in rows(st, now=40.0)}
+    assert table["0:6"][2:] == ["unhealthy", "XID 94 (instance)", 94, "30s ago", "in 30s"]
+    assert dataclasses.asdict(st.get("GPU-1"))["healthy"] is True
