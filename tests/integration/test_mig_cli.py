@@ -238,3 +238,20 @@ def test_read_commands_do_not_wait_for_a_running_apply(capsys, node, monkeypatch
         holder.kill()
         holder.wait()
         Journal.path(host).unlink()
+
+
+def test_sigterm_mid_apply_rolls_back_before_exiting(node, tmp_path):
+    # What systemd does when the boot unit exceeds TimeoutStartSec.
+    host, _, cfg = node
+    before = layouts(host)
+    hooks = tmp_path / "hooks.yaml"
+    hooks.write_text(yaml.safe_dump({"version": "v1", "hooks": {
+        "pre-apply-config": [{"command": "/bin/sh", "args": ["-c", "kill -TERM $PPID; sleep 1"]}]}}))
+    done = subprocess.run([sys.executable, "-m", "hostagent.cli.main", "--simulate", str(host.root), "mig",
+                           "apply", "-f", str(cfg), "-c", "mixed", "--hooks", str(hooks)],
+                          capture_output=True, text=True)
+    assert done.returncode == 130 and "Traceback" not in done.stderr
+    assert "rolling back" in done.stderr
+    assert layouts(host) == before          # the mode change of the first phase was undone
+    from hostagent.mig.journal import Journal
+    assert Journal.load(host) is None
