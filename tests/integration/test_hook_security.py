@@ -1,0 +1,468 @@
+"""Attacks on the hook program against real container roots on disk.
+
+Every test builds a hostile container root next to an "outside" tree that stands for the
+host, runs the hook the way an engine does (``python3 -I -m hostagent.hooks``, the OCI
+state on stdin, an explicit PATH-only environment), and asserts that nothing outside was
+created, changed or read (a metadata snapshot plus canaries whose access time is armed)
+and that no attacker code ran (planted code creates marker files). Where it matters, a
+control run without the defence shows that the attack and its detection are real.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from hostagent.sim.elf import write_shared_object
+
+LIB = "/usr/lib/x86_64-linux-gnu"
+ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
+HOST_LDCONFIG = "/sbin/ldconfig"
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="the ldconfig sandbox needs root (namespaces, mounts, "
+                                                         "chroot); CI runs the suite as root")
+LINKS = (f"libcuda.so.550.54.15::{LIB}/libcuda.so.1", f"libcuda.so.1::{LIB}/libcuda.so",
+         f"libnvidia-ml.so.550.54.15::{LIB}/libnvidia-ml.so.1")
+
+
+class World:
+    """tmp/outside (the host), tmp/bundle/rootfs (the container), tmp/markers (attacker code)."""
+
+    def __init__(self, tmp: Path):
+        self.tmp = tmp
+        self.outside = tmp / "outside"
+        self.bundle = tmp / "bundle"
+        self.root = self.bundle / "rootfs"
+        self.markers = tmp / "markers"
+        self.markers.mkdir()
+        libdir = self.outside / "libdir"
+        libdir.mkdir(parents=True)
+        write_shared_object(libdir / "libescape.so.1", "libescape.so.1")
+        (self.outside / "escape.conf").write_text(f"{libdir}\n")
+        (self.outside / "etc").mkdir()
+        (self.outside / "etc" / "ld.so.cache").write_text("the host's cache\n")
+        (self.outside / "confd").mkdir()
+        (self.outside / "canary").write_text("secret\n")
+        (self.root / LIB.lstrip("/")).mkdir(parents=True)
+        (self.root / "etc").mkdir()
+        for name, soname in (("libcuda.so.550.54.15", "libcuda.so.1"), ("libnvidia-ml.so.550.54.15", "libnvidia-ml.so.1")):
+            write_shared_object(self.root / LIB.lstrip("/") / name, soname)
+        (self.bundle / "config.json").write_text(json.dumps({"ociVersion": "1.0.2", "root": {"path": "rootfs"}}))
+        self._snapshot = None
+
+    def at(self, container_path: str) -> Path:
+        return self.root / container_path.lstrip("/")
+
+    def state(self, **extra) -> bytes:
+        return json.dumps({"ociVersion": "1.0.2", "id": "hook-test", "status": "creating",
+                           "pid": os.getpid(), "bundle": str(self.bundle), **extra}).encode()
+
+    def run(self, *args, env=None, cwd="/", stdin=None, timeout=60, isolated=True) -> subprocess.CompletedProcess:
+        cmd = [sys.executable, *(["-I"] if isolated else []), "-m", "hostagent.hooks", *args]
+        return subprocess.run(cmd, input=self.state() if stdin is None else stdin, env=ENV if env is None else env,
+                              cwd=cwd, capture_output=True, timeout=timeout)
+
+    # What "nothing outside changed or was read" means.
+    def seal(self) -> None:
+        self._snapshot = snapshot(self.outside)
+        self.canaries = [p for p in self.outside.rglob("*") if not p.is_symlink()] + [self.outside]
+        for p in self.canaries:
+            os.utime(p, ns=(10**9, p.stat().st_mtime_ns))   # relatime updates such an atime on any read
+
+    def assert_untouched(self) -> None:
+        read = [str(p) for p in self.canaries if p.stat().st_atime_ns != 10**9]
+        assert not read, f"read outside the container root: {read}"
+        assert snapshot(self.outside) == self._snapshot, "the outside tree changed"
+        assert not list(self.markers.iterdir()), f"attacker code ran: {list(self.markers.iterdir())}"
+
+    def cache(self, path: Path | None = None) -> str:
+        """`ldconfig -p` of the container's cache (the host's ldconfig reading a file)."""
+        return subprocess.run([HOST_LDCONFIG, "-p", "-C", str(path or self.at("/etc/ld.so.cache"))],
+                              capture_output=True, text=True, check=True).stdout
+
+
+def snapshot(top: Path) -> dict:
+    out = {}
+    for p in [top, *top.rglob("*")]:
+        st = os.lstat(p)
+        out[str(p)] = (st.st_mode, st.st_uid, st.st_ino, st.st_nlink, st.st_size, st.st_mtime_ns,
+                       os.readlink(p) if p.is_symlink() else None)
+    return out
+
+
+@pytest.fixture
+def world(tmp_path):
+    w = World(tmp_path)
+    probe = tmp_path / "atime-probe"
+    probe.write_text("x")
+    os.utime(probe, ns=(10**9, probe.stat().st_mtime_ns))
+    probe.read_text()
+    if probe.stat().st_atime_ns == 10**9:
+        pytest.skip("this filesystem does not update access times; the read canaries would see nothing")
+    return w
+
+
+def prepare_args(*links, folder=LIB, timeout=None):
+    args = ["prepare"]
+    for link in links:
+        args += ["--link", link]
+    if folder:
+        args += ["--folder", folder]
+    if timeout:
+        args += ["--ldconfig-timeout", str(timeout)]
+    return args
+
+
+def ok(proc) -> str:
+    assert proc.returncode == 0, proc.stderr.decode()
+    return proc.stderr.decode()
+
+
+# -- 1. The image's environment and working directory -----------------------------------
+
+def plant_python(world: World) -> dict:
+    """Modules that would run if the interpreter looked at the image's files or variables."""
+    code = "import posix; posix.close(posix.open({!r}, posix.O_CREAT | posix.O_WRONLY, 0o644))\n"
+    plants = {"json.py": "json", "ctypes/__init__.py": "ctypes", "hostagent/__init__.py": "hostagent",
+              "hostagent/hooks/__init__.py": "hooks", "sitecustomize.py": "sitecustomize",
+              "startup.py": "startup", "userbase/lib/python3.11/site-packages/usercustomize.py": "usercustomize",
+              f"home/lib/python{sys.version_info[0]}.{sys.version_info[1]}/encodings/__init__.py": "encodings"}
+    for rel, marker in plants.items():
+        path = world.root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(code.format(str(world.markers / marker)))
+    return {**ENV, "PYTHONPATH": str(world.root), "PYTHONHOME": str(world.root / "home"),
+            "PYTHONSTARTUP": str(world.root / "startup.py"), "PYTHONUSERBASE": str(world.root / "userbase"),
+            "PYTHONINSPECT": "", "PYTHONSAFEPATH": ""}
+
+
+def test_image_python_environment_and_cwd_do_not_reach_the_hook(world):
+    env = plant_python(world)
+    world.seal()
+    args = prepare_args(*LINKS) if os.geteuid() == 0 else ["create-symlinks", *sum((["--link", l] for l in LINKS), [])]
+    ok(world.run(*args, env=env, cwd=world.root))
+    world.assert_untouched()
+    assert os.readlink(world.at(f"{LIB}/libcuda.so.1")) == "libcuda.so.550.54.15"
+    # Control: the same interpreter without -I runs the image's code. The attack is real,
+    # and isolation (plus the spec's explicit env) is what stops it.
+    world.run("--help", env=env, cwd=world.root, isolated=False)
+    assert (world.markers / "encodings").exists()
+
+
+def build_preload(world: World) -> Path | None:
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if not cc:
+        return None
+    src = world.tmp / "evil.c"
+    src.write_text('#include <fcntl.h>\n#include <unistd.h>\n__attribute__((constructor)) static void run(void) '
+                   f'{{ close(open("{world.markers}/preload", O_CREAT | O_WRONLY, 0644)); }}\n')
+    out = world.root / "evil.so"
+    subprocess.run([cc, "-shared", "-fPIC", "-o", str(out), str(src)], check=True, capture_output=True)
+    return out
+
+
+def test_a_leaked_loader_environment_is_refused(world):
+    """LD_PRELOAD runs before any Python code, so only the spec's explicit env stops it (the
+    e2e test shows the engine honouring it); if it leaks anyway, the hook refuses to do its
+    work, and LD_LIBRARY_PATH is refused before any extension module (ctypes: libffi) loads."""
+    evil = build_preload(world)
+    if evil is None:
+        pytest.skip("no C compiler to build the preload library")
+    world.seal()
+    proc = world.run(*prepare_args(*LINKS), env={**ENV, "LD_PRELOAD": "/proc/self/cwd/evil.so"}, cwd=world.root)
+    assert (world.markers / "preload").exists()            # the loader ran it, before Python
+    assert proc.returncode == 1 and b"refusing to run with LD_PRELOAD set" in proc.stderr
+    (world.markers / "preload").unlink()
+    proc = world.run(*prepare_args(*LINKS), env={**ENV, "LD_LIBRARY_PATH": str(world.root)}, cwd=world.root)
+    assert proc.returncode == 1 and b"refusing to run with LD_LIBRARY_PATH set" in proc.stderr
+    assert not os.path.lexists(world.at(f"{LIB}/libcuda.so.1"))      # refused before writing
+    world.assert_untouched()
+
+
+# -- 2./3. Symlinks, `..` and absolute paths in the container root ------------------------
+
+@pytest.mark.parametrize("text", ["{outside}/libdir", "../../../../../../../../..{outside}/libdir",
+                                  "/proc/self/root{outside}/libdir", "/proc/{pid}/root{outside}/libdir"])
+def test_a_library_directory_pointing_outside_stays_inside(world, text):
+    shutil.rmtree(world.at(LIB))
+    world.at(LIB).symlink_to(text.format(outside=world.outside, pid=os.getpid()))
+    world.seal()
+    ok(world.run("create-symlinks", *sum((["--link", l] for l in LINKS), [])))
+    world.assert_untouched()
+    made = world.root / f"{world.outside}/libdir".lstrip("/")
+    if "/proc/" in text:
+        made = world.root / f"proc/{'self' if 'self' in text else os.getpid()}/root{world.outside}/libdir".lstrip("/")
+    assert os.readlink(made / "libcuda.so") == "libcuda.so.1"
+
+
+def test_a_links_parent_pointing_outside_stays_inside(world):
+    world.at(f"{LIB}/vdpau").symlink_to(world.outside / "confd")
+    world.at("/dev").mkdir()
+    world.at("/dev/dri").symlink_to("/proc/self/cwd/../../../..")
+    world.seal()
+    ok(world.run("create-symlinks", "--link", f"libvdpau_nvidia.so.550::{LIB}/vdpau/libvdpau_nvidia.so.1",
+                 "--link", "../card1::/dev/dri/by-path/pci-0000:3b:00.0-card"))
+    world.assert_untouched()
+    assert os.readlink(world.root / f"{world.outside}/confd/libvdpau_nvidia.so.1".lstrip("/")) == "libvdpau_nvidia.so.550"
+    # /proc/self/cwd/../../../.. walked inside the root is the root itself.
+    assert os.readlink(world.at("/by-path/pci-0000:3b:00.0-card")) == "../card1"
+
+
+def test_dotdot_components_and_absolute_targets(world):
+    world.seal()
+    ok(world.run("create-symlinks",
+                 "--link", f"/etc/shadow::/../../../../..{world.outside}/evil1",
+                 "--link", f"{world.outside}/canary::/usr/../../../..{world.outside}/confd/evil2",
+                 "--link", f"../../../../../..{world.outside}/canary::usr/lib/../../../evil3"))
+    world.assert_untouched()
+    inside = world.root / str(world.outside).lstrip("/")
+    assert os.readlink(inside / "evil1") == "/etc/shadow"                    # stored verbatim, never followed
+    assert os.readlink(inside / "confd" / "evil2") == f"{world.outside}/canary"
+    assert os.readlink(world.root / "evil3") == f"../../../../../..{world.outside}/canary"
+
+
+@needs_root
+@pytest.mark.parametrize("layout", ["confd", "cache", "conf", "etc"])
+def test_symlinked_linker_configuration_stays_inside(world, layout):
+    etc = world.at("/etc")
+    if layout == "confd":
+        (etc / "ld.so.conf.d").symlink_to(world.outside / "confd")
+    elif layout == "cache":
+        (etc / "ld.so.cache").symlink_to(world.outside / "etc" / "ld.so.cache")
+    elif layout == "conf":
+        (etc / "ld.so.conf").symlink_to(world.outside / "escape.conf")
+    else:
+        etc.rmdir()
+        world.at("/etc").symlink_to(world.outside / "etc")
+    world.seal()
+    ok(world.run(*prepare_args(*LINKS)))
+    world.assert_untouched()
+    # /etc -> <outside>/etc is followed inside the root: the cache lands under root/<outside>/etc.
+    inside_etc = world.root / str(world.outside / "etc").lstrip("/") if layout == "etc" else world.at("/etc")
+    cache = world.cache(inside_etc / "ld.so.cache")
+    assert f"libcuda.so.1 (libc6,x86-64) => {LIB}/libcuda.so.1" in cache and "libescape" not in cache
+
+
+# -- 2. Swaps of a directory for a symlink while the hook runs ---------------------------
+
+def flipper(path: Path, target: Path) -> int:
+    """A process exchanging the directory at ``path`` with a symlink to ``target`` and back
+    (renameat2 RENAME_EXCHANGE: the attacker's primitive, atomic, never a missing entry) as
+    fast as it can, until killed. It works through a descriptor of the real parent, so
+    another flipper swapping that parent cannot redirect it."""
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+    parent = os.open(path.parent, os.O_PATH | os.O_DIRECTORY)
+    link = path.name + ".swap"
+    os.symlink(target, link, dir_fd=parent)
+    pid = os.fork()
+    if pid:
+        os.close(parent)
+        return pid
+    a, b = os.fsencode(path.name), os.fsencode(link)
+    try:
+        while True:
+            libc.renameat2(parent, a, parent, b, 2)         # RENAME_EXCHANGE
+    finally:
+        os._exit(0)
+
+
+def test_directories_swapped_for_symlinks_while_the_hook_runs(world):
+    from hostagent.hooks import ldcache
+    from hostagent.hooks.errors import HookError
+    from hostagent.hooks.inroot import Root
+    from hostagent.hooks.links import create_links
+
+    world.at("/etc/ld.so.conf.d").mkdir()
+    world.seal()
+    flippers = [flipper(world.at(LIB), world.outside / "libdir"),
+                flipper(world.at("/etc/ld.so.conf.d"), world.outside / "confd"),
+                flipper(world.at("/etc"), world.outside / "etc")]
+    links = [tuple(link.split("::")) for link in LINKS]
+    rounds = failures = 0
+    try:
+        deadline = time.monotonic() + 1.5
+        with Root(str(world.root)) as root:                 # the hook's own code, many times a second
+            while time.monotonic() < deadline:
+                rounds += 1
+                try:
+                    create_links(root, links, lambda m: None)
+                    ldcache.write_config(root, [LIB])
+                    ldcache.install_cache(root, b"glibc-ld.so.cache1.1 stand-in")
+                except (HookError, OSError):
+                    failures += 1                            # losing a race is allowed, escaping is not
+        for _ in range(4):                                  # and whole runs of the program
+            world.run(*prepare_args(*LINKS)) if os.geteuid() == 0 else \
+                world.run("create-symlinks", *sum((["--link", l] for l in LINKS), []))
+    finally:
+        for pid in flippers:
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+    assert rounds > 50
+    world.assert_untouched()
+
+
+# -- 5. ldconfig -------------------------------------------------------------------------
+
+@needs_root
+def test_ldconfig_cannot_reach_outside_through_proc_or_relative_paths(world):
+    proc = world.at("/proc")
+    proc.mkdir()
+    subprocess.run(["mount", "-t", "proc", "proc", str(proc)], check=True)  # as runc does before the hooks
+    try:
+        pid = os.getpid()                                   # a root process whose root is the host's /
+        (world.at("/etc") / "ld.so.conf").write_text(
+            f"include /proc/{pid}/root{world.outside}/escape.conf\n/proc/{pid}/root{world.outside}/libdir\n"
+            f"/proc/{pid}/cwd/../../../../../..{world.outside}/libdir\n"
+            f"../../../../../../../../..{world.outside}/libdir\ninclude ../../../../../..{world.outside}/*.conf\n")
+        # Control: a plain `ldconfig -r` escapes through /proc and reads the host's library.
+        subprocess.run([HOST_LDCONFIG, "-X", "-r", str(world.root), "-C", "/naive.cache"], capture_output=True)
+        listed = subprocess.run([HOST_LDCONFIG, "-p", "-C", str(world.root / "naive.cache")],
+                                capture_output=True, text=True).stdout
+        assert "libescape.so.1" in listed
+        (world.root / "naive.cache").unlink()
+        world.seal()
+        ok(world.run(*prepare_args(*LINKS)))
+        world.assert_untouched()
+        cache = world.cache()
+        assert f"libcuda.so.1 (libc6,x86-64) => {LIB}/libcuda.so.1" in cache and "libescape" not in cache
+    finally:
+        subprocess.run(["umount", "-l", str(proc)], check=True)
+
+
+@needs_root
+@pytest.mark.parametrize("hostile", ["include-loop", "huge", "fifo"])
+def test_hostile_ld_so_conf_cannot_hang_or_escape(world, hostile):
+    conf = world.at("/etc/ld.so.conf")
+    if hostile == "include-loop":           # two self-includes per level: exponential without limits
+        conf.write_text("include /etc/ld.so.conf\ninclude /etc/ld.so.conf\n")
+    elif hostile == "huge":                 # 40 MB of includes, each re-reading the drop-in folder
+        conf.write_text("include /etc/ld.so.conf.d/*.conf\n" * 1_250_000)
+    else:                                   # opening a FIFO blocks forever
+        (world.at("/etc") / "ld.so.conf.d").mkdir()
+        os.mkfifo(world.at("/etc/ld.so.conf.d/zz-fifo.conf"))
+        conf.write_text("include /etc/ld.so.conf.d/*.conf\n")
+    world.seal()
+    start = time.monotonic()
+    proc = world.run(*prepare_args(*LINKS, timeout=1.5))
+    elapsed = time.monotonic() - start
+    assert elapsed < 6, f"the hook took {elapsed:.1f} s"
+    world.assert_untouched()
+    if proc.returncode != 0:                # killed at the deadline: said so, old cache kept
+        assert b"ldconfig did not finish within 1.5 s" in proc.stderr
+        assert not world.at("/etc/ld.so.cache").exists()
+    assert not list(world.tmp.glob("**/aux-cache"))
+
+
+@needs_root
+def test_the_containers_ldconfig_is_never_run(world):
+    script = f"#!/bin/sh\ntouch {world.markers}/container-ldconfig\n"
+    for path in ("/sbin/ldconfig", "/sbin/ldconfig.real", "/usr/sbin/ldconfig", "/usr/bin/ldconfig"):
+        world.at(path).parent.mkdir(parents=True, exist_ok=True)
+        world.at(path).write_text(script)
+        world.at(path).chmod(0o755)
+    world.at("/var/cache/ldconfig").mkdir(parents=True)
+    world.at("/var/cache/ldconfig").chmod(0o777)       # writable even for nobody: only read-only mounts stop it
+    world.seal()
+    ok(world.run(*prepare_args(*LINKS), "--ldconfig-path", "/sbin/ldconfig"))
+    world.assert_untouched()
+    assert "libnvidia-ml.so.1" in world.cache()
+    # ldconfig wrote nothing in the container itself: its view was read-only.
+    assert list(world.at("/var/cache/ldconfig").iterdir()) == []
+
+
+@needs_root
+def test_a_dynamic_ldconfig_is_refused_before_anything_is_written(world):
+    world.seal()
+    proc = world.run(*prepare_args(*LINKS), "--ldconfig-path", os.path.realpath(shutil.which("true")))
+    assert proc.returncode == 1 and b"dynamically linked" in proc.stderr
+    assert not os.path.lexists(world.at(f"{LIB}/libcuda.so.1"))
+    world.assert_untouched()
+
+
+@needs_root
+def test_the_per_mount_remount_fallback_confines_as_well(world):
+    """Kernels before 5.12 have no mount_setattr: the sandbox remounts each mount instead."""
+    from hostagent.hooks import hostbin, sandbox
+    from hostagent.hooks.inroot import Root
+
+    (world.at("/etc") / "ld.so.conf").write_text(f"{LIB}\n")
+    world.at("/var/cache/ldconfig").mkdir(parents=True)
+    world.at("/var/cache/ldconfig").chmod(0o777)
+    exe = hostbin.open_ldconfig(HOST_LDCONFIG)
+    try:
+        with Root(str(world.root)) as root:
+            cache = sandbox.run_ldconfig(root.fd, [exe], [], 10, force_remount=True)
+    finally:
+        os.close(exe)
+    assert cache.startswith(sandbox.CACHE_MAGICS) and b"libcuda.so.1" in cache
+    assert list(world.at("/var/cache/ldconfig").iterdir()) == []
+
+
+# -- 7. Mounts never leak to the host ---------------------------------------------------
+
+@needs_root
+def test_no_mount_leaks_with_shared_propagation(world):
+    subprocess.run(["mount", "--bind", str(world.root), str(world.root)], check=True)
+    subprocess.run(["mount", "--make-rshared", str(world.root)], check=True)
+    try:
+        (world.at("/proc")).mkdir()
+        subprocess.run(["mount", "-t", "proc", "proc", str(world.at("/proc"))], check=True)
+        before = Path("/proc/self/mountinfo").read_text()
+        ok(world.run(*prepare_args(*LINKS)))
+        assert Path("/proc/self/mountinfo").read_text() == before
+    finally:
+        subprocess.run(["umount", "-R", "-l", str(world.root)], check=True)
+
+
+# -- 9. Broken OCI input ----------------------------------------------------------------
+
+@pytest.mark.parametrize("case", ["root-is-slash", "root-links-to-slash", "relative-crun-root", "missing-bundle",
+                                  "garbage", "empty", "not-an-object", "deep"])
+def test_broken_oci_input_is_refused_and_nothing_is_written(world, case):
+    probe = f"/tmp/hostagent-hook-refused-{uuid.uuid4().hex}"
+    stdin = None
+    config = world.bundle / "config.json"
+    if case == "root-is-slash":
+        config.write_text(json.dumps({"root": {"path": "/"}}))
+    elif case == "root-links-to-slash":
+        (world.bundle / "slash").symlink_to("/")
+        config.write_text(json.dumps({"root": {"path": "slash"}}))
+    elif case == "relative-crun-root":
+        stdin = world.state(root="rootfs")
+    elif case == "missing-bundle":
+        stdin = world.state(bundle=str(world.tmp / "gone"))
+    else:
+        stdin = {"garbage": b"\x00\x01 not json", "empty": b"", "not-an-object": b"[1, 2]",
+                 "deep": b"[" * 200_000}[case]
+    proc = world.run("create-symlinks", "--link", f"x::{probe}/link", stdin=stdin)
+    err = proc.stderr.decode()
+    assert proc.returncode == 1 and err.startswith("hostagent-hook: error: ") and err.count("\n") == 1, err
+    assert not os.path.lexists(probe) and not os.path.lexists(world.root / probe.lstrip("/"))
+
+
+def test_unknown_verbs_and_flags_warn_and_exit_zero(world):
+    proc = world.run("enable-cuda-compat", "--host-driver-version=550.54.15", stdin=b"")
+    assert proc.returncode == 0 and b"unknown verb 'enable-cuda-compat' ignored" in proc.stderr
+    proc = world.run("create-symlinks", "--future-flag", "value", "--link", LINKS[0])
+    assert proc.returncode == 0 and b"unknown flag '--future-flag' for create-symlinks ignored" in proc.stderr
+    assert os.readlink(world.at(f"{LIB}/libcuda.so.1")) == "libcuda.so.550.54.15"
+
+
+@needs_root
+def test_a_second_start_rewrites_nothing(world):
+    ok(world.run(*prepare_args(*LINKS)))
+    paths = [world.at(p) for p in (f"{LIB}/libcuda.so.1", f"{LIB}/libcuda.so", "/etc/ld.so.conf",
+                                   "/etc/ld.so.conf.d/00-hostagent.conf")]
+    before = [os.lstat(p) for p in paths]
+    ok(world.run(*prepare_args(*LINKS)))
+    assert [(s.st_ino, s.st_mtime_ns) for s in map(os.lstat, paths)] == [(s.st_ino, s.st_mtime_ns) for s in before]
+    assert world.at("/etc/ld.so.conf").read_text() == "include /etc/ld.so.conf.d/*.conf\n"
+    assert sorted(os.listdir(world.at("/etc"))) == ["ld.so.cache", "ld.so.conf", "ld.so.conf.d"]
