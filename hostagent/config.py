@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
+from collections import namedtuple
 
 from .errors import ConfigError
 
@@ -30,26 +30,17 @@ SCHEMA_FILE = os.path.join(os.path.dirname(__file__), "config.schema.json")
 SECTION_SCHEMAS = ("daemon/settings.schema.json",)
 
 
-@dataclass(frozen=True)
-class RuntimeConfig:
-    low_level_runtimes: tuple[str, ...]
-    cdi_spec_dirs: tuple[str, ...]
-    default_kind: str
-    annotation_prefixes: tuple[str, ...]
-    accept_volume_mounts: bool
-    accept_env_unprivileged: bool
-    log_file: str | None
+# Records are namedtuples: the runtime shim reads the configuration at every GPU
+# container's create, where importing dataclasses would cost ~10 ms.
+RuntimeConfig = namedtuple("RuntimeConfig", "low_level_runtimes cdi_spec_dirs default_kind annotation_prefixes "
+                                            "accept_volume_mounts accept_env_unprivileged log_file")
+HookConfig = namedtuple("HookConfig", "interpreter")
 
 
-@dataclass(frozen=True)
-class HookConfig:
-    interpreter: str | None
-
-
-@dataclass(frozen=True)
-class Config:
-    data: dict              # validated, every section and key present (defaults filled in)
-    source: str | None      # the file it came from; None when there was none
+class Config(namedtuple("Config", "data source")):
+    """data: validated, every section and key present (defaults filled in); source: the
+    file it came from, None when there was none."""
+    __slots__ = ()
 
     def section(self, name: str) -> dict:
         return self.data[name]

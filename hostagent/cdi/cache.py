@@ -8,7 +8,7 @@ same device in two files of one directory is a conflict and is offered by neithe
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from collections import namedtuple
 
 from ..errors import HostagentError
 from .validate import load_spec_file, validate_spec
@@ -16,19 +16,18 @@ from .validate import load_spec_file, validate_spec
 __all__ = ["SpecDevice", "Cache", "load_cache"]
 
 
-@dataclass(frozen=True)
-class SpecDevice:
-    name: str          # fully qualified: vendor/class=name
-    path: str          # the spec file
-    spec: dict         # the whole spec (its top-level containerEdits apply once per spec)
-    edits: dict        # the device's containerEdits
+# namedtuples rather than dataclasses: the runtime shim loads this at every GPU container's
+# create, and the dataclasses import alone costs ~10 ms there.
+
+# name: fully qualified (vendor/class=name); path: the spec file; spec: the whole spec (its
+# top-level containerEdits apply once per spec); edits: the device's containerEdits
+SpecDevice = namedtuple("SpecDevice", "name path spec edits")
 
 
-@dataclass(frozen=True)
-class Cache:
-    devices: dict[str, SpecDevice] = field(default_factory=dict)
-    specs: tuple[tuple[str, dict], ...] = ()    # (file, spec), highest priority first
-    errors: tuple[str, ...] = ()
+class Cache(namedtuple("Cache", "devices specs errors")):
+    """devices: name -> SpecDevice; specs: (file, spec), highest priority first; errors:
+    the files an engine would skip, and why."""
+    __slots__ = ()
 
     def spec_for_kind(self, kind: str) -> tuple[str, dict] | None:
         """The highest-priority valid spec of ``kind`` (for requests of no device, only the

@@ -14,7 +14,7 @@ GPU requests are read from the first source that has any, as the NVIDIA runtime 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from collections import namedtuple
 
 from ..errors import UsageError
 
@@ -30,17 +30,18 @@ _PART = r"[A-Za-z]([A-Za-z0-9_.-]*[A-Za-z0-9])?"
 _QUALIFIED = re.compile(rf"^{_PART}/{_PART}=[A-Za-z0-9]([A-Za-z0-9_.:-]*[A-Za-z0-9])?$")
 
 
-@dataclass(frozen=True)
-class RuntimeCall:
-    command: str | None      # create, start, delete, state, ... (None: only global options)
-    bundle: str | None       # create's --bundle/-b; runc's default is the working directory
+# Records are namedtuples, not dataclasses: this runs at every GPU container's create, and
+# importing dataclasses (inspect, ast, ...) would cost about 10 ms of the shim's ~30.
+
+# command: create, start, delete, ... (None: only global options);
+# bundle: create's --bundle/-b (runc's default is the working directory), else None
+RuntimeCall = namedtuple("RuntimeCall", "command bundle")
 
 
-@dataclass(frozen=True)
-class Requests:
-    source: str = ""                         # annotations, mounts, env; "" when nothing asked
-    devices: tuple[str, ...] = ()            # fully qualified CDI names
-    driver_only_kinds: tuple[str, ...] = ()  # NVIDIA_VISIBLE_DEVICES=none: spec edits, no device
+class Requests(namedtuple("Requests", "source devices driver_only_kinds", defaults=("", (), ()))):
+    """source: annotations, mounts or env ("" when nothing was asked); devices: fully
+    qualified CDI names; driver_only_kinds: NVIDIA_VISIBLE_DEVICES=none (spec edits only)."""
+    __slots__ = ()
 
     def __bool__(self) -> bool:
         return bool(self.devices or self.driver_only_kinds)

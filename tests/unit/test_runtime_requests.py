@@ -1,7 +1,5 @@
 """GPU requests of an OCI config, and runc-style command lines."""
 
-import dataclasses
-
 import pytest
 
 from hostagent.config import load_config
@@ -9,7 +7,7 @@ from hostagent.errors import UsageError
 from hostagent.runtime.requests import gpu_requests, parse_call
 
 DEFAULTS = load_config("/nonexistent").runtime
-ENV_OK = dataclasses.replace(DEFAULTS, accept_env_unprivileged=True)
+ENV_OK = DEFAULTS._replace(accept_env_unprivileged=True)
 PRIVILEGED = {"bounding": ["CAP_CHOWN", "CAP_SYS_ADMIN"]}
 
 
@@ -81,7 +79,7 @@ def test_mount_markers_before_env():
     marks.append({"destination": "/var/run/nvidia-container-devices/9", "source": "/tmp/x"})   # not /dev/null
     r = gpu_requests(oci(env=["NVIDIA_VISIBLE_DEVICES=all"], caps=PRIVILEGED, mounts=marks), DEFAULTS)
     assert (r.source, r.devices) == ("mounts", ("nvidia.com/gpu=0", "example.com/gpu=1", "example.com/gpu=2"))
-    off = dataclasses.replace(DEFAULTS, accept_volume_mounts=False)
+    off = DEFAULTS._replace(accept_volume_mounts=False)
     assert gpu_requests(oci(mounts=marks), off).source == ""
 
 
