@@ -102,6 +102,7 @@ class Connection(asyncio.Protocol):
         self.closed = False
         self.write_paused = False
         self.streaming = False
+        self.lingering = False
         self._drain_waiter = None
 
     # ---- lifecycle --------------------------------------------------------------
@@ -114,11 +115,10 @@ class Connection(asyncio.Protocol):
         except OSError:
             self.caller = Caller(pid=0, uid=-1, gid=-1, groups=())
         if not server.admit(self):
-            self.closed = True
             transport.write(self._render(error_response(
                 503, "too_many_connections", "the agent has too many open connections; retry later"),
                 keep_alive=False))
-            transport.close()
+            self.linger()
             return
         self._arm(server.options.header_timeout, self._timed_out)
 
@@ -138,6 +138,22 @@ class Connection(asyncio.Protocol):
             self.closed = True
             self._disarm()
             self.transport.close()
+
+    def linger(self):
+        """Close after a final answer: half-close, then discard what the client still sends
+        until it closes (or a second passes). Closing with unread input would make the
+        kernel reset the connection, and the client could lose the answer."""
+        if self.closed:
+            return
+        self.closed = self.lingering = True
+        self._disarm()
+        try:
+            self.transport.write_eof()
+        except (OSError, RuntimeError):
+            self.transport.close()
+            return
+        self.transport.resume_reading()
+        self.timer = self.loop.call_later(1.0, self.transport.close)
 
     def pause_writing(self):
         self.write_paused = True
@@ -192,6 +208,8 @@ class Connection(asyncio.Protocol):
             what = "headers" if self.phase != _BODY else "body"
             self._send(error_response(408, "timeout", f"the request {what} did not arrive in time"),
                        keep_alive=False)
+            self.linger()
+            return
         self.close()
 
     def _write_timed_out(self):
@@ -204,7 +222,7 @@ class Connection(asyncio.Protocol):
 
     def data_received(self, data):
         if self.closed:
-            return
+            return          # lingering: discard
         self.buf += data
         if self.phase == _IDLE:
             self.phase = _HEAD                       # the header deadline starts now
@@ -219,6 +237,8 @@ class Connection(asyncio.Protocol):
                 end = self.buf.find(b"\r\n\r\n", 0, limits.max_header_bytes + 4)
                 if end < 0:
                     if len(self.buf) > limits.max_header_bytes:
+                        if b"\r\n" not in self.buf[:limits.max_header_bytes]:
+                            return self._fail(HttpError(414, "uri_too_long", "request line too long"))
                         return self._fail(HttpError(431, "header_too_large",
                                                     f"request head larger than {limits.max_header_bytes} bytes"))
                     if not self.buf:
@@ -249,7 +269,7 @@ class Connection(asyncio.Protocol):
         """A request we cannot frame: answer and close (what follows cannot be trusted)."""
         self._send(error_response(error.status, error.code, error.message, error.details),
                    keep_alive=False)
-        self.close()
+        self.linger()
 
     # ---- answering --------------------------------------------------------------
 
@@ -304,7 +324,7 @@ class Connection(asyncio.Protocol):
         self._send(response, keep_alive=keep_alive, head_only=request.method == "HEAD")
         self.request = None
         if not keep_alive:
-            self.close()
+            self.linger()
             return
         self.phase = _HEAD if self.buf else _IDLE
         if not self.write_paused:

@@ -151,7 +151,6 @@ class Agent:
                         "devices": len(self.spec.device_names) if self.spec else 0,
                         "problems": [p.message for p in self.spec.problems] if self.spec else [],
                         "allocation_kind": transient.ALLOCATION_KIND},
-                "allocations": len(self.allocations),
                 "agent": {"version": __version__, "pid": os.getpid(), "api": "v1",
                           "started": round(self.started, 3), "config": self.settings.source}}
         return node

@@ -57,7 +57,7 @@ class Daemon:
         if node.get("inventory", {}).get("state") == "error":
             return f"serving; inventory unreadable: {node['inventory']['message']}"
         return (f"serving {node.get('gpus', 0)} GPU(s), {node.get('mig_devices', 0)} MIG device(s), "
-                f"{node.get('allocations', 0)} allocation(s) on {self.socket_path}")
+                f"{len(self.agent.allocations)} allocation(s) on {self.socket_path}")
 
     async def run(self) -> int:
         from ..api.routes import App
@@ -76,6 +76,7 @@ class Daemon:
         await self.agent.start()
         api = self.settings.api
         sock, gid = bind_socket(self.socket_path, api.group, api.mode)
+        inode = os.stat(self.socket_path).st_ino
         self.server = ApiServer(App(self.agent), _server_options(api, gid))
         await self.server.start(sock)
         log.info("listening on %s", self.socket_path, extra={"fields": {"socket": str(self.socket_path)}})
@@ -94,7 +95,7 @@ class Daemon:
         await self.server.stop(self.settings.daemon.shutdown_grace)
         try:
             # Only our own socket: a newer daemon may have replaced it already.
-            if os.stat(self.socket_path).st_ino == os.fstat(sock.fileno()).st_ino:
+            if os.stat(self.socket_path).st_ino == inode:
                 os.unlink(self.socket_path)
         except OSError:
             pass
