@@ -1,0 +1,108 @@
+"""The real daemon as a test fixture: a simulated node in a directory others can traverse
+(so tests can talk to it as another uid), ``hostagent --simulate DIR serve`` as a child
+process, and a client on its socket."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from hostagent.client import Client, DaemonNotRunning
+from hostagent.errors import UnavailableError
+from hostagent.hostroot import HostRoot
+from hostagent.sim.driverroot import create_node
+
+__all__ = ["make_root", "AgentProcess"]
+
+FAST = {"api": {"watch_heartbeat": 2}, "daemon": {"resync_interval": 0}}
+
+
+def make_root(profile: str = "dgx-a100") -> Path:
+    root = Path(tempfile.mkdtemp(prefix="ha-"))
+    root.chmod(0o755)
+    create_node(root, profile)
+    return root
+
+
+class AgentProcess:
+    def __init__(self, root: Path, config: dict | None = None, env: dict | None = None):
+        self.root = Path(root)
+        self.host = HostRoot.simulation(self.root)
+        self.config = self.root / "etc/hostagent/config.yaml"
+        self.write_config(FAST if config is None else config)
+        self.env = env or {}
+        self.proc: subprocess.Popen | None = None
+        self.log_path = self.root / "daemon.log"
+        self.socket = self.host.host("/run/hostagent/hostagent.sock")
+
+    def write_config(self, config: dict | str) -> None:
+        self.config.parent.mkdir(parents=True, exist_ok=True)
+        text = config if isinstance(config, str) else json.dumps(config)   # JSON is YAML
+        self.config.write_text(text)
+
+    def start(self, wait: bool = True, timeout: float = 20) -> "AgentProcess":
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.env}
+        for inherited in ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", "JOURNAL_STREAM"):
+            if inherited not in self.env:
+                env.pop(inherited, None)
+        log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "hostagent.cli.main", "--simulate", str(self.root), "serve",
+             "--config", str(self.config)], stdout=log, stderr=log, env=env, stdin=subprocess.DEVNULL)
+        log.close()
+        if wait:
+            self.wait_ready(timeout)
+        return self
+
+    def wait_ready(self, timeout: float = 20) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"daemon exited with {self.proc.returncode}:\n{self.log()}")
+            try:
+                with self.client(timeout=2) as c:
+                    c.node()
+                return
+            except (DaemonNotRunning, UnavailableError):
+                time.sleep(0.05)
+        raise AssertionError(f"daemon not ready after {timeout}s:\n{self.log()}")
+
+    def client(self, timeout: float = 10) -> Client:
+        return Client(socket_path=self.socket, timeout=timeout)
+
+    def log(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    def signal(self, sig) -> None:
+        self.proc.send_signal(sig)
+
+    def stop(self, timeout: float = 15) -> int:
+        if self.proc is None or self.proc.poll() is not None:
+            return self.proc.returncode if self.proc else 0
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            raise AssertionError(f"daemon ignored SIGTERM:\n{self.log()}")
+
+    def kill(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
+
+    def cleanup(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        shutil.rmtree(self.root, ignore_errors=True)

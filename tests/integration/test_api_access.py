@@ -1,0 +1,137 @@
+"""Who may do what: callers identified by SO_PEERCRED, as processes running under other
+uids and groups (the tests run as root and start children as ``nobody``)."""
+
+import json
+import os
+import socket
+import stat
+
+import pytest
+
+from .agentd import AgentProcess, make_root
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to start processes as other users")
+
+NOBODY, NOGROUP, OTHER_GID = 65534, 65534, 23456
+
+def _run(path, script):
+    """In the child: each step on its own connection; HOLD keeps one open."""
+    out, held = [], []
+    for method, target, body in script:
+        s = socket.socket(socket.AF_UNIX)
+        s.settimeout(5)
+        try:
+            s.connect(path)
+        except OSError as e:
+            out.append(["connect", e.errno])
+            continue
+        if method == "HOLD":
+            held.append(s)
+            out.append(["held", 0])
+            continue
+        data = (body or "").encode()
+        s.sendall(f"{method} {target} HTTP/1.1\r\nConnection: close\r\n"
+                  f"Content-Length: {len(data)}\r\n\r\n".encode() + data)
+        resp = b""
+        while True:
+            try:
+                chunk = s.recv(65536)
+            except ConnectionResetError:
+                break
+            if not chunk:
+                break
+            resp += chunk
+        s.close()
+        head, _, payload = resp.partition(b"\r\n\r\n")
+        try:
+            code = json.loads(payload).get("code")
+        except ValueError:
+            code = None
+        out.append([int(head.split()[1]) if head else 0, code])
+    return out
+
+
+def as_user(agent, script, uid=NOBODY, gid=NOGROUP, groups=()):
+    """Run ``script`` in a forked child that has dropped to ``uid``/``gid``/``groups``
+    (a fork, not an exec: nobody may not be able to read this interpreter)."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        status = 1
+        try:
+            os.close(r)
+            os.setgroups(list(groups))
+            os.setgid(gid)
+            os.setuid(uid)
+            os.write(w, json.dumps(_run(str(agent.socket), script)).encode())
+            status = 0
+        finally:
+            os._exit(status)
+    os.close(w)
+    with os.fdopen(r, "rb") as f:
+        data = f.read()
+    _, status = os.waitpid(pid, 0)
+    assert status == 0 and data, "the child failed"
+    return [tuple(x) for x in json.loads(data)]
+
+
+ALLOC = json.dumps({"id": "by-nobody", "devices": [{"device": "1"}]})
+
+
+@pytest.fixture(scope="module")
+def group_agent():
+    proc = AgentProcess(make_root(), {"api": {"group": "nogroup", "max_connections_per_user": 3},
+                                      "daemon": {"resync_interval": 0}}).start()
+    yield proc
+    proc.stop()
+    proc.cleanup()
+
+
+def test_socket_mode_and_group(group_agent):
+    st = os.stat(group_agent.socket)
+    assert stat.S_ISSOCK(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o660
+    assert (st.st_uid, st.st_gid) == (0, NOGROUP)
+
+
+def test_group_member_reads_and_allocates_but_does_not_administer(group_agent):
+    got = as_user(group_agent, [
+        ["GET", "/v1/node", None], ["GET", "/v1/devices", None], ["GET", "/v1/devices/1", None],
+        ["GET", "/v1/openapi.json", None], ["GET", "/v1/allocations", None],
+        ["POST", "/v1/allocations", ALLOC], ["GET", "/v1/allocations/by-nobody", None],
+        ["POST", "/v1/inventory/refresh", None],
+        ["DELETE", "/v1/allocations/by-nobody", None]])
+    assert got == [(200, None), (200, None), (200, None), (200, None), (200, None),
+                   (201, None), (200, None), (403, "forbidden"), (200, None)]
+
+
+def test_supplementary_group_counts(group_agent):
+    got = as_user(group_agent, [["GET", "/v1/node", None], ["POST", "/v1/inventory/refresh", None]],
+                  gid=OTHER_GID, groups=[NOGROUP])
+    assert got == [(200, None), (403, "forbidden")]
+
+
+def test_others_cannot_even_connect(group_agent):
+    got = as_user(group_agent, [["GET", "/v1/node", None]], gid=OTHER_GID)
+    assert got == [("connect", 13)]       # EACCES: the socket is 0660 root:nogroup
+
+
+def test_per_user_connection_limit(group_agent):
+    got = as_user(group_agent, [["HOLD", None, None]] * 3 + [["GET", "/v1/node", None]])
+    assert got[-1] == (503, "too_many_connections")
+    with group_agent.client() as c:      # root is not limited per user
+        assert c.node()["gpus"] == 8
+
+
+def test_peer_check_stands_without_socket_permissions():
+    """With a world-writable socket, everyone connects, and the peer check refuses them."""
+    agent = AgentProcess(make_root(), {"api": {"group": "nogroup", "socket_mode": "0666"},
+                                       "daemon": {"resync_interval": 0}}).start()
+    try:
+        got = as_user(agent, [["GET", "/v1/node", None], ["GET", "/v1/openapi.json", None],
+                              ["POST", "/v1/allocations", ALLOC], ["GET", "/v1/nothing", None]],
+                      gid=OTHER_GID)
+        assert got == [(403, "forbidden")] * 4
+        assert as_user(agent, [["GET", "/v1/node", None]]) == [(200, None)]
+    finally:
+        agent.stop()
+        agent.cleanup()

@@ -1,0 +1,187 @@
+"""Allocations against the real daemon: selection, idempotency, conflicts, sharing, the
+transient spec, and restarts."""
+
+import json
+import subprocess
+
+import pytest
+
+from hostagent.cdi.validate import validate_spec
+from hostagent.errors import ConflictError, NotFoundError, UsageError
+
+from .agentd import AgentProcess, make_root
+
+
+def smi(root, *args):
+    subprocess.run([str(root / "usr/bin/nvidia-smi"), *args], check=True, capture_output=True)
+
+
+@pytest.fixture(scope="module")
+def agent():
+    root = make_root()
+    # GPU 0 split into MIG devices: 3g.20gb, 2g.10gb, 1g.5gb x2 (before the daemon starts).
+    smi(root, "-i", "0", "-mig", "1")
+    smi(root, "-r", "-i", "0")
+    smi(root, "mig", "-i", "0", "-cgi", "3g.20gb,2g.10gb,1g.5gb,1g.5gb", "-C")
+    proc = AgentProcess(root).start()
+    yield proc
+    proc.stop()
+    proc.cleanup()
+
+
+@pytest.fixture
+def c(agent):
+    with agent.client() as client:
+        yield client
+        for a in client.allocations():
+            client.release(a["id"])
+
+
+def spec_files(agent):
+    return sorted(p.name for p in (agent.root / "var/run/cdi").iterdir())
+
+
+def test_by_name_uuid_and_cdi_name(agent, c):
+    gpus = c.devices()["gpus"]
+    a = c.allocate("claim-a", ["1", gpus[2]["uuid"], "nvidia.com/gpu=3"])
+    assert a["devices"] == [gpus[1]["uuid"], gpus[2]["uuid"], gpus[3]["uuid"]]
+    assert a["cdi_devices"] == ["hostagent.io/allocation=claim-a-gpu1", "hostagent.io/allocation=claim-a-gpu2",
+                                "hostagent.io/allocation=claim-a-gpu3"]
+    assert a["visible_devices"] == ",".join(a["devices"])
+    spec = json.loads((agent.root / "var/run/cdi/hostagent.io-allocation_claim-a.json").read_text())
+    assert validate_spec(spec) == []
+    assert spec["kind"] == "hostagent.io/allocation"
+    assert [d["name"] for d in spec["devices"]] == ["claim-a-gpu1", "claim-a-gpu2", "claim-a-gpu3"]
+    assert spec["devices"][0]["containerEdits"]["deviceNodes"][0]["path"] == "/dev/nvidia1"
+    # The equivalent plain edits: every device node, the driver's libraries, the env.
+    edits = a["container_edits"]
+    paths = [n["path"] for n in edits["deviceNodes"]]
+    assert {"/dev/nvidiactl", "/dev/nvidia1", "/dev/nvidia2", "/dev/nvidia3"} <= set(paths)
+    assert "/dev/nvidia4" not in paths
+    assert any(m["containerPath"].endswith("libcuda.so.550.90.07") for m in edits["mounts"])
+    assert edits["env"] == ["NVIDIA_VISIBLE_DEVICES=void"]
+    # The devices say who uses them.
+    assert c.device("2")["allocations"] == ["claim-a"]
+    assert c.allocation("claim-a")["devices"] == a["devices"]
+
+
+def test_constraints_pick_best_fit(c):
+    # A MIG profile.
+    a = c.allocate("p1", [{"constraints": {"profile": "1g.5gb"}, "count": 2}])
+    assert [c.device(u)["profile"] for u in a["devices"]] == ["1g.5gb", "1g.5gb"]
+    assert all(name.startswith("hostagent.io/allocation=p1-mig0:") for name in a["cdi_devices"])
+    # Minimum memory: the smallest device that fits (the 2g.10gb MIG device), not a GPU.
+    b = c.allocate("m1", [{"constraints": {"min_memory_mib": 9000}}])
+    assert c.device(b["devices"][0])["profile"] == "2g.10gb"
+    # Whole GPUs by product and compute capability.
+    g = c.allocate("g1", [{"constraints": {"type": "gpu", "product": "a100-sxm4", "compute_capability": "8.0"},
+                           "count": 3}])
+    assert [c.device(u)["index"] for u in g["devices"]] == [1, 2, 3]
+    with pytest.raises(ConflictError) as e:
+        c.allocate("cc", [{"constraints": {"compute_capability": "9.0"}}])
+    assert e.value.code == "insufficient_devices" and e.value.details["matching"] == 0
+    with pytest.raises(ConflictError) as e:
+        c.allocate("many", [{"constraints": {"profile": "1g.5gb"}}])   # both taken by p1
+    assert e.value.code == "insufficient_devices" and e.value.details["matching"] == 2
+
+
+def test_idempotent_and_conflicting_ids(agent, c):
+    first = c.allocate("same", [{"constraints": {"type": "gpu"}}])
+    again = c.allocate("same", [{"constraints": {"type": "gpu"}}])
+    assert again["devices"] == first["devices"] and again["created"] == first["created"]
+    response = c.request("POST", "/v1/allocations", {"id": "same", "devices": [{"constraints": {"type": "gpu"}}]})
+    assert response.status == 200
+    with pytest.raises(ConflictError) as e:
+        c.allocate("same", ["5"])
+    assert e.value.code == "allocation_conflict"
+    # Busy device, by another exclusive allocation.
+    with pytest.raises(ConflictError) as e:
+        c.allocate("other", [first["devices"][0]])
+    assert e.value.code == "device_busy" and e.value.details["allocations"] == ["same"]
+    # Ids that would share a spec file name ('/' becomes '_').
+    c.allocate("ns/pod", ["6"])
+    with pytest.raises(ConflictError) as e:
+        c.allocate("ns_pod", ["7"])
+    assert e.value.code == "allocation_conflict"
+    assert "hostagent.io-allocation_ns_pod.json" in spec_files(agent)
+
+
+def test_not_allocatable_and_unknown(c):
+    with pytest.raises(ConflictError) as e:
+        c.allocate("whole0", ["0"])          # MIG is enabled on GPU 0
+    assert e.value.code == "device_not_allocatable"
+    with pytest.raises(UsageError) as e:
+        c.allocate("nope", ["GPU-00000000-0000-0000-0000-000000000000"])
+    assert e.value.code == "unknown_device" and e.value.status == 422
+    with pytest.raises(UsageError) as e:
+        c.allocate("twice", ["1", "nvidia.com/gpu=1"])
+    assert e.value.code == "invalid_argument"
+    assert c.allocations() == []
+
+
+def test_sharing_rules(c):
+    ts = {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Short"}}
+    a = c.allocate("ts-1", ["4"], sharing=ts)
+    b = c.allocate("ts-2", ["4"], sharing={"strategy": "TimeSlicing"})
+    assert a["devices"] == b["devices"]
+    assert b["sharing"] == {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Default"}}
+    with pytest.raises(ConflictError) as e:
+        c.allocate("mps-1", ["4"], sharing={"strategy": "MPS"})
+    assert e.value.code == "device_busy"
+    with pytest.raises(ConflictError):
+        c.allocate("excl", ["4"])
+    # Constraint groups spread shared allocations over the least shared devices.
+    m = c.allocate("mps-2", [{"constraints": {"type": "gpu"}, "count": 2}],
+                   sharing={"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 50}})
+    assert c.device("4")["uuid"] not in m["devices"]
+    with pytest.raises(UsageError):
+        c.allocate("bad", ["5"], sharing={"strategy": "TimeSlicing", "mpsConfig": {}})
+    assert sorted(c.device("4")["allocations"]) == ["ts-1", "ts-2"]
+
+
+def test_release(agent, c):
+    c.allocate("rel", ["5"])
+    assert "hostagent.io-allocation_rel.json" in spec_files(agent)
+    gone = c.release("rel")
+    assert gone["id"] == "rel"
+    assert "hostagent.io-allocation_rel.json" not in spec_files(agent)
+    with pytest.raises(NotFoundError):
+        c.release("rel")
+    with pytest.raises(NotFoundError):
+        c.allocation("rel")
+
+
+def test_restart_keeps_allocations_and_drops_gone_devices():
+    root = make_root()
+    smi(root, "-i", "1", "-mig", "1")
+    smi(root, "-r", "-i", "1")
+    smi(root, "mig", "-i", "1", "-cgi", "3g.20gb,3g.20gb", "-C")
+    agent = AgentProcess(root).start()
+    try:
+        with agent.client() as c:
+            keep = c.allocate("keep/me", ["2", "3"], labels={"pod": "a"})
+            mig = c.allocate("on-mig", [{"constraints": {"profile": "3g.20gb"}}])
+        agent.stop()
+        # Behind the agent's back: that MIG device is destroyed, and a stray spec appears.
+        smi(root, "mig", "-i", "1", "-dci")
+        smi(root, "mig", "-i", "1", "-dgi")
+        stray = root / "var/run/cdi/hostagent.io-allocation_stray.json"
+        stray.write_text((root / "var/run/cdi/hostagent.io-allocation_keep_me.json").read_text())
+        agent.start()
+        with agent.client() as c:
+            ids = [a["id"] for a in c.allocations()]
+            assert ids == ["keep/me"]
+            again = c.allocation("keep/me")
+            assert again["devices"] == keep["devices"] and again["labels"] == {"pod": "a"}
+            assert again["cdi_devices"] == keep["cdi_devices"]
+            assert c.device("2")["allocations"] == ["keep/me"]
+        assert not stray.exists()
+        assert not (root / "var/run/cdi/hostagent.io-allocation_on-mig.json").exists()
+        log = agent.log()
+        assert "allocation on-mig dropped" in log and mig["devices"][0] in log
+        assert "removed transient spec" in log and "stray" in log
+        checkpoint = json.loads((root / "var/lib/hostagent/allocations.json").read_text())
+        assert [a["id"] for a in checkpoint["allocations"]] == ["keep/me"]
+    finally:
+        agent.stop()
+        agent.cleanup()

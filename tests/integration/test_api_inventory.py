@@ -1,0 +1,193 @@
+"""Read endpoints and the watch stream, against the real daemon on a simulated DGX A100."""
+
+import json
+import socket
+import subprocess
+from urllib.parse import quote
+
+import pytest
+
+from hostagent.api.schema import document_bytes
+from hostagent.errors import NotFoundError, UsageError
+
+from .agentd import AgentProcess, make_root
+
+
+@pytest.fixture(scope="module")
+def agent():
+    proc = AgentProcess(make_root(), {"api": {"watch_heartbeat": 2, "watch_buffer": 16}}).start()
+    yield proc
+    proc.stop()
+    proc.cleanup()
+
+
+def raw(agent, data: bytes, timeout=5) -> bytes:
+    """Send bytes, read until the agent closes or a full response arrived."""
+    with socket.socket(socket.AF_UNIX) as s:
+        s.settimeout(timeout)
+        s.connect(str(agent.socket))
+        s.sendall(data)
+        out = b""
+        while True:
+            try:
+                chunk = s.recv(65536)
+            except socket.timeout:
+                break
+            if not chunk:
+                break
+            out += chunk
+        return out
+
+
+def smi(agent, *args):
+    subprocess.run([str(agent.root / "usr/bin/nvidia-smi"), *args], check=True, capture_output=True)
+
+
+def test_node_facts(agent):
+    with agent.client() as c:
+        node = c.node()
+    assert node["gpus"] == 8 and node["mig_devices"] == 0
+    assert node["driver_version"] and node["cuda_driver_version"] and node["nvml_version"]
+    assert node["inventory"]["state"] == "ok"
+    assert node["cdi"]["kind"] == "nvidia.com/gpu" and node["cdi"]["devices"] == 17
+    assert node["agent"]["api"] == "v1" and node["simulated"] is True
+    assert node["revision"] > 0
+
+
+def test_devices_list_shape(agent):
+    with agent.client() as c:
+        data = c.devices()
+    assert [g["index"] for g in data["gpus"]] == list(range(8))
+    g = data["gpus"][0]
+    assert g["cdi_devices"] == ["nvidia.com/gpu=0", f"nvidia.com/gpu={g['uuid']}"]
+    assert g["health"]["state"] == "unknown" and g["health"]["reason"] == "unmonitored"
+    assert g["allocatable"] is True and g["allocations"] == []
+    assert g["mig"] == {"capable": True, "enabled": False, "pending": False, "devices": []}
+    assert 0 < g["revision"] <= data["revision"]
+    assert data["mig_devices"] == [] and data["unreadable"] == []
+
+
+def test_device_by_every_name(agent):
+    with agent.client() as c:
+        gpu = c.devices()["gpus"][3]
+        names = ["3", gpu["uuid"], "nvidia.com/gpu=3", f"nvidia.com/gpu={gpu['uuid']}", "gpu=3"]
+        for name in names:
+            assert c.device(name)["uuid"] == gpu["uuid"], name
+        one = c.device("3")
+        assert [p["name"] for p in one["mig"]["profiles"]][:2] == ["1g.5gb", "1g.5gb+me"]
+        with pytest.raises(NotFoundError) as e:
+            c.device("9")
+        assert e.value.code == "not_found"
+    # An unencoded CDI name (slash in the path) works too.
+    out = raw(agent, b"GET /v1/devices/nvidia.com/gpu=3 HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    assert out.startswith(b"HTTP/1.1 200 ") and gpu["uuid"].encode() in out
+
+
+def test_filters_and_profiles(agent):
+    with agent.client() as c:
+        assert c.devices(type="mig")["gpus"] == []
+        assert "profiles" not in c.devices()["gpus"][0]["mig"]
+        assert len(c.devices(profiles=True)["gpus"][0]["mig"]["profiles"]) == 7
+        with pytest.raises(UsageError):
+            c.get("/v1/devices", type="cpu")
+
+
+def test_openapi_served_is_the_repo_document(agent):
+    with agent.client() as c:
+        response = c.request("GET", "/v1/openapi.json")
+    assert response.body == document_bytes()
+    from openapi_spec_validator import validate
+    validate(json.loads(response.body))
+
+
+def test_etag_head_and_keepalive(agent):
+    out = raw(agent, b"GET /v1/devices HTTP/1.1\r\nHost: x\r\n\r\n"
+                     b"HEAD /v1/devices HTTP/1.1\r\nHost: x\r\n\r\n", timeout=1)
+    first, rest = out.split(b"\r\n\r\n", 1)
+    etag = [l for l in first.split(b"\r\n") if l.lower().startswith(b"etag:")][0].split(b":", 1)[1].strip()
+    length = int([l for l in first.split(b"\r\n") if l.lower().startswith(b"content-length")][0].split(b":")[1])
+    second = rest[length:]
+    assert second.startswith(b"HTTP/1.1 200 ") and second.endswith(b"\r\n\r\n")   # HEAD: no body
+    out = raw(agent, b"GET /v1/devices HTTP/1.1\r\nIf-None-Match: " + etag + b"\r\nConnection: close\r\n\r\n")
+    assert out.startswith(b"HTTP/1.1 304 ")
+
+
+def test_watch_snapshot_events_and_resume(agent):
+    with agent.client() as c:
+        events = c.watch()
+        snap = next(events)
+        assert snap["type"] == "snapshot" and snap["reason"] == "initial"
+        assert len(snap["gpus"]) == 8
+        start = snap["revision"]
+        c2 = agent.client()
+        c2.allocate("watch-1", ["5"])
+        created = next(events)
+        changed = next(events)
+        assert created["type"] == "allocation_created" and created["revision"] == start + 1
+        assert changed["type"] == "device_changed" and changed["changed"] == ["allocations"]
+        assert changed["device"]["allocations"] == ["watch-1"]
+        assert changed["revision"] == changed["device"]["revision"] == start + 2
+        c2.release("watch-1")
+        later = [next(events) for _ in range(2)]
+        assert [e["type"] for e in later] == ["allocation_deleted", "device_changed"]
+        events.close()
+        # Resume from the first revision: exactly the missed events, in order.
+        resumed = c2.watch(since=start)
+        got = [next(resumed) for _ in range(4)]
+        assert [e["revision"] for e in got] == [start + 1, start + 2, start + 3, start + 4]
+        resumed.close()
+        # A revision the agent never had: a fresh snapshot.
+        stream = c2.watch(since=10 ** 15)
+        first = next(stream)
+        assert first["type"] == "snapshot" and first["reason"] == "too_far_behind"
+        stream.close()
+        # One that fell out of the 16-event ring: a fresh snapshot, then live events.
+        for i in range(5):
+            c2.allocate(f"churn-{i}", ["6"])
+            c2.release(f"churn-{i}")
+        stream = c2.watch(since=start)
+        first = next(stream)
+        assert first["type"] == "snapshot" and first["reason"] == "too_far_behind"
+        assert first["revision"] == start + 4 + 20
+        c2.allocate("after", ["6"])
+        assert next(stream)["revision"] == first["revision"] + 1
+        c2.release("after")
+        stream.close()
+        c2.close()
+
+
+def test_watch_heartbeat(agent):
+    with agent.client() as c:
+        stream = c.watch()
+        snap = next(stream)
+        beat = next(stream)          # the fixture's heartbeat interval is 2 s
+        assert beat == {"type": "heartbeat", "revision": snap["revision"]}
+        stream.close()
+
+
+def test_mig_change_behind_the_agents_back(agent):
+    """nvidia-smi makes MIG devices; a refresh (admin) publishes them with CDI names."""
+    smi(agent, "-i", "7", "-mig", "1")
+    smi(agent, "-r", "-i", "7")
+    smi(agent, "mig", "-i", "7", "-cgi", "1g.5gb,3g.20gb", "-C")
+    with agent.client() as c:
+        stream = c.watch()
+        before = next(stream)["revision"]
+        revision = c.refresh()
+        assert revision > before
+        kinds = set()
+        while True:
+            e = next(stream)
+            kinds.add(e["type"])
+            if e["revision"] == revision:
+                break
+        assert {"device_added", "device_changed"} <= kinds
+        stream.close()
+        migs = c.devices(type="mig")["mig_devices"]
+        assert sorted(m["profile"] for m in migs) == ["1g.5gb", "3g.20gb"]
+        m = migs[0]
+        assert m["parent_index"] == 7 and m["cdi_devices"] == [f"nvidia.com/gpu={m['name']}",
+                                                               f"nvidia.com/gpu={m['uuid']}"]
+        assert c.device(m["name"])["uuid"] == m["uuid"] == c.device(quote(m["uuid"]))["uuid"]
+        gpu7 = c.device("7")
+        assert gpu7["mig"]["enabled"] and gpu7["allocatable"] is False and gpu7["cdi_devices"] == []

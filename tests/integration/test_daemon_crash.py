@@ -1,0 +1,140 @@
+"""``kill -9`` of the daemon in the middle of allocating or releasing, then a restart: no
+leaked spec, no lost allocation, a consistent checkpoint."""
+
+import json
+import random
+import threading
+import time
+
+import pytest
+
+from hostagent.errors import HostagentError
+
+from .agentd import AgentProcess, make_root
+
+KIND = "hostagent.io-allocation_"
+
+
+def state(agent) -> tuple[set, set, set]:
+    """(allocations the API lists, transient spec files, checkpointed ids)."""
+    with agent.client() as c:
+        listed = {a["id"] for a in c.allocations()}
+    specs = {p.name[len(KIND):-len(".json")] for p in (agent.root / "var/run/cdi").glob(KIND + "*.json")}
+    checkpoint = json.loads((agent.root / "var/lib/hostagent/allocations.json").read_text())
+    return listed, specs, {a["id"] for a in checkpoint["allocations"]}
+
+
+def assert_consistent(agent) -> set:
+    listed, specs, saved = state(agent)
+    assert listed == saved, (listed, saved)
+    assert specs == {i.replace("/", "_") for i in listed}, (specs, listed)
+    for tmp in (agent.root / "var/run/cdi").glob(".*.tmp"):
+        raise AssertionError(f"temporary file left behind: {tmp}")
+    return listed
+
+
+def crash_during(agent, action) -> None:
+    """Run ``action(client)``; the daemon kills itself at its fault point."""
+    with agent.client() as c:
+        with pytest.raises(HostagentError):
+            action(c)
+    assert agent.proc.wait(10) == -9
+
+
+@pytest.mark.parametrize("point, survives", [("allocate:after_spec", False),
+                                             ("allocate:after_checkpoint", True)])
+def test_crash_while_allocating(point, survives):
+    root = make_root()
+    agent = AgentProcess(root).start()
+    try:
+        with agent.client() as c:
+            c.allocate("before", ["0"])
+        agent.stop()
+        agent.env = {"HOSTAGENT_FAULT": point}
+        agent.start()
+        crash_during(agent, lambda c: c.allocate("claim/x", ["1", "2"]))
+        assert (root / f"var/run/cdi/{KIND}claim_x.json").exists()      # died mid-way
+        agent.env = {}
+        agent.start()
+        listed = assert_consistent(agent)
+        assert listed == ({"before", "claim/x"} if survives else {"before"})
+        # The plugin retries the same request: it succeeds (created, or the committed one).
+        with agent.client() as c:
+            again = c.allocate("claim/x", ["1", "2"])
+            assert len(again["devices"]) == 2
+        assert_consistent(agent)
+    finally:
+        agent.stop()
+        agent.cleanup()
+
+
+def test_crash_while_releasing():
+    root = make_root()
+    agent = AgentProcess(root).start()
+    try:
+        with agent.client() as c:
+            c.allocate("gone-soon", ["3"])
+            c.allocate("stays", ["4"])
+        agent.stop()
+        agent.env = {"HOSTAGENT_FAULT": "release:after_checkpoint"}
+        agent.start()
+        crash_during(agent, lambda c: c.release("gone-soon"))
+        assert (root / f"var/run/cdi/{KIND}gone-soon.json").exists()     # the spec leaked...
+        agent.env = {}
+        agent.start()
+        assert assert_consistent(agent) == {"stays"}                      # ...until the restart
+        assert "removed transient spec" in agent.log()
+    finally:
+        agent.stop()
+        agent.cleanup()
+
+
+def test_random_kill9_under_load():
+    """A client allocates and releases as fast as it can; the daemon is killed at random
+    moments. Every allocation the client was told about survives unless it was released;
+    none it was not told about appears except one whose answer the kill swallowed."""
+    rng = random.Random(6)
+    root = make_root()
+    agent = AgentProcess(root).start()
+    confirmed: set[str] = set()
+    try:
+        for round_ in range(4):
+            uncertain: set[str] = set()
+            stop = threading.Event()
+
+            def churn():
+                i = 0
+                with agent.client(timeout=5) as c:
+                    while not stop.is_set():
+                        i += 1
+                        name = f"r{round_}-{i}"
+                        try:
+                            if confirmed and rng.random() < 0.4:
+                                victim = sorted(confirmed)[0]
+                                uncertain.add(victim)
+                                c.release(victim)
+                                confirmed.discard(victim)
+                                uncertain.discard(victim)
+                            else:
+                                uncertain.add(name)
+                                c.allocate(name, [{"constraints": {"type": "gpu"}}],
+                                           sharing={"strategy": "TimeSlicing"})
+                                confirmed.add(name)
+                                uncertain.discard(name)
+                        except HostagentError:
+                            return
+            t = threading.Thread(target=churn)
+            t.start()
+            time.sleep(rng.uniform(0.2, 0.6))
+            agent.kill()
+            stop.set()
+            t.join(10)
+            agent.start()
+            listed = assert_consistent(agent)
+            assert confirmed - uncertain <= listed, confirmed - listed
+            assert listed <= confirmed | uncertain
+            confirmed = listed
+        assert confirmed
+    finally:
+        agent.stop()
+        agent.cleanup()

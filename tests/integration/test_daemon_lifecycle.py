@@ -1,0 +1,179 @@
+"""The daemon as systemd runs it: readiness and watchdog notifications, reload, stop,
+journal logging, one instance per node, an unreadable inventory at start."""
+
+import os
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import time
+
+import pytest
+
+from hostagent.client import Request
+from hostagent.errors import UnavailableError
+
+from .agentd import AgentProcess, make_root
+
+
+class NotifySocket:
+    """What systemd's notification socket receives."""
+
+    def __init__(self, path: str):
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.sock.bind(path if not path.startswith("@") else "\0" + path[1:])
+        self.sock.settimeout(10)
+        self.messages: list[dict] = []
+
+    def wait_for(self, key: str, value: str | None = None) -> dict:
+        for m in self.messages:
+            if key in m and (value is None or m[key] == value):
+                self.messages.remove(m)
+                return m
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            data = self.sock.recv(4096).decode()
+            m = dict(line.split("=", 1) for line in data.splitlines())
+            if key in m and (value is None or m[key] == value):
+                return m
+            self.messages.append(m)
+        raise AssertionError(f"no {key} notification; got {self.messages}")
+
+    def close(self):
+        self.sock.close()
+
+
+@pytest.fixture
+def root():
+    r = make_root()
+    yield r
+
+
+def test_notify_ready_watchdog_reload_stop(root, tmp_path):
+    notify = NotifySocket("@hostagent-test-%d" % os.getpid())     # abstract namespace
+    agent = AgentProcess(root, env={"NOTIFY_SOCKET": "@hostagent-test-%d" % os.getpid(),
+                                    "WATCHDOG_USEC": "200000"})
+    try:
+        agent.start()
+        ready = notify.wait_for("READY", "1")
+        assert ready["MAINPID"] == str(agent.proc.pid)
+        assert ready["STATUS"].startswith("serving 8 GPU(s), 0 MIG device(s), 0 allocation(s) on ")
+        for _ in range(3):                                  # every 0.1 s
+            notify.wait_for("WATCHDOG", "1")
+
+        # A good reload takes effect: a smaller body limit.
+        agent.write_config({"api": {"max_body_bytes": 1024}})
+        agent.signal(signal.SIGHUP)
+        notify.wait_for("RELOADING", "1")
+        notify.wait_for("READY", "1")
+        body = b'{"id": "x", "devices": [{"device": "1"}], "labels": {"a": "' + b"b" * 1100 + b'"}}'
+        with agent.client() as c:
+            assert c.transport.handle_request(Request("POST", "/v1/allocations", body)).status == 413
+
+        # A bad one is refused, says why, and the previous configuration stays.
+        agent.write_config({"api": {"max_body_bytes": "lots"}, "daemon": {"colour": 1}})
+        agent.signal(signal.SIGHUP)
+        notify.wait_for("RELOADING", "1")
+        again = notify.wait_for("READY", "1")
+        assert "last reload failed" in again["STATUS"]
+        log = agent.log()
+        assert "configuration not reloaded, the previous one stays in force" in log
+        assert "api.max_body_bytes" in log and "daemon" in log and "colour" in log
+        with agent.client() as c:
+            assert c.transport.handle_request(Request("POST", "/v1/allocations", body)).status == 413
+            assert c.node()["gpus"] == 8
+
+        agent.signal(signal.SIGTERM)
+        notify.wait_for("STOPPING", "1")
+        assert agent.proc.wait(10) == 0
+        assert not agent.socket.exists()
+    finally:
+        notify.close()
+        agent.cleanup()
+
+
+def test_journal_stream_lines_carry_priorities(root):
+    agent = AgentProcess(root)
+    agent.log_path.touch()
+    st = os.stat(agent.log_path)
+    agent.env = {"JOURNAL_STREAM": f"{st.st_dev}:{st.st_ino}"}
+    try:
+        agent.start()
+        agent.stop()
+        lines = [l for l in agent.log().splitlines() if l]
+        assert lines and all(l[0] == "<" and l[2] == ">" for l in lines), lines
+        assert any(l.startswith("<4>group 'hostagent' does not exist") for l in lines)
+        assert any(l.startswith("<6>listening on ") for l in lines)
+    finally:
+        agent.cleanup()
+
+
+def test_native_journal_protocol(tmp_path):
+    import logging
+    from hostagent.daemon.logs import NativeJournalHandler
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    server.bind(str(tmp_path / "journal"))
+    handler = NativeJournalHandler(str(tmp_path / "journal"))
+    logger = logging.getLogger("test.journal")
+    logger.addHandler(handler)
+    logger.propagate = False
+    try:
+        logger.warning("two\nlines", extra={"fields": {"allocation_id": "a/b"}})
+        data = server.recv(65536)
+    finally:
+        logger.removeHandler(handler)
+        server.close()
+    # MESSAGE has a newline: the binary-safe form, KEY\n<le64 length><value>\n.
+    assert b"MESSAGE\n" + (9).to_bytes(8, "little") + b"two\nlines\n" in data
+    assert b"PRIORITY=4\n" in data and b"ALLOCATION_ID=a/b\n" in data
+    assert b"SYSLOG_IDENTIFIER=hostagentd\n" in data
+
+
+def test_one_daemon_per_node_and_root_only_socket_without_group(root):
+    first = AgentProcess(root).start()
+    try:
+        # The group 'hostagent' does not exist here: root-only socket, and the log says so.
+        assert stat.S_IMODE(os.stat(first.socket).st_mode) == 0o600
+        assert "group 'hostagent' does not exist: the API socket is root-only" in first.log()
+        second = subprocess.run([sys.executable, "-m", "hostagent.cli.main", "--simulate", str(root),
+                                 "serve", "--config", str(first.config)], capture_output=True, text=True,
+                                timeout=30)
+        assert second.returncode == 1
+        assert f"another hostagent daemon (pid {first.proc.pid}) is running" in second.stderr
+        with first.client() as c:
+            assert c.node()["gpus"] == 8
+    finally:
+        first.stop()
+        first.cleanup()
+
+
+def test_bad_config_at_start_exits_with_the_reason(root):
+    agent = AgentProcess(root, "api: {socket_mode: 999}\n")
+    agent.start(wait=False)
+    assert agent.proc.wait(20) == 1
+    assert "cannot start" in agent.log() and "api.socket_mode" in agent.log()
+    agent.cleanup()
+
+
+def test_unreadable_inventory_at_start_then_recovery(root):
+    subprocess.run([sys.executable, "-m", "hostagent.cli.main", "sim", "driver", "unload", "--root", str(root)],
+                   check=True, capture_output=True)
+    agent = AgentProcess(root).start()
+    try:
+        with agent.client() as c:
+            node = c.node()
+            assert node["inventory"]["state"] == "error" and node["inventory"]["code"] == "driver_not_loaded"
+            assert c.devices()["gpus"] == []
+            with pytest.raises(UnavailableError) as e:
+                c.allocate("early", ["0"])
+            assert e.value.status == 503
+            subprocess.run([sys.executable, "-m", "hostagent.cli.main", "sim", "driver", "load", "--root",
+                            str(root)], check=True, capture_output=True)
+            c.refresh()
+            assert c.node()["inventory"]["state"] == "ok"
+            assert len(c.devices()["gpus"]) == 8
+            assert c.allocate("later", ["0"])["devices"]
+    finally:
+        agent.stop()
+        agent.cleanup()
