@@ -53,9 +53,12 @@ def _host_and_options(args):
     if args.driver_root or args.dev_root:
         host = dataclasses.replace(host, driver_root=args.driver_root or host.driver_root,
                                    dev_root=args.dev_root or host.dev_root)
+    from ..config import load_config
+    interpreter = load_config(host.config_file).hook.interpreter     # None: this interpreter
     options = SpecOptions(vendor=args.vendor, device_class=args.device_class,
                           name_strategies=parse_strategies(args.device_name_strategy),
-                          all_device=not args.no_all_device, cdi_version=args.cdi_version)
+                          all_device=not args.no_all_device, cdi_version=args.cdi_version,
+                          **({"hook_interpreter": interpreter} if interpreter else {}))
     return host, options
 
 
