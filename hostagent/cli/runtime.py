@@ -73,8 +73,8 @@ def _finish(host, plan, args, verb: str) -> int:
         print(f"{plan.runtime}: already {verb}; nothing to do")
         return 0
     if args.restart:
-        from ..runtime.restart import restart
-        print(restart(host, plan.runtime, plan.service))
+        from ..runtime.restart import CONTAINERD_SOCKET, restart
+        print(restart(host, plan.runtime, plan.service, containerd_socket=plan.socket or CONTAINERD_SOCKET))
     else:
         print(f"restart {plan.runtime} to apply this (for example: systemctl restart {plan.service}, or rerun with --restart)")
     return 0

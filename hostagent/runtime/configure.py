@@ -27,6 +27,7 @@ class Plan:
     changes: list[files.Change]
     notes: list[str] = field(default_factory=list)
     config: str = ""
+    socket: str = ""          # containerd's gRPC socket, when its config names one
 
 
 def _absolute(path: str, flag: str) -> str:
@@ -59,7 +60,7 @@ def plan_configure(host, runtime: str, settings: Settings, *, config: str | None
         if path not in snapshots:
             snapshots[path] = files.read_one(host, path)
     return Plan(runtime, mod.SERVICE, files.changes(snapshots, rendered, make_parent={drop_in}),
-                notes + engine.notes, config)
+                notes + engine.notes, config, getattr(engine, "socket", ""))
 
 
 def backup_folder(host, runtime: str, backup_dir: str | None = None) -> Path:

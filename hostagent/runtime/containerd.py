@@ -66,6 +66,9 @@ class Containerd:
         self.root = t.parse(text, config)
         self.version = detect_version(self.root, text, config)
         self.cri_key = CRI_KEYS[self.version]
+        grpc = t.get_table(self.root, ["grpc"])
+        # Where this containerd listens: a restart without systemd signals its owner.
+        self.socket = str(t.unwrap(grpc.get("address", ""))) if grpc is not None else ""
         if drop_in and self.version == 1:
             raise UsageError(f"{config} is a version 1 config, which has no imports",
                              hint="use --no-drop-in to edit it in place, or migrate it to version 2")
