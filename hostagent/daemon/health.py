@@ -1,9 +1,10 @@
 """A device's health as the API reports it.
 
-Until health monitoring runs (it arrives with NVML event handling), every device is
-``unknown`` with reason ``unmonitored``: never silently healthy. The monitor will replace
-records through ``Agent.set_health``; the API, the watch stream and allocation checks
-already read them from here.
+Until the health monitor feeds the daemon, every device is ``unmonitored``: never silently
+healthy. The states are the health package's (``DeviceHealth.state``): healthy, unhealthy,
+unmonitored. A monitor replaces records through ``Agent.set_health`` (on the event loop's
+thread; from another thread through ``loop.call_soon_threadsafe``); the API, the watch
+stream and allocation checks read them from there.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from dataclasses import asdict, dataclass
 
 __all__ = ["Health", "STATES", "unmonitored"]
 
-STATES = ("healthy", "unhealthy", "unknown")
+STATES = ("healthy", "unhealthy", "unmonitored")
 
 
 @dataclass(frozen=True)
@@ -34,5 +35,5 @@ class Health:
 
 
 def unmonitored(now: float | None = None) -> Health:
-    return Health("unknown", "unmonitored", "health monitoring is not running",
+    return Health("unmonitored", "unmonitored", "health monitoring is not running",
                   time.time() if now is None else now)
