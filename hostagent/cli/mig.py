@@ -109,13 +109,15 @@ def render_plan(plan) -> str:
 def run_apply(args) -> int:
     import signal
     from ..mig import service
-    from ..mig.hooks import NO_HOOKS, load_hooks
     # systemd stops a unit that exceeds its start timeout with SIGTERM: treat it as an
     # interrupt so the executor rolls back before exiting instead of dying half-way.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     host = host_from_args(args)
     spec = _spec(args)
-    hooks = load_hooks(args.hooks) if args.hooks else NO_HOOKS
+    hooks = None
+    if args.hooks:
+        from ..mig.hooks import load_hooks
+        hooks = load_hooks(args.hooks)
     env = {"MIG_PARTED_CONFIG_FILE": args.config_file or "", "MIG_PARTED_HOOKS_FILE": args.hooks or "",
            "MIG_PARTED_SKIP_RESET": str(args.skip_reset).lower(),
            "MIG_PARTED_MODE_CHANGE_ONLY": str(args.mode_only).lower()}

@@ -13,20 +13,17 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from ..devices import read_inventory
-from ..devices.records import Inventory
 from ..errors import HostagentError, StateError
 from ..hostroot import HostRoot
 from ..lock import node_lock
-from .defaults import default_spec
-from .executor import ApplyReport, execute, no_hook
-from .hooks import NO_HOOKS, Hooks
 from .journal import Journal, read_checkpoint
 from .layout import Layout
 from .plan import MigPlan
 from .planner import plan as make_plan
-from .recovery import recover
-from .runner import Progress, quiet
 from .spec import MigSpec
+
+# The executor, recovery, hooks and the default-config generator are imported where they
+# are needed: an apply with nothing to do (every boot, usually) stays a short process.
 
 __all__ = ["ApplyResult", "apply", "plan", "check", "status", "recover_pending", "NotApplied"]
 
@@ -39,39 +36,61 @@ class NotApplied(StateError):
     code = "mig_not_applied"
 
 
+Progress = Callable[[int | None, str], None]
+
+
+def _quiet(gpu: int | None, message: str) -> None:
+    pass
+
+
+def _no_hook(host: HostRoot) -> None:
+    pass
+
+
 @dataclass
 class ApplyResult:
     plan: MigPlan
-    report: ApplyReport | None = None          # None for a dry run
+    report: object | None = None               # executor.ApplyReport; None if nothing ran
     notes: list[str] = field(default_factory=list)
 
 
-def recover_pending(host: HostRoot, *, wait: float | None = READ_LOCK_WAIT, progress: Progress = quiet,
-                    on_layout_changed: Callable[[HostRoot], None] = no_hook) -> str | None:
-    """Recover an interrupted apply if there is one; a note saying what happened, if anything."""
+def _recover(host: HostRoot, progress: Progress, on_layout_changed) -> str | None:
+    """Under the node lock: finish or roll back an interrupted apply, if any."""
     if not Journal.path(host).exists():      # the common case costs one stat
+        return None
+    from .recovery import recover
+    return recover(host, progress=progress, on_layout_changed=on_layout_changed)
+
+
+def recover_pending(host: HostRoot, *, wait: float | None = READ_LOCK_WAIT, progress: Progress = _quiet,
+                    on_layout_changed: Callable[[HostRoot], None] = _no_hook) -> str | None:
+    """Recover an interrupted apply if there is one; a note saying what happened, if anything."""
+    if not Journal.path(host).exists():
         return None
     with contextlib.ExitStack() as stack:
         try:
             stack.enter_context(node_lock(host, "mig recovery", timeout=wait))
         except StateError as e:
             return f"a MIG apply is in progress ({e.what}); showing the state as it is"
-        return recover(host, progress=progress, on_layout_changed=on_layout_changed)
+        return _recover(host, progress, on_layout_changed)
 
 
-def _spec(spec: MigSpec | None, inventory: Inventory) -> MigSpec:
-    return spec if spec is not None else default_spec(inventory)
+def _spec(spec: MigSpec | None, inventory) -> MigSpec:
+    if spec is not None:
+        return spec
+    from .defaults import default_spec
+    return default_spec(inventory)
 
 
 def apply(host: HostRoot, spec: MigSpec | None, config: str | None, *, mode_only: bool = False,
           skip_reset: bool = False, force: bool = False, dry_run: bool = False,
-          hooks: Hooks = NO_HOOKS, hook_env: dict[str, str] | None = None,
-          progress: Progress = quiet,
-          on_layout_changed: Callable[[HostRoot], None] = no_hook) -> ApplyResult:
-    """Apply ``config`` of ``spec`` (None: the bundled default), with mig-parted's hooks."""
+          hooks=None, hook_env: dict[str, str] | None = None, progress: Progress = _quiet,
+          on_layout_changed: Callable[[HostRoot], None] = _no_hook) -> ApplyResult:
+    """Apply ``config`` of ``spec`` (None: the bundled default), with mig-parted's hooks
+    (a ``hooks.Hooks``; None for none)."""
     with node_lock(host, f"mig apply {config or ''}".strip()):
         notes = []
-        recovered = recover(host, progress=progress, on_layout_changed=on_layout_changed)
+        recovered = _recover(host, progress, on_layout_changed)
         if recovered:
             notes.append(recovered)
         inventory = read_inventory(host)
@@ -80,12 +99,16 @@ def apply(host: HostRoot, spec: MigSpec | None, config: str | None, *, mode_only
         if dry_run:
             return result
         env = {**(hook_env or {}), "MIG_PARTED_SELECTED_CONFIG": result.plan.config}
-        hooks.run("apply-start", env)
+        run_hook = hooks.run if hooks is not None else (lambda name, env: None)
+        run_hook("apply-start", env)
         failure = None
         try:
-            result.report = execute(host, inventory, result.plan, skip_reset=skip_reset, force=force,
-                                    before_phase=lambda phase: hooks.run(f"pre-apply-{phase}", env),
-                                    progress=progress, on_layout_changed=on_layout_changed)
+            if result.plan.changed:
+                from .executor import execute
+                result.report = execute(host, inventory, result.plan, skip_reset=skip_reset,
+                                        force=force, progress=progress,
+                                        before_phase=lambda phase: run_hook(f"pre-apply-{phase}", env),
+                                        on_layout_changed=on_layout_changed)
         except BaseException as e:
             failure = e
             raise
@@ -93,7 +116,7 @@ def apply(host: HostRoot, spec: MigSpec | None, config: str | None, *, mode_only
             # Always runs, as mig-parted's deferred apply-exit; its failure is reported only
             # when nothing failed before it.
             try:
-                hooks.run("apply-exit", env)
+                run_hook("apply-exit", env)
             except HostagentError as e:
                 if failure is None:
                     raise
