@@ -91,7 +91,9 @@ class Containerd:
 
     def add_runtime(self, name: str, binary: str) -> None:
         runtimes = t.ensure_table(self._cri(), ["containerd", "runtimes"], self.config)
-        default = t.unwrap(self._cri().get("containerd", {}).get("default_runtime_name", ""))
+        default = t.unwrap(t.get_table(self._cri(), ["containerd"]).get("default_runtime_name", ""))
+        if not isinstance(default, str):
+            raise ConfigError(f"default_runtime_name is a {type(default).__name__}, not a string", where=self.config)
         candidates = [default] if default and default != name and not default.startswith("nvidia") else []
         source = next((n for n in candidates + ["runc", "crun"] if t.get_table(runtimes, [n]) is not None), None)
         want = copy.deepcopy(t.unwrap(runtimes[source])) if source else {}
@@ -132,6 +134,8 @@ class Containerd:
         if "version" not in root:
             root["version"] = self.version
         imports = t.unwrap(root.get("imports", []))
+        if not isinstance(imports, list) or not all(isinstance(i, str) for i in imports):
+            raise ConfigError("imports is not a list of paths", where=self.config)
         if not any(fnmatch.fnmatchcase(self.drop_in, pattern) for pattern in imports):
             if "imports" in root:
                 root["imports"].append(self.drop_in)

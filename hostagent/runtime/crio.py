@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import posixpath
 
-from ..errors import UsageError
+from ..errors import ConfigError, UsageError
 from . import tomledit as t
 from .engine import DEFAULT_CDI_DIRS
 
@@ -39,6 +39,16 @@ def build(texts: dict[str, str | None], config: str, drop_in: str | None) -> "Cr
     return Crio(config, drop_in, [(p, text) for p, text in texts.items() if p != drop_in and text is not None])
 
 
+def _mapping(data: dict, keys, where: str, prefix: str = "") -> dict:
+    """``data[k1][k2]...`` as a dict ({} when absent); anything else is an error."""
+    for i, key in enumerate(keys):
+        data = data.get(key, {})
+        if not isinstance(data, dict):
+            raise ConfigError(f"{prefix}{'.'.join(keys[:i + 1])} is a {type(data).__name__}, not a table",
+                              where=where)
+    return data
+
+
 class Crio:
     name = "crio"
 
@@ -48,10 +58,15 @@ class Crio:
         # The effective runtime settings: later files override earlier ones, key by key.
         self.default, self.runtimes = "", {}
         for path, text in texts:
-            runtime = t.unwrap(t.parse(text, path)).get("crio", {}).get("runtime", {})
-            self.default = runtime.get("default_runtime", self.default)
-            for name, table in (runtime.get("runtimes") or {}).items():
-                self.runtimes.setdefault(name, {}).update(table)
+            runtime = _mapping(t.unwrap(t.parse(text, path)), ("crio", "runtime"), path)
+            default = runtime.get("default_runtime", self.default)
+            if not isinstance(default, str):
+                raise ConfigError(f"crio.runtime.default_runtime is a {type(default).__name__}, not a string",
+                                  where=path)
+            self.default = default
+            for name in _mapping(runtime, ("runtimes",), path, "crio.runtime."):
+                self.runtimes.setdefault(name, {}).update(
+                    _mapping(runtime, ("runtimes", name), path, "crio.runtime."))
         self.doc = tomlkit.document()
         for line in HEADER:
             self.doc.add(tomlkit.comment(line.format(config=config)))
