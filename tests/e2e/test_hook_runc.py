@@ -1,0 +1,135 @@
+"""The hook as a real createContainer hook of runc (and crun): links and linker cache appear
+inside the container, while the image's environment and its planted /proc tricks achieve
+nothing on the host.
+
+The bundle's rootfs is busybox-static plus the host's static ldconfig; the fake driver
+libraries are real ELF objects with SONAMEs, bind-mounted read-only from a "host" folder
+as a CDI spec would mount them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+from hostagent.sim.elf import write_shared_object
+
+LIB = "/usr/lib/x86_64-linux-gnu"
+APPLETS = ("sh", "ls", "readlink", "cat", "echo")
+DRIVER = {"libcuda.so.550.54.15": "libcuda.so.1", "libnvidia-ml.so.550.54.15": "libnvidia-ml.so.1"}
+LINKS = (f"libcuda.so.550.54.15::{LIB}/libcuda.so.1", f"libcuda.so.1::{LIB}/libcuda.so",
+         f"libnvidia-ml.so.550.54.15::{LIB}/libnvidia-ml.so.1")
+PROBE = (f"ldconfig -p; for f in {LIB}/*; do echo \"lib $f -> $(readlink $f)\"; done; "
+         "cat /etc/ld.so.conf /etc/ld.so.conf.d/00-hostagent.conf")
+
+
+def require(runtime: str) -> str:
+    if os.geteuid() != 0:
+        pytest.skip("starting containers with runc/crun needs root here; CI runs the suite as root")
+    exe = shutil.which(runtime)
+    if not exe:
+        pytest.skip(f"{runtime} is not installed (.ci/run installs it)")
+    if not os.path.exists("/bin/busybox"):
+        pytest.skip("busybox-static is not installed (.ci/run installs it)")
+    from hostagent.hooks import hostbin
+    try:
+        os.close(hostbin.open_ldconfig("/sbin/ldconfig"))
+    except Exception as e:
+        pytest.skip(f"the host has no static ldconfig for the image: {e}")
+    return exe
+
+
+def build(tmp: Path, runtime: str) -> tuple[Path, Path]:
+    """(bundle, outside): a runc bundle, and a host folder the image tries to reach."""
+    outside = tmp / "outside"
+    (outside / "libdir").mkdir(parents=True)
+    write_shared_object(outside / "libdir" / "libescape.so.1", "libescape.so.1")
+    (outside / "escape.conf").write_text(f"{outside}/libdir\n")
+    driver = tmp / "driver"
+    driver.mkdir()
+    for name, soname in DRIVER.items():
+        write_shared_object(driver / name, soname)
+
+    bundle = tmp / "bundle"
+    root = bundle / "rootfs"
+    for d in ("bin", "sbin", "dev", "proc", "sys", "tmp", "etc/ld.so.conf.d", LIB.lstrip("/")):
+        (root / d).mkdir(parents=True, exist_ok=True)
+    shutil.copy2("/bin/busybox", root / "bin" / "busybox")
+    for applet in APPLETS:
+        (root / "bin" / applet).symlink_to("busybox")
+    shutil.copy2(os.path.realpath("/sbin/ldconfig"), root / "sbin" / "ldconfig")
+    # The image's own hostile linker configuration: reach the host through runc init's /proc.
+    (root / "etc/ld.so.conf.d/evil.conf").write_text(
+        f"include /proc/1/root{outside}/escape.conf\n/proc/1/root{outside}/libdir\n")
+    markers = tmp / "markers"
+    markers.mkdir()
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc:                                   # image ENV LD_PRELOAD, the NVIDIAScape recipe
+        src = tmp / "evil.c"
+        src.write_text('#include <fcntl.h>\n#include <unistd.h>\n__attribute__((constructor)) static void run(void) '
+                       f'{{ close(open("{markers}/preload", O_CREAT | O_WRONLY, 0644)); }}\n')
+        subprocess.run([cc, "-shared", "-fPIC", "-o", str(root / "evil.so"), str(src)], check=True)
+
+    subprocess.run([runtime, "spec"], cwd=bundle, check=True, capture_output=True)
+    config = json.loads((bundle / "config.json").read_text())
+    config["root"] = {"path": "rootfs", "readonly": False}
+    config["process"].update(terminal=False, args=["/bin/sh", "-c", PROBE], cwd="/",
+                             env=["PATH=/bin:/sbin", "LD_PRELOAD=/proc/self/cwd/evil.so",
+                                  f"PYTHONPATH=/", "PYTHONHOME=/", "LD_LIBRARY_PATH=/"])
+    config["mounts"] += [{"destination": f"{LIB}/{name}", "type": "bind", "source": str(driver / name),
+                          "options": ["ro", "nosuid", "nodev", "bind"]} for name in DRIVER]
+    # args[0] is the interpreter's absolute path, not "python3": CPython derives its prefix
+    # (stdlib, site-packages) from argv[0], searching PATH when it has no slash, which
+    # would pick whatever python3 comes first on the hook's PATH.
+    interpreter = os.path.realpath(sys.executable)
+    args = [interpreter, "-I", "-m", "hostagent.hooks", "prepare"]
+    for link in LINKS:
+        args += ["--link", link]
+    args += ["--folder", LIB]
+    config["hooks"] = {"createContainer": [{"path": interpreter, "args": args,
+                                            "env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"],
+                                            "timeout": 60}]}
+    (bundle / "config.json").write_text(json.dumps(config, indent=1))
+    return bundle, outside
+
+
+@pytest.mark.root
+@pytest.mark.engine
+@pytest.mark.parametrize("runtime", ["runc", "crun"])
+def test_container_start_runs_the_hook_and_the_cache_resolves(tmp_path, runtime):
+    exe = require(runtime)
+    bundle, outside = build(tmp_path, runtime)
+    escape = outside / "libdir" / "libescape.so.1"
+    os.utime(escape, ns=(10**9, escape.stat().st_mtime_ns))
+    mounts = Path("/proc/self/mountinfo").read_text()
+    state_dir = tmp_path / "state"
+    name = f"hostagent-hook-{uuid.uuid4().hex[:8]}"
+    try:
+        # crun cannot drive this machine's hybrid cgroup setup; cgroups are beside the point here.
+        extra = ["--cgroup-manager=disabled"] if runtime == "crun" else []
+        proc = subprocess.run([exe, "--root", str(state_dir), *extra, "run", "--bundle", str(bundle), name],
+                              capture_output=True, text=True, timeout=120)
+    finally:
+        subprocess.run([exe, "--root", str(state_dir), "delete", "--force", name], capture_output=True)
+    if runtime == "crun" and "cgroups in hybrid mode not supported" in proc.stderr:
+        pytest.skip("crun cannot start containers on this host's hybrid cgroup v1/v2 layout")
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    for soname in ("libcuda.so.1", "libnvidia-ml.so.1"):
+        assert f"{soname} (libc6,x86-64) => {LIB}/{soname}" in out, out
+    assert f"lib {LIB}/libcuda.so.1 -> libcuda.so.550.54.15" in out
+    assert f"lib {LIB}/libcuda.so -> libcuda.so.1" in out
+    assert f"lib {LIB}/libnvidia-ml.so.1 -> libnvidia-ml.so.550.54.15" in out
+    assert "include /etc/ld.so.conf.d/*.conf" in out and f"\n{LIB}\n" in out
+    # The image's planted escapes did nothing on the host.
+    assert "libescape" not in out
+    assert escape.stat().st_atime_ns == 10**9, "ldconfig read the host's library"
+    assert not list((tmp_path / "markers").iterdir()), "the image's LD_PRELOAD ran in the hook"
+    assert Path("/proc/self/mountinfo").read_text() == mounts
