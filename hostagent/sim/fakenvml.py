@@ -746,10 +746,10 @@ class FakeNvmlLibrary:
 
     # ---- telemetry (sensor values from sim.telemetry) -------------------------------
 
-    def _sensors(self, handle, *, mig_ok: bool = False):
+    def _sensors(self, handle):
         """(state, gpu, reading) for a physical GPU; MIG device handles get NOT_SUPPORTED."""
         state, gpu, mig = self._device(handle)
-        if mig is not None and not mig_ok:
+        if mig is not None:
             raise SimNvmlError(N.NVML_ERROR_NOT_SUPPORTED, "not supported on a MIG device")
         t = time.time()
         reading = telemetry.read_sensors(self._sku(gpu), gpu.uuid, len(state.processes_on(gpu.index)),

@@ -56,3 +56,23 @@ def test_options_from_config_section():
     assert not o.policy.ignored(13)
     assert HealthOptions.from_config(None) == HealthOptions()
     assert HealthOptions.from_config({"quiet_period": None}).quiet_period is None
+
+
+def test_health_and_metrics_sections_of_the_config_file(tmp_path):
+    from hostagent.config import load_config
+    from hostagent.metrics import MetricsOptions
+    path = tmp_path / "config.yaml"
+    path.write_text("health:\n  quiet_period: 60\n  disable_xids: [48]\n  enable_xids: [all]\n"
+                    "metrics:\n  port: null\n  interval: 30\n")
+    config = load_config(path)
+    health = HealthOptions.from_config(config.section("health"))
+    assert (health.quiet_period, health.disable_xids, health.wait_timeout_ms) == (60, (48,), 1000)
+    assert not health.policy.ignored(13)
+    metrics = MetricsOptions.from_config(config.section("metrics"))
+    assert (metrics.port, metrics.interval, metrics.address) == (None, 30, "127.0.0.1")
+    defaults = load_config(tmp_path / "absent.yaml")
+    assert HealthOptions.from_config(defaults.section("health")) == HealthOptions()
+    assert MetricsOptions.from_config(defaults.section("metrics")) == MetricsOptions()
+    path.write_text("health:\n  disable_xids: [nope]\n")
+    with pytest.raises(ConfigError, match="health.disable_xids"):
+        load_config(path)

@@ -1,0 +1,102 @@
+"""One sampling schedule for every scrape: a thread reads NVML every ``interval`` seconds into
+an immutable snapshot; scrapes render the last snapshot and never call NVML, so many
+scrapers (or a fast one) cost no more NVML calls than one."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from ..errors import HostagentError
+from ..hostroot import HostRoot
+
+__all__ = ["MetricsSampler"]
+
+log = logging.getLogger("hostagent.metrics")
+
+
+class MetricsSampler:
+    def __init__(self, host: HostRoot, inventory, interval: float = 10.0, *, agent=None):
+        self.host = host
+        self.interval = interval
+        self.agent = agent
+        self._inventory = inventory
+        self._reader = None
+        self._snapshot = None
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._first = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @property
+    def snapshot(self):
+        """The last ``NodeSample`` (None before the first one)."""
+        return self._snapshot
+
+    def start(self, *, wait: float | None = 10.0) -> None:
+        """Start sampling; by default return after the first sample, so the first scrape has data."""
+        if self._thread is not None:
+            raise RuntimeError("the metrics sampler is already running")
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name="hostagent-metrics", daemon=True)
+        self._thread.start()
+        if wait:
+            self._first.wait(wait)
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            self._thread = None
+
+    def update_inventory(self, inventory) -> None:
+        """New devices (a MIG change): sample them from the next turn, which comes now."""
+        with self._lock:
+            self._inventory = inventory
+            self._reader = None
+        self._wake.set()
+
+    def _run(self) -> None:
+        from ..devices import nvml_session
+        while not self._stop.is_set():
+            try:
+                with nvml_session(self.host):
+                    self._loop()
+            except HostagentError as e:
+                log.warning("metrics sampling: %s", e.message)
+                if self.agent is not None:
+                    self.agent.sample(0.0, 0, ok=False)
+            except Exception:
+                log.exception("metrics sampling failed")
+            self._first.set()
+            self._stop.wait(self.interval)      # NVML unavailable: try again next interval
+
+    def _loop(self) -> None:
+        from ..devices.samples import SampleReader
+        while not self._stop.is_set():
+            with self._lock:
+                if self._reader is None:
+                    self._reader = SampleReader(self._inventory)
+                reader = self._reader
+            sample = reader.read()
+            self._snapshot = sample                       # one reference swap: readers never lock
+            if self.agent is not None:
+                self.agent.sample(sample.duration_s, sample.nvml_calls)
+            self._first.set()
+            self._wake.clear()
+            self._wake.wait(max(0.0, self.interval - sample.duration_s))
+
+    def sample_now(self):
+        """Take a sample in the caller's thread (tests, benchmarks); also becomes the snapshot."""
+        from ..devices import nvml_session
+        from ..devices.samples import SampleReader
+        with nvml_session(self.host):
+            with self._lock:
+                if self._reader is None:
+                    self._reader = SampleReader(self._inventory)
+                reader = self._reader
+            self._snapshot = reader.read()
+        return self._snapshot
