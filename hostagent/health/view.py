@@ -7,7 +7,7 @@ import time
 from .records import DeviceHealth
 from .state import HealthState
 
-__all__ = ["annotate", "summary", "rows", "HEADERS"]
+__all__ = ["annotate", "summary", "describe", "rows", "HEADERS"]
 
 HEADERS = ["DEVICE", "UUID", "HEALTH", "REASONS", "LAST XID", "SINCE", "RECOVERS"]
 
@@ -26,6 +26,22 @@ def summary(dev: DeviceHealth | None) -> dict:
     if not dev.monitored:
         out["unmonitored"] = dev.monitor_detail
     return out
+
+
+def describe(dev: DeviceHealth) -> tuple[str, str]:
+    """(reason, message) for an API record: the latest cause while unhealthy, why it is
+    unmonitored, or "healthy"."""
+    if not dev.healthy:
+        message = ", ".join(dict.fromkeys(str(r) for r in dev.reasons))
+        if any(r.sticky for r in dev.reasons):
+            message += "; until cleared"
+        elif dev.recover_at is not None:
+            message += f"; healthy again {time.strftime('%H:%M:%S', time.localtime(dev.recover_at))} if quiet"
+        return dev.reasons[-1].kind, message
+    if not dev.monitored:
+        return "unmonitored", dev.monitor_detail or "NVML events are not watched"
+    last = f"; last XID {dev.last_xid}" if dev.last_xid is not None else ""
+    return "healthy", "no XID, ECC or lost-GPU problem pending" + last
 
 
 def annotate(listing: dict, state: HealthState) -> dict:

@@ -11,7 +11,7 @@ from hostagent.devices.records import (ComputeInstance, Gpu, GpuInstance, Invent
 from hostagent.errors import NotFoundError
 from hostagent.health import KINDS, DeviceIndex, XidPolicy, annotate, to_health_event
 from hostagent.health import state as S
-from hostagent.health.view import rows
+from hostagent.health.view import describe, rows
 
 P = Placement(0, 1)
 
@@ -191,3 +191,14 @@ def test_annotate_and_rows():
     table = {r[0]: r for r in rows(st, now=40.0)}
     assert table["0:6"][2:] == ["unhealthy", "XID 94 (instance)", 94, "30s ago", "in 30s"]
     assert dataclasses.asdict(st.get("GPU-1"))["healthy"] is True
+
+
+def test_describe_for_api_records():
+    st = S.initial(INDEX, 0.0)
+    assert describe(st.get("GPU-1")) == ("healthy", "no XID, ECC or lost-GPU problem pending")
+    st, _ = S.apply_event(st, event(xid=48, at=1.0), quiet_period=None, now=1.0)
+    st, _ = S.apply_event(st, event(kind="gpu_lost", at=2.0), quiet_period=None, now=2.0)
+    assert describe(st.get("GPU-0")) == ("gpu_lost", "XID 48, gpu lost; until cleared")
+    st, _ = S.apply_event(st, event(g=1, kind="unmonitored", detail="event registration: Not Supported"),
+                          quiet_period=None, now=3.0)
+    assert describe(st.get("GPU-1")) == ("unmonitored", "event registration: Not Supported")
