@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 import uuid as uuidlib
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields, is_dataclass
 
 import pynvml as N
 
@@ -132,7 +132,7 @@ class NodeState:
     # ---- (de)serialisation ---------------------------------------------------------
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        return _plain(self)
 
     @classmethod
     def from_dict(cls, raw: dict) -> "NodeState":
@@ -382,6 +382,28 @@ class NodeState:
         gpu = self.gpu(index)
         self.add_event(index, N.nvmlEventTypeXidCriticalError, XID_FALLEN_OFF_BUS)
         gpu.lost = True
+
+
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
+_LEAVES = frozenset({int, float, str, bool, type(None)})
+
+
+def _plain(obj):
+    """``dataclasses.asdict`` without its deep copy of every leaf, which made serialising
+    the state the largest cost of a simulated NVML mutation; the leaves here are immutable."""
+    kind = type(obj)
+    if kind in _LEAVES:
+        return obj
+    names = _FIELD_NAMES.get(kind)
+    if names is None:
+        if isinstance(obj, (list, tuple)):
+            return [_plain(v) for v in obj]
+        if isinstance(obj, dict):
+            return {k: _plain(v) for k, v in obj.items()}
+        if not is_dataclass(obj):
+            return obj
+        names = _FIELD_NAMES[kind] = tuple(f.name for f in fields(obj))
+    return {name: _plain(getattr(obj, name)) for name in names}
 
 
 def mig_uuid(gpu_uuid: str, gi: GpuInstance, ci_id: int) -> str:
