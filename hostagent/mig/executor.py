@@ -15,7 +15,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
-from ..devices import read_inventory
 from ..devices.records import Inventory
 from ..errors import HostagentError, StateError
 from ..hostroot import HostRoot
@@ -77,9 +76,9 @@ def execute(host: HostRoot, inventory: Inventory, plan: MigPlan, *, skip_reset: 
     try:
         run_plan(host, plan, report.run, skip_reset=skip_reset, force=force,
                  before_phase=before_phase, progress=progress)
-        verify(host, journal.record.after, journal.record.indices)
+        checked = verify(host, journal.record.after, journal.record.indices)
         # Before the journal goes: a crash here is finished by recovery, nodes included.
-        report.nodes = sync_cap_nodes(host, read_inventory(host))
+        report.nodes = sync_cap_nodes(host, checked)
     except BaseException as e:
         why = _describe(e)
         outcome = _roll_back(host, journal, why, progress, on_layout_changed)

@@ -34,8 +34,8 @@ def restore(host: HostRoot, record: JournalRecord, *, progress: Progress = quiet
     report = RunReport()
     if plan.changed:
         run_plan(host, plan, report, skip_reset=record.skip_reset, progress=progress)
-        verify(host, {g.uuid: g.after for g in plan.gpus}, {g.uuid: g.index for g in plan.gpus})
-    sync_cap_nodes(host, read_inventory(host))
+        inventory = verify(host, {g.uuid: g.after for g in plan.gpus}, {g.uuid: g.index for g in plan.gpus})
+    sync_cap_nodes(host, inventory)
     return report
 
 

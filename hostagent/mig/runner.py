@@ -211,10 +211,12 @@ def run_plan(host: HostRoot, plan: MigPlan, report: RunReport, *, skip_reset: bo
             _config_phase(ctl, config, report=report, progress=progress)
 
 
-def verify(host: HostRoot, targets: dict[str, Layout], indices: dict[str, int]) -> None:
-    """Re-read the node and require exactly the target layouts (by GPU UUID)."""
+def verify(host: HostRoot, targets: dict[str, Layout], indices: dict[str, int]):
+    """Re-read the node and require exactly the target layouts (by GPU UUID); returns the
+    inventory read."""
     inventory = read_inventory(host)
     actual = {g.uuid: Layout.of(g) for g in inventory.gpus}
     wrong = [str(indices.get(u, u)) for u, want in targets.items() if actual.get(u) != want]
     if wrong:
         raise StateError(f"GPU {', '.join(wrong)}: the layout read back differs from the plan")
+    return inventory
