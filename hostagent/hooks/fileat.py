@@ -45,9 +45,10 @@ def read_at(dir_fd: int, name: str, limit: int) -> bytes | None:
     except OSError:
         return None
     try:
-        if (os.fstat(fd).st_mode & _S_IFMT) != _S_IFREG:
+        st = os.fstat(fd)
+        if (st.st_mode & _S_IFMT) != _S_IFREG:
             return None
-        return os.read(fd, limit + 1)
+        return os.read(fd, min(st.st_size, limit) + 1)
     finally:
         os.close(fd)
 

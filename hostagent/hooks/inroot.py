@@ -74,10 +74,8 @@ class Root:
         """(descriptor of the parent directory, final name) for ``path``; the final name
         itself is not followed, so a link or file there can be replaced, not written
         through."""
-        parts = [p for p in path.split("/") if p and p != "."]
-        if not parts or parts[-1] == "..":
-            raise HookError(f"container path {path!r} does not name a file")
-        return self._walk(parts[:-1], create), parts[-1]
+        folder, name = split(path)
+        return self._walk(folder, create), name
 
     def _walk(self, parts: list[str], create: bool) -> int:
         stack = [self.fd]                # stack[1:] are descriptors this walk owns
@@ -128,3 +126,12 @@ class Root:
         finally:
             for fd in stack[1:]:
                 os.close(fd)
+
+
+def split(path: str) -> tuple[list[str], str]:
+    """(components of the parent, final name) of a container path. The final name is a
+    plain name, never ``.`` or ``..``; the parent's components still hold ``..``."""
+    parts = [p for p in path.split("/") if p and p != "."]
+    if not parts or parts[-1] == "..":
+        raise HookError(f"container path {path!r} does not name a file")
+    return parts[:-1], parts[-1]

@@ -59,7 +59,10 @@ def write_config(root: Root, folders: list[str]) -> None:
 def install_cache(root: Root, cache: bytes) -> None:
     etc = _dir(root, "/etc")
     try:
-        write_at(etc, "ld.so.cache", cache)
+        # A container's second start builds the same cache: leave the file alone (replacing
+        # a file by rename makes ext4 flush the new one, milliseconds on every start).
+        if read_at(etc, "ld.so.cache", len(cache)) != cache:
+            write_at(etc, "ld.so.cache", cache)
     except OSError as e:
         raise HookError(f"cannot install /etc/ld.so.cache in the container: {e.strerror or e}") from None
     finally:

@@ -20,24 +20,31 @@ import os
 
 from .errors import HookError
 from .fileat import symlink_at
-from .inroot import Root
+from .inroot import Root, split
 
 
 def create_links(root: Root, links: list[tuple[str, str]], warn) -> dict[str, int]:
     counts = {"created": 0, "replaced": 0, "unchanged": 0, "kept": 0}
-    for target, link in links:
-        try:
-            dir_fd, name = root.parent(link, create=True)
-        except OSError as e:
-            raise HookError(f"cannot reach the directory of link {link} in the container: "
-                            f"{e.strerror or e}") from None
-        try:
-            counts[symlink_at(dir_fd, target, name)] += 1
-        except (IsADirectoryError, FileExistsError) as e:
-            warn(f"{link} {e.strerror}; left as it is, not linked to {target}")
-            counts["kept"] += 1
-        except OSError as e:
-            raise HookError(f"cannot create link {link} -> {target} in the container: {e.strerror or e}") from None
-        finally:
-            os.close(dir_fd)
+    parents: dict[str, int] = {}       # one walk per directory: drivers put dozens of links in one
+    try:
+        for target, link in links:
+            try:
+                folder, name = split(link)
+                key = "/".join(folder)
+                if key not in parents:
+                    parents[key], _ = root.parent(link, create=True)
+                dir_fd = parents[key]
+            except OSError as e:
+                raise HookError(f"cannot reach the directory of link {link} in the container: "
+                                f"{e.strerror or e}") from None
+            try:
+                counts[symlink_at(dir_fd, target, name)] += 1
+            except (IsADirectoryError, FileExistsError) as e:
+                warn(f"{link} {e.strerror}; left as it is, not linked to {target}")
+                counts["kept"] += 1
+            except OSError as e:
+                raise HookError(f"cannot create link {link} -> {target} in the container: {e.strerror or e}") from None
+    finally:
+        for fd in parents.values():
+            os.close(fd)
     return counts

@@ -115,8 +115,24 @@ def run_ldconfig(root_fd: int, exe_fds: list[int], folders: list[str], timeout: 
 
 def _wait(pid: int, timeout: float) -> int | None:
     """Exit code (negative: killed by that signal), or None after killing it at the deadline."""
-    deadline = time.monotonic() + timeout
-    delay = 0.0001
+    try:
+        pidfd = os.pidfd_open(pid)                   # Linux 5.3+: wake up exactly at exit
+    except OSError:
+        return _poll(pid, timeout)
+    import select
+    try:
+        exited = select.select([pidfd], [], [], timeout)[0]
+    finally:
+        os.close(pidfd)
+    if not exited:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+        return None
+    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+
+
+def _poll(pid: int, timeout: float) -> int | None:
+    deadline, delay = time.monotonic() + timeout, 0.0001
     while True:
         done, status = os.waitpid(pid, os.WNOHANG)
         if done:

@@ -111,3 +111,23 @@ def test_ldconfig_output_is_quoted_as_one_printable_line():
     assert _tail(b"ldconfig: /x\x1b[31m: bad\nsecond line\n") == "ldconfig: /x [31m: bad second line"
     assert _tail(b"x" * 2000).startswith("...") and len(_tail(b"x" * 2000)) == 603
     assert _tail(None) == "no output"
+
+
+@pytest.mark.parametrize("wait", ["_wait", "_poll"])
+def test_waiting_for_ldconfig_reports_exits_and_kills_at_the_deadline(wait):
+    import time
+    from hostagent.hooks import sandbox
+    wait = getattr(sandbox, wait)
+    pid = os.fork()
+    if pid == 0:
+        os._exit(3)
+    assert wait(pid, 5) == 3
+    pid = os.fork()
+    if pid == 0:
+        time.sleep(30)
+        os._exit(0)
+    start = time.monotonic()
+    assert wait(pid, 0.2) is None                                  # killed and reaped
+    assert time.monotonic() - start < 2
+    with pytest.raises(ChildProcessError):
+        os.waitpid(pid, os.WNOHANG)

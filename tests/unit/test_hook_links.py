@@ -114,3 +114,12 @@ def test_read_at_ignores_links_and_fifos(tmp_path):
         assert fileat.exists_at(fd, "link") and not fileat.exists_at(fd, "missing")
     finally:
         os.close(fd)
+
+
+def test_links_sharing_a_folder_and_dotted_spellings_land_where_they_say(root):
+    counts, _ = run(root, f"t1::{LIB}/gbm/.", f"t2::{LIB}/gbm/x", f"t3::{LIB}/./y", f"t4::{LIB}/../x86_64-linux-gnu/z",
+                    f"t5::usr/lib/x86_64-linux-gnu/w")
+    assert counts["created"] == 5
+    assert os.readlink(lib(root, "gbm")) == "t1"                  # "/gbm/." names gbm itself
+    assert os.readlink(lib(root, "gbm/x")) == "t2"                # ... and so gbm/x goes through that link
+    assert [os.readlink(lib(root, n)) for n in ("y", "z", "w")] == ["t3", "t4", "t5"]
