@@ -202,7 +202,8 @@ class UnixSocketTransport(Transport):
                 finally:
                     sock.close()
             return Response(status, headers, stream=stream())
-        body = reader.exactly(int(headers.get("content-length", 0)))
+        bodiless = request.method == "HEAD" or status in (204, 304) or status < 200
+        body = b"" if bodiless else reader.exactly(int(headers.get("content-length", 0)))
         if headers.get("connection", "").lower() == "close":
             sock.close()
         else:
