@@ -41,6 +41,9 @@ def main(argv: list[str] | None = None) -> int:
     except HookError as e:
         print(f"{cli.PROG}: error: {e}", file=sys.stderr)
         return e.code
+    except OSError as e:                 # anything not foreseen above: still one line, no traceback
+        print(f"{cli.PROG}: error: {e}", file=sys.stderr)
+        return 1
 
 
 def warn(message: str) -> None:
