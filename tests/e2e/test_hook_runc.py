@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from hostagent.sim.elf import write_shared_object
+from tests.integration.test_hook_security import assert_no_mount_leak, mount_table
 
 LIB = "/usr/lib/x86_64-linux-gnu"
 APPLETS = ("sh", "ls", "readlink", "cat", "echo")
@@ -108,7 +109,7 @@ def test_container_start_runs_the_hook_and_the_cache_resolves(tmp_path, runtime)
     bundle, outside = build(tmp_path, runtime)
     escape = outside / "libdir" / "libescape.so.1"
     os.utime(escape, ns=(10**9, escape.stat().st_mtime_ns))
-    mounts = Path("/proc/self/mountinfo").read_text()
+    mounts = mount_table()
     state_dir = tmp_path / "state"
     name = f"hostagent-hook-{uuid.uuid4().hex[:8]}"
     try:
@@ -132,4 +133,4 @@ def test_container_start_runs_the_hook_and_the_cache_resolves(tmp_path, runtime)
     assert "libescape" not in out
     assert escape.stat().st_atime_ns == 10**9, "ldconfig read the host's library"
     assert not list((tmp_path / "markers").iterdir()), "the image's LD_PRELOAD ran in the hook"
-    assert Path("/proc/self/mountinfo").read_text() == mounts
+    assert_no_mount_leak(mounts, mount_table(), tmp_path)

@@ -305,7 +305,7 @@ def test_directories_swapped_for_symlinks_while_the_hook_runs(world):
         for pid in flippers:
             os.kill(pid, 9)
             os.waitpid(pid, 0)
-    assert rounds > 50
+    assert rounds >= 20, f"only {rounds} rounds ran"
     world.assert_untouched()
 
 
@@ -408,6 +408,25 @@ def test_the_per_mount_remount_fallback_confines_as_well(world):
 
 # -- 7. Mounts never leak to the host ---------------------------------------------------
 
+def mount_table() -> dict[str, tuple[str, str, str]]:
+    """mount id -> (mount point, per-mount options, fs type) of the host's namespace."""
+    table = {}
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        fields = line.split(" ")
+        table[fields[0]] = (fields[4], fields[5], fields[fields.index("-", 6) + 1])
+    return table
+
+
+def assert_no_mount_leak(before: dict, after: dict, area: Path) -> None:
+    """Mounts that exist in both tables kept their options (nothing turned read-only on the
+    host), and nothing appeared or vanished in the test's own area. Mounts elsewhere may
+    come and go: other tests may run in parallel."""
+    for mount_id in before.keys() & after.keys():
+        assert before[mount_id] == after[mount_id], f"host mount changed: {before[mount_id]} -> {after[mount_id]}"
+    inside = lambda table: sorted(v for v in table.values() if v[0] == str(area) or v[0].startswith(f"{area}/"))
+    assert inside(after) == inside(before)
+
+
 @needs_root
 def test_no_mount_leaks_with_shared_propagation(world):
     subprocess.run(["mount", "--bind", str(world.root), str(world.root)], check=True)
@@ -415,9 +434,11 @@ def test_no_mount_leaks_with_shared_propagation(world):
     try:
         (world.at("/proc")).mkdir()
         subprocess.run(["mount", "-t", "proc", "proc", str(world.at("/proc"))], check=True)
-        before = Path("/proc/self/mountinfo").read_text()
+        before = mount_table()
         ok(world.run(*prepare_args(*LINKS)))
-        assert Path("/proc/self/mountinfo").read_text() == before
+        after = mount_table()
+        assert_no_mount_leak(before, after, world.tmp)
+        assert len([v for v in after.values() if v[0] == str(world.at("/proc"))]) == 1   # still there
     finally:
         subprocess.run(["umount", "-R", "-l", str(world.root)], check=True)
 
