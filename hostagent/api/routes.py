@@ -65,11 +65,16 @@ class App:
         "/v1/allocations": (Route("GET", "list_allocations", "operator"),
                             Route("POST", "create_allocation", "operator")),
         "/v1/inventory/refresh": (Route("POST", "refresh", "admin"),),
+        "/v1/mig": (Route("GET", "get_mig", "operator"),),
+        "/v1/mig/plan": (Route("POST", "plan_mig", "operator"),),
+        "/v1/mig/apply": (Route("POST", "apply_mig", "admin"),),
+        "/v1/mig/instances": (Route("POST", "create_mig_instance", "admin"),),
     }
     PREFIX = {
         "/v1/devices/": (Route("GET", "get_device", "operator"),),
         "/v1/allocations/": (Route("GET", "get_allocation", "operator"),
                              Route("DELETE", "delete_allocation", "operator")),
+        "/v1/mig/instances/": (Route("DELETE", "destroy_mig_instance", "admin"),),
     }
 
     def __init__(self, agent):
@@ -231,6 +236,33 @@ class App:
     async def _refresh(self):
         revision = await self.agent.refresh("api request")
         return Response(200, _dumps({"revision": revision}))
+
+
+    # ---- MIG ----------------------------------------------------------------------
+
+    def get_mig(self, request: Request) -> Response:
+        agent = self.agent
+        return self._snapshot_response(request, "mig", lambda s: {
+            "revision": s.revision, **agent.mig.layouts(agent.inventory)})
+
+    def plan_mig(self, request: Request):
+        return self._json_result(self.agent.mig.plan(self._body(request, "planMig")))
+
+    def apply_mig(self, request: Request):
+        return self._json_result(self.agent.mig.apply(self._body(request, "applyMig")))
+
+    def create_mig_instance(self, request: Request):
+        return self._json_result(self.agent.mig.create(self._body(request, "createMigInstance")), 201)
+
+    def destroy_mig_instance(self, request: Request):
+        force = request.param("force")
+        if force is not None and force not in _FLAGS:
+            raise UsageError("force must be true or false", parameter="force")
+        return self._json_result(self.agent.mig.destroy(request.params["id"], _FLAGS.get(force, False)))
+
+    @staticmethod
+    async def _json_result(coroutine, status: int = 200):
+        return Response(status, _dumps(await coroutine))
 
 
 async def _stream(producer):

@@ -49,7 +49,9 @@ class Agent:
         self.cdi_names: dict[str, tuple[str, ...]] = {}
         self.allocations: dict[str, alloc_rules.Allocation] = {}
         self.snapshot = Snapshot(self.events.revision, {}, {}, [], {}, {})
-        self._restore_pending = False     # checkpoint loaded while the inventory was unreadable
+        self._restore_pending = False     # checkpoint loaded, not yet checked against the inventory
+        from .mig import MigOps
+        self.mig = MigOps(self)
         self.mutex = asyncio.Lock()
         self._worker = ThreadPoolExecutor(1, thread_name_prefix="hostagent-worker")
 
@@ -337,20 +339,20 @@ class Agent:
         return kept, dropped
 
     async def start(self) -> None:
-        """Start-up reconcile: inventory and node spec, then the checkpointed allocations."""
+        """Start-up reconcile: MIG (finish an interrupted apply, then the configured layout),
+        the inventory and node spec, then the checkpointed allocations."""
         async with self.mutex:
-            await self._refresh_locked("start")
             saved = await self.blocking(checkpoint.load, self.host)
-            if self.inventory is None:
-                # Keep the checkpoint untouched: the devices may come back with the driver.
-                self.allocations = {a.id: a for a in saved}
-                self._restore_pending = True
-                if saved:
-                    log.warning("inventory unreadable: %d allocation(s) kept unverified until it is",
-                                len(saved))
-                self._publish()
-                return
-            await self._restore_locked(saved)
+            # Loaded first so the MIG reconcile cannot take their devices away.
+            self.allocations = {a.id: a for a in saved}
+            self._restore_pending = True
+            await self.mig.reconcile(self.settings.mig, "start")
+            await self._refresh_locked("start")
+            if self._restore_pending and saved:
+                # The inventory is unreadable: keep the checkpoint untouched, the devices may
+                # come back with the driver; restored at the first successful read.
+                log.warning("inventory unreadable: %d allocation(s) kept unverified until it is",
+                            len(saved))
 
     async def _restore_locked(self, saved: list) -> None:
         kept, dropped = await self.blocking(self._restore, saved)

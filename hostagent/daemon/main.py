@@ -146,8 +146,12 @@ class Daemon:
         self.server.options = _server_options(api, old_gid)
         self.agent.events.resize(api.watch_buffer)
         set_level(new.daemon.log_level)
-        self.settings = self.agent.settings = new
+        old, self.settings = self.settings, new
+        self.agent.settings = new
         log.info("configuration reloaded from %s", new.source or "defaults (no file)")
+        if new.mig != old.mig and new.mig.config is not None:
+            async with self.agent.mutex:
+                await self.agent.mig.reconcile(new.mig, "reload")
         await self.agent.refresh("reload")
         self.notifier.ready(self.status_text())
 

@@ -11,9 +11,9 @@ from dataclasses import dataclass, field
 
 from ..hostroot import HostRoot
 
-__all__ = ["Settings", "DaemonSettings", "ApiSettings", "load_settings", "SECTIONS"]
+__all__ = ["Settings", "DaemonSettings", "ApiSettings", "MigSettings", "load_settings", "SECTIONS"]
 
-SECTIONS = ("daemon", "api")
+SECTIONS = ("daemon", "api", "mig")
 
 
 @dataclass(frozen=True)
@@ -48,9 +48,16 @@ class ApiSettings:
 
 
 @dataclass(frozen=True)
+class MigSettings:
+    config: str | None = None
+    config_file: str | None = None
+
+
+@dataclass(frozen=True)
 class Settings:
     daemon: DaemonSettings = field(default_factory=DaemonSettings)
     api: ApiSettings = field(default_factory=ApiSettings)
+    mig: MigSettings = field(default_factory=MigSettings)
     sections: dict = field(default_factory=dict, compare=False)   # every section, as validated
     source: str | None = None
 
@@ -64,5 +71,6 @@ def load_settings(host: HostRoot, path: str | os.PathLike | None = None) -> Sett
     from ..config import load_config
     config = load_config(os.fspath(path or host.config_file))
     return Settings(daemon=DaemonSettings(**config.section("daemon")),
-                    api=ApiSettings(**config.section("api")), sections=config.data,
+                    api=ApiSettings(**config.section("api")), mig=MigSettings(**config.section("mig")),
+                    sections=config.data,
                     source=config.source)

@@ -1,0 +1,195 @@
+"""The daemon's MIG operations: layouts (plan, apply), on-demand instances (create,
+destroy), and the start-up reconcile (finish or roll back an interrupted apply, then the
+configured layout). Everything changes the node through the MIG package's service and
+executor, under the node lock, on the agent's worker thread; afterwards the agent
+re-reads the inventory, which refreshes the node's CDI spec and publishes the changes.
+
+Devices in an allocation are never taken away: a layout change or a destroy that would
+remove one is refused (409 device_busy) before anything is touched.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from ..errors import HostagentError
+from ..lock import node_lock
+from .allocations import DeviceBusy
+from .migops import affected_devices, created_instance, place_instance, remove_instance
+
+__all__ = ["MigOps"]
+
+log = logging.getLogger("hostagent.daemon")
+
+
+def _spec(body: dict):
+    from ..mig.spec import parse_spec
+    return parse_spec(body["spec"], "request body 'spec'") if body.get("spec") is not None else None
+
+
+def _hooks(body: dict):
+    from ..mig.hooks import NO_HOOKS, parse_hooks
+    import json
+    return parse_hooks(json.dumps(body["hooks"]), "request body 'hooks'") if body.get("hooks") else NO_HOOKS
+
+
+class MigOps:
+    def __init__(self, agent):
+        self.agent = agent
+        self.host = agent.host
+
+    # ---- helpers ------------------------------------------------------------------
+
+    def _allocated(self) -> dict[str, list[str]]:
+        users: dict[str, list[str]] = {}
+        for a in self.agent.allocations.values():
+            for u in a.devices:
+                users.setdefault(u, []).append(a.id)
+        return users
+
+    def _refuse_busy(self, inventory, plan) -> None:
+        users = self._allocated()
+        busy = sorted(u for u in affected_devices(inventory, plan) if u in users)
+        if busy:
+            raise DeviceBusy(f"the change would take away allocated device(s) {', '.join(busy)}",
+                             hint="release their allocations first", devices=busy,
+                             allocations=sorted({a for u in busy for a in users[u]}))
+
+    async def _after(self, reason: str) -> None:
+        await self.agent._refresh_locked(reason)
+
+    # ---- reads --------------------------------------------------------------------
+
+    def layouts(self, snapshot_inventory) -> dict:
+        from ..mig.journal import Journal
+        from ..mig.layout import Layout
+        gpus = []
+        for gpu in (snapshot_inventory.gpus if snapshot_inventory else ()):
+            entry = {"index": gpu.index, "uuid": gpu.uuid, "product": gpu.name, "mig": None}
+            if gpu.mig is not None:
+                layout = Layout.of(gpu)
+                entry["mig"] = {"enabled": layout.enabled, "pending": layout.pending,
+                                "layout": layout.describe(), "devices": layout.counts(),
+                                "gpu_instances": layout.to_dict()["gpu_instances"]}
+            gpus.append(entry)
+        return {"gpus": gpus, "apply_in_progress": Journal.path(self.host).exists()}
+
+    # ---- layouts ------------------------------------------------------------------
+
+    def _plan_work(self, body: dict):
+        from ..mig import service
+        plan, notes = service.plan(self.host, _spec(body), body.get("config"),
+                                   mode_only=body.get("mode_only", False))
+        return plan, notes
+
+    async def plan(self, body: dict) -> dict:
+        plan, notes = await self.agent.blocking(self._plan_work, body)
+        return {"plan": plan.to_dict(), "notes": notes}
+
+    def _apply_work(self, body: dict):
+        from ..devices import read_inventory
+        from ..mig import service
+        spec, hooks = _spec(body), _hooks(body)
+        with node_lock(self.host, "mig apply (api)"):
+            planned, _ = service.plan(self.host, spec, body.get("config"), mode_only=body.get("mode_only", False))
+            self._refuse_busy(read_inventory(self.host), planned)
+            return service.apply(self.host, spec, body.get("config"), mode_only=body.get("mode_only", False),
+                                 skip_reset=body.get("skip_reset", False), force=body.get("force", False),
+                                 dry_run=body.get("dry_run", False), hooks=hooks)
+
+    async def apply(self, body: dict) -> dict:
+        async with self.agent.mutex:
+            try:
+                result = await self.agent.blocking(self._apply_work, body)
+            finally:
+                if not body.get("dry_run"):
+                    await self._after("mig apply")
+        report = result.report
+        out = {"plan": result.plan.to_dict(), "notes": result.notes, "dry_run": bool(body.get("dry_run")),
+               "changed": [g.index for g in result.plan.changed], "revision": self.agent.events.revision}
+        if report is not None:
+            out["terminated"] = list(report.run.terminated)
+            log.info("MIG config %r applied: %d GPU(s) changed", result.plan.config, len(result.plan.changed))
+        return out
+
+    # ---- instances ----------------------------------------------------------------
+
+    def _create_work(self, profile: str, gpu: str | None):
+        from ..devices import read_inventory
+        from ..mig.executor import execute
+        from ..mig.recovery import recover
+        with node_lock(self.host, f"mig create {profile}"):
+            recover(self.host)
+            inventory = read_inventory(self.host)
+            placed = place_instance(inventory, profile, gpu)
+            execute(self.host, inventory, placed.plan)
+            dev = created_instance(read_inventory(self.host), placed.gpu.index, placed.gi)
+            return placed, dev
+
+    async def create(self, body: dict) -> dict:
+        async with self.agent.mutex:
+            try:
+                placed, dev = await self.agent.blocking(self._create_work, body["profile"], body.get("gpu"))
+            finally:
+                await self._after("mig create")
+        if dev is None:
+            raise HostagentError("the new MIG instance was created but is not in the inventory")
+        log.info("MIG device %s (%s) created on GPU %d at %s", dev.uuid, dev.profile, placed.gpu.index,
+                 placed.gi.placement, extra={"fields": {"mig_uuid": dev.uuid}})
+        return self.agent.snapshot.devices.get(dev.uuid) or {"uuid": dev.uuid}
+
+    def _destroy_work(self, uuid: str, force: bool):
+        from ..devices import read_inventory
+        from ..mig.executor import execute
+        from ..mig.recovery import recover
+        with node_lock(self.host, f"mig destroy {uuid}"):
+            recover(self.host)
+            inventory = read_inventory(self.host)
+            dev, plan = remove_instance(inventory, uuid)
+            self._refuse_busy(inventory, plan)
+            execute(self.host, inventory, plan, force=force)
+            return dev
+
+    async def destroy(self, uuid: str, force: bool = False) -> dict:
+        async with self.agent.mutex:
+            before = self.agent.snapshot.devices.get(uuid)
+            try:
+                dev = await self.agent.blocking(self._destroy_work, uuid, force)
+            finally:
+                await self._after("mig destroy")
+        log.info("MIG device %s (%s) destroyed", dev.uuid, dev.profile, extra={"fields": {"mig_uuid": dev.uuid}})
+        return before or {"uuid": dev.uuid}
+
+    # ---- start-up and reload ------------------------------------------------------
+
+    def _reconcile_work(self, settings):
+        """Finish or roll back an interrupted apply; then the configured layout."""
+        from ..mig import service
+        from ..mig.spec import load_spec
+        notes = []
+        note = service.recover_pending(self.host, wait=60.0)
+        if note:
+            notes.append(note)
+        if settings.config is None:
+            return notes, None
+        spec = load_spec(settings.config_file) if settings.config_file else None
+        with node_lock(self.host, "mig layout (daemon start)"):
+            from ..devices import read_inventory
+            planned, _ = service.plan(self.host, spec, settings.config)
+            self._refuse_busy(read_inventory(self.host), planned)
+            result = service.apply(self.host, spec, settings.config)
+        return notes + result.notes, result
+
+    async def reconcile(self, settings, reason: str) -> None:
+        """Never fatal: a layout that cannot be applied is logged; the daemon serves on."""
+        try:
+            notes, result = await self.agent.blocking(self._reconcile_work, settings)
+        except HostagentError as e:
+            log.error("MIG layout %r not applied (%s): %s", settings.config, reason, e.message)
+            return
+        for note in notes:
+            log.warning("MIG: %s", note)
+        if result is not None:
+            changed = result.plan.changed
+            log.info("MIG config %r %s (%s)", result.plan.config,
+                     f"applied to {len(changed)} GPU(s)" if changed else "already in place", reason)

@@ -1,0 +1,158 @@
+"""On-demand MIG instances, pure: where one more instance of a profile goes, and what
+removing one leaves. The result is a ``MigPlan`` for the MIG package's executor (journal,
+rollback, capability nodes); nothing here touches the node.
+
+Placement uses the MIG package's solver with the GPU's existing instances as they are:
+a GPU where the new instance fits only by moving an existing one is not a candidate
+(existing instances may be in use). Among candidates the best fit wins: the GPU left
+with the fewest free memory slices (big free GPUs stay whole for big profiles), then the
+one whose largest free run of slices is longest (least fragmentation), then the lowest
+index.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..devices.records import Gpu, Inventory, MigDevice
+from ..errors import NotFoundError, StateError, UsageError
+from ..mig.layout import GiLayout, Layout
+from ..mig.plan import DESTROY_CI, SET_MODE, MigPlan, diff
+from ..mig.solver import Geometry, Infeasible, solve
+
+__all__ = ["Placed", "place_instance", "remove_instance", "affected_devices", "created_instance", "NoRoom"]
+
+
+class NoRoom(StateError):
+    code = "insufficient_resources"
+
+
+@dataclass(frozen=True)
+class Placed:
+    gpu: Gpu
+    gi: GiLayout             # the new GPU instance
+    plan: MigPlan
+    free_slices: int         # memory slices left free on the GPU afterwards
+    largest_run: int
+
+
+def _slices(gpu: Gpu) -> int:
+    return max((pl.start + pl.size for p in gpu.mig.profiles for pl in p.placements), default=0)
+
+
+def _free(gpu: Gpu, gis) -> tuple[int, int]:
+    used = [False] * _slices(gpu)
+    for gi in gis:
+        for s in range(gi.start, gi.start + gi.size):
+            used[s] = True
+    run = best = 0
+    for u in used:
+        run = 0 if u else run + 1
+        best = max(best, run)
+    return used.count(False), best
+
+
+def _one_more(gpu: Gpu, profile_name: str) -> tuple[Layout, GiLayout] | None:
+    before = Layout.of(gpu)
+    profile = next((p for p in gpu.mig.profiles if p.name == profile_name), None)
+    if profile is None:
+        return None
+    request: dict[int, list[int]] = {}
+    for gi in before.gis:
+        request.setdefault(gi.profile_id, []).extend(c.slices for c in gi.cis)
+    request.setdefault(profile.id, []).append(profile.slices)
+    try:
+        gis = solve(Geometry.of(gpu.mig.profiles), request, before.gis)
+    except Infeasible:
+        return None
+    if not set(before.gis) <= set(gis):
+        return None                       # only by moving an existing instance
+    new = [g for g in gis if g not in before.gis]
+    if len(new) != 1:
+        return None
+    return Layout(True, True, tuple(gis)), new[0]
+
+
+def place_instance(inventory: Inventory, profile: str, gpu: str | None = None) -> Placed:
+    """The plan creating one ``profile`` instance (a GPU instance with one compute instance
+    spanning it) on ``gpu`` (index or UUID) or the best-fitting GPU."""
+    gpus = [g for g in inventory.gpus if g.mig is not None]
+    if gpu is not None:
+        chosen = [g for g in inventory.gpus if gpu in (str(g.index), g.uuid)]
+        if not chosen:
+            raise NotFoundError(f"no GPU {gpu!r}")
+        g = chosen[0]
+        if g.mig is None:
+            raise StateError(f"GPU {g.index} ({g.name}) is not MIG capable")
+        if not (g.mig.enabled and g.mig.pending):
+            raise StateError(f"MIG is not enabled on GPU {g.index}",
+                             hint="enable it first (apply a layout with mig-enabled: true)")
+        gpus = [g]
+    known = {p.name for g in gpus if g.mig for p in g.mig.profiles}
+    if profile not in known:
+        raise UsageError(f"no GPU here has a MIG profile {profile!r}",
+                         hint=f"profiles: {', '.join(sorted(known)) or 'none (no MIG-capable GPU)'}")
+    options = []
+    for g in gpus:
+        if not (g.mig.enabled and g.mig.pending):
+            continue                      # enabling MIG is a layout change, not on demand
+        found = _one_more(g, profile)
+        if found is None:
+            continue
+        after, new = found
+        free, run = _free(g, after.gis)
+        plan = MigPlan(config=f"create {profile}", gpus=(diff(g, Layout.of(g), after, reset_needed=False),))
+        options.append(Placed(g, new, plan, free, run))
+    if not options:
+        where = f"GPU {gpus[0].index}" if gpu is not None else "any MIG-enabled GPU"
+        raise NoRoom(f"no room for a {profile} instance on {where} without moving existing instances",
+                     profile=profile)
+    return min(options, key=lambda o: (o.free_slices, -o.largest_run, o.gpu.index))
+
+
+def remove_instance(inventory: Inventory, uuid: str) -> tuple[MigDevice, MigPlan]:
+    """The plan destroying MIG device ``uuid``: its compute instance, and its GPU instance
+    when that holds no other compute instance."""
+    for g in inventory.gpus:
+        for dev in (g.mig.devices if g.mig else ()):
+            if dev.uuid != uuid:
+                continue
+            before = Layout.of(g)
+            gis = []
+            for gi in before.gis:
+                if gi.start != dev.placement.start or gi.profile_id != dev.gi_profile_id:
+                    gis.append(gi)
+                    continue
+                rest = tuple(c for c in gi.cis if c.start != dev.ci_placement.start)
+                if rest:
+                    gis.append(GiLayout(gi.start, gi.size, gi.profile_id, gi.profile, gi.slices, rest))
+            after = Layout(before.enabled, before.pending, tuple(gis))
+            return dev, MigPlan(config=f"destroy {uuid}", gpus=(diff(g, before, after, reset_needed=False),))
+    raise NotFoundError(f"no MIG device {uuid!r}", hint="GET /v1/devices?type=mig lists them")
+
+
+def affected_devices(inventory: Inventory, plan: MigPlan) -> set[str]:
+    """UUIDs of devices a plan destroys or takes away: MIG devices whose compute instance it
+    destroys, and every device of a GPU whose mode it changes."""
+    out: set[str] = set()
+    by_index = {g.index: g for g in inventory.gpus}
+    for gp in plan.changed:
+        gpu = by_index[gp.index]
+        devices = gpu.mig.devices if gpu.mig else ()
+        if any(s.action == SET_MODE for s in gp.steps) or gp.reset:
+            out |= {gpu.uuid, *(d.uuid for d in devices)}
+        for s in gp.steps:
+            if s.action == DESTROY_CI:
+                out |= {d.uuid for d in devices if (d.gi, d.ci) == (s.gi_id, s.ci_id)}
+    return out
+
+
+def created_instance(inventory: Inventory, gpu_index: int, gi: GiLayout) -> MigDevice | None:
+    """The MIG device of a new GPU instance, found by placement in a fresh inventory."""
+    for g in inventory.gpus:
+        if g.index == gpu_index and g.mig:
+            for dev in g.mig.devices:
+                if dev.placement.start == gi.start and dev.gi_profile_id == gi.profile_id:
+                    return dev
+    return None
+
