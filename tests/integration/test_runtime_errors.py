@@ -3,6 +3,7 @@
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -94,31 +95,27 @@ def test_bad_input_from_a_real_process_exits_1(root, tmp_path):
     assert proc.stderr.startswith("hostagent: error: ") and len(proc.stderr.strip().splitlines()) == 1
 
 
-@pytest.fixture
-def read_only(tmp_path):
-    """A read-only directory, even for root (a read-only tmpfs)."""
+def test_read_only_drop_in_directory_changes_nothing(root, tmp_path):
+    """The drop-in folder is read-only (for root: a read-only tmpfs in a private mount
+    namespace, so no other process sees it); the main file must not get its import."""
     folder = tmp_path / "ro"
     folder.mkdir()
+    cmd = [sys.executable, "-m", "hostagent.cli.main", "runtime", "configure", "--runtime", "containerd",
+           "--config", str(root / "etc/containerd/config.toml"), "--drop-in", str(folder / "99-hostagent.toml"),
+           "--backup-dir", str(tmp_path / "b")]
     if os.geteuid() == 0:
-        if subprocess.run(["mount", "-t", "tmpfs", "-o", "ro", "tmpfs", str(folder)]).returncode != 0:
-            pytest.skip("cannot mount a read-only tmpfs here")
-        yield folder
-        subprocess.run(["umount", str(folder)])
+        if not shutil.which("unshare"):
+            pytest.skip("needs unshare(1) to make a read-only folder as root")
+        cmd = ["unshare", "-m", "--propagation", "private", "sh", "-c",
+               f'mount -t tmpfs -o ro tmpfs "{folder}" && exec "$@"', "sh", *cmd]
     else:
         folder.chmod(0o555)
-        yield folder
-        folder.chmod(0o755)
-
-
-def test_read_only_drop_in_directory_changes_nothing(root, tmp_path, capsys, read_only):
     before = snapshot(root)
-    code = main(["runtime", "configure", "--runtime", "containerd", "--config", str(root / "etc/containerd/config.toml"),
-                 "--drop-in", str(read_only / "99-hostagent.toml"), "--backup-dir", str(tmp_path / "b")])
-    assert code == 1
-    err = capsys.readouterr().err
-    assert f"{read_only}: cannot write" in err and "nothing was changed" in err
-    assert snapshot(root) == before                  # the root file did not get its import either
-    assert list(read_only.iterdir()) == []
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1, proc.stderr
+    assert f"{folder}: cannot write" in proc.stderr and "nothing was changed" in proc.stderr
+    assert snapshot(root) == before
+    assert list(folder.iterdir()) == []
 
 
 def _plan(root):
