@@ -34,6 +34,7 @@ class FrontSettings:
     sys_path: tuple[str, ...]    # where hostagent and its dependencies are importable
     grep: str                    # absolute path of grep
     markers: tuple[str, ...]     # fixed strings that may mean a request
+    env_needs_privilege: bool    # NVIDIA_VISIBLE_DEVICES counts only with CAP_SYS_ADMIN
     config: str                  # the hostagent config file the shim reads
     cache_dir: str
 
@@ -56,11 +57,14 @@ def front_settings(runtime_config, *, runtime: str | None = None, config: str, c
     # the package directories site set up for this interpreter (PyYAML, jsonschema, ...).
     paths = [str(Path(hostagent.__file__).resolve().parent.parent)]
     paths += [p for p in sys.path if p.endswith(("site-packages", "dist-packages")) and os.path.isdir(p)]
-    markers = list(runtime_config.annotation_prefixes) + [f"{ENV_NAME}="]
+    markers = list(runtime_config.annotation_prefixes)
     if runtime_config.accept_volume_mounts:
         markers.append(MARKER_DIR.rstrip("/").rsplit("/", 1)[1])   # nvidia-container-devices
+    if runtime_config.accept_env_unprivileged:
+        markers.append(f"{ENV_NAME}=")
     return FrontSettings(runtime=str(Path(runtime).resolve()), python=sys.executable,
                          sys_path=tuple(dict.fromkeys(paths)), grep=grep, markers=tuple(markers),
+                         env_needs_privilege=not runtime_config.accept_env_unprivileged,
                          config=config, cache_dir=cache_dir)
 
 
@@ -68,7 +72,13 @@ def render_front(s: FrontSettings) -> str:
     q = shlex.quote
     bootstrap = (f"import sys; sys.path[:0] = {list(s.sys_path)!r}; "
                  "from hostagent.runtime.shim import main; main()")
-    greps = " ".join(f"-e {q(m)}" for m in s.markers)
+    grep = q(s.grep)
+    # CUDA images carry NVIDIA_VISIBLE_DEVICES=all; when only privileged containers may use
+    # it, an unprivileged one with nothing else must not cost a Python start.
+    tests = [f'{grep} -qsF {" ".join(f"-e {q(m)}" for m in s.markers)} -- "$config"'] if s.markers else []
+    if s.env_needs_privilege:
+        tests.append(f'{{ {grep} -qsF {q(ENV_NAME + "=")} -- "$config" && {grep} -qsF CAP_SYS_ADMIN -- "$config"; }}')
+    test = " ||\n        ".join(tests) or "false"
     value_opts = "|".join(sorted(VALUE_OPTIONS))
     return f"""#!/bin/sh
 # hostagent-runtime: OCI runtime shim front, written by 'hostagent runtime install-shim'.
@@ -96,7 +106,9 @@ for arg do
         esac
     fi
 done
-if [ "$cmd" = create ] && {q(s.grep)} -qsF {greps} -- "$bundle/config.json"; then
+[ "$cmd" = create ] || exec "$RUNTIME" "$@"
+config=$bundle/config.json
+if {test}; then
     exec {q(s.python)} -I -S -c {q(bootstrap)} \\
         --runtime "$RUNTIME" --config {q(s.config)} --cache-dir {q(s.cache_dir)} -- "$@"
 fi

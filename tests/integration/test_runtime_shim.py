@@ -124,6 +124,19 @@ def test_env_needs_privilege_by_default(shim):
     assert json.loads((b / "config.json").read_text())["linux"]["devices"][0]["path"] == "/dev/nvidia0"
 
 
+def test_baked_in_env_of_an_unprivileged_image_costs_no_python(shim):
+    """CUDA images set NVIDIA_VISIBLE_DEVICES=all; by default that alone must not start Python."""
+    front, tmp_path = shim
+    front.write_text(front.read_text().replace(sys.executable, "/nonexistent/python3"))
+    b = bundle(tmp_path, process={"env": ["NVIDIA_VISIBLE_DEVICES=all"], "capabilities": {"bounding": ["CAP_CHOWN"]}})
+    before = (b / "config.json").read_bytes()
+    proc = run(front, "create", "--bundle", str(b), "c1")
+    assert proc.returncode == 0, proc.stderr
+    assert (b / "config.json").read_bytes() == before
+    b = bundle(tmp_path, process={"env": ["NVIDIA_VISIBLE_DEVICES=all"], "capabilities": {"bounding": ["CAP_SYS_ADMIN"]}})
+    assert run(front, "create", "--bundle", str(b), "c1").returncode != 0     # privileged: Python (broken here)
+
+
 def test_missing_device_fails_naming_it_and_touches_nothing(shim):
     front, tmp_path = shim
     b = bundle(tmp_path, annotations={"cdi.k8s.io/gpu": "example.com/gpu=0,example.com/gpu=7"})
