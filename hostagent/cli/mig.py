@@ -107,6 +107,10 @@ def render_plan(plan) -> str:
 
 
 def run_apply(args) -> int:
+    from .migd import apply_through_daemon
+    through_daemon = apply_through_daemon(args)     # one writer: the daemon, when it runs
+    if through_daemon is not None:
+        return through_daemon
     import signal
     from ..mig import service
     # systemd stops a unit that exceeds its start timeout with SIGTERM: treat it as an

@@ -1,0 +1,78 @@
+"""``hostagent mig apply`` through the daemon when it runs (one writer of node state):
+the same request the API takes, the same summary printed. Without a daemon the MIG
+command acts directly under the node lock. Dry runs change nothing and stay local.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from .common import host_from_args
+
+__all__ = ["apply_through_daemon", "daemon_socket"]
+
+
+def daemon_socket(host):
+    """The socket of this node's daemon, if one accepts connections."""
+    from ..client import daemon_running
+    from ..config import load_config_cached
+    try:
+        path = load_config_cached(host.config_file, host.run_dir).section("api")["socket"]
+    except Exception:          # an unreadable config: the default place
+        path = "/run/hostagent/hostagent.sock"
+    socket_path = host.host(path)
+    return socket_path if daemon_running(socket_path) else None
+
+
+def _document(path: str | None, what: str):
+    if not path:
+        return None
+    import yaml
+    from ..errors import ConfigError, NotFoundError
+    try:
+        text = sys.stdin.read() if path == "-" else open(path, "rb").read()
+    except FileNotFoundError:
+        raise NotFoundError(f"{what} not found", where=path) from None
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise ConfigError(f"not valid YAML or JSON: {e}".replace("\n", " "), where=path) from None
+
+
+def apply_through_daemon(args) -> int | None:
+    """The exit code, or None when there is no daemon (or for a dry run): act directly."""
+    if args.dry_run:
+        return None
+    host = host_from_args(args)
+    socket_path = daemon_socket(host)
+    if socket_path is None:
+        return None
+    from ..client import Client
+    body = {"mode_only": args.mode_only, "skip_reset": args.skip_reset, "force": args.force}
+    if args.selected_config:
+        body["config"] = args.selected_config
+    spec = _document(args.config_file, "MIG config file")
+    if spec is not None:
+        body["spec"] = spec
+    hooks = _document(args.hooks, "hooks file")
+    if hooks:
+        body["hooks"] = hooks
+    print(f"hostagent: applying through the daemon ({socket_path})", file=sys.stderr)
+    with Client(socket_path=socket_path, timeout=None) as client:
+        result = client.request("POST", "/v1/mig/apply", body).json()
+    for note in result.get("notes", []):
+        print(f"hostagent: {note}", file=sys.stderr)
+    plan = result["plan"]
+    for w in plan["warnings"]:
+        print(f"hostagent: warning: {w}", file=sys.stderr)
+    for g in plan["gpus"]:
+        print(f"GPU {g['index']} ({g['name']}): {g['summary']}")
+    if result.get("terminated"):
+        print(f"terminated (--force): {', '.join(result['terminated'])}")
+    changed = result["changed"]
+    if changed:
+        print(f"MIG configuration '{plan['config']}' applied successfully: {len(changed)} GPU(s) changed, "
+              f"{len(plan['gpus']) - len(changed)} unchanged")
+    else:
+        print(f"MIG configuration '{plan['config']}' applied successfully: already in place, nothing changed")
+    return 0

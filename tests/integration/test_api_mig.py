@@ -1,0 +1,179 @@
+"""MIG through the daemon: layouts, on-demand instances, protection of allocated devices,
+the CLI going through the daemon, and kill -9 in the middle of an apply."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from hostagent.errors import ConflictError, HostagentError, NotFoundError, UsageError
+
+from .agentd import AgentProcess, make_root
+
+SPEC = {"version": "v1", "mig-configs": {
+    "two": [{"devices": [0, 1], "mig-enabled": True, "mig-devices": {"3g.20gb": 1, "1g.5gb": 2}},
+            {"devices": [2, 3, 4, 5, 6, 7], "mig-enabled": False}],
+    "none": [{"devices": "all", "mig-enabled": False}]}}
+
+
+def post(c, path, body):
+    return c.request("POST", path, body).json()
+
+
+@pytest.fixture(scope="module")
+def agent():
+    proc = AgentProcess(make_root()).start()
+    yield proc
+    proc.stop()
+    proc.cleanup()
+
+
+def test_plan_dry_run_apply_and_watch(agent):
+    with agent.client() as c:
+        state = c.get("/v1/mig")
+        assert state["apply_in_progress"] is False
+        assert state["gpus"][0]["mig"]["layout"] == "MIG disabled"
+        plan = post(c, "/v1/mig/plan", {"config": "two", "spec": SPEC})["plan"]
+        assert plan["changed"] == [0, 1]
+        dry = post(c, "/v1/mig/apply", {"config": "two", "spec": SPEC, "dry_run": True})
+        assert dry["dry_run"] and c.devices(type="mig")["mig_devices"] == []
+        stream = c.watch()
+        start = next(stream)["revision"]
+        done = post(c, "/v1/mig/apply", {"config": "two", "spec": SPEC})
+        assert done["changed"] == [0, 1] and done["revision"] > start
+        seen = []
+        while not seen or seen[-1]["revision"] < done["revision"]:
+            seen.append(next(stream))
+        stream.close()
+        added = [e["device"]["profile"] for e in seen if e["type"] == "device_added"]
+        assert sorted(added) == ["1g.5gb"] * 4 + ["3g.20gb"] * 2
+        migs = c.devices(type="mig")["mig_devices"]
+        assert all(m["cdi_devices"] for m in migs)
+        again = post(c, "/v1/mig/apply", {"config": "two", "spec": SPEC})
+        assert again["changed"] == []
+        assert "3g.20gb@" in c.get("/v1/mig")["gpus"][0]["mig"]["layout"]
+
+
+def test_on_demand_create_best_fit_and_destroy(agent):
+    with agent.client() as c:
+        post(c, "/v1/mig/apply", {"config": "two", "spec": SPEC})
+        # GPUs 0 and 1 each have 3g@0:4 + 1g@4:1 + 1g@5:1. A 2g.10gb would need slices 6-7,
+        # which no 2g placement has; a 1g.10gb fits there, on either GPU: the first wins.
+        with pytest.raises(ConflictError):
+            post(c, "/v1/mig/instances", {"profile": "2g.10gb"})
+        dev = c.request("POST", "/v1/mig/instances", {"profile": "1g.10gb"})
+        assert dev.status == 201
+        dev = dev.json()
+        assert dev["kind"] == "mig" and dev["profile"] == "1g.10gb" and dev["parent_index"] == 0
+        assert dev["placement"] == {"start": 6, "size": 2}
+        assert dev["cdi_devices"] and c.device(dev["uuid"])["name"] == dev["name"]
+        chosen = post(c, "/v1/mig/instances", {"profile": "1g.5gb", "gpu": "1"})
+        assert chosen["parent_index"] == 1
+        with pytest.raises(ConflictError) as e:
+            post(c, "/v1/mig/instances", {"profile": "7g.40gb"})
+        assert e.value.code == "insufficient_resources"
+        with pytest.raises(ConflictError):
+            post(c, "/v1/mig/instances", {"profile": "1g.5gb", "gpu": "5"})     # MIG disabled there
+        with pytest.raises(UsageError):
+            post(c, "/v1/mig/instances", {"profile": "9g.99gb"})
+        with pytest.raises(NotFoundError):
+            post(c, "/v1/mig/instances", {"profile": "1g.5gb", "gpu": "GPU-nope"})
+        gone = c.request("DELETE", "/v1/mig/instances/" + dev["uuid"]).json()
+        assert gone["uuid"] == dev["uuid"]
+        c.request("DELETE", "/v1/mig/instances/" + chosen["uuid"])
+        with pytest.raises(NotFoundError):
+            c.request("DELETE", "/v1/mig/instances/" + dev["uuid"])
+        assert dev["uuid"] not in {m["uuid"] for m in c.devices(type="mig")["mig_devices"]}
+
+
+def test_allocated_devices_are_not_taken_away(agent):
+    with agent.client() as c:
+        post(c, "/v1/mig/apply", {"config": "two", "spec": SPEC})
+        alloc = c.allocate("mig-user", [{"constraints": {"profile": "3g.20gb"}}])
+        uuid = alloc["devices"][0]
+        with pytest.raises(ConflictError) as e:
+            c.request("DELETE", f"/v1/mig/instances/{uuid}")
+        assert e.value.code == "device_busy"
+        with pytest.raises(ConflictError) as e:
+            post(c, "/v1/mig/apply", {"config": "none", "spec": SPEC})
+        assert e.value.code == "device_busy" and e.value.details["allocations"] == ["mig-user"]
+        assert uuid in {m["uuid"] for m in c.devices(type="mig")["mig_devices"]}
+        c.release("mig-user")
+        post(c, "/v1/mig/apply", {"config": "none", "spec": SPEC})
+        assert c.devices(type="mig")["mig_devices"] == []
+
+
+def test_bad_layouts(agent):
+    with agent.client() as c:
+        with pytest.raises(HostagentError) as e:
+            post(c, "/v1/mig/apply", {"config": "two", "spec": {"version": "v9"}})
+        assert e.value.code == "invalid_config"
+        bad = {"version": "v1", "mig-configs": {"x": [{"devices": "all", "mig-enabled": True,
+                                                        "mig-devices": {"5g.99gb": 1}}]}}
+        with pytest.raises(HostagentError) as e:
+            post(c, "/v1/mig/plan", {"spec": bad})
+        assert e.value.code == "mig_plan_error" and "5g.99gb" in str(e.value)
+        with pytest.raises(UsageError):
+            post(c, "/v1/mig/apply", {"config": "two", "colour": 1})
+
+
+def test_cli_goes_through_the_daemon(agent, tmp_path):
+    spec = tmp_path / "mig.yaml"
+    spec.write_text(json.dumps(SPEC))
+    done = subprocess.run([sys.executable, "-m", "hostagent.cli.main", "--simulate", str(agent.root),
+                           "mig", "apply", "-f", str(spec), "-c", "two"], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "applying through the daemon" in done.stderr
+    assert "MIG configuration 'two' applied successfully" in done.stdout
+    assert "MIG config 'two'" in agent.log()
+    with agent.client() as c:
+        assert len(c.devices(type="mig")["mig_devices"]) == 6
+        post(c, "/v1/mig/apply", {"config": "none", "spec": SPEC})
+
+
+def layouts(agent) -> list:
+    with agent.client() as c:
+        return [g["mig"]["layout"] for g in c.get("/v1/mig")["gpus"]]
+
+
+def test_kill9_during_apply_then_restart():
+    """A hook kills the daemon between the mode phase and the instances of an apply; the
+    restarted daemon finishes or rolls back the journal: the layout is the old one or the
+    new one, the node spec matches it, allocations of untouched devices survive."""
+    root = make_root()
+    agent = AgentProcess(root).start()
+    try:
+        with agent.client() as c:
+            keep = c.allocate("keeper", ["5"])
+        before = layouts(agent)
+        hooks = {"version": "v1", "hooks": {"pre-apply-config": [
+            {"command": "/bin/sh", "args": ["-c", "kill -9 $PPID"]}]}}
+        with agent.client() as c:
+            with pytest.raises(HostagentError):
+                post(c, "/v1/mig/apply", {"config": "two", "spec": SPEC, "hooks": hooks})
+        assert agent.proc.wait(10) == -9
+        assert (root / "var/lib/hostagent/mig").exists()
+        agent.start()
+        after = layouts(agent)
+        target = None
+        with agent.client() as c:
+            assert c.get("/v1/mig")["apply_in_progress"] is False
+            # The two outcomes the executor allows: untouched, or exactly the new layout.
+            if after != before:
+                post(c, "/v1/mig/apply", {"config": "two", "spec": SPEC})
+                target = layouts(agent)
+                assert after == target
+            assert c.allocation("keeper")["devices"] == keep["devices"]
+            spec = json.loads((root / "var/run/cdi/nvidia.com-gpu.json").read_text())
+            names = {d["name"] for d in spec["devices"]}
+            for dev in c.devices()["gpus"] + c.devices()["mig_devices"]:
+                if dev["kind"] == "gpu" and dev["mig"]["enabled"]:
+                    assert dev["name"] not in names
+                else:
+                    assert dev["name"] in names and dev["uuid"] in names
+        assert "MIG:" in agent.log() or after == before
+    finally:
+        agent.stop()
+        agent.cleanup()
