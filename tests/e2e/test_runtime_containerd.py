@@ -8,7 +8,6 @@ execs runc. The node's CDI spec (a simulated DGX A100, a vendor of its own) is i
 """
 
 import json
-import os
 import shutil
 import signal
 import subprocess

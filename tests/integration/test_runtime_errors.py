@@ -12,7 +12,7 @@ from hostagent.cli.main import main
 from hostagent.errors import StateError
 from hostagent.hostroot import HostRoot
 from hostagent.runtime import files
-from hostagent.runtime.configure import apply_plan, backup_folder, plan_configure
+from hostagent.runtime.configure import apply_plan, plan_configure
 from hostagent.runtime.engine import Settings
 
 INPUTS = Path(__file__).parent / "golden" / "runtime" / "inputs"
