@@ -146,7 +146,10 @@ def _directory(real: Path, make: bool) -> Path:
                         hint="is the engine installed? nothing was changed")
 
 
-def _temp(real: Path, text: str, mode: int, make_parent: bool = False) -> str:
+def _temp(real: Path, text: str, like: os.stat_result | None, make_parent: bool = False) -> str:
+    """A temporary file beside ``real`` holding ``text``, with the mode and owner of
+    ``like`` (the file it replaces), or 0644 for a new file."""
+    mode = like.st_mode & 0o7777 if like else 0o644
     folder = _directory(real, make_parent)
     tmp = str(folder / f".{real.name}.hostagent-{os.getpid()}.tmp")
     try:
@@ -156,6 +159,8 @@ def _temp(real: Path, text: str, mode: int, make_parent: bool = False) -> str:
             f.flush()
             os.fsync(f.fileno())
         os.chmod(tmp, mode)
+        if like and (like.st_uid, like.st_gid) != (os.geteuid(), os.getegid()):
+            os.chown(tmp, like.st_uid, like.st_gid)
     except OSError as e:
         try:
             os.unlink(tmp)
@@ -181,8 +186,8 @@ def write(items: list[Change], *, before_rename=None) -> None:
     try:
         for c in items:
             if c.new is not None:
-                mode = os.stat(c.snapshot.real).st_mode & 0o7777 if c.snapshot.text is not None else 0o644
-                temps[c.path] = _temp(c.snapshot.real, c.new, mode, c.make_parent)
+                like = os.stat(c.snapshot.real) if c.snapshot.text is not None else None
+                temps[c.path] = _temp(c.snapshot.real, c.new, like, c.make_parent)
         if before_rename:
             before_rename()
         for c in items:
@@ -202,7 +207,7 @@ def write(items: list[Change], *, before_rename=None) -> None:
                 if c.snapshot.text is None:
                     os.unlink(c.snapshot.real)
                 else:
-                    tmp = _temp(c.snapshot.real, c.snapshot.text, os.stat(c.snapshot.real).st_mode & 0o7777)
+                    tmp = _temp(c.snapshot.real, c.snapshot.text, os.stat(c.snapshot.real))
                     os.replace(tmp, c.snapshot.real)
             raise
     finally:

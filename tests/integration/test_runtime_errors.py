@@ -188,3 +188,15 @@ def test_revert_refuses_a_file_changed_since(root, tmp_path, capsys):
     assert daemon.read_text() == changed
     assert main(args + ["--force"]) == 0
     assert daemon.read_text() == (INPUTS / "daemon.json").read_text()
+
+
+def test_mode_and_owner_of_replaced_files_are_kept(root, tmp_path):
+    daemon = root / "etc/docker/daemon.json"
+    daemon.chmod(0o600)
+    if os.geteuid() == 0:
+        os.chown(daemon, 1234, 5678)
+    assert configure(root, tmp_path, "--runtime", "docker") == 0
+    st = daemon.stat()
+    assert st.st_mode & 0o7777 == 0o600 and "hostagent" in daemon.read_text()
+    if os.geteuid() == 0:
+        assert (st.st_uid, st.st_gid) == (1234, 5678)
