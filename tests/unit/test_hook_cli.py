@@ -119,3 +119,24 @@ def test_python_variables_only_matter_when_not_isolated(monkeypatch, capsys):
     assert "refusing to run with PYTHONPATH set" in capsys.readouterr().err
     monkeypatch.setattr("sys.flags", type("F", (), {"isolated": 1})())
     assert hook_main.main(["no-such-verb"]) == 0
+
+
+def test_the_hook_imports_only_the_stdlib_and_its_own_modules(tmp_path):
+    """Start-up cost and attack surface: nothing from the rest of hostagent, no argparse or
+    json, and no ctypes unless the linker cache is refreshed."""
+    import json
+    import subprocess
+    import sys
+    (tmp_path / "rootfs").mkdir()
+    (tmp_path / "config.json").write_text(json.dumps({"root": {"path": "rootfs"}}))
+    state = json.dumps({"ociVersion": "1.0.2", "bundle": str(tmp_path)}).encode()
+    proc = subprocess.run([sys.executable, "-I", "-X", "importtime", "-m", "hostagent.hooks", "create-symlinks",
+                           "--link", "libcuda.so.1::/usr/lib/libcuda.so"], input=state, capture_output=True,
+                          env={"PATH": "/usr/bin:/bin"}, cwd="/")
+    assert proc.returncode == 0, proc.stderr
+    modules = {line.rsplit("|", 1)[1].strip() for line in proc.stderr.decode().splitlines()
+               if line.startswith("import time:") and "|" in line}
+    ours = {m for m in modules if m.startswith("hostagent")}
+    assert ours and all(m in ("hostagent", "hostagent.hooks") or m.startswith("hostagent.hooks.") for m in ours), ours
+    assert not modules & {"argparse", "json", "ctypes", "hostagent.hooks.sandbox"}, modules & {"argparse", "json", "ctypes"}
+    assert os.readlink(tmp_path / "rootfs/usr/lib/libcuda.so") == "libcuda.so.1"
