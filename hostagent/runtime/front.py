@@ -101,8 +101,8 @@ for arg do
         esac
     else
         case $arg in
-            --bundle|-b) skip=b ;;
-            --bundle=*) bundle=${{arg#--bundle=}} ;;
+            --bundle|-bundle|-b) skip=b ;;
+            --bundle=*|-bundle=*|-b=*) bundle=${{arg#*=}} ;;
         esac
     fi
 done

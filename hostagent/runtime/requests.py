@@ -68,7 +68,7 @@ def parse_call(argv: list[str]) -> RuntimeCall:
             break
         if arg in ("--bundle", "-b", "-bundle") and j + 1 < len(rest):
             bundle = rest[j + 1]
-        elif arg.startswith(("--bundle=", "-b=")):
+        elif arg.startswith(("--bundle=", "-bundle=", "-b=")):
             bundle = arg.split("=", 1)[1]
     return RuntimeCall(command, bundle)
 

@@ -104,6 +104,14 @@ def test_create_with_annotation_applies_the_device(shim):
     assert "example.com/gpu=0" in (tmp_path / "shim.log").read_text()
 
 
+@pytest.mark.parametrize("form", [["--bundle={b}"], ["-b", "{b}"], ["-bundle", "{b}"], ["-b={b}"]])
+def test_bundle_flag_forms(shim, form):
+    front, tmp_path = shim
+    b = bundle(tmp_path, annotations={"cdi.k8s.io/gpu": "example.com/gpu=0"})
+    assert run(front, "--root", "/run/x", "create", *[f.format(b=b) for f in form], "c1").returncode == 0
+    assert json.loads((b / "config.json").read_text())["linux"]["devices"]
+
+
 def test_relative_bundle_is_the_working_directory(shim):
     front, tmp_path = shim
     b = bundle(tmp_path, annotations={"cdi.k8s.io/gpu": "example.com/gpu=0"})
