@@ -85,22 +85,28 @@ def _options(args, host):
     return options
 
 
+def _states(changes) -> str:
+    by_state: dict[str, list[str]] = {}
+    for d in changes:
+        by_state.setdefault(d.state, []).append(d.name)
+    return "; ".join(f"{state}: {', '.join(names)}" for state, names in by_state.items())
+
+
 def _line(update) -> str:
     ev = update.event
     if ev is None:
-        states = ", ".join(f"{d.name} {d.state}" for d in update.changes)
-        return f"[{update.revision}] {update.cause}: {states}"
+        return f"[{update.revision}] {update.cause} -> {_states(update.changes)}"
     what = ev.kind + (f" {ev.xid}" if ev.xid is not None else "") + (" (ignored)" if ev.ignored else "")
     where = f"GPU {ev.gpu}" + (f" GI {ev.gi}" if ev.gi is not None else "") + (
         f" CI {ev.ci}" if ev.ci is not None else "")
-    states = ", ".join(f"{d.name} {d.state}" for d in update.changes if d.state != "healthy" or
-                       ev.kind != "xid" or not ev.ignored) or "no change"
     detail = f" ({ev.detail})" if ev.detail else ""
-    return f"[{update.revision}] {what} on {where}{detail}: {states}"
+    changed = [d for d in update.changes if not (ev.ignored and d.healthy)]   # not every last-XID bump
+    return f"[{update.revision}] {what} on {where}{detail} -> {_states(changed) or 'no change'}"
 
 
 def watch(args) -> int:
     import json
+    import logging
     import queue
     import signal
     import threading
@@ -108,6 +114,8 @@ def watch(args) -> int:
     from ..health import HealthMonitor
     host = host_from_args(args)
     options = _options(args, host)
+    if not args.verbose:       # this command prints every event itself
+        logging.getLogger("hostagent.health").setLevel(logging.ERROR)
     monitor = HealthMonitor(host, read_inventory(host), options)
     updates: queue.Queue = queue.Queue()
     monitor.subscribe(updates.put)
