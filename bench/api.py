@@ -133,7 +133,9 @@ def load(path: str, clients: int, duration: float, warmup: float = 0.5) -> dict:
 
 # ---- watch delivery ----------------------------------------------------------------
 
-async def _watch_latency(path: str, watchers: int, rounds: int) -> list[float]:
+async def _watch_latency(path: str, watchers: int, rounds: int) -> tuple[list[float], list[float]]:
+    """(from sending the change to each watcher's event, from the agent publishing the
+    event to each watcher's receiving it: the watch's own part)."""
     from hostagent.client import Client
     loop = asyncio.get_running_loop()
     streams = []
@@ -152,11 +154,13 @@ async def _watch_latency(path: str, watchers: int, rounds: int) -> list[float]:
         await next_event(r)                                   # the snapshot
     client = Client(socket_path=path)
     delays: list[float] = []
+    fanout: list[float] = []
     for i in range(rounds):
         async def wait_for_created(r):
             while True:
                 for e in await next_event(r):
                     if e["type"] == "allocation_created":
+                        fanout.append(time.time() - e["time"])
                         return time.perf_counter()
         waiting = [asyncio.ensure_future(wait_for_created(r)) for r, _ in streams]
         await asyncio.sleep(0.05)
@@ -168,7 +172,7 @@ async def _watch_latency(path: str, watchers: int, rounds: int) -> list[float]:
     client.close()
     for _, w in streams:
         w.close()
-    return delays
+    return delays, fanout
 
 
 # ---- process figures ---------------------------------------------------------------
@@ -248,10 +252,14 @@ def main() -> int:
         print(f"at 32 clients: agent {a32['rps']:.0f} req/s (target >= 2000), p99 {a32['p99_ms']:.2f} ms "
               f"(target < 10); {a32['rps'] / t32['rps'] * 100:.0f}% of the trivial server's throughput")
 
-        delays = asyncio.run(_watch_latency(sock, args.watchers, args.rounds))
+        delays, fanout = asyncio.run(_watch_latency(sock, args.watchers, args.rounds))
         delays.sort()
-        print(f"watch delivery to {args.watchers} watchers over {args.rounds} changes: "
-              f"p50 {statistics.median(delays) * 1000:.1f} ms, max {delays[-1] * 1000:.1f} ms (target < 100 ms)")
+        fanout.sort()
+        print(f"watch delivery to {args.watchers} watchers over {args.rounds} changes (target < 100 ms):")
+        print(f"  from the request making the change: p50 {statistics.median(delays) * 1000:.1f} ms, "
+              f"max {delays[-1] * 1000:.1f} ms (includes writing the spec and checkpoint, fsynced)")
+        print(f"  from the event's publication:       p50 {statistics.median(fanout) * 1000:.1f} ms, "
+              f"max {fanout[-1] * 1000:.1f} ms")
 
         rss_after = rss_mb(daemon.pid)
         time.sleep(2.0)
