@@ -68,6 +68,8 @@ class HealthMonitor:
         if self._thread is not None:
             raise RuntimeError("the health monitor is already running")
         self._stop.clear()
+        self._ready.clear()
+        self._generation = None
         self._thread = threading.Thread(target=self._run, name="hostagent-health", daemon=True)
         self._thread.start()
         if wait:

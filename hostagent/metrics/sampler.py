@@ -40,6 +40,8 @@ class MetricsSampler:
         if self._thread is not None:
             raise RuntimeError("the metrics sampler is already running")
         self._stop.clear()
+        self._first.clear()
+        self._snapshot = None            # a restarted sampler serves nothing older than itself
         self._thread = threading.Thread(target=self._run, name="hostagent-metrics", daemon=True)
         self._thread.start()
         if wait:
@@ -67,12 +69,20 @@ class MetricsSampler:
                     self._loop()
             except HostagentError as e:
                 log.warning("metrics sampling: %s", e.message)
-                if self.agent is not None:
-                    self.agent.sample(0.0, 0, ok=False)
+                self._failed()
             except Exception:
                 log.exception("metrics sampling failed")
+                self._failed()
             self._first.set()
             self._stop.wait(self.interval)      # NVML unavailable: try again next interval
+
+    def _failed(self) -> None:
+        # No sample: scrapes show no GPU series (and the error counter) rather than old values.
+        self._snapshot = None
+        with self._lock:
+            self._reader = None          # its handles belong to the session that failed
+        if self.agent is not None:
+            self.agent.sample(0.0, 0, ok=False)
 
     def _loop(self) -> None:
         from ..devices.samples import SampleReader

@@ -231,3 +231,27 @@ def test_server_is_loopback_and_serves_only_metrics(service):
     with pytest.raises(UnavailableError) as e:
         taken.start()
     assert "metrics.port" in e.value.message
+
+
+def test_no_driver_means_no_values_until_it_loads(service):
+    host, store, inv, svc, _ = service("t4x2", interval=0.2)
+    svc.stop()
+    control.set_driver_loaded(store, False)
+    svc.start()                                        # NVML cannot start: no series, an error
+    fams = parse(svc.render().decode())
+    assert "DCGM_FI_DEV_GPU_TEMP" not in fams
+    assert series(fams, "hostagent_metrics_sample_errors")[0].value >= 1
+    control.set_driver_loaded(store, True)
+    deadline = time.monotonic() + 5
+    while svc.sampler.snapshot is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert "DCGM_FI_DEV_GPU_TEMP" in parse(svc.render().decode())
+
+
+def test_label_values_are_escaped():
+    from hostagent.metrics.labels import format_labels
+    assert format_labels([("a", 'x"y'), ("b", "c\\d"), ("n", "1\n2")]) == \
+        '{a="x\\"y",b="c\\\\d",n="1\\n2"}'
+    text = "m" + format_labels([("allocation", 'we"ird\nid')]) + " 1\n"
+    (fam,) = text_string_to_metric_families(text)
+    assert fam.samples[0].labels["allocation"] == 'we"ird\nid'
