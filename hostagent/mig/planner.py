@@ -12,7 +12,7 @@ from __future__ import annotations
 from ..devices.records import Gpu, Inventory
 from ..errors import ConfigError, UsageError
 from .layout import Layout
-from .plan import GpuPlan, MigPlan, diff
+from .plan import MigPlan, diff
 from .profiles import ci_shapes, parse_profile
 from .solver import Geometry, Infeasible, solve
 from .spec import ConfigEntry, MigSpec

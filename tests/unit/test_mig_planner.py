@@ -5,7 +5,7 @@ from dataclasses import replace
 
 import pytest
 
-from hostagent.devices.records import MigProfile, Placement
+from hostagent.devices.records import Placement
 from hostagent.errors import UsageError
 from hostagent.mig.layout import Layout
 from hostagent.mig.plan import CREATE_CI, CREATE_GI, DESTROY_CI, DESTROY_GI, SET_MODE
