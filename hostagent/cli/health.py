@@ -148,7 +148,7 @@ def watch(args) -> int:
 
 def clear(args) -> int:
     from ..errors import UsageError
-    from ..health.requests import answer_error, await_answer, submit_clear
+    from ..health.clear_requests import answer_error, await_answer, submit_clear
     if args.all == bool(args.devices):
         raise UsageError("name the devices to clear, or pass --all (not both)")
     host = host_from_args(args)

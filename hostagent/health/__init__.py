@@ -3,7 +3,7 @@ health state with recovery, and a monitor thread that publishes every change.
 
 Pure parts: ``policy`` (which XIDs count), ``fanout`` (who an event affects), ``state``
 (transitions), ``view`` (health in device listings). Shell: ``monitor`` (the thread),
-``statefile`` and ``requests`` (the run-dir view and clear requests between processes).
+``statefile`` and ``clear_requests`` (the run-dir view and clear requests between processes).
 """
 
 from .fanout import DeviceIndex, DeviceRef, to_health_event

@@ -20,7 +20,7 @@ from typing import Callable
 
 from ..errors import HostagentError
 from ..hostroot import HostRoot
-from . import requests as clear_requests
+from . import clear_requests
 from . import state as S
 from .fanout import AllocationLookup, DeviceIndex, to_health_event
 from .options import HealthOptions
