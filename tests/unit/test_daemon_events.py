@@ -1,0 +1,46 @@
+"""Revisions never repeat, even across restarts and crashes; the ring answers resumptions
+exactly or asks for a snapshot."""
+
+import json
+
+from hostagent.daemon.events import EventLog, RevisionClock
+
+
+def test_revisions_survive_restarts_without_reuse(tmp_path):
+    path = tmp_path / "revision"
+    first = RevisionClock(path, block=10)
+    seen = [first.next() for _ in range(25)]           # crosses two block boundaries
+    assert seen == list(range(1, 26))
+    assert int(path.read_text()) == 30
+    # A crash now (no clean shutdown): the next run starts above anything reserved.
+    second = RevisionClock(path, block=10)
+    assert second.current == 30 and second.next() == 31
+    assert RevisionClock(tmp_path / "missing", block=10).current == 0
+
+
+def test_event_log_resumption_and_snapshot_cases():
+    log = EventLog(RevisionClock(None), capacity=4)
+    assert log.after(0) == [] and log.after(1) is None          # nothing yet; a future revision
+    revs = [log.publish("x", {"i": i}) for i in range(6)]
+    assert revs == [1, 2, 3, 4, 5, 6]
+    assert log.oldest == 2                                    # ring holds 3..6
+    assert [json.loads(line)["i"] for line in log.after(2)] == [2, 3, 4, 5]
+    assert [json.loads(line)["revision"] for line in log.after(4)] == [5, 6]
+    assert log.after(6) == []
+    assert log.after(1) is None and log.after(7) is None      # too old; never published
+    line = json.loads(log.after(5)[0])
+    assert line["type"] == "x" and line["revision"] == 6 and "time" in line
+
+
+def test_payload_sees_its_own_revision():
+    log = EventLog(RevisionClock(None))
+    rev = log.publish("device_changed", lambda r: {"device": {"revision": r}})
+    assert json.loads(log.after(0)[0])["device"]["revision"] == rev == 1
+
+
+def test_resize_keeps_the_newest():
+    log = EventLog(RevisionClock(None), capacity=8)
+    for i in range(8):
+        log.publish("x")
+    log.resize(3)
+    assert log.oldest == 5 and len(log.after(5)) == 3
