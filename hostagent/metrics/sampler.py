@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 
 from ..errors import HostagentError
 from ..hostroot import HostRoot

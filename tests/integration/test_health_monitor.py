@@ -11,7 +11,6 @@ import pytest
 
 from hostagent.devices import read_inventory
 from hostagent.health import HealthMonitor, HealthOptions
-from hostagent.health.statefile import read_state
 from hostagent.sim import control
 from hostagent.sim.node import MIG_ENABLE
 

@@ -6,8 +6,8 @@ import pytest
 
 from hostagent.devices.events import KINDS as RAW_KINDS
 from hostagent.devices.events import RawEvent
-from hostagent.devices.records import (ComputeInstance, Gpu, GpuInstance, Inventory, MigDevice,
-                                       MigState, Placement, UnreadableGpu)
+from hostagent.devices.records import (Gpu, Inventory, MigDevice, MigState, Placement,
+                                       UnreadableGpu)
 from hostagent.errors import NotFoundError
 from hostagent.health import KINDS, DeviceIndex, XidPolicy, annotate, to_health_event
 from hostagent.health import state as S
