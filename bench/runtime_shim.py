@@ -193,6 +193,11 @@ def main() -> int:
             except subprocess.TimeoutExpired:
                 proc.kill()
         shutil.rmtree(tmp, ignore_errors=True)
+        for leftover in (f"/run/containerd/runc/{NS}", f"/run/containerd/fifo/{NS}"):   # if empty
+            try:
+                os.rmdir(leftover)
+            except OSError:
+                pass
 
     base = statistics.median(samples["runc"])
     targets = {"shim, no request": 1.1, "shim, GPU request": 1.5}

@@ -8,6 +8,7 @@ execs runc. The node's CDI spec (a simulated DGX A100, a vendor of its own) is i
 """
 
 import json
+import os
 import shutil
 import signal
 import subprocess
@@ -104,6 +105,11 @@ def containerd(tmp_path_factory):
         proc.wait()
     log.close()
     shutil.rmtree(d / "root", ignore_errors=True)
+    for leftover in (f"/run/containerd/runc/{NS}", f"/run/containerd/fifo/{NS}"):   # runc's and ctr's, if empty
+        try:
+            os.rmdir(leftover)
+        except OSError:
+            pass
 
 
 @pytest.fixture(scope="module")
