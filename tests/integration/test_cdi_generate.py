@@ -76,7 +76,7 @@ def test_common_edits_have_libraries_links_binaries_ipc_firmware_and_one_hook(ma
     assert [n["path"] for n in edits["deviceNodes"]] == ["/dev/nvidiactl", "/dev/nvidia-uvm",
                                                          "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset"]
     [hook] = edits["hooks"]
-    assert hook["hookName"] == "createContainer" and hook["args"][:5] == [hook["path"], "-I", "-m", "hostagent.hooks", "prepare"]
+    assert hook["hookName"] == "createContainer" and hook["args"][:3] == [hook["path"], "-I", "-S"] and hook["args"][5] == "prepare"
     assert hook["env"] and all(not e.startswith(("LD_", "PYTHON")) for e in hook["env"])
     assert "libcuda.so.550.90.07::/usr/lib/x86_64-linux-gnu/libcuda.so.1" in hook["args"]
     assert hook["args"][-2:] == ["--folder", "/usr/lib/x86_64-linux-gnu"]
@@ -116,7 +116,7 @@ def test_drm_nodes_and_by_path_links(make_node):
     dev = devices(generate(host).spec)["0"]
     assert [n["path"] for n in dev["deviceNodes"]] == ["/dev/nvidia0", "/dev/dri/card1", "/dev/dri/renderD128"]
     [hook] = dev["hooks"]
-    assert hook["args"][4:] == ["create-symlinks", "--link", f"../card1::/dev/dri/by-path/pci-{bdf}-card",
+    assert hook["args"][5:] == ["create-symlinks", "--link", f"../card1::/dev/dri/by-path/pci-{bdf}-card",
                                 "--link", f"../renderD128::/dev/dri/by-path/pci-{bdf}-render"]
 
 

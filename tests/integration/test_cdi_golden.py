@@ -41,7 +41,8 @@ def build(root: Path, case: str) -> dict:
             s.create_ci(store.facts, 1, gi.id, 0)
             s.create_ci(store.facts, 1, gi.id, 0)
         create_cap_nodes(store.root, store.facts)
-    return generate(HostRoot.simulation(root), SpecOptions(hook_interpreter="/usr/bin/python3")).spec
+    return generate(HostRoot.simulation(root), SpecOptions(hook_interpreter="/usr/bin/python3",
+                                                         hook_import_path="/usr/lib/python3/dist-packages")).spec
 
 
 def as_on_real_host(spec: dict, root: Path) -> dict:
