@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..errors import HostagentError
 from ..hostroot import HostRoot
-from .validate import load_spec_file, validate_spec
+from .cache import load_cache
 
 __all__ = ["SPEC_DIRS", "ListedDevice", "list_devices"]
 
@@ -16,38 +15,12 @@ SPEC_DIRS = ("/etc/cdi", "/var/run/cdi")   # later directories take priority
 @dataclass(frozen=True)
 class ListedDevice:
     name: str          # fully qualified: vendor/class=name
-    spec: str
-    status: str        # "ok", "shadowed" (a later directory wins), "conflict" (two files, one dir)
+    spec: str          # the file an engine takes it from
 
 
 def list_devices(host: HostRoot, dirs=SPEC_DIRS) -> tuple[list[ListedDevice], list[str]]:
-    """Devices per file, and the errors of files an engine would skip."""
-    errors, found = [], []          # found: (priority, file, qualified name)
-    for priority, d in enumerate(dirs):
-        folder = host.host(d)
-        if not folder.is_dir():
-            continue
-        for path in sorted(folder.iterdir()):
-            if path.suffix not in (".json", ".yaml") or not path.is_file():
-                continue
-            try:
-                spec = load_spec_file(path)
-            except HostagentError as e:
-                errors.append(e.message)
-                continue
-            problems = validate_spec(spec)
-            if problems:
-                errors += [f"{path}: {p}" for p in problems]
-                continue
-            found += [(priority, str(path), f"{spec['kind']}={dev['name']}") for dev in spec["devices"]]
-    out = []
-    for priority, path, name in found:
-        same = [(p, f) for p, f, n in found if n == name and f != path]
-        if any(p == priority for p, _ in same):
-            status = "conflict"
-        elif any(p > priority for p, _ in same):
-            status = "shadowed"
-        else:
-            status = "ok"
-        out.append(ListedDevice(name, path, status))
-    return out, errors
+    """The devices an engine would offer, and the problems (skipped files, conflicts) that
+    hide others."""
+    cache = load_cache([str(host.host(d)) for d in dirs])
+    devices = [ListedDevice(d.name, d.path) for d in cache.devices.values()]
+    return devices, list(cache.errors)

@@ -95,7 +95,7 @@ def list_devices(args) -> int:
     from ..cdi.registry import list_devices as do_list
     devices, errors = do_list(host_from_args(args))
     emit({"devices": devices, "errors": errors}, args.output, lambda d: print(
-        table(["DEVICE", "SPEC", "STATUS"], [[x.name, x.spec, x.status] for x in d["devices"]])))
+        table(["DEVICE", "SPEC"], [[x.name, x.spec] for x in d["devices"]])))
     for e in errors:
         print(f"hostagent: warning: {e}", file=sys.stderr)
     return 0

@@ -40,24 +40,6 @@ def find_runtime(candidates) -> str:
                         hint="install runc or crun, or set runtime.low_level_runtimes")
 
 
-def _write(path: str, text: str, mode: int) -> None:
-    """Atomic replace without fileio's tempfile import (it costs milliseconds per create)."""
-    tmp = f"{path}.hostagent-{os.getpid()}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-
-
 def prepare_bundle(bundle: str, runtime_config, *, log=None) -> tuple:
     """Apply the GPU requests of ``bundle``'s config.json to it. Returns the Requests
     (empty: the file was left untouched)."""
@@ -79,7 +61,8 @@ def prepare_bundle(bundle: str, runtime_config, *, log=None) -> tuple:
         return requests
     cache = load_cache(runtime_config.cdi_spec_dirs)
     new = inject(config, cache, requests.devices, driver_only_kinds=requests.driver_only_kinds)
-    _write(path, json.dumps(new, separators=(",", ":")), os.stat(path).st_mode & 0o7777)
+    from ..fileio import write_atomic
+    write_atomic(path, json.dumps(new, separators=(",", ":")), os.stat(path).st_mode & 0o7777)
     if log:
         log(f"{path}: {requests.source}: applied {', '.join(requests.devices) or 'driver files only'}")
     return requests
