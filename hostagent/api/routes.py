@@ -194,6 +194,8 @@ class App:
             if not since.isdigit() or len(since) > 19:
                 raise UsageError("since must be a revision (a non-negative integer)", parameter="since")
             since = int(since)
+        if request.method == "HEAD":
+            return Response(200, b"", content_type="application/x-ndjson")
         return _stream(watch_stream(self.agent, since))
 
     def list_allocations(self, request: Request) -> Response:

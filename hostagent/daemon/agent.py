@@ -77,8 +77,8 @@ class Agent:
         from ..devices import read_inventory
         options = SpecOptions(hook_interpreter=self._interpreter())
         inventory = read_inventory(self.host)
-        if inventory == self.inventory and self.spec is not None and options == self.spec_options:
-            return inventory, self.spec, options, None
+        # Always regenerated (a few ms): the file is rewritten only when its content differs,
+        # which also restores a spec someone deleted.
         change, generated = refresh.refresh(self.host, options, inventory=inventory)
         return inventory, generated, options, change
 

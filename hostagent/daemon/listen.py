@@ -53,10 +53,13 @@ def bind_socket(path: Path, group: str, mode: int, backlog: int = 1024) -> tuple
         os.chmod(tmp, mode)
         sock.listen(backlog)
         os.rename(tmp, path)
-    except BaseException:
+    except BaseException as e:
         sock.close()
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()
+        if isinstance(e, OSError):
+            raise StateError(f"cannot create the API socket: {e.strerror or e}", where=str(path),
+                             hint="check api.socket (at most 107 bytes) and its directory") from None
         raise
     sock.setblocking(False)
     return sock, gid

@@ -92,7 +92,7 @@ PATHS = st.sampled_from(["/v1/node", "/v1/devices", "/v1/devices/", "/v1/devices
        body=st.one_of(st.none(), st.binary(max_size=64)))
 def test_methods_paths_and_queries(agent, method, path, body):
     path = path.replace(" ", "%20").replace("#", "%23")
-    if path.startswith("/v1/watch") and method in ("GET", "HEAD"):
+    if path.startswith("/v1/watch") and method == "GET":
         return      # a stream: covered elsewhere
     check(send(agent, method, path, body), head=method == "HEAD")
 

@@ -156,6 +156,14 @@ def test_bad_config_at_start_exits_with_the_reason(root):
     agent.cleanup()
 
 
+def test_socket_that_cannot_be_made_is_a_clear_error(root):
+    agent = AgentProcess(root, {"api": {"socket": "/run/" + "x" * 120 + "/s.sock"}})
+    agent.start(wait=False)
+    assert agent.proc.wait(20) == 1
+    assert "cannot create the API socket: AF_UNIX path too long" in agent.log()
+    agent.cleanup()
+
+
 def test_unreadable_inventory_at_start_then_recovery(root):
     subprocess.run([sys.executable, "-m", "hostagent.cli.main", "sim", "driver", "unload", "--root", str(root)],
                    check=True, capture_output=True)
