@@ -128,7 +128,10 @@ class Connection(asyncio.Protocol):
         self.closed = True
         self._disarm()
         self.server.release(self)
-        if self.task is not None and not self.task.done():
+        # Only streams end with their client. A mutation runs to its end (and its answer is
+        # dropped): cancelling it half-way would leave the agent's memory and its checkpoint
+        # disagreeing.
+        if self.streaming and self.task is not None and not self.task.done():
             self.task.cancel()
         if self._drain_waiter is not None and not self._drain_waiter.done():
             self._drain_waiter.set_exception(ConnectionResetError("the client went away"))

@@ -138,3 +138,24 @@ def test_random_kill9_under_load():
     finally:
         agent.stop()
         agent.cleanup()
+
+
+def test_client_leaving_mid_request_does_not_split_state():
+    """A plugin that sends an allocation and hangs up at once (a kubelet timeout): the
+    allocation still completes in memory and on disk, or not at all."""
+    import socket as sk
+    root = make_root()
+    agent = AgentProcess(root).start()
+    try:
+        for i in range(20):
+            body = json.dumps({"id": f"gone-{i}", "devices": [{"device": str(i % 8)}],
+                               "sharing": {"strategy": "TimeSlicing"}}).encode()
+            with sk.socket(sk.AF_UNIX) as s:
+                s.connect(str(agent.socket))
+                s.sendall(b"POST /v1/allocations HTTP/1.1\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+        time.sleep(0.5)
+        listed = assert_consistent(agent)
+        assert listed == {f"gone-{i}" for i in range(20)}
+    finally:
+        agent.stop()
+        agent.cleanup()
