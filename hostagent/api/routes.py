@@ -219,7 +219,7 @@ class App:
 
     async def _create(self, body):
         from ..daemon.views import allocation_view
-        created, alloc = await self.agent.allocate(body)
+        created, alloc = await self.agent.allocator.allocate(body)
         view = allocation_view(alloc)
         headers = (("Location", f"/v1/allocations/{alloc.id}"),)
         return Response(201 if created else 200, _dumps(view), headers)
@@ -229,7 +229,7 @@ class App:
 
     async def _delete(self, alloc_id):
         from ..daemon.views import allocation_view
-        alloc = await self.agent.release(alloc_id)
+        alloc = await self.agent.allocator.release(alloc_id)
         return Response(200, _dumps(allocation_view(alloc)))
 
     def refresh(self, request: Request):

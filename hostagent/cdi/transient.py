@@ -18,7 +18,7 @@ from .spec import common_edits, edits_to_cdi
 from .version import minimum_version
 
 __all__ = ["ALLOCATION_KIND", "safe_id", "spec_file_name", "spec_file", "device_name",
-           "build_transient_spec", "transient_spec_files"]
+           "build_transient_spec", "transient_spec_files", "stray_temporaries"]
 
 ALLOCATION_KIND = "hostagent.io/allocation"
 
@@ -46,6 +46,16 @@ def transient_spec_files(host: HostRoot, kind: str = ALLOCATION_KIND) -> dict[st
         return {}
     return {p.name[len(prefix):-len(".json")]: p for p in entries
             if p.name.startswith(prefix) and p.name.endswith(".json")}
+
+
+def stray_temporaries(host: HostRoot, kind: str = ALLOCATION_KIND) -> list[Path]:
+    """Temporary files an atomic write of a transient spec left behind when its writer was
+    killed half-way (engines ignore them; nobody else removes them)."""
+    vendor, cls = kind.split("/", 1)
+    try:
+        return sorted(host.cdi_dir.glob(f".{vendor}-{cls}_*.tmp"))
+    except OSError:
+        return []
 
 
 def device_name(allocation_id: str, device: Gpu | MigDevice) -> str:

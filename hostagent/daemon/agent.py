@@ -18,16 +18,15 @@ from concurrent.futures import ThreadPoolExecutor
 
 from .. import __version__
 from ..cdi import transient
-from ..errors import HostagentError, NotFoundError
+from ..errors import HostagentError
 from ..hostroot import HostRoot
-from ..lock import node_lock
 from . import allocations as alloc_rules
-from . import checkpoint, faults
+from . import checkpoint
 from .events import EventLog, RevisionClock
 from .health import Health, unmonitored
 from .settings import Settings
 from .state import Snapshot, diff_devices, lookup_table
-from .views import allocation_view, device_views, profile_view
+from .views import device_views, profile_view
 
 __all__ = ["Agent"]
 
@@ -50,7 +49,9 @@ class Agent:
         self.allocations: dict[str, alloc_rules.Allocation] = {}
         self.snapshot = Snapshot(self.events.revision, {}, {}, [], {}, {})
         self._restore_pending = False     # checkpoint loaded, not yet checked against the inventory
+        from .allocator import Allocator
         from .mig import MigOps
+        self.allocator = Allocator(self)
         self.mig = MigOps(self)
         self.mutex = asyncio.Lock()
         self._worker = ThreadPoolExecutor(1, thread_name_prefix="hostagent-worker")
@@ -64,7 +65,7 @@ class Agent:
     def close(self) -> None:
         self._worker.shutdown(wait=True, cancel_futures=True)
 
-    def _interpreter(self) -> str:
+    def interpreter(self) -> str:
         hook = self.settings.sections.get("hook") or {}
         return hook.get("interpreter") or sys.executable
 
@@ -75,7 +76,7 @@ class Agent:
         from ..cdi import refresh
         from ..cdi.spec import SpecOptions
         from ..devices import read_inventory
-        options = SpecOptions(hook_interpreter=self._interpreter())
+        options = SpecOptions(hook_interpreter=self.interpreter())
         inventory = read_inventory(self.host)
         # Always regenerated (a few ms): the file is rewritten only when its content differs,
         # which also restores a spec someone deleted.
@@ -97,10 +98,10 @@ class Agent:
     async def refresh(self, reason: str) -> int:
         """Re-read the inventory; publish what changed. Returns the revision."""
         async with self.mutex:
-            await self._refresh_locked(reason)
+            await self.refresh_locked(reason)
         return self.events.revision
 
-    async def _refresh_locked(self, reason: str) -> None:
+    async def refresh_locked(self, reason: str) -> None:
         try:
             inventory, generated, options, change = await self.blocking(self._read)
         except HostagentError as e:
@@ -108,7 +109,7 @@ class Agent:
                 log.error("cannot read the inventory (%s): %s", reason, e.message,
                           extra={"fields": {"error_code": e.code}})
             self.inventory_error = e
-            self._publish()
+            self.publish()
             return
         if self.inventory_error is not None:
             log.info("inventory readable again")
@@ -122,11 +123,11 @@ class Agent:
         if self._restore_pending:
             await self._restore_locked(list(self.allocations.values()))
             return
-        self._publish()
+        self.publish()
 
     # ---- publishing ---------------------------------------------------------------
 
-    def _users(self) -> dict[str, list[tuple[str, str]]]:
+    def users(self) -> dict[str, list[tuple[str, str]]]:
         users: dict[str, list[tuple[str, str]]] = {}
         for a in self.allocations.values():
             for uuid in a.devices:
@@ -161,12 +162,12 @@ class Agent:
         from ..cdi.refresh import spec_path
         return spec_path(self.host, self.spec_options)
 
-    def _publish(self, before=()) -> None:
+    def publish(self, before=()) -> None:
         """Publish ``before`` events, then the device and node changes since the last
         snapshot; build the next snapshot. Loop thread only."""
         for type_, payload in before:
             self.events.publish(type_, payload)
-        users = {u: [a for a, _ in lst] for u, lst in self._users().items()}
+        users = {u: [a for a, _ in lst] for u, lst in self.users().items()}
         views = device_views(self.inventory, self.cdi_names, self.health, users, self.default_health)
         old = self.snapshot.devices
         for type_, uuid, changed in diff_devices(old, views):
@@ -192,151 +193,9 @@ class Agent:
         """Record a device's health (the health monitor's entry point); publishes the change."""
         if self.health.get(uuid) != health:
             self.health[uuid] = health
-            self._publish()
-
-    # ---- allocations --------------------------------------------------------------
-
-    def _candidates(self) -> list[alloc_rules.Candidate]:
-        out = []
-        inv = self.inventory
-        if inv is None:
-            return out
-        for gpu in inv.gpus:
-            why = "MIG is enabled: allocate its MIG devices" if gpu.mig_enabled else None
-            out.append(alloc_rules.Candidate(
-                gpu.uuid, str(gpu.index), "gpu", gpu.name, gpu.memory_mib, gpu.compute_capability,
-                None, (gpu.index, -1), why or (None if self.cdi_names.get(gpu.uuid) else "not in the CDI spec")))
-            for d in (gpu.mig.devices if gpu.mig else ()):
-                out.append(alloc_rules.Candidate(
-                    d.uuid, d.name, "mig", gpu.name, d.memory_mib, gpu.compute_capability, d.profile,
-                    (gpu.index, d.index), None if self.cdi_names.get(d.uuid) else "not in the CDI spec"))
-        return out
-
-    def _records(self, uuids) -> list:
-        by_uuid = {}
-        for gpu in self.inventory.gpus:
-            by_uuid[gpu.uuid] = gpu
-            for d in (gpu.mig.devices if gpu.mig else ()):
-                by_uuid[d.uuid] = d
-        return [by_uuid[u] for u in uuids]
-
-    def _write_spec(self, alloc: alloc_rules.Allocation, records) -> alloc_rules.Allocation:
-        """Worker: render and write the allocation's transient spec; returns the allocation
-        with the derived fields filled in."""
-        import dataclasses
-        from ..cdi.discover import Discovery
-        from ..cdi.render import render
-        from ..fileio import ensure_dir, write_atomic
-        discovery = Discovery(self.host, self.inventory.driver_version)
-        spec, merged = transient.build_transient_spec(discovery, alloc.id, records, self._interpreter())
-        path = transient.spec_file(self.host, alloc.id)
-        ensure_dir(path.parent, 0o755)
-        text = render(spec)
-        try:
-            unchanged = path.read_text() == text
-        except OSError:
-            unchanged = False
-        if not unchanged:
-            write_atomic(path, text, mode=0o644)
-        return dataclasses.replace(alloc, cdi_devices=tuple(f"{spec['kind']}={d['name']}" for d in spec["devices"]),
-                                   container_edits=merged, spec_path=str(path))
-
-    def _commit_new(self, alloc, records, others) -> alloc_rules.Allocation:
-        """Worker: spec first, then the checkpoint (the commit point)."""
-        with node_lock(self.host, f"allocate {alloc.id}"):
-            alloc = self._write_spec(alloc, records)
-            faults.point("allocate:after_spec")
-            checkpoint.save(self.host, [*others, alloc])
-            faults.point("allocate:after_checkpoint")
-        return alloc
-
-    async def allocate(self, body: dict) -> tuple[bool, alloc_rules.Allocation]:
-        """Create (True) or return the identical existing (False) allocation."""
-        request = alloc_rules.normalize(body)
-        async with self.mutex:
-            existing = self.allocations.get(request["id"])
-            if existing is not None:
-                if existing.request == request:
-                    return False, existing
-                raise alloc_rules.AllocationConflict(
-                    f"allocation {request['id']!r} exists with a different request",
-                    hint="release it first, or use another id", id=request["id"])
-            clash = next((a for a in self.allocations
-                          if transient.safe_id(a) == transient.safe_id(request["id"])), None)
-            if clash is not None:
-                raise alloc_rules.AllocationConflict(
-                    f"allocation id {request['id']!r} names the same spec file as {clash!r}",
-                    id=request["id"], clashes_with=clash)
-            if self.inventory is None:
-                raise self._unavailable()
-            uuids = alloc_rules.select(
-                request, self._candidates(), self._users(),
-                resolve=lambda name: self.snapshot.lookup.get(name),
-                healthy=lambda u: (self.health.get(u) or self.default_health).allocatable)
-            alloc = alloc_rules.Allocation(id=request["id"], devices=tuple(uuids), request=request,
-                                           created=time.time())
-            alloc = await self.blocking(self._commit_new, alloc, self._records(uuids),
-                                        list(self.allocations.values()))
-            self.allocations[alloc.id] = alloc
-            log.info("allocation %s created: %s", alloc.id, ", ".join(alloc.cdi_devices),
-                     extra={"fields": {"allocation_id": alloc.id}})
-            self._publish([("allocation_created", {"allocation": allocation_view(alloc)})])
-            return True, alloc
-
-    def _commit_release(self, alloc, others) -> None:
-        """Worker: checkpoint first (the commit point), then remove the spec."""
-        with node_lock(self.host, f"release {alloc.id}"):
-            checkpoint.save(self.host, others)
-            faults.point("release:after_checkpoint")
-            try:
-                os.unlink(transient.spec_file(self.host, alloc.id))
-            except FileNotFoundError:
-                pass
-
-    async def release(self, alloc_id: str) -> alloc_rules.Allocation:
-        async with self.mutex:
-            alloc = self.allocations.get(alloc_id)
-            if alloc is None:
-                raise NotFoundError(f"no allocation {alloc_id!r}", id=alloc_id)
-            others = [a for a in self.allocations.values() if a.id != alloc_id]
-            await self.blocking(self._commit_release, alloc, others)
-            del self.allocations[alloc_id]
-            log.info("allocation %s released", alloc_id, extra={"fields": {"allocation_id": alloc_id}})
-            self._publish([("allocation_deleted", {"allocation": allocation_view(alloc), "reason": "released"})])
-            return alloc
-
-    def _unavailable(self):
-        from ..errors import UnavailableError
-        e = self.inventory_error
-        return UnavailableError("the node's inventory is not available" + (f": {e.message}" if e else ""),
-                                hint="see GET /v1/node and the agent's log")
+            self.publish()
 
     # ---- start-up -----------------------------------------------------------------
-
-    def _restore(self, saved: list) -> tuple[list, list[tuple[str, str]]]:
-        """Worker: rewrite the specs of checkpointed allocations whose devices are all still
-        there and allocatable; drop the others; remove specs no allocation owns."""
-        kept, dropped = [], []
-        present = {uuid for uuid, names in self.cdi_names.items() if names}
-        with node_lock(self.host, "restore allocations"):
-            for alloc in saved:
-                gone = [u for u in alloc.devices if u not in present]
-                if gone:
-                    dropped.append((alloc.id, f"device(s) {', '.join(gone)} gone or no longer allocatable"))
-                    continue
-                try:
-                    kept.append(self._write_spec(alloc, self._records(alloc.devices)))
-                except HostagentError as e:
-                    dropped.append((alloc.id, e.message))
-            owned = {transient.safe_id(a.id) for a in kept}
-            for sid, path in transient.transient_spec_files(self.host).items():
-                if sid not in owned:
-                    os.unlink(path)
-                    log.warning("removed transient spec %s: no allocation owns it", path,
-                                extra={"fields": {"spec": str(path)}})
-            if len(kept) != len(saved):
-                checkpoint.save(self.host, kept)
-        return kept, dropped
 
     async def start(self) -> None:
         """Start-up reconcile: MIG (finish an interrupted apply, then the configured layout),
@@ -347,7 +206,7 @@ class Agent:
             self.allocations = {a.id: a for a in saved}
             self._restore_pending = True
             await self.mig.reconcile(self.settings.mig, "start")
-            await self._refresh_locked("start")
+            await self.refresh_locked("start")
             if self._restore_pending and saved:
                 # The inventory is unreadable: keep the checkpoint untouched, the devices may
                 # come back with the driver; restored at the first successful read.
@@ -355,7 +214,7 @@ class Agent:
                             len(saved))
 
     async def _restore_locked(self, saved: list) -> None:
-        kept, dropped = await self.blocking(self._restore, saved)
+        kept, dropped = await self.blocking(self.allocator.restore, saved)
         self._restore_pending = False
         for alloc_id, why in dropped:
             log.warning("allocation %s dropped: %s", alloc_id, why,
@@ -363,5 +222,5 @@ class Agent:
         self.allocations = {a.id: a for a in kept}
         if kept:
             log.info("restored %d allocation(s)", len(kept))
-        self._publish([("allocation_deleted", {"allocation": {"id": alloc_id}, "reason": why})
+        self.publish([("allocation_deleted", {"allocation": {"id": alloc_id}, "reason": why})
                        for alloc_id, why in dropped])

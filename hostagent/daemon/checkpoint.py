@@ -15,7 +15,7 @@ from ..fileio import ensure_dir, write_atomic
 from ..hostroot import HostRoot
 from .allocations import Allocation
 
-__all__ = ["VERSION", "path", "load", "save"]
+__all__ = ["VERSION", "path", "load", "save", "stray_temporaries"]
 
 VERSION = 1
 log = logging.getLogger("hostagent.daemon")
@@ -50,3 +50,9 @@ def save(host: HostRoot, allocations) -> None:
     ensure_dir(host.state_dir, 0o700)
     data = {"version": VERSION, "allocations": [a.checkpoint() for a in allocations]}
     write_atomic(path(host), json.dumps(data, indent=1, sort_keys=True) + "\n", mode=0o600)
+
+
+def stray_temporaries(host: HostRoot) -> list[Path]:
+    """Temporary files of checkpoint writes a kill interrupted."""
+    p = path(host)
+    return sorted(p.parent.glob(f".{p.name}.*.tmp")) if p.parent.is_dir() else []

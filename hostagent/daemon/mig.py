@@ -56,7 +56,7 @@ class MigOps:
                              allocations=sorted({a for u in busy for a in users[u]}))
 
     async def _after(self, reason: str) -> None:
-        await self.agent._refresh_locked(reason)
+        await self.agent.refresh_locked(reason)
 
     # ---- reads --------------------------------------------------------------------
 

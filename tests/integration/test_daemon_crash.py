@@ -28,7 +28,7 @@ def assert_consistent(agent) -> set:
     listed, specs, saved = state(agent)
     assert listed == saved, (listed, saved)
     assert specs == {i.replace("/", "_") for i in listed}, (specs, listed)
-    for tmp in (agent.root / "var/run/cdi").glob(".*.tmp"):
+    for tmp in [*(agent.root / "var/run/cdi").glob(".*.tmp"), *(agent.root / "var/lib/hostagent").glob(".*.tmp")]:
         raise AssertionError(f"temporary file left behind: {tmp}")
     return listed
 
@@ -54,6 +54,9 @@ def test_crash_while_allocating(point, survives):
         agent.start()
         crash_during(agent, lambda c: c.allocate("claim/x", ["1", "2"]))
         assert (root / f"var/run/cdi/{KIND}claim_x.json").exists()      # died mid-way
+        # As if a kill had also hit the middle of an atomic write:
+        (root / f"var/run/cdi/.{KIND}claim_y.json.deadbeef.tmp").write_text("{")
+        (root / "var/lib/hostagent/.allocations.json.deadbeef.tmp").write_text("{")
         agent.env = {}
         agent.start()
         listed = assert_consistent(agent)

@@ -1,0 +1,173 @@
+"""Allocations, imperative: pick devices with the pure rules, write the transient spec, then
+the checkpoint (the commit point); release in the reverse order; restore at start.
+
+The blocking parts run on the agent's worker thread under the node lock; the agent's state
+changes, and the events, happen on the event loop's thread afterwards, so a crash or a
+failed write never leaves memory ahead of the disk.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+
+from ..cdi import transient
+from ..errors import HostagentError, NotFoundError
+from ..lock import node_lock
+from . import allocations as alloc_rules
+from . import checkpoint, faults
+from .views import allocation_view
+
+__all__ = ["Allocator"]
+
+log = logging.getLogger("hostagent.daemon")
+
+
+class Allocator:
+    def __init__(self, agent):
+        self.agent = agent
+        self.host = agent.host
+
+    def _candidates(self) -> list[alloc_rules.Candidate]:
+        out = []
+        inv = self.agent.inventory
+        if inv is None:
+            return out
+        for gpu in inv.gpus:
+            why = "MIG is enabled: allocate its MIG devices" if gpu.mig_enabled else None
+            out.append(alloc_rules.Candidate(
+                gpu.uuid, str(gpu.index), "gpu", gpu.name, gpu.memory_mib, gpu.compute_capability,
+                None, (gpu.index, -1), why or (None if self.agent.cdi_names.get(gpu.uuid) else "not in the CDI spec")))
+            for d in (gpu.mig.devices if gpu.mig else ()):
+                out.append(alloc_rules.Candidate(
+                    d.uuid, d.name, "mig", gpu.name, d.memory_mib, gpu.compute_capability, d.profile,
+                    (gpu.index, d.index), None if self.agent.cdi_names.get(d.uuid) else "not in the CDI spec"))
+        return out
+
+    def _records(self, uuids) -> list:
+        by_uuid = {}
+        for gpu in self.agent.inventory.gpus:
+            by_uuid[gpu.uuid] = gpu
+            for d in (gpu.mig.devices if gpu.mig else ()):
+                by_uuid[d.uuid] = d
+        return [by_uuid[u] for u in uuids]
+
+    def _write_spec(self, alloc: alloc_rules.Allocation, records) -> alloc_rules.Allocation:
+        """Worker: render and write the allocation's transient spec; returns the allocation
+        with the derived fields filled in."""
+        import dataclasses
+        from ..cdi.discover import Discovery
+        from ..cdi.render import render
+        from ..fileio import ensure_dir, write_atomic
+        discovery = Discovery(self.host, self.agent.inventory.driver_version)
+        spec, merged = transient.build_transient_spec(discovery, alloc.id, records, self.agent.interpreter())
+        path = transient.spec_file(self.host, alloc.id)
+        ensure_dir(path.parent, 0o755)
+        text = render(spec)
+        try:
+            unchanged = path.read_text() == text
+        except OSError:
+            unchanged = False
+        if not unchanged:
+            write_atomic(path, text, mode=0o644)
+        return dataclasses.replace(alloc, cdi_devices=tuple(f"{spec['kind']}={d['name']}" for d in spec["devices"]),
+                                   container_edits=merged, spec_path=str(path))
+
+    def _commit_new(self, alloc, records, others) -> alloc_rules.Allocation:
+        """Worker: spec first, then the checkpoint (the commit point)."""
+        with node_lock(self.host, f"allocate {alloc.id}"):
+            alloc = self._write_spec(alloc, records)
+            faults.point("allocate:after_spec")
+            checkpoint.save(self.host, [*others, alloc])
+            faults.point("allocate:after_checkpoint")
+        return alloc
+
+    async def allocate(self, body: dict) -> tuple[bool, alloc_rules.Allocation]:
+        """Create (True) or return the identical existing (False) allocation."""
+        request = alloc_rules.normalize(body)
+        async with self.agent.mutex:
+            existing = self.agent.allocations.get(request["id"])
+            if existing is not None:
+                if existing.request == request:
+                    return False, existing
+                raise alloc_rules.AllocationConflict(
+                    f"allocation {request['id']!r} exists with a different request",
+                    hint="release it first, or use another id", id=request["id"])
+            clash = next((a for a in self.agent.allocations
+                          if transient.safe_id(a) == transient.safe_id(request["id"])), None)
+            if clash is not None:
+                raise alloc_rules.AllocationConflict(
+                    f"allocation id {request['id']!r} names the same spec file as {clash!r}",
+                    id=request["id"], clashes_with=clash)
+            if self.agent.inventory is None:
+                raise self._unavailable()
+            uuids = alloc_rules.select(
+                request, self._candidates(), self.agent.users(),
+                resolve=lambda name: self.agent.snapshot.lookup.get(name),
+                healthy=lambda u: (self.agent.health.get(u) or self.agent.default_health).allocatable)
+            alloc = alloc_rules.Allocation(id=request["id"], devices=tuple(uuids), request=request,
+                                           created=time.time())
+            alloc = await self.agent.blocking(self._commit_new, alloc, self._records(uuids),
+                                        list(self.agent.allocations.values()))
+            self.agent.allocations[alloc.id] = alloc
+            log.info("allocation %s created: %s", alloc.id, ", ".join(alloc.cdi_devices),
+                     extra={"fields": {"allocation_id": alloc.id}})
+            self.agent.publish([("allocation_created", {"allocation": allocation_view(alloc)})])
+            return True, alloc
+
+    def _commit_release(self, alloc, others) -> None:
+        """Worker: checkpoint first (the commit point), then remove the spec."""
+        with node_lock(self.host, f"release {alloc.id}"):
+            checkpoint.save(self.host, others)
+            faults.point("release:after_checkpoint")
+            try:
+                os.unlink(transient.spec_file(self.host, alloc.id))
+            except FileNotFoundError:
+                pass
+
+    async def release(self, alloc_id: str) -> alloc_rules.Allocation:
+        async with self.agent.mutex:
+            alloc = self.agent.allocations.get(alloc_id)
+            if alloc is None:
+                raise NotFoundError(f"no allocation {alloc_id!r}", id=alloc_id)
+            others = [a for a in self.agent.allocations.values() if a.id != alloc_id]
+            await self.agent.blocking(self._commit_release, alloc, others)
+            del self.agent.allocations[alloc_id]
+            log.info("allocation %s released", alloc_id, extra={"fields": {"allocation_id": alloc_id}})
+            self.agent.publish([("allocation_deleted", {"allocation": allocation_view(alloc), "reason": "released"})])
+            return alloc
+
+    def _unavailable(self):
+        from ..errors import UnavailableError
+        e = self.agent.inventory_error
+        return UnavailableError("the node's inventory is not available" + (f": {e.message}" if e else ""),
+                                hint="see GET /v1/node and the agent's log")
+
+    def restore(self, saved: list) -> tuple[list, list[tuple[str, str]]]:
+        """Worker: rewrite the specs of checkpointed allocations whose devices are all still
+        there and allocatable; drop the others; remove specs no allocation owns."""
+        kept, dropped = [], []
+        present = {uuid for uuid, names in self.agent.cdi_names.items() if names}
+        with node_lock(self.host, "restore allocations"):
+            for alloc in saved:
+                gone = [u for u in alloc.devices if u not in present]
+                if gone:
+                    dropped.append((alloc.id, f"device(s) {', '.join(gone)} gone or no longer allocatable"))
+                    continue
+                try:
+                    kept.append(self._write_spec(alloc, self._records(alloc.devices)))
+                except HostagentError as e:
+                    dropped.append((alloc.id, e.message))
+            owned = {transient.safe_id(a.id) for a in kept}
+            for sid, path in transient.transient_spec_files(self.host).items():
+                if sid not in owned:
+                    os.unlink(path)
+                    log.warning("removed transient spec %s: no allocation owns it", path,
+                                extra={"fields": {"spec": str(path)}})
+            for tmp in transient.stray_temporaries(self.host) + checkpoint.stray_temporaries(self.host):
+                tmp.unlink(missing_ok=True)
+                log.info("removed %s, left by an interrupted write", tmp)
+            if len(kept) != len(saved):
+                checkpoint.save(self.host, kept)
+        return kept, dropped
