@@ -13,7 +13,7 @@ from .discover import Discovery
 from .render import render
 from .spec import GeneratedSpec, SpecOptions, build_spec
 
-__all__ = ["SpecChange", "generate", "refresh", "spec_path"]
+__all__ = ["SpecChange", "configured_options", "generate", "refresh", "spec_path"]
 
 
 @dataclass(frozen=True)
@@ -36,6 +36,15 @@ class SpecChange:
         if self.common_changed:
             parts.append("common edits changed")
         return f"{self.path}: " + ("; ".join(parts) or "rewritten")
+
+
+def configured_options(host: HostRoot, **options) -> SpecOptions:
+    """SpecOptions with the hook interpreter /etc/hostagent/config.yaml names, if any."""
+    from ..config import load_config
+    interpreter = load_config(host.config_file).hook.interpreter     # None: this interpreter
+    if interpreter:
+        options.setdefault("hook_interpreter", interpreter)
+    return SpecOptions(**options)
 
 
 def spec_path(host: HostRoot, options: SpecOptions):

@@ -48,17 +48,14 @@ def _spec_flags(v) -> None:
 def _host_and_options(args):
     import dataclasses
     from ..cdi.naming import parse_strategies
-    from ..cdi.spec import SpecOptions
+    from ..cdi.refresh import configured_options
     host = host_from_args(args)
     if args.driver_root or args.dev_root:
         host = dataclasses.replace(host, driver_root=args.driver_root or host.driver_root,
                                    dev_root=args.dev_root or host.dev_root)
-    from ..config import load_config
-    interpreter = load_config(host.config_file).hook.interpreter     # None: this interpreter
-    options = SpecOptions(vendor=args.vendor, device_class=args.device_class,
-                          name_strategies=parse_strategies(args.device_name_strategy),
-                          all_device=not args.no_all_device, cdi_version=args.cdi_version,
-                          **({"hook_interpreter": interpreter} if interpreter else {}))
+    options = configured_options(host, vendor=args.vendor, device_class=args.device_class,
+                                 name_strategies=parse_strategies(args.device_name_strategy),
+                                 all_device=not args.no_all_device, cdi_version=args.cdi_version)
     return host, options
 
 

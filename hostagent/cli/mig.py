@@ -106,6 +106,21 @@ def render_plan(plan) -> str:
     return "\n".join(out)
 
 
+def refresh_cdi(host) -> None:
+    """After a layout change: the node's CDI spec describes the new MIG devices. A spec
+    problem is reported, never a reason to undo the layout."""
+    from ..cdi.refresh import configured_options, refresh
+    from ..errors import HostagentError
+    try:
+        change, generated = refresh(host, configured_options(host))
+    except HostagentError as e:
+        print(f"hostagent: warning: the CDI spec was not refreshed: {e.message}", file=sys.stderr)
+        return
+    _progress(None, f"CDI spec: {change.describe()}")
+    for problem in generated.problems:
+        print(f"hostagent: warning: {problem.message}", file=sys.stderr)
+
+
 def run_apply(args) -> int:
     from .migd import apply_through_daemon
     through_daemon = apply_through_daemon(args)     # one writer: the daemon, when it runs
@@ -127,7 +142,8 @@ def run_apply(args) -> int:
            "MIG_PARTED_MODE_CHANGE_ONLY": str(args.mode_only).lower()}
     result = service.apply(host, spec, args.selected_config, mode_only=args.mode_only,
                            skip_reset=args.skip_reset, force=args.force, dry_run=args.dry_run,
-                           hooks=hooks, hook_env=env, progress=_progress)
+                           hooks=hooks, hook_env=env, progress=_progress,
+                           on_layout_changed=refresh_cdi)
     _notes(result.notes)
     plan = result.plan
     if args.dry_run:

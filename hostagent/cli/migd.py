@@ -29,12 +29,13 @@ def _document(path: str | None, what: str):
         return None
     import yaml
     from ..errors import ConfigError, NotFoundError
+    from ..mig.spec import yaml_load
     try:
         text = sys.stdin.read() if path == "-" else open(path, "rb").read()
     except FileNotFoundError:
         raise NotFoundError(f"{what} not found", where=path) from None
     try:
-        return yaml.safe_load(text)
+        return yaml_load(text)     # keys stay strings: a config named "off" is not False
     except yaml.YAMLError as e:
         raise ConfigError(f"not valid YAML or JSON: {e}".replace("\n", " "), where=path) from None
 

@@ -165,7 +165,7 @@ def _check_mig_devices(mig_devices: dict, where: str) -> None:
         raise ValueError(f"{prefix}: all counts for all MigProfiles are 0")
 
 
-def _yaml_load(text):
+def yaml_load(text):
     """YAML with every mapping key kept as written: every key of the format is a string,
     and YAML 1.1 would turn a config named ``off`` or ``yes`` into a boolean."""
     import yaml
@@ -191,7 +191,7 @@ def parse_spec(document, source: str = "<input>") -> MigSpec:
     if isinstance(document, (str, bytes)):
         import yaml
         try:
-            document = _yaml_load(document)
+            document = yaml_load(document)
         except yaml.YAMLError as e:
             raise ConfigError(f"not valid YAML or JSON: {e}".replace("\n", " "), where=source) from None
     try:

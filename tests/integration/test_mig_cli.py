@@ -254,3 +254,18 @@ def test_sigterm_mid_apply_rolls_back_before_exiting(node, tmp_path):
     assert layouts(host) == before          # the mode change of the first phase was undone
     from hostagent.mig.journal import Journal
     assert Journal.load(host) is None
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the CDI spec reads major/minor from real character devices (root)")
+def test_apply_refreshes_the_cdi_spec(capsys, node):
+    host, _, cfg = node
+    code, _, err = run(capsys, host, "apply", "-f", cfg, "-c", "mixed")
+    assert code == 0, err
+    assert "CDI spec:" in err
+    spec = json.loads(host.cdi_dir.joinpath("nvidia.com-gpu.json").read_text())
+    names = {d["name"] for d in spec["devices"]}
+    migs = {d.name for g in read_inventory(host).gpus if g.mig for d in g.mig.devices}
+    assert len(migs) == 7 and migs <= names and "0" not in names and "2" in names
+    code, _, err = run(capsys, host, "apply", "-f", cfg, "-c", "off")
+    spec = json.loads(host.cdi_dir.joinpath("nvidia.com-gpu.json").read_text())
+    assert code == 0 and {"0", "1", "2"} <= {d["name"] for d in spec["devices"]}
