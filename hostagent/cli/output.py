@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import sys
 
 __all__ = ["FORMATS", "add_output_flag", "emit", "table", "to_plain"]
@@ -18,6 +16,7 @@ def add_output_flag(parser) -> None:
 
 def to_plain(obj):
     """Records to plain dicts/lists that JSON and YAML can hold."""
+    import dataclasses   # here, not at import: every command's start-up pays for module imports
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         return {f.name: to_plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
     if isinstance(obj, dict):
@@ -30,6 +29,7 @@ def to_plain(obj):
 def emit(data, fmt: str, render_table) -> None:
     """Print ``data`` as JSON/YAML, or call ``render_table(data)`` for the table format."""
     if fmt == "json":
+        import json
         json.dump(to_plain(data), sys.stdout, indent=2)
         sys.stdout.write("\n")
     elif fmt == "yaml":
