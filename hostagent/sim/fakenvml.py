@@ -34,6 +34,11 @@ log = logging.getLogger(__name__)
 _FUNCS: dict[str, tuple[tuple, object]] = {}
 P = c_void_p   # every pointer and handle is passed as an address
 
+# nvmlEventSetWait_v2 polls the state file: at once, then with pauses growing from 20 ms to
+# 200 ms while nothing arrives (kept per event set across waits, reset by an event). A real
+# driver blocks in the kernel; a fixed 20 ms poll cost ~1% of a core in an idle daemon.
+_WAIT_POLL_MIN, _WAIT_POLL_MAX = 0.02, 0.2
+
 SUPPORTED_EVENTS = (N.nvmlEventTypeSingleBitEccError | N.nvmlEventTypeDoubleBitEccError
                     | N.nvmlEventTypePState | N.nvmlEventTypeXidCriticalError
                     | N.nvmlEventTypeClock)
@@ -890,6 +895,7 @@ class FakeNvmlLibrary:
             for ev in state.events:
                 if ev.seq > es["cursor"] and es["regs"].get(ev.gpu, 0) & ev.event_type:
                     es["cursor"] = ev.seq
+                    es["pause"] = _WAIT_POLL_MIN         # more may follow closely
                     data = _struct(data_ptr, N.c_nvmlEventData_t)
                     _put(data_ptr, c_void_p, self._handle("gpu", ev.gpu))
                     data.eventType, data.eventData = ev.event_type, ev.data
@@ -900,7 +906,9 @@ class FakeNvmlLibrary:
                 raise SimNvmlError(N.NVML_ERROR_GPU_IS_LOST, "a registered GPU is lost")
             if time.monotonic() >= deadline:
                 raise SimNvmlError(N.NVML_ERROR_TIMEOUT, "no event")
-            time.sleep(min(0.02, max(0.0, deadline - time.monotonic())))
+            pause = es.get("pause", _WAIT_POLL_MIN)
+            es["pause"] = min(pause * 2, _WAIT_POLL_MAX)
+            time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
 
     @nvml(P)
     def nvmlEventSetFree(self, event_set):
