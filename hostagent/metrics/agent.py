@@ -32,13 +32,20 @@ class AgentMetrics:
                                     "How long the last metric sample took.", registry=r)
         self.sample_calls = Gauge("hostagent_metrics_sample_nvml_calls",
                                   "NVML queries the last metric sample made.", registry=r)
+        self._api_children: dict = {}
 
     # ---- what the daemon calls -------------------------------------------------------
 
     def api_request(self, method: str, route: str, code: int, seconds: float) -> None:
         """``route`` is the route pattern ("/v1/devices/{id}"), never the raw path."""
-        self.api_requests.labels(method, route, str(code)).inc()
-        self.api_latency.labels(method, route).observe(seconds)
+        # Children cached per label set: .labels() costs ~3 us, a third of a cached GET.
+        key = (method, route, code)
+        children = self._api_children.get(key)
+        if children is None:
+            children = self._api_children[key] = (self.api_requests.labels(method, route, str(code)),
+                                                  self.api_latency.labels(method, route))
+        children[0].inc()
+        children[1].observe(seconds)
 
     def mig_apply(self, ok: bool) -> None:
         self.mig_applies.inc()

@@ -53,6 +53,10 @@ class MetricsSampler:
             self._thread.join(timeout)
             self._thread = None
 
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
     def update_inventory(self, inventory) -> None:
         """New devices (a MIG change): sample them from the next turn, which comes now."""
         with self._lock:

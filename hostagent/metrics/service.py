@@ -32,13 +32,21 @@ class MetricsService:
 
     def start(self) -> None:
         self.sampler.start()
-        if self.options.port is not None:
-            self.server = MetricsServer(self.exporter, self.options.address, self.options.port)
-            try:
-                self.server.start()
-            except BaseException:
-                self.sampler.stop()
-                raise
+        try:
+            self.start_server()
+        except BaseException:
+            self.sampler.stop()
+            raise
+
+    def start_server(self) -> None:
+        """The TCP endpoint, if a port is set and it is not serving yet. Separate from
+        ``start`` so the daemon can keep sampling (and serve the socket's /metrics) while a
+        taken port is retried. Raises UnavailableError when the port cannot be bound."""
+        if self.options.port is None or self.server is not None:
+            return
+        server = MetricsServer(self.exporter, self.options.address, self.options.port)
+        server.start()
+        self.server = server
 
     def stop(self) -> None:
         if self.server is not None:
