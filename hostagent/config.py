@@ -28,7 +28,7 @@ DEFAULT_PATH = "/etc/hostagent/config.yaml"
 SCHEMA_FILE = os.path.join(os.path.dirname(__file__), "config.schema.json")
 # Schema files of features that keep their sections beside their code (package-relative).
 SECTION_SCHEMAS = ("daemon/settings.schema.json", "health/settings.schema.json",
-                   "metrics/settings.schema.json")
+                   "metrics/settings.schema.json", "labels/settings.schema.json")
 
 
 # Records are namedtuples: the runtime shim reads the configuration at every GPU
