@@ -14,7 +14,7 @@ from ..hostroot import HostRoot
 from .records import DeviceHealth, Reason
 from .state import HealthState
 
-__all__ = ["STATE_FILE", "write_state", "read_state", "PublishedState"]
+__all__ = ["STATE_FILE", "write_state", "read_state", "PublishedState", "state_from_dict"]
 
 STATE_FILE = "health.json"
 
@@ -31,17 +31,22 @@ def write_state(host: HostRoot, state: HealthState, *, policy: str, quiet_period
     write_atomic(_path(host), json.dumps(doc, separators=(",", ":")), durable=False)
 
 
+def state_from_dict(doc: dict, revision: int | None = None) -> HealthState:
+    """A ``HealthState`` back from ``HealthState.to_dict()`` (the state file, ``GET /v1/health``)."""
+    devices = {}
+    for raw in doc["devices"]:
+        raw = {k: v for k, v in raw.items() if k != "state"}
+        raw["reasons"] = tuple(Reason(**r) for r in raw["reasons"])
+        devices[raw["key"]] = DeviceHealth(**raw)
+    return HealthState(devices, doc["revision"] if revision is None else revision)
+
+
 class PublishedState:
     def __init__(self, doc: dict):
         self.doc = doc
         self.pid: int = doc["pid"]
         self.written_at: float = doc["written_at"]
-        devices = {}
-        for raw in doc["devices"]:
-            raw = {k: v for k, v in raw.items() if k != "state"}
-            raw["reasons"] = tuple(Reason(**r) for r in raw["reasons"])
-            devices[raw["key"]] = DeviceHealth(**raw)
-        self.state = HealthState(devices, doc["revision"])
+        self.state = state_from_dict(doc)
 
     @property
     def writer_alive(self) -> bool:
