@@ -15,7 +15,7 @@ __all__ = ["watch_stream", "snapshot_line"]
 
 
 def snapshot_line(agent, reason: str) -> tuple[int, bytes]:
-    from ..daemon.views import allocation_view
+    from ..daemon.views import allocation_view, with_device_marks
     snap = agent.snapshot
 
     def render():
@@ -23,7 +23,8 @@ def snapshot_line(agent, reason: str) -> tuple[int, bytes]:
                            "node": {"revision": snap.revision, **snap.node},
                            "gpus": snap.gpus, "mig_devices": snap.mig_devices,
                            "unreadable": snap.unreadable,
-                           "allocations": [allocation_view(a) for a in snap.allocations.values()]},
+                           "allocations": [with_device_marks(allocation_view(a), snap.devices)
+                                           for a in snap.allocations.values()]},
                           separators=(",", ":")).encode() + b"\n"
     return snap.revision, snap.cached(("snapshot", reason), render)
 

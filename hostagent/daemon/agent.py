@@ -49,6 +49,14 @@ class Agent:
         self.allocations: dict[str, alloc_rules.Allocation] = {}
         self.snapshot = Snapshot(self.events.revision, {}, {}, [], {}, {})
         self._restore_pending = False     # checkpoint loaded, not yet checked against the inventory
+        self.labels = None                # nodelabels.LabelResult of the last inventory read
+        # Called on the loop's thread with each inventory that differs from the last (the
+        # health monitor and the metrics sampler follow MIG changes), before it is published.
+        self.inventory_listeners: list = []
+        from ..metrics.agent import AgentMetrics
+        self.metrics = AgentMetrics()     # API, MIG, CDI and health counters
+        self.health_link = None           # healthlink.HealthLink, metricslink.MetricsLink:
+        self.metrics_link = None          # made and started by the daemon after the reconcile
         from .allocator import Allocator
         from .mig import MigOps
         self.allocator = Allocator(self)
@@ -72,16 +80,24 @@ class Agent:
     # ---- inventory and the node spec ------------------------------------------------
 
     def _read(self):
-        """Worker: read the inventory and refresh the node spec (written only if changed)."""
+        """Worker: read the inventory, refresh the node spec and the node labels (each file
+        written only if its content changed)."""
         from ..cdi import refresh
         from ..cdi.spec import SpecOptions
         from ..devices import read_inventory
+        from .nodelabels import LabelSettings, compute_and_write
         options = SpecOptions(hook_interpreter=self.interpreter())
         inventory = read_inventory(self.host)
         # Always regenerated (a few ms): the file is rewritten only when its content differs,
-        # which also restores a spec someone deleted.
-        change, generated = refresh.refresh(self.host, options, inventory=inventory)
-        return inventory, generated, options, change
+        # which also restores a spec (or a labels file) someone deleted.
+        try:
+            change, generated = refresh.refresh(self.host, options, inventory=inventory)
+        except HostagentError:
+            self.metrics.cdi_refresh("failed")
+            raise
+        self.metrics.cdi_refresh("written" if change.written else "unchanged")
+        labels = compute_and_write(self.host, inventory, LabelSettings.from_sections(self.settings.sections))
+        return inventory, generated, options, change, labels
 
     def _cdi_names(self, inventory, generated, options) -> dict[str, tuple[str, ...]]:
         from ..cdi.naming import device_name
@@ -103,7 +119,7 @@ class Agent:
 
     async def refresh_locked(self, reason: str) -> None:
         try:
-            inventory, generated, options, change = await self.blocking(self._read)
+            inventory, generated, options, change, labels = await self.blocking(self._read)
         except HostagentError as e:
             if self.inventory_error is None or self.inventory_error.message != e.message:
                 log.error("cannot read the inventory (%s): %s", reason, e.message,
@@ -118,12 +134,24 @@ class Agent:
             log.info("CDI spec %s", change.describe(), extra={"fields": {"reason": reason}})
         for problem in generated.problems:
             log.warning("CDI: %s", problem.message)
-        self.inventory, self.spec, self.spec_options = inventory, generated, options
+        if labels.error and (self.labels is None or self.labels.error != labels.error):
+            log.error("node labels: %s", labels.error)
+        before = []
+        if self.labels is None or self.labels.labels != labels.labels:
+            before.append(("labels_changed", {"labels": labels.labels}))
+        self.labels = labels
+        previous, self.inventory, self.spec, self.spec_options = self.inventory, inventory, generated, options
         self.cdi_names = self._cdi_names(inventory, generated, options)
+        if inventory != previous:
+            for listener in self.inventory_listeners:
+                try:
+                    listener(inventory)
+                except Exception:       # a feature's failure never stops the inventory
+                    log.exception("inventory listener %r failed", listener)
         if self._restore_pending:
-            await self._restore_locked(list(self.allocations.values()))
+            await self._restore_locked(list(self.allocations.values()), before)
             return
-        self.publish()
+        self.publish(before)
 
     # ---- publishing ---------------------------------------------------------------
 
@@ -187,7 +215,8 @@ class Agent:
         profiles = {g.uuid: [profile_view(p) for p in g.mig.profiles]
                     for g in (self.inventory.gpus if self.inventory else ()) if g.mig}
         self.snapshot = Snapshot(self.events.revision, node, views, unreadable,
-                                 dict(self.allocations), lookup_table(views), profiles)
+                                 dict(self.allocations), lookup_table(views), profiles,
+                                 labels=self.labels)
 
     def set_health(self, uuid: str, health: Health) -> None:
         """Record a device's health (the health monitor's entry point); publishes the change."""
@@ -213,7 +242,7 @@ class Agent:
                 log.warning("inventory unreadable: %d allocation(s) kept unverified until it is",
                             len(saved))
 
-    async def _restore_locked(self, saved: list) -> None:
+    async def _restore_locked(self, saved: list, before=()) -> None:
         kept, dropped = await self.blocking(self.allocator.restore, saved)
         self._restore_pending = False
         for alloc_id, why in dropped:
@@ -222,5 +251,5 @@ class Agent:
         self.allocations = {a.id: a for a in kept}
         if kept:
             log.info("restored %d allocation(s)", len(kept))
-        self.publish([("allocation_deleted", {"allocation": {"id": alloc_id}, "reason": why})
-                       for alloc_id, why in dropped])
+        self.publish([*before, *(("allocation_deleted", {"allocation": {"id": alloc_id}, "reason": why})
+                                 for alloc_id, why in dropped)])

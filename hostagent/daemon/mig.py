@@ -86,23 +86,29 @@ class MigOps:
         plan, notes = await self.agent.blocking(self._plan_work, body)
         return {"plan": plan.to_dict(), "notes": notes}
 
-    def _apply_work(self, body: dict):
+    def _apply_work(self, body: dict, started: list | None = None):
         from ..devices import read_inventory
         from ..mig import service
         spec, hooks = _spec(body), _hooks(body)
         with node_lock(self.host, "mig apply (api)"):
             planned, _ = service.plan(self.host, spec, body.get("config"), mode_only=body.get("mode_only", False))
             self._refuse_busy(read_inventory(self.host), planned)
+            if started is not None:
+                started.append(True)        # past the refusals: counted as an apply
             return service.apply(self.host, spec, body.get("config"), mode_only=body.get("mode_only", False),
                                  skip_reset=body.get("skip_reset", False), force=body.get("force", False),
                                  dry_run=body.get("dry_run", False), hooks=hooks)
 
     async def apply(self, body: dict) -> dict:
         async with self.agent.mutex:
+            started, ok = [], False
             try:
-                result = await self.agent.blocking(self._apply_work, body)
+                result = await self.agent.blocking(self._apply_work, body, started)
+                ok = True
             finally:
                 if not body.get("dry_run"):
+                    if started:
+                        self.agent.metrics.mig_apply(ok)
                     await self._after("mig apply")
         report = result.report
         out = {"plan": result.plan.to_dict(), "notes": result.notes, "dry_run": bool(body.get("dry_run")),
@@ -186,7 +192,11 @@ class MigOps:
             notes, result = await self.agent.blocking(self._reconcile_work, settings)
         except HostagentError as e:
             log.error("MIG layout %r not applied (%s): %s", settings.config, reason, e.message)
+            if settings.config is not None:
+                self.agent.metrics.mig_apply(False)
             return
+        if result is not None:
+            self.agent.metrics.mig_apply(True)
         for note in notes:
             log.warning("MIG: %s", note)
         if result is not None:

@@ -22,6 +22,7 @@ class Snapshot:
     allocations: dict                    # id -> Allocation
     lookup: dict[str, str]               # index, UUID, MIG name, CDI name -> uuid
     profiles: dict = field(default_factory=dict)   # GPU uuid -> its MIG profiles (views)
+    labels: object = None                # nodelabels.LabelResult
     cache: dict = field(default_factory=dict)   # rendered responses, per key
 
     def find(self, ident: str) -> dict | None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from ..devices import Gpu, Inventory, MigDevice, MigProfile
 
-__all__ = ["gpu_view", "mig_view", "profile_view", "device_views", "allocation_view"]
+__all__ = ["gpu_view", "mig_view", "profile_view", "device_views", "allocation_view", "with_device_marks"]
 
 
 def profile_view(p: MigProfile) -> dict:
@@ -77,3 +77,15 @@ def allocation_view(alloc) -> dict:
             "labels": alloc.request.get("labels", {}), "request": alloc.request,
             "created": round(alloc.created, 3), "container_edits": alloc.container_edits,
             "visible_devices": ",".join(alloc.devices)}
+
+
+def with_device_marks(view: dict, devices: dict[str, dict]) -> dict:
+    """An allocation view with ``missing_devices`` (gone from the inventory) and
+    ``unhealthy_devices`` (their health says so), each only when not empty."""
+    missing = [u for u in view["devices"] if u not in devices]
+    unhealthy = [u for u in view["devices"] if u in devices and devices[u]["health"]["state"] == "unhealthy"]
+    if missing:
+        view = {**view, "missing_devices": missing}
+    if unhealthy:
+        view = {**view, "unhealthy_devices": unhealthy}
+    return view

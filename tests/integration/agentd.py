@@ -44,6 +44,10 @@ class AgentProcess:
 
     def write_config(self, config: dict | str) -> None:
         self.config.parent.mkdir(parents=True, exist_ok=True)
+        if isinstance(config, dict):
+            # Tests never take dcgm-exporter's well-known port: socket /metrics only, unless
+            # a test asks for a port itself.
+            config = {**config, "metrics": {"port": None, **config.get("metrics", {})}}
         text = config if isinstance(config, str) else json.dumps(config)   # JSON is YAML
         self.config.write_text(text)
 

@@ -60,7 +60,7 @@ def test_devices_list_shape(agent):
     assert [g["index"] for g in data["gpus"]] == list(range(8))
     g = data["gpus"][0]
     assert g["cdi_devices"] == ["nvidia.com/gpu=0", f"nvidia.com/gpu={g['uuid']}"]
-    assert g["health"]["state"] == "unmonitored" and g["health"]["reason"] == "unmonitored"
+    assert g["health"]["state"] == "healthy" and g["health"]["reason"] == "healthy"   # monitor running
     assert g["allocatable"] is True and g["allocations"] == []
     assert g["mig"] == {"capable": True, "enabled": False, "pending": False, "devices": []}
     assert 0 < g["revision"] <= data["revision"]

@@ -1,0 +1,62 @@
+"""The node's GFD-compatible labels as the daemon keeps them: computed from each inventory
+read with the ``labels:`` section's strategies, written to NFD's local features file when
+they changed, and served at ``GET /v1/labels``.
+
+Labels describe the inventory only (not health): a device going unhealthy does not relabel
+the node, so the scheduler's view does not flap with transient XIDs.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from ..hostroot import HostRoot
+
+__all__ = ["LabelSettings", "LabelResult", "compute_and_write"]
+
+log = logging.getLogger("hostagent.daemon")
+
+
+@dataclass(frozen=True)
+class LabelSettings:
+    write: bool = True
+    mig_strategy: str = "none"
+    sharing_strategy: str = "none"
+    replicas: int = 1
+
+    @classmethod
+    def from_sections(cls, sections: dict) -> "LabelSettings":
+        return cls(**(sections.get("labels") or {}))
+
+
+@dataclass(frozen=True)
+class LabelResult:
+    labels: dict
+    path: str
+    written: bool = False           # this read rewrote the file
+    error: str | None = None        # why the file could not be written
+
+    def view(self) -> dict:
+        return {"labels": self.labels, "file": {"path": self.path, "error": self.error}}
+
+
+def compute_and_write(host: HostRoot, inventory, settings: LabelSettings) -> LabelResult:
+    """Worker thread: the labels of ``inventory``; the features file rewritten if they differ
+    from its content. A file that cannot be written is reported, never fatal."""
+    from ..labels import FEATURES_FILE, Sharing, node_labels, write_labels
+    from ..labels.hostfacts import gpu_mode, machine_type
+    labels = node_labels(inventory, mig_strategy=settings.mig_strategy,
+                         sharing=Sharing(settings.sharing_strategy, settings.replicas),
+                         machine=machine_type(host), gpu_mode=gpu_mode(host, inventory))
+    # No gfd.timestamp: the file changes only when the labels do.
+    path = str(host.host(FEATURES_FILE))
+    if not settings.write:
+        return LabelResult(labels, path)
+    try:
+        written = write_labels(host, labels)
+    except OSError as e:
+        return LabelResult(labels, path, error=f"cannot write {path}: {e.strerror or e}")
+    if written:
+        log.info("node labels written to %s (%d labels)", path, len(labels))
+    return LabelResult(labels, path, written=written)
