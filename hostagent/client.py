@@ -293,6 +293,22 @@ class Client:
     def refresh(self) -> int:
         return self.request("POST", "/v1/inventory/refresh").json()["revision"]
 
+    def health(self) -> dict:
+        """The health monitor's records (``GET /v1/health``)."""
+        return self.get("/v1/health")
+
+    def clear_health(self, devices: list[str] | None = None) -> dict:
+        """Make devices healthy now (root): the named ones, or every device (None)."""
+        body = {"all": True} if devices is None else {"devices": [str(d) for d in devices]}
+        return self.request("POST", "/v1/health/clear", body).json()
+
+    def labels(self) -> dict:
+        return self.get("/v1/labels")
+
+    def metrics(self) -> str:
+        """The Prometheus text exposition the socket serves at ``/metrics``."""
+        return self.request("GET", "/metrics").body.decode()
+
     def watch(self, since: int | None = None):
         """Events as dicts, as they happen (a generator; close it to stop watching)."""
         response = self.request("GET", "/v1/watch", query={"since": since})

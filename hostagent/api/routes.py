@@ -9,6 +9,7 @@ HTTP status chosen by the error's class.
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass
 
 from ..errors import (ConfigError, ConflictError, HostagentError, NotFoundError, NvmlError,
@@ -69,6 +70,10 @@ class App:
         "/v1/mig/plan": (Route("POST", "plan_mig", "operator"),),
         "/v1/mig/apply": (Route("POST", "apply_mig", "admin"),),
         "/v1/mig/instances": (Route("POST", "create_mig_instance", "admin"),),
+        "/v1/health": (Route("GET", "get_health", "operator"),),
+        "/v1/health/clear": (Route("POST", "clear_health", "admin"),),
+        "/v1/labels": (Route("GET", "get_labels", "operator"),),
+        "/metrics": (Route("GET", "get_metrics", "operator"),),
     }
     PREFIX = {
         "/v1/devices/": (Route("GET", "get_device", "operator"),),
@@ -76,6 +81,9 @@ class App:
                              Route("DELETE", "delete_allocation", "operator")),
         "/v1/mig/instances/": (Route("DELETE", "destroy_mig_instance", "admin"),),
     }
+    # Route labels of the request metrics: the OpenAPI path, never the raw one (unbounded).
+    PATTERNS = {"/v1/devices/": "/v1/devices/{device}", "/v1/allocations/": "/v1/allocations/{id}",
+                "/v1/mig/instances/": "/v1/mig/instances/{uuid}"}
 
     def __init__(self, agent):
         self.agent = agent
@@ -88,50 +96,69 @@ class App:
                 table[path] = tuple(table.get(path, ())) + tuple(routes)
 
     def _route(self, request: Request):
+        """(route, parameter, pattern); raises HttpNotFound or MethodNotAllowed (which carry
+        the pattern for the request metrics)."""
         path = request.path
         routes = self.EXACT.get(path)
         param = None
+        pattern = path
         if routes is None:
             for prefix, candidates in self.PREFIX.items():
                 if path.startswith(prefix) and len(path) > len(prefix):
                     routes, param = candidates, path[len(prefix):]
+                    pattern = self.PATTERNS.get(prefix, prefix + "{id}")
                     break
         if routes is None:
             raise HttpNotFound()
         method = "GET" if request.method == "HEAD" else request.method
         for route in routes:
             if route.method == method:
-                return route, param
+                return route, param, pattern
         raise MethodNotAllowed(sorted({r.method for r in routes} | ({"HEAD"} if any(
-            r.method == "GET" for r in routes) else set())))
+            r.method == "GET" for r in routes) else set())), pattern)
 
     def __call__(self, request: Request):
+        started = time.perf_counter()
+        pattern, result = self._answer(request)
+        metrics = self.agent.metrics
+        if isinstance(result, Response):
+            metrics.api_request(request.method, pattern, result.status, time.perf_counter() - started)
+            return result
+        return self._timed(result, request.method, pattern, started)
+
+    async def _timed(self, coroutine, method: str, pattern: str, started: float):
+        """Mutations until their answer; streams until their first byte."""
+        response = await coroutine
+        self.agent.metrics.api_request(method, pattern, response.status, time.perf_counter() - started)
+        return response
+
+    def _answer(self, request: Request):
         caller = request.caller
         if caller is None or caller.role == "none":
-            return error_response(403, "forbidden", "the caller may not use the agent's API",
-                                  {"uid": getattr(caller, "uid", None),
-                                   "hint": "be root or a member of the agent's group"})
+            return "unmatched", error_response(403, "forbidden", "the caller may not use the agent's API",
+                                               {"uid": getattr(caller, "uid", None),
+                                                "hint": "be root or a member of the agent's group"})
         try:
-            route, param = self._route(request)
+            route, param, pattern = self._route(request)
         except HttpNotFound:
-            return error_response(404, "not_found", f"no such endpoint: {request.path}")
+            return "unmatched", error_response(404, "not_found", f"no such endpoint: {request.path}")
         except MethodNotAllowed as e:
             r = error_response(405, "method_not_allowed", f"{request.method} is not allowed here",
                                {"allow": e.allowed})
             r.headers = (("Allow", ", ".join(e.allowed)),)
-            return r
+            return e.pattern, r
         if not allows(caller.role, route.role):
-            return error_response(403, "forbidden", f"{route.method} {request.path} needs the {route.role} role",
-                                  {"role": caller.role, "needed": route.role})
+            return pattern, error_response(403, "forbidden", f"{route.method} {request.path} needs the "
+                                           f"{route.role} role", {"role": caller.role, "needed": route.role})
         if param is not None:
             request.params["id"] = param
         try:
             result = getattr(self, route.handler)(request)
         except HostagentError as e:
-            return _error(e)
+            return pattern, _error(e)
         if isinstance(result, Response):
-            return result
-        return self._guard(result)
+            return pattern, result
+        return pattern, self._guard(result)
 
     async def _guard(self, coroutine):
         try:
@@ -266,6 +293,48 @@ class App:
     async def _json_result(coroutine, status: int = 200):
         return Response(status, _dumps(await coroutine))
 
+    # ---- health, labels, metrics --------------------------------------------------
+
+    def get_health(self, request: Request) -> Response:
+        """The monitor's records in full (reasons, last XID, recovery time); not cached:
+        a record's recovery time is not a published change."""
+        link = self.agent.health_link
+        state = link.state if link is not None else None
+        options = link.options if link is not None else None
+        return Response(200, _dumps({
+            "revision": self.agent.snapshot.revision,
+            "enabled": bool(options and options.enabled), "running": bool(link and link.running),
+            "policy": options.policy.describe() if options else None,
+            "quiet_period": options.quiet_period if options else None,
+            "health_revision": state.revision if state else 0,
+            "devices": [d.to_dict() for d in state.devices.values()] if state else []}))
+
+    def clear_health(self, request: Request):
+        body = self._body(request, "clearHealth")
+        return self._clear(None if body.get("all") else body["devices"])
+
+    async def _clear(self, devices):
+        link = self.agent.health_link
+        if link is None:
+            raise UnavailableError("health monitoring is not running")
+        cleared = await link.clear(devices)
+        return Response(200, _dumps({"cleared": cleared, "revision": self.agent.events.revision}))
+
+    def get_labels(self, request: Request) -> Response:
+        def render(s):
+            if s.labels is None:
+                raise UnavailableError("no labels yet: the inventory has not been read",
+                                       hint="see GET /v1/node")
+            return {"revision": s.revision, **s.labels.view()}
+        return self._snapshot_response(request, "labels", render)
+
+    def get_metrics(self, request: Request) -> Response:
+        link = self.agent.metrics_link
+        if link is None:
+            raise UnavailableError("metrics are not running")
+        body, content_type = link.render()
+        return Response(200, body, content_type=content_type)
+
 
 async def _stream(producer):
     return StreamResponse(producer)
@@ -279,8 +348,8 @@ def _with_profiles(view: dict, snap) -> dict:
 
 
 def _with_missing(view: dict, snap) -> dict:
-    missing = [u for u in view["devices"] if u not in snap.devices]
-    return {**view, "missing_devices": missing} if missing else view
+    from ..daemon.views import with_device_marks
+    return with_device_marks(view, snap.devices)
 
 
 class HttpNotFound(Exception):
@@ -288,6 +357,7 @@ class HttpNotFound(Exception):
 
 
 class MethodNotAllowed(Exception):
-    def __init__(self, allowed):
+    def __init__(self, allowed, pattern: str = "unmatched"):
         super().__init__(allowed)
         self.allowed = allowed
+        self.pattern = pattern
