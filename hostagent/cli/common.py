@@ -2,9 +2,40 @@
 
 from __future__ import annotations
 
-__all__ = ["host_from_args"]
+import os
+
+__all__ = ["host_from_args", "daemon_socket", "daemon_client"]
+
+DEFAULT_SOCKET = "/run/hostagent/hostagent.sock"
 
 
 def host_from_args(args):
     from ..hostroot import HostRoot
     return HostRoot.from_env(getattr(args, "simulate", None))
+
+
+def daemon_socket(host):
+    """The path of this node's daemon socket if one exists (it may still be stale: callers
+    handle DaemonNotRunning). Cheap when no daemon runs: one stat, plus the cached config
+    only when the node has a config file that may name another socket."""
+    default = host.host(DEFAULT_SOCKET)
+    if os.path.exists(default):
+        return default
+    if not os.path.exists(host.config_file):
+        return None
+    from ..config import load_config_cached
+    try:
+        path = host.host(load_config_cached(host.config_file, host.run_dir).section("api")["socket"])
+    except Exception:          # an unreadable config: the daemon would not start with it either
+        return None
+    return path if path != default and os.path.exists(path) else None
+
+
+def daemon_client(host, timeout: float = 10.0):
+    """A client of this node's daemon, or None without a socket (the client module is then
+    not even imported)."""
+    path = daemon_socket(host)
+    if path is None:
+        return None
+    from ..client import Client
+    return Client(socket_path=path, timeout=timeout)

@@ -1,9 +1,12 @@
-"""``hostagent devices``: the node's GPUs and MIG devices."""
+"""``hostagent devices``: the node's GPUs and MIG devices, with their health when the
+daemon runs (its API carries the health monitor's view; without it health is ``unknown``)."""
 
 from __future__ import annotations
 
-from .common import host_from_args
+from .common import daemon_client, host_from_args
 from .output import add_output_flag, emit, table
+
+UNKNOWN = {"state": "unknown"}
 
 __all__ = ["register"]
 
@@ -19,15 +22,36 @@ def register(sub) -> None:
 
 def run(args) -> int:
     from ..devices import read_inventory
-    inv = read_inventory(host_from_args(args))
+    host = host_from_args(args)
+    inv = read_inventory(host)
+    health = device_health(host)
     if args.output != "table":
-        data = {"gpus": inv.gpus, "unreadable": inv.unreadable}
-        if not args.profiles:
-            data["gpus"] = [_without_profiles(g) for g in inv.gpus]
+        from .output import to_plain
+        data = to_plain({"gpus": inv.gpus if args.profiles else [_without_profiles(g) for g in inv.gpus],
+                         "unreadable": inv.unreadable})
+        for gpu in data["gpus"]:
+            gpu["health"] = health.get(gpu["uuid"], UNKNOWN)
+            for dev in (gpu["mig"] or {}).get("devices", ()):
+                dev["health"] = health.get(dev["uuid"], UNKNOWN)
         emit(data, args.output, None)
         return 0
-    print(render(inv, profiles=args.profiles))
+    print(render(inv, profiles=args.profiles, health=health))
     return 0
+
+
+def device_health(host) -> dict[str, dict]:
+    """UUID -> the API's health record, from the daemon; {} when none answers."""
+    client = daemon_client(host, timeout=5.0)
+    if client is None:
+        return {}
+    from ..client import DaemonNotRunning
+    from ..errors import PermissionDenied, UnavailableError
+    try:
+        with client:
+            data = client.devices()
+    except (DaemonNotRunning, PermissionDenied, UnavailableError):
+        return {}             # health unknown; the inventory below is still the node's
+    return {d["uuid"]: d["health"] for d in (*data["gpus"], *data["mig_devices"])}
 
 
 def _without_profiles(gpu):
@@ -46,10 +70,15 @@ def _mig_mode(gpu) -> str:
     return mode
 
 
-def render(inv, *, profiles: bool = False) -> str:
+def _state(health: dict, uuid: str) -> str:
+    return health.get(uuid, UNKNOWN)["state"]
+
+
+def render(inv, *, profiles: bool = False, health: dict | None = None) -> str:
+    health = health or {}
     rows = [[g.index, g.minor, g.uuid, g.name, f"{g.memory_mib} MiB", g.pci_bus_id,
-             g.compute_capability, g.architecture, _mig_mode(g)] for g in inv.gpus]
-    out = [table(["GPU", "MINOR", "UUID", "PRODUCT", "MEMORY", "PCI BUS ID", "CC", "ARCH", "MIG"],
+             g.compute_capability, g.architecture, _mig_mode(g), _state(health, g.uuid)] for g in inv.gpus]
+    out = [table(["GPU", "MINOR", "UUID", "PRODUCT", "MEMORY", "PCI BUS ID", "CC", "ARCH", "MIG", "HEALTH"],
                  rows)]
     for bad in inv.unreadable:
         out.append(f"GPU {bad.index}: unreadable: {bad.error}")
@@ -57,11 +86,11 @@ def render(inv, *, profiles: bool = False) -> str:
     if migs:
         gpu_by_index = {g.index: g for g in inv.gpus}
         rows = [[d.name, d.uuid, d.profile, d.gi, d.ci, str(d.placement), f"{d.memory_mib} MiB",
-                 d.multiprocessors, f"{d.copy_engines}/{d.decoders}/{d.encoders}/{d.jpegs}/{d.ofas}"]
-                for d in migs]
+                 d.multiprocessors, f"{d.copy_engines}/{d.decoders}/{d.encoders}/{d.jpegs}/{d.ofas}",
+                 _state(health, d.uuid)] for d in migs]
         out += ["", "MIG devices:",
                 table(["DEVICE", "UUID", "PROFILE", "GI", "CI", "PLACEMENT", "MEMORY", "SMS",
-                       "CE/DEC/ENC/JPG/OFA"], rows, indent="  ")]
+                       "CE/DEC/ENC/JPG/OFA", "HEALTH"], rows, indent="  ")]
         empty = [(g.index, gi) for g in gpu_by_index.values() if g.mig
                  for gi in g.mig.gpu_instances if not gi.compute_instances]
         for index, gi in empty:

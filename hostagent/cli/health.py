@@ -1,14 +1,15 @@
 """``hostagent health``: device health as the monitor sees it; watch in the foreground; clear.
 
-``status`` and ``clear`` talk to whichever process runs the monitor (the daemon, or
-``health watch``) through the run directory: the published state file and clear requests.
+``status`` and ``clear`` ask the daemon's API when it runs (``GET /v1/health``,
+``POST /v1/health/clear``). Without a daemon they reach a ``health watch`` monitor through
+the run directory: its published state file and clear-request files.
 """
 
 from __future__ import annotations
 
 import sys
 
-from .common import host_from_args
+from .common import daemon_client, host_from_args
 from .output import add_output_flag, emit, table
 
 __all__ = ["register"]
@@ -37,19 +38,51 @@ def register(sub) -> None:
                    help="do not publish state for 'health status' nor take 'health clear'")
     v.set_defaults(run=watch)
 
-    v = verbs.add_parser("clear", help="mark devices healthy now (a GPU includes its MIG devices)")
+    v = verbs.add_parser("clear", help="mark devices healthy now (a GPU includes its MIG devices)",
+                         description="Through the daemon's API when it runs (root only); else "
+                                     "asks a 'hostagent health watch' monitor.")
     v.add_argument("devices", nargs="*", metavar="DEVICE", help="GPU index or UUID, MIG UUID or GPU:MIG")
     v.add_argument("--all", action="store_true", help="every device")
     v.add_argument("--timeout", type=float, default=5.0, metavar="SECONDS",
-                   help="how long to wait for the monitor to answer (default: 5)")
+                   help="how long to wait for a 'health watch' monitor to answer (default: 5)")
     v.set_defaults(run=clear)
+
+
+def _from_daemon(host, call):
+    """``call(client)`` on the daemon's API; None when no daemon answers on the socket."""
+    client = daemon_client(host)
+    if client is None:
+        return None
+    from ..client import DaemonNotRunning
+    try:
+        with client:
+            return call(client)
+    except DaemonNotRunning:          # a socket left by a daemon that is gone
+        return None
+
+
+def _footer(policy: str | None, quiet_period) -> str:
+    return (f"\n{policy or ''}; quiet period: "
+            f"{quiet_period or 'none (until cleared)'}{'s' if quiet_period else ''}")
 
 
 def status(args) -> int:
     import datetime
-    from ..health.statefile import read_state
+    from ..health.statefile import read_state, state_from_dict
     from ..health.view import HEADERS, rows
-    published = read_state(host_from_args(args))
+    host = host_from_args(args)
+    doc = _from_daemon(host, lambda c: c.health())
+    if doc is not None:
+        if not doc["enabled"]:
+            print("hostagent: warning: health monitoring is disabled in the daemon (health.enabled: "
+                  "false): every device is unmonitored", file=sys.stderr)
+        if args.output != "table":
+            emit(doc, args.output, None)
+            return 0
+        print(table(HEADERS, rows(state_from_dict(doc, doc["health_revision"]))))
+        print(_footer(doc["policy"], doc["quiet_period"]))
+        return 0
+    published = read_state(host)
     stale = not published.writer_alive
     if stale:
         when = datetime.datetime.fromtimestamp(published.written_at).isoformat(timespec="seconds")
@@ -60,9 +93,7 @@ def status(args) -> int:
         emit(doc, args.output, None)
         return 0
     print(table(HEADERS, rows(published.state)))
-    print(f"\n{published.doc.get('policy', '')}; quiet period: "
-          f"{published.doc.get('quiet_period') or 'none (until cleared)'}"
-          f"{'s' if published.doc.get('quiet_period') else ''}")
+    print(_footer(published.doc.get("policy"), published.doc.get("quiet_period")))
     return 0
 
 
@@ -152,9 +183,14 @@ def clear(args) -> int:
     if args.all == bool(args.devices):
         raise UsageError("name the devices to clear, or pass --all (not both)")
     host = host_from_args(args)
-    result = await_answer(submit_clear(host, None if args.all else args.devices), args.timeout)
-    if not result["ok"]:
-        raise answer_error(result)
-    cleared = result["cleared"]
+    devices = None if args.all else args.devices
+    answer = _from_daemon(host, lambda c: c.clear_health(devices))
+    if answer is not None:
+        cleared = answer["cleared"]
+    else:                             # no daemon: a 'health watch' monitor, if any
+        result = await_answer(submit_clear(host, devices), args.timeout)
+        if not result["ok"]:
+            raise answer_error(result)
+        cleared = result["cleared"]
     print(f"cleared: {', '.join(cleared)}" if cleared else "nothing to clear: the devices were healthy")
     return 0
