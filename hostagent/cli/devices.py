@@ -33,6 +33,8 @@ def run(args) -> int:
             gpu["health"] = health.get(gpu["uuid"], UNKNOWN)
             for dev in (gpu["mig"] or {}).get("devices", ()):
                 dev["health"] = health.get(dev["uuid"], UNKNOWN)
+        for bad in data["unreadable"]:
+            bad["health"] = health.get(f"gpu:{bad['index']}", UNKNOWN)
         emit(data, args.output, None)
         return 0
     print(render(inv, profiles=args.profiles, health=health))
@@ -40,7 +42,8 @@ def run(args) -> int:
 
 
 def device_health(host) -> dict[str, dict]:
-    """UUID -> the API's health record, from the daemon; {} when none answers."""
+    """UUID -> the API's health record, from the daemon; {} when none answers. GPUs also
+    under ``gpu:<index>``: one unreadable here (lost) is still known to the daemon."""
     client = daemon_client(host, timeout=5.0)
     if client is None:
         return {}
@@ -51,7 +54,9 @@ def device_health(host) -> dict[str, dict]:
             data = client.devices()
     except (DaemonNotRunning, PermissionDenied, UnavailableError):
         return {}             # health unknown; the inventory below is still the node's
-    return {d["uuid"]: d["health"] for d in (*data["gpus"], *data["mig_devices"])}
+    out = {d["uuid"]: d["health"] for d in (*data["gpus"], *data["mig_devices"])}
+    out.update({f"gpu:{g['index']}": g["health"] for g in data["gpus"]})
+    return out
 
 
 def _without_profiles(gpu):
@@ -81,7 +86,8 @@ def render(inv, *, profiles: bool = False, health: dict | None = None) -> str:
     out = [table(["GPU", "MINOR", "UUID", "PRODUCT", "MEMORY", "PCI BUS ID", "CC", "ARCH", "MIG", "HEALTH"],
                  rows)]
     for bad in inv.unreadable:
-        out.append(f"GPU {bad.index}: unreadable: {bad.error}")
+        known = health.get(f"gpu:{bad.index}")
+        out.append(f"GPU {bad.index}: unreadable: {bad.error}" + (f"; health: {known['state']}" if known else ""))
     migs = inv.mig_devices
     if migs:
         gpu_by_index = {g.index: g for g in inv.gpus}
