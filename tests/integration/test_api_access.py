@@ -104,6 +104,13 @@ def test_group_member_reads_and_allocates_but_does_not_administer(group_agent):
                    (201, None), (200, None), (403, "forbidden"), (200, None)]
 
 
+def test_group_member_reads_health_labels_and_metrics_but_does_not_clear(group_agent):
+    got = as_user(group_agent, [
+        ["GET", "/v1/health", None], ["GET", "/v1/labels", None], ["GET", "/metrics", None],
+        ["POST", "/v1/health/clear", json.dumps({"all": True})]])
+    assert got == [(200, None), (200, None), (200, None), (403, "forbidden")]
+
+
 def test_supplementary_group_counts(group_agent):
     got = as_user(group_agent, [["GET", "/v1/node", None], ["POST", "/v1/inventory/refresh", None]],
                   gid=OTHER_GID, groups=[NOGROUP])

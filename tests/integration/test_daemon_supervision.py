@@ -1,0 +1,90 @@
+"""The daemon's health monitor and metrics service never fail silently: a monitor or
+sampler thread that ends is restarted (its devices unmonitored meanwhile), and a metrics
+port someone else holds is retried while the socket's /metrics serves. In-process, with
+the agent and the links the daemon uses, on a simulated node."""
+
+import asyncio
+import socket
+
+from hostagent.daemon.agent import Agent
+from hostagent.daemon.healthlink import HealthLink
+from hostagent.daemon.metricslink import MetricsLink
+from hostagent.daemon.settings import load_settings
+from hostagent.health import HealthOptions
+from hostagent.metrics import MetricsOptions
+
+
+def states(agent) -> set[str]:
+    return {d["health"]["state"] for d in agent.snapshot.devices.values()}
+
+
+async def _agent(host):
+    agent = Agent(host, load_settings(host))
+    await agent.start()
+    agent.health_link = HealthLink(agent, HealthOptions(wait_timeout_ms=100, state_file=False))
+    return agent
+
+
+def test_a_monitor_thread_that_ends_is_restarted(make_node):
+    host, _ = make_node("t4x2")
+
+    async def scenario():
+        agent = await _agent(host)
+        link = agent.health_link
+        try:
+            assert states(agent) == {"unmonitored"}            # nothing watches yet
+            await link.start(agent.inventory)
+            assert states(agent) == {"healthy"} and link.running
+            first = link.monitor
+            first._stop.set()                                  # its thread ends, as if it died
+            first._thread.join(5)
+            revision = agent.events.revision
+            await link.check()
+            assert link.monitor is not first and link.running
+            assert states(agent) == {"healthy"}
+            changes = [line for line in agent.events.after(revision) if b'"unmonitored"' in line]
+            assert len(changes) == 2                           # both GPUs said unmonitored meanwhile
+            await link.check()                                 # a running monitor is left alone
+            assert link.monitor is not first and link.running
+        finally:
+            await link.stop()
+            agent.close()
+        assert not link.running
+    asyncio.run(scenario())
+
+
+def test_taken_metrics_port_is_retried_and_a_dead_sampler_restarted(make_node):
+    host, _ = make_node("t4x2")
+    blocker = socket.socket()
+    blocker.bind(("127.0.0.1", 0))
+    blocker.listen()
+    port = blocker.getsockname()[1]
+
+    async def scenario():
+        agent = await _agent(host)
+        link = MetricsLink(agent, MetricsOptions(port=port, interval=1, hostname="n"), agent.health_link)
+        try:
+            await link.start(agent.inventory)                  # the port is taken: logged, not fatal
+            assert link.service.server is None
+            body, content_type = link.render()                 # the socket's /metrics still works
+            assert b"DCGM_FI_DEV_GPU_TEMP{" in body and content_type.startswith("text/plain")
+            blocker.close()
+            await link.check()
+            assert link.service.server is None                 # not before the retry is due
+            link._next_bind = 0
+            await link.check()
+            assert link.port == port
+            sampler = link.service.sampler
+            sampler._stop.set()
+            sampler._wake.set()
+            sampler._thread.join(5)
+            assert not sampler.running
+            await link.check()
+            assert sampler.running
+        finally:
+            await link.stop()
+            agent.close()
+    try:
+        asyncio.run(scenario())
+    finally:
+        blocker.close()
