@@ -267,16 +267,18 @@ def test_metrics_on_the_socket_and_the_tcp_port(node):
 def test_devices_command_shows_health(node):
     with node.client() as c:
         w = Watch(c)
-        node.sim("xid", "--gpu", 3, "--xid", 48)
-        w.until(lambda ev: changed(ev, "unhealthy"))
+        node.sim("ecc", "--gpu", 3)                              # a double-bit ECC error
+        events = w.until(lambda ev: changed(ev, "unhealthy"))
         w.close()
+    (he,) = health_events(events)
+    assert he["event"]["kind"] == "ecc_dbe" and he["event"]["devices"] == [node.gpus[3]["uuid"]]
     out = node.cli("devices").stdout                           # within QUIET seconds
     assert out.splitlines()[0].split()[-1] == "HEALTH"
     rows = {line.split()[0]: line.split()[-1] for line in out.splitlines() if re.match(r"\s*\d", line)}
     assert rows["3"] == "unhealthy" and rows["2"] == "healthy"
     assert {rows[m["name"]] for m in node.migs} == {"healthy"}  # MIG devices have their own rows
     data = json.loads(node.cli("devices", "-o", "json").stdout)
-    assert data["gpus"][3]["health"]["state"] == "unhealthy" and data["gpus"][3]["health"]["reason"] == "xid"
+    assert data["gpus"][3]["health"]["state"] == "unhealthy" and data["gpus"][3]["health"]["reason"] == "ecc_dbe"
     assert {d["health"]["state"] for d in data["gpus"][0]["mig"]["devices"]} == {"healthy"}
 
 
