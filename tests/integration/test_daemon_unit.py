@@ -49,3 +49,14 @@ def test_every_kept_capability_is_documented():
     docs = (REPO / "docs/daemon.md").read_text()
     for cap in caps:
         assert re.search(rf"`{cap}`", docs), f"{cap} is kept but docs/daemon.md does not say why"
+
+
+def test_the_labels_directory_is_writable_in_the_sandbox():
+    """ProtectSystem=strict makes /etc read-only: the NFD features directory is opened up
+    (and made before the sandbox, when missing)."""
+    import os
+    from hostagent.labels import FEATURES_FILE
+    d = directives(UNIT.read_text())
+    directory = os.path.dirname(FEATURES_FILE)
+    assert f"-{directory}" in d["ReadWritePaths"]
+    assert f"+/bin/mkdir -p {directory}" in d["ExecStartPre"]
