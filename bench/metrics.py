@@ -9,7 +9,8 @@
   idle CPU                          the process with monitor and sampler running, no scrapes
 
 Figures from the simulator include its own costs (its NVML calls are Python; its event wait
-polls the state file every 20 ms), so NVML-side numbers are upper bounds for a real node.
+polls the state file, every 200 ms once idle), so NVML-side numbers are upper bounds for a
+real node.
 
     python3 bench/metrics.py [--scrapes 1000] [--idle 10] [--interval 10]
 """
