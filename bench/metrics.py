@@ -12,7 +12,11 @@ Figures from the simulator include its own costs (its NVML calls are Python; its
 polls the state file, every 200 ms once idle), so NVML-side numbers are upper bounds for a
 real node.
 
-    python3 bench/metrics.py [--scrapes 1000] [--idle 10] [--interval 10]
+    python3 bench/metrics.py [--scrapes 1000] [--idle 10] [--interval 10] [--daemon]
+
+--daemon also runs the real daemon (hostagent serve) on the same kind of node and measures
+``GET /metrics`` on its socket and the whole daemon's idle CPU (monitor, sampler and the
+60 s inventory re-read), with the monitor on and off.
 """
 
 from __future__ import annotations
@@ -36,7 +40,11 @@ def main() -> int:
     ap.add_argument("--scrapes", type=int, default=1000)
     ap.add_argument("--idle", type=float, default=10.0, help="seconds of idle CPU measurement")
     ap.add_argument("--interval", type=float, default=10.0, help="sample interval during the idle run")
+    ap.add_argument("--daemon", action="store_true", help="also measure the real daemon")
     args = ap.parse_args()
+    if args.daemon:
+        for health in (True, False):
+            daemon_figures(args, health)
 
     import pynvml
     from prometheus_client.parser import text_string_to_metric_families
@@ -129,6 +137,68 @@ def main() -> int:
     print(f"  of which the simulated NVML wait alone (bare nvmlEventSetWait_v2 loop): {floor * 100:.2f}%")
     print(f"  difference (hostagent itself, within noise of a few tenths): {(idle_cpu - floor) * 100:+.2f}%")
     return 0
+
+
+def daemon_figures(args, health: bool) -> None:
+    """The daemon on a simulated DGX A100 split into 56 1g.5gb devices, 14 allocated."""
+    import json
+    import os
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import psutil
+
+    from hostagent.client import Client, DaemonNotRunning
+    from hostagent.errors import UnavailableError
+    from hostagent.sim.driverroot import create_node
+    root = Path(tempfile.mkdtemp(prefix="hostagent-bench-"))
+    try:
+        create_node(root, "dgx-a100")
+        config = root / "etc/hostagent/config.yaml"
+        config.parent.mkdir(parents=True, exist_ok=True)
+        config.write_text(json.dumps({"health": {"enabled": health},
+                                      "metrics": {"port": None, "interval": args.interval}}))
+        env = {k: v for k, v in os.environ.items() if k not in ("NOTIFY_SOCKET", "WATCHDOG_USEC")}
+        proc = subprocess.Popen([sys.executable, "-m", "hostagent.cli.main", "--simulate", str(root), "serve",
+                                 "--config", str(config), "--log-level", "warning"], env=env,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            client = Client(socket_path=root / "run/hostagent/hostagent.sock")
+            for _ in range(400):
+                try:
+                    client.node()
+                    break
+                except (DaemonNotRunning, UnavailableError):
+                    time.sleep(0.05)
+            spec = {"version": "v1", "mig-configs": {"s": [
+                {"devices": "all", "mig-enabled": True, "mig-devices": {"1g.5gb": 7}}]}}
+            client.request("POST", "/v1/mig/apply", {"config": "s", "spec": spec})
+            for i in range(14):
+                client.allocate(f"claim-{i}", [f"{i // 7}:{i % 7}"])
+            body = client.request("GET", "/metrics").body
+            times = []
+            for _ in range(min(args.scrapes, 500)):
+                t0 = time.perf_counter()
+                client.request("GET", "/metrics")
+                times.append(time.perf_counter() - t0)
+            client.close()
+            p = psutil.Process(proc.pid)
+            time.sleep(2.0)
+            c0, t0 = sum(p.cpu_times()[:2]), time.monotonic()
+            time.sleep(args.idle)
+            cpu = (sum(p.cpu_times()[:2]) - c0) / (time.monotonic() - t0)
+            rss = p.memory_info().rss / 2 ** 20
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(15)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    what = "monitor on" if health else "monitor off"
+    print(f"daemon ({what}), 56 MIG devices, 14 allocated:")
+    print(f"  socket GET /metrics ({len(body)} bytes): {ms(times)}")
+    print(f"  idle CPU over {args.idle:g}s: {cpu * 100:.2f}% of one core, RSS {rss:.0f} MB")
 
 
 def sim_wait_floor(host, seconds: float) -> float:
