@@ -176,12 +176,22 @@ def test_unreadable_inventory_at_start_then_recovery(root):
             with pytest.raises(UnavailableError) as e:
                 c.allocate("early", ["0"])
             assert e.value.status == 503
+            for path in ("/v1/labels", "/metrics"):            # nothing to label or sample yet
+                with pytest.raises(UnavailableError):
+                    c.request("GET", path)
             subprocess.run([sys.executable, "-m", "hostagent.cli.main", "sim", "driver", "load", "--root",
                             str(root)], check=True, capture_output=True)
             c.refresh()
             assert c.node()["inventory"]["state"] == "ok"
             assert len(c.devices()["gpus"]) == 8
             assert c.allocate("later", ["0"])["devices"]
+            # the monitor and the sampler start with the first readable inventory
+            deadline = time.monotonic() + 15
+            while {g["health"]["state"] for g in c.devices()["gpus"]} != {"healthy"}:
+                assert time.monotonic() < deadline, c.devices()["gpus"][0]["health"]
+                time.sleep(0.1)
+            assert c.health()["running"] and "DCGM_FI_DEV_GPU_TEMP{" in c.metrics()
+            assert c.labels()["labels"]["nvidia.com/gpu.count"] == "8"
     finally:
         agent.stop()
         agent.cleanup()

@@ -88,3 +88,43 @@ def test_taken_metrics_port_is_retried_and_a_dead_sampler_restarted(make_node):
         asyncio.run(scenario())
     finally:
         blocker.close()
+
+
+def test_reload_turns_health_monitoring_off_and_on():
+    """A changed health section restarts the monitor with it; off means unmonitored, not
+    healthy, everywhere."""
+    import signal
+    import time
+
+    from .agentd import AgentProcess, make_root
+    agent = AgentProcess(make_root("t4x2"), {"daemon": {"resync_interval": 0}}).start()
+
+    def wait_for(c, state):
+        deadline = time.monotonic() + 15
+        while {g["health"]["state"] for g in c.devices()["gpus"]} != {state}:
+            assert time.monotonic() < deadline, c.devices()["gpus"][0]["health"]
+            time.sleep(0.1)
+        return c.devices()["gpus"][0]["health"]
+
+    try:
+        with agent.client() as c:
+            wait_for(c, "healthy")
+            agent.write_config({"daemon": {"resync_interval": 0}, "health": {"enabled": False}})
+            agent.signal(signal.SIGHUP)
+            health = wait_for(c, "unmonitored")
+            assert "health.enabled: false" in health["message"]
+            assert c.health()["enabled"] is False and c.health()["devices"] == []
+            assert "hostagent_device_healthy" not in c.metrics()
+            agent.write_config({"daemon": {"resync_interval": 0}, "health": {"quiet_period": 0}})
+            agent.signal(signal.SIGHUP)
+            wait_for(c, "healthy")
+            h = c.health()
+            assert h["running"] and h["quiet_period"] is None
+            deadline = time.monotonic() + 10
+            while "hostagent_device_healthy{" not in c.metrics():    # the sampler follows the new monitor
+                assert time.monotonic() < deadline
+                time.sleep(0.1)
+        assert agent.proc.poll() is None
+    finally:
+        agent.stop()
+        agent.cleanup()
