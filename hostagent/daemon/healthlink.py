@@ -88,11 +88,14 @@ class HealthLink:
             self.sync()
             self.agent.publish()
 
-    async def stop(self) -> None:
+    async def stop(self, wait: float = 5.0) -> None:
+        """Stop the monitor; its thread notices within one NVML wait (``wait_timeout_ms``).
+        ``wait`` bounds how long that is awaited: a daemon exiting need not wait out a wait
+        (the thread is a daemon thread; its updates no longer reach the agent)."""
         self._stopping = True
         monitor, self.monitor = self.monitor, None
         if monitor is not None:
-            await asyncio.to_thread(monitor.stop, 5.0)
+            await asyncio.to_thread(monitor.stop, wait)
 
     async def check(self) -> None:
         """Restart a monitor whose thread ended without being stopped."""

@@ -97,8 +97,11 @@ class Daemon:
         self.notifier.stopping()
         for task in list(self._tasks):
             task.cancel()
+        # Alongside the server's grace period, and without waiting out the monitor's NVML
+        # wait (up to health.wait_timeout_ms): the process is about to exit.
+        features = asyncio.ensure_future(self._stop_features(exiting=True))
         await self.server.stop(self.settings.daemon.shutdown_grace)
-        await self._stop_features()
+        await features
         try:
             # Only our own socket: a newer daemon may have replaced it already.
             if os.stat(self.socket_path).st_ino == inode:
@@ -142,10 +145,10 @@ class Daemon:
             except Exception:
                 log.exception("%s did not start", type(link).__name__)
 
-    async def _stop_features(self) -> None:
+    async def _stop_features(self, exiting: bool = False) -> None:
         for link in (self.agent.metrics_link, self.agent.health_link):
             try:
-                await link.stop()
+                await (link.stop(0.1) if exiting and link is self.agent.health_link else link.stop())
             except Exception:
                 log.exception("%s did not stop cleanly", type(link).__name__)
 
