@@ -1,10 +1,10 @@
 """A device's health as the API reports it.
 
-Until the health monitor feeds the daemon, every device is ``unmonitored``: never silently
-healthy. The states are the health package's (``DeviceHealth.state``): healthy, unhealthy,
-unmonitored. A monitor replaces records through ``Agent.set_health`` (on the event loop's
-thread; from another thread through ``loop.call_soon_threadsafe``); the API, the watch
-stream and allocation checks read them from there.
+A device without a record (before the health monitor has registered the GPUs, or with
+``health.enabled: false``) is ``unmonitored``: never silently healthy. The states are the
+health package's (``DeviceHealth.state``): healthy, unhealthy, unmonitored. The monitor's
+records reach ``Agent.health`` through ``healthlink`` (on the event loop's thread); the API,
+the watch stream and allocation checks read them from there.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ STATES = ("healthy", "unhealthy", "unmonitored")
 @dataclass(frozen=True)
 class Health:
     state: str            # one of STATES
-    reason: str           # "unmonitored", later "xid", "ecc_dbe", "gpu_lost", "recovered", ...
+    reason: str           # "healthy", "unmonitored", or the latest problem: "xid", "ecc_dbe", "gpu_lost"
     message: str
     since: float          # when the state began (unix time)
 
