@@ -42,6 +42,7 @@ class Daemon:
         self.config_path = config_path
         self.notifier = Notifier()
         self.agent = None
+        self.features = None
         self.server = None
         self.socket_path = host.host(settings.api.socket)
         self._stop = None
@@ -63,6 +64,7 @@ class Daemon:
         from ..api.routes import App
         from ..api.server import ApiServer
         from .agent import Agent
+        from .features import Features
         from .listen import bind_socket
         from .notify import watchdog_interval
         loop = asyncio.get_running_loop()
@@ -75,9 +77,10 @@ class Daemon:
         self.agent = Agent(self.host, self.settings)
         await self.agent.start()
         self.notifier.status("starting: health monitor and metrics")
-        self._make_features(self.settings)
-        self.agent.inventory_listeners.append(self._inventory_changed)
-        await self._start_features()
+        self.features = Features(self.agent, self._spawn)
+        self.features.make(self.settings)
+        self.agent.inventory_listeners.append(self.features.inventory_changed)
+        await self.features.start()
         api = self.settings.api
         sock, gid = bind_socket(self.socket_path, api.group, api.mode)
         inode = os.stat(self.socket_path).st_ino
@@ -90,7 +93,7 @@ class Daemon:
         if interval:
             self._spawn(self._watchdog(interval))
         self._spawn(self._resync())
-        self._spawn(self._supervise())
+        self._spawn(self.features.supervise())
         await self._stop.wait()
 
         log.info("stopping")
@@ -99,7 +102,7 @@ class Daemon:
             task.cancel()
         # Alongside the server's grace period, and without waiting out the monitor's NVML
         # wait (up to health.wait_timeout_ms): the process is about to exit.
-        features = asyncio.ensure_future(self._stop_features(exiting=True))
+        features = asyncio.ensure_future(self.features.stop(exiting=True))
         await self.server.stop(self.settings.daemon.shutdown_grace)
         await features
         try:
@@ -111,78 +114,6 @@ class Daemon:
         sock.close()
         self.agent.close()
         return 0
-
-    # ---- health monitor, metrics ------------------------------------------------------
-
-    def _make_features(self, settings) -> None:
-        import dataclasses
-        from ..health import HealthOptions
-        from ..metrics import MetricsOptions
-        from .health import Health, unmonitored
-        from .healthlink import HealthLink
-        from .metricslink import MetricsLink
-        sections = settings.sections
-        # No state file nor request files: the API serves health and takes clears.
-        options = dataclasses.replace(HealthOptions.from_config(sections.get("health")), state_file=False)
-        self.agent.health_link = HealthLink(self.agent, options)
-        self.agent.metrics_link = MetricsLink(self.agent, MetricsOptions.from_config(sections.get("metrics")),
-                                              self.agent.health_link)
-        if not options.enabled:
-            self.agent.default_health = Health("unmonitored", "unmonitored",
-                                               "health monitoring is disabled (health.enabled: false)",
-                                               self.agent.started)
-            self.agent.health = {}
-        else:
-            self.agent.default_health = unmonitored(self.agent.started)
-
-    async def _start_features(self) -> None:
-        """Each on its own: a monitor or sampler that cannot start is logged, the daemon serves
-        on (devices stay unmonitored) and ``_supervise`` keeps trying."""
-        inventory = self.agent.inventory
-        for link in (self.agent.health_link, self.agent.metrics_link):
-            try:
-                await link.start(inventory)
-            except Exception:
-                log.exception("%s did not start", type(link).__name__)
-
-    async def _stop_features(self, exiting: bool = False) -> None:
-        for link in (self.agent.metrics_link, self.agent.health_link):
-            try:
-                await (link.stop(0.1) if exiting and link is self.agent.health_link else link.stop())
-            except Exception:
-                log.exception("%s did not stop cleanly", type(link).__name__)
-
-    def _inventory_changed(self, inventory) -> None:
-        """Agent listener (loop thread): follow a changed inventory; start what waited for
-        the first readable one."""
-        waiting = False
-        for link in (self.agent.health_link, self.agent.metrics_link):
-            if link.started:
-                link.inventory_changed(inventory)
-            elif link.enabled:
-                waiting = True
-        if waiting:
-            self._spawn(self._start_features())
-
-    async def _supervise(self, period: float = 5.0) -> None:
-        while True:
-            await asyncio.sleep(period)
-            for link in (self.agent.health_link, self.agent.metrics_link):
-                try:
-                    await link.check()
-                except Exception:
-                    log.exception("%s check failed", type(link).__name__)
-
-    async def _reload_features(self, old, new) -> None:
-        """A changed health or metrics section restarts both (metrics reads health)."""
-        keys = ("health", "metrics")
-        if all(old.sections.get(k) == new.sections.get(k) for k in keys):
-            return
-        log.info("health or metrics settings changed: restarting the monitor and the sampler")
-        await self._stop_features()
-        self._make_features(new)
-        self.agent.publish()
-        await self._start_features()
 
     async def _watchdog(self, interval: float) -> None:
         while True:
@@ -233,7 +164,7 @@ class Daemon:
         if new.mig != old.mig and new.mig.config is not None:
             async with self.agent.mutex:
                 await self.agent.mig.reconcile(new.mig, "reload")
-        await self._reload_features(old, new)
+        await self.features.reload(old, new)
         await self.agent.refresh("reload")
         self.notifier.ready(self.status_text())
 

@@ -128,3 +128,36 @@ def test_reload_turns_health_monitoring_off_and_on():
     finally:
         agent.stop()
         agent.cleanup()
+
+
+def test_a_link_that_fails_to_start_is_started_at_the_next_check(make_node):
+    from hostagent.daemon.features import Features
+    host, _ = make_node("t4x2")
+
+    host.config_file.parent.mkdir(parents=True, exist_ok=True)
+    host.config_file.write_text("metrics: {port: null}\n")    # not dcgm-exporter's port
+
+    async def scenario():
+        agent = Agent(host, load_settings(host))
+        await agent.start()
+        features = Features(agent, lambda coroutine: asyncio.ensure_future(coroutine))
+        features.make(agent.settings)
+        link = agent.health_link
+        real_start, calls = link.start, []
+
+        async def failing_once(inventory):
+            calls.append(inventory)
+            if len(calls) == 1:
+                raise RuntimeError("injected start failure")
+            await real_start(inventory)
+        link.start = failing_once
+        try:
+            await features.start()                              # logged; the metrics link still starts
+            assert not link.started and agent.metrics_link.started and agent.metrics_link.port is None
+            assert states(agent) == {"unmonitored"}
+            await features.check()
+            assert link.started and link.running and states(agent) == {"healthy"}
+        finally:
+            await features.stop(exiting=True)
+            agent.close()
+    asyncio.run(scenario())

@@ -1,0 +1,105 @@
+"""The daemon's health monitor and metrics service as one lifecycle: made from the settings,
+started after the start-up reconcile (or with the first readable inventory), fed every
+changed inventory, checked periodically, restarted when their settings change on reload,
+stopped at SIGTERM.
+
+Never fatal: a link that fails to start or whose thread ends is logged and tried again at
+the next check; the daemon serves on (devices unmonitored meanwhile).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+
+__all__ = ["Features", "CHECK_PERIOD"]
+
+log = logging.getLogger("hostagent.daemon")
+
+CHECK_PERIOD = 5.0          # seconds between checks of the monitor's and sampler's threads
+
+
+class Features:
+    def __init__(self, agent, spawn):
+        self.agent = agent
+        self._spawn = spawn              # runs a coroutine as a daemon task
+
+    @property
+    def links(self) -> tuple:
+        return (self.agent.health_link, self.agent.metrics_link)
+
+    def make(self, settings) -> None:
+        """The links for ``settings`` (not started); devices' default health follows."""
+        from ..health import HealthOptions
+        from ..metrics import MetricsOptions
+        from .health import Health, unmonitored
+        from .healthlink import HealthLink
+        from .metricslink import MetricsLink
+        sections = settings.sections
+        # No state file nor request files: the API serves health and takes clears.
+        options = dataclasses.replace(HealthOptions.from_config(sections.get("health")), state_file=False)
+        agent = self.agent
+        agent.health_link = HealthLink(agent, options)
+        agent.metrics_link = MetricsLink(agent, MetricsOptions.from_config(sections.get("metrics")),
+                                         agent.health_link)
+        if options.enabled:
+            agent.default_health = unmonitored(agent.started)
+        else:
+            agent.default_health = Health("unmonitored", "unmonitored",
+                                          "health monitoring is disabled (health.enabled: false)",
+                                          agent.started)
+            agent.health = {}
+
+    async def start(self) -> None:
+        inventory = self.agent.inventory
+        for link in self.links:
+            try:
+                await link.start(inventory)
+            except Exception:
+                log.exception("%s did not start; retrying at the next check", type(link).__name__)
+
+    async def stop(self, exiting: bool = False) -> None:
+        """``exiting``: the process ends next, so the monitor's NVML wait is not waited out."""
+        for link in reversed(self.links):
+            try:
+                await (link.stop(0.1) if exiting and link is self.agent.health_link else link.stop())
+            except Exception:
+                log.exception("%s did not stop cleanly", type(link).__name__)
+
+    def inventory_changed(self, inventory) -> None:
+        """Agent listener (loop thread): follow a changed inventory; start what waited for
+        the first readable one."""
+        waiting = False
+        for link in self.links:
+            if link.started:
+                link.inventory_changed(inventory)
+            elif link.enabled:
+                waiting = True
+        if waiting:
+            self._spawn(self.start())
+
+    async def check(self) -> None:
+        for link in self.links:
+            try:
+                if link.enabled and not link.started and self.agent.inventory is not None:
+                    await link.start(self.agent.inventory)
+                else:
+                    await link.check()
+            except Exception:
+                log.exception("%s check failed", type(link).__name__)
+
+    async def supervise(self, period: float = CHECK_PERIOD) -> None:
+        while True:
+            await asyncio.sleep(period)
+            await self.check()
+
+    async def reload(self, old, new) -> None:
+        """A changed health or metrics section restarts both (metrics reads health)."""
+        if all(old.sections.get(k) == new.sections.get(k) for k in ("health", "metrics")):
+            return
+        log.info("health or metrics settings changed: restarting the monitor and the sampler")
+        await self.stop()
+        self.make(new)
+        self.agent.publish()
+        await self.start()
