@@ -158,6 +158,10 @@ def test_a_link_that_fails_to_start_is_started_at_the_next_check(make_node):
             await features.check()
             assert link.started and link.running and states(agent) == {"healthy"}
         finally:
-            await features.stop(exiting=True)
+            # Joined: a monitor thread outliving the test would shut down the NVML session
+            # of the next test's simulated node in this process (exiting=True is for a
+            # daemon whose process ends).
+            await features.stop()
             agent.close()
+        assert not link.running
     asyncio.run(scenario())
