@@ -13,9 +13,9 @@ import uuid as uuidlib
 from pathlib import Path
 
 from ..fileio import ensure_dir, write_atomic
-from . import catalog
+from . import catalog, unixsock
 from .elf import write_shared_object
-from .files import NodeFiles, mig_minors
+from .files import NodeFiles, can_create_device_nodes, mig_minors
 from .node import NodeState, SimGpu
 from .store import SimStore
 
@@ -70,14 +70,15 @@ def create_node(root: str | os.PathLike, profile_name: str, *,
                 real_nodes: bool | None = None, dynamic_majors: tuple[int, int] | None = None) -> SimStore:
     """Build a simulated node of ``profile_name`` under ``root`` and return its store.
 
-    ``dynamic_majors`` fixes the (nvidia-uvm, nvidia-caps) majors; by default they are
+    Device nodes are real character devices when this process may create them
+    (``real_nodes`` decides otherwise), regular files if not. ``dynamic_majors`` fixes the (nvidia-uvm, nvidia-caps) majors; by default they are
     chosen among majors this host does not use, so a container given these nodes can
     never reach a real device.
     """
     profile = catalog.load_profile(profile_name)
     root = ensure_dir(Path(root).absolute())
     if real_nodes is None:
-        real_nodes = os.geteuid() == 0
+        real_nodes = can_create_device_nodes(root)
     w = NodeFiles(root, real_nodes)
     uvm_major, caps_major = dynamic_majors or _free_majors()
     version = profile.driver_version
@@ -160,11 +161,11 @@ def create_node(root: str | os.PathLike, profile_name: str, *,
 
 
 def _unix_socket(path: Path) -> None:
-    if path.exists():
+    if path.exists() or path.is_symlink():
         path.unlink()
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        s.bind(str(path))
+        unixsock.bind(s, path)     # a deep root makes the path too long for sun_path
     finally:
         s.close()
 

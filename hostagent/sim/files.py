@@ -7,10 +7,32 @@ import os
 import stat
 from pathlib import Path
 
+from ..errors import PermissionDenied
 from ..fileio import ensure_dir, write_atomic
 from .node import NodeFacts, NodeState
 
-__all__ = ["NodeFiles", "mig_minors", "mig_cap_names", "sync_mig_caps", "create_cap_nodes"]
+__all__ = ["NodeFiles", "can_create_device_nodes", "mig_minors", "mig_cap_names", "sync_mig_caps",
+           "create_cap_nodes", "remove_cap_nodes", "FIXED_CAP_MINORS"]
+
+# nvidia-cap1 (mig/config) and nvidia-cap2 (mig/monitor) exist whatever the instances.
+FIXED_CAP_MINORS = (1, 2)
+
+
+def can_create_device_nodes(directory: Path) -> bool:
+    """Whether this process may create character devices in ``directory``.
+
+    Root is not enough: a user namespace (``unshare -r``), a rootless container or a
+    dropped CAP_MKNOD all refuse mknod with EPERM, so one harmless node is tried.
+    """
+    if os.geteuid() != 0:
+        return False
+    probe = directory / f".mknod-probe-{os.getpid()}"
+    try:
+        os.mknod(probe, stat.S_IFCHR | 0o600, os.makedev(1, 3))
+    except PermissionError:
+        return False
+    probe.unlink()
+    return True
 
 
 @functools.cache
@@ -52,7 +74,14 @@ class NodeFiles:
         if path.exists() or path.is_symlink():
             path.unlink()
         if self.real_nodes:
-            os.mknod(path, stat.S_IFCHR | mode, os.makedev(major, minor))
+            try:
+                os.mknod(path, stat.S_IFCHR | mode, os.makedev(major, minor))
+            except PermissionError:
+                raise PermissionDenied(
+                    "no permission to create device nodes, and this simulated node has real ones",
+                    where=str(path), hint="run as root with CAP_MKNOD, outside a user namespace, "
+                    "or recreate the node there ('hostagent sim create --force') to get regular "
+                    "files") from None
             os.chmod(path, mode)
         else:
             write_atomic(path, f"simulated character device {major}:{minor}\n", mode=mode,
@@ -127,3 +156,16 @@ def create_cap_nodes(root: Path, facts: NodeFacts) -> list[int]:
             w.chardev(node.relative_to(root).as_posix(), facts.majors["nvidia-caps"], minor, 0o444)
             created.append(minor)
     return created
+
+
+def remove_cap_nodes(root: Path) -> list[int]:
+    """Remove the instance capability nodes (all but config's and monitor's), as a reboot
+    does: /dev starts empty and only the fixed nodes are made again at boot. Returns the
+    minors removed."""
+    removed = []
+    for node in (root / "dev/nvidia-caps").glob("nvidia-cap*"):
+        minor = node.name.removeprefix("nvidia-cap")
+        if minor.isdigit() and int(minor) not in FIXED_CAP_MINORS:
+            node.unlink(missing_ok=True)
+            removed.append(int(minor))
+    return sorted(removed)

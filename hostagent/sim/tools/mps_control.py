@@ -44,6 +44,7 @@ import socket
 import sys
 from pathlib import Path
 
+from .. import unixsock
 from . import detach, format_line, init_done, log_line, wait_init
 
 __all__ = ["main"]
@@ -83,7 +84,7 @@ def _ask(pipe: Path, command: str) -> str | None:
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         s.settimeout(30)
-        s.connect(str(pipe / SOCKET))
+        unixsock.connect(s, pipe / SOCKET)
         s.sendall(command.encode() + b"\n")
         data = b""
         while not data.endswith(END):
@@ -179,7 +180,7 @@ class Daemon:
         if path.exists() or path.is_symlink():
             path.unlink()              # stale: we hold the lock, so no daemon owns it
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.sock.bind(str(path))
+        unixsock.bind(self.sock, path)
         self.sock.listen(32)
         (self.pipe / PID_FILE).write_text(f"{os.getpid()}\n")
         wake_r, wake_w = os.pipe()

@@ -32,6 +32,7 @@ import sys
 import time
 from pathlib import Path
 
+from .. import unixsock
 from . import detach, init_done, wait_init
 
 __all__ = ["main"]
@@ -167,7 +168,7 @@ class Daemon:
             if sock_path.exists() or sock_path.is_symlink():
                 sock_path.unlink()
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            sock.bind(str(sock_path))
+            unixsock.bind(sock, sock_path)
             sock.listen(16)
             self.syslog("Local RPC services initialized", verbose_only=True)
             stopping = []
