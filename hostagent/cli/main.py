@@ -7,6 +7,7 @@ functions that use them.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from .. import __version__
@@ -32,9 +33,20 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _os_error(e: OSError) -> str:
+    """One line for a file-system error: the path first, as the other errors do."""
+    text = e.strerror or str(e)
+    if e.filename is not None:
+        target = f" -> {e.filename2}" if e.filename2 is not None else ""
+        text = f"{os.fsdecode(e.filename)}{target}: {text}"
+    return text
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.simulate is not None and not args.simulate.strip():
+        parser.error("--simulate needs a directory (an empty one would mean the real host)")
     import logging
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
                         format="hostagent: %(levelname)s: %(message)s")
@@ -46,6 +58,15 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:
+        return 1
+    except OSError as e:
+        # A file the command could not read or write: one line naming it. Other exceptions
+        # are bugs and keep their traceback; -v shows this one's too.
+        if args.verbose:
+            import traceback
+            traceback.print_exc()
+        hint = "" if args.verbose else " (run with -v for details)"
+        print(f"hostagent: error: {_os_error(e)}{hint}", file=sys.stderr)
         return 1
 
 

@@ -26,7 +26,8 @@ def run(args) -> int:
         rows += [[f"{k.replace('_', ' ')}", v] for k, v in d["paths"].items()]
         print(table(["FIELD", "VALUE"], rows))
         if d["device_nodes"] == "regular-files":
-            print("\nnote: device nodes are regular files (simulated node created without root)")
+            print("\nnote: device nodes are regular files (the simulated node was created without "
+                  "the right to create device nodes)")
 
     emit(data, args.output, render)
     return 0

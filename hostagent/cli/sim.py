@@ -23,7 +23,9 @@ def register(sub) -> None:
     v = verbs.add_parser("create", help="build a simulated node in a directory")
     v.add_argument("--profile", default="dgx-a100", help="node profile (default: dgx-a100)")
     v.add_argument("--root", required=True, help="directory to build the node in")
-    v.add_argument("--force", action="store_true", help="replace an existing simulated node")
+    v.add_argument("--force", action="store_true",
+                   help="replace the simulated node already in that directory (everything under it "
+                        "is removed first; a directory without one is never cleared)")
     v.set_defaults(run=create)
 
     v = verbs.add_parser("demo", help="create a node in a temporary directory and show it")
@@ -79,6 +81,8 @@ def _verb(verbs, name, text):
 
 def _store(args):
     from ..sim.store import SimStore
+    if args.root is not None and not args.root.strip():
+        raise UsageError("--root needs a directory", hint="pass the simulated node's directory")
     root = args.root or args.simulate or os.environ.get("HOSTAGENT_SIMULATE")
     if not root:
         raise UsageError("no simulated node given", hint="pass --root DIR, --simulate DIR or set HOSTAGENT_SIMULATE")
@@ -100,17 +104,16 @@ def profiles(args) -> int:
     return 0
 
 
+def _node_kind(store) -> str:
+    if store.facts.real_device_nodes:
+        return "character devices"
+    return "regular files, as this process may not create device nodes"
+
+
 def create(args) -> int:
-    from ..sim.driverroot import create_node
-    from ..sim.store import SimStore
-    from ..sim import catalog
-    catalog.load_profile(args.profile)     # unknown profile: error before touching the root
-    if SimStore(args.root).exists() and not args.force:
-        raise UsageError("a simulated node already exists there", where=args.root,
-                         hint="pass --force to replace it")
-    store = create_node(args.root, args.profile)
-    kind = "character devices" if store.facts.real_device_nodes else "regular files (not root)"
-    print(f"created simulated node '{args.profile}' in {store.root} (device nodes: {kind})")
+    from ..sim.rootdir import build_node
+    store = build_node(args.root, args.profile, replace=args.force)
+    print(f"created simulated node '{args.profile}' in {store.root}; device nodes: {_node_kind(store)}")
     print(f"use it with: hostagent --simulate {store.root} devices")
     return 0
 
@@ -124,10 +127,11 @@ def demo(args) -> int:
     from . import devices
     root = tempfile.mkdtemp(prefix="hostagent-sim-")
     try:
-        create_node(root, args.profile)
+        store = create_node(root, args.profile)
         inv = read_inventory(HostRoot.simulation(root))
         print(f"Simulated node '{args.profile}' in {root}: driver {inv.driver_version}, "
-              f"CUDA {inv.cuda_driver_version}, NVML {inv.nvml_version}\n")
+              f"CUDA {inv.cuda_driver_version}, NVML {inv.nvml_version}; "
+              f"device nodes: {_node_kind(store)}\n")
         print(devices.render(inv, profiles=False))
     finally:
         shutil.rmtree(root, ignore_errors=True)

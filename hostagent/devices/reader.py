@@ -39,10 +39,16 @@ _sim_root = None
 def _install_simulator(host: HostRoot) -> None:
     global _sim_root
     with _sim_lock:
-        if _sim_root != host.root:
+        lib = N.nvmlLib
+        if _sim_root != host.root or getattr(lib, "store", None) is None:
             from ..sim import fakenvml   # only simulated runs pay for the simulator
-            fakenvml.install(host.root).store.check()
+            lib = fakenvml.install(host.root)
+            lib.store.check()
             _sim_root = host.root
+    # A node whose files are unreadable is reported as such, naming the file, rather than
+    # as a vague nvmlInit failure (cheap: the state is cached until it changes).
+    lib.store.facts
+    lib.store.read()
 
 
 @contextlib.contextmanager

@@ -16,7 +16,7 @@ from .node import NodeState, SimNvmlError, SimProcess
 from .store import SimStore
 
 __all__ = ["resolve_device", "hold", "release", "inject_xid", "inject_ecc", "lose_gpu",
-           "set_event_support", "reboot", "set_driver_loaded", "reset_gpus"]
+           "set_event_support", "reboot", "set_driver_loaded", "reset_gpus", "stop_spawned"]
 
 
 def resolve_device(state: NodeState, ident: str) -> tuple[int, int | None, int | None]:
@@ -66,11 +66,11 @@ def release(store: SimStore, pid: int | None = None) -> list[SimProcess]:
         if pid is not None and not gone:
             raise NotFoundError(f"process {pid} holds no simulated device")
         state.processes = [p for p in state.processes if p not in gone]
-    _stop_spawned(gone)
+    stop_spawned(gone)
     return gone
 
 
-def _stop_spawned(procs) -> None:
+def stop_spawned(procs) -> None:
     for p in procs:
         if p.spawned:
             try:
@@ -108,7 +108,7 @@ def set_event_support(store: SimStore, gpu: int, supported: bool) -> None:
 def reboot(store: SimStore) -> None:
     with store.mutate() as state:
         gone = state.reboot(store.facts)
-    _stop_spawned(gone)
+    stop_spawned(gone)
 
 
 def set_driver_loaded(store: SimStore, loaded: bool) -> None:

@@ -22,6 +22,7 @@ from ctypes import (CFUNCTYPE, POINTER, c_char_p, c_int, c_uint, c_ulonglong, c_
 
 import pynvml as N
 
+from ..errors import HostagentError
 from . import telemetry
 from .catalog import ARCHITECTURES
 from .node import MIG_ENABLE, NodeState, SimGpu, SimNvmlError
@@ -175,6 +176,9 @@ class FakeNvmlLibrary:
                 return impl(self, *args) or N.NVML_SUCCESS
             except SimNvmlError as e:
                 return e.code
+            except HostagentError as e:   # the node's files, not a bug: say which
+                log.error("simulated NVML: %s", e.message)
+                return N.NVML_ERROR_UNKNOWN
             except Exception:   # never let a bug look like NVML_SUCCESS
                 self.crashes.append(f"{name}: {traceback.format_exc()}")
                 log.error("simulated NVML crashed in %s", name, exc_info=True)

@@ -12,7 +12,7 @@ import json
 import os
 from pathlib import Path
 
-from ..errors import NotFoundError
+from ..errors import NotFoundError, StateError
 from ..fileio import write_atomic
 from .files import mig_cap_names, sync_mig_caps
 from .node import NodeFacts, NodeState
@@ -20,6 +20,17 @@ from .node import NodeFacts, NodeState
 __all__ = ["SimStore", "SIM_DIR"]
 
 SIM_DIR = ".sim"
+
+
+def _parse(path: Path, build):
+    """``build(json of path)``, with a file that is not what the simulator wrote (edited,
+    truncated, from another version) reported as such instead of a parser's traceback."""
+    try:
+        return build(json.loads(path.read_text()))
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        raise StateError(f"the simulated node's {path.name} is corrupt ({type(e).__name__}: {e})",
+                         where=str(path),
+                         hint=f"recreate the node: hostagent sim create --force --root {path.parent.parent}") from None
 
 
 def _alive(pid: int) -> bool:
@@ -53,7 +64,7 @@ class SimStore:
     def facts(self) -> NodeFacts:
         if self._facts is None:
             self.check()
-            self._facts = NodeFacts.from_dict(json.loads((self.dir / "node.json").read_text()))
+            self._facts = _parse(self.dir / "node.json", NodeFacts.from_dict)
         return self._facts
 
     def initialise(self, facts_raw: dict, state: NodeState) -> None:
@@ -72,7 +83,7 @@ class SimStore:
             raise
         key = (st.st_ino, st.st_mtime_ns, st.st_size)
         if self._cache is None or self._cache[0] != key:
-            state = NodeState.from_dict(json.loads(self.state_file.read_text()))
+            state = _parse(self.state_file, NodeState.from_dict)
             self._cache = (key, state)
         state = self._cache[1]
         # The driver forgets a process the moment it exits.
@@ -94,7 +105,7 @@ class SimStore:
     def mutate(self):
         """Yield a fresh copy of the state; commit it if the block returns normally."""
         with self.lock():
-            state = NodeState.from_dict(json.loads(self.state_file.read_text()))
+            state = _parse(self.state_file, NodeState.from_dict)
             state.processes = [p for p in state.processes if _alive(p.pid)]
             caps = mig_cap_names(state)
             yield state

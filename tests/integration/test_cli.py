@@ -106,3 +106,133 @@ def test_sim_verbs_drive_the_node(node):
 def test_demo_runs_on_a_temporary_node():
     out = hostagent("sim", "demo").stdout
     assert out.count("NVIDIA A100-SXM4-40GB") == 8 and "driver 550.90.07" in out
+
+
+# ---- building a node where device nodes cannot be made -------------------------------
+
+def _can_run(*cmd):
+    try:
+        return subprocess.run([*cmd, "true"], capture_output=True).returncode == 0
+    except OSError:
+        return False
+
+
+NO_MKNOD = [pytest.param(["unshare", "-r"], id="user-namespace",
+                         marks=pytest.mark.skipif(not _can_run("unshare", "-r"),
+                                                  reason="unshare -r is not available here")),
+            pytest.param(["setpriv", "--bounding-set=-mknod", "--inh-caps=-mknod"], id="no-cap-mknod",
+                         marks=pytest.mark.skipif(os.geteuid() != 0 or not _can_run("setpriv", "--bounding-set=-mknod", "--inh-caps=-mknod"),
+                                                  reason="dropping CAP_MKNOD needs root and setpriv"))]
+
+
+@pytest.mark.parametrize("prefix", NO_MKNOD)
+def test_without_the_right_to_mknod_nodes_are_regular_files_and_said_so(prefix, tmp_path):
+    root = tmp_path / "node"
+    proc = subprocess.run([*prefix, sys.executable, "-m", "hostagent.cli.main", "sim", "create",
+                           "--profile", "t4x2", "--root", str(root)], capture_output=True, text=True)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    assert "device nodes: regular files" in proc.stdout
+    assert (root / "dev/nvidia0").is_file() and (root / "dev/nvidia-caps/nvidia-cap1").is_file()
+    data = yaml.safe_load(hostagent("--simulate", root, "node", "-o", "yaml").stdout)
+    assert data["device_nodes"] == "regular-files"
+    assert not list(root.glob(".mknod-probe-*"))
+    demo = subprocess.run([*prefix, sys.executable, "-m", "hostagent.cli.main", "sim", "demo",
+                           "--profile", "t4x2"], capture_output=True, text=True)
+    assert demo.returncode == 0 and "Traceback" not in demo.stderr, demo.stderr
+    assert "device nodes: regular files" in demo.stdout and demo.stdout.count("Tesla T4") == 2
+
+
+# ---- replacing a node ----------------------------------------------------------------
+
+def test_sim_create_force_replaces_the_whole_old_node(tmp_path):
+    from hostagent.sim.store import SimStore
+    hostagent("sim", "create", "--profile", "dgx-a100", "--root", tmp_path)
+    smi = str(tmp_path / "usr/bin/nvidia-smi")
+    subprocess.run([smi, "-i", "0", "-mig", "1"], check=True, capture_output=True)
+    subprocess.run([smi, "-r", "-i", "0"], check=True, capture_output=True)
+    subprocess.run([smi, "mig", "-i", "0", "-cgi", "9", "-C"], check=True, capture_output=True)
+    assert list((tmp_path / "dev/nvidia-caps").glob("nvidia-cap*")) != []
+    holder = int(hostagent("sim", "hold", "1", "--root", tmp_path).stdout.split()[1])
+    (tmp_path / "var/lib/hostagent").mkdir(parents=True)
+    (tmp_path / "var/lib/hostagent/old-state").write_text("the old node's")
+
+    hostagent("sim", "create", "--profile", "t4x2", "--root", tmp_path, "--force")
+    assert sorted(p.name for p in (tmp_path / "dev").glob("nvidia[0-9]*")) == ["nvidia0", "nvidia1"]
+    assert len(list((tmp_path / "proc/driver/nvidia/gpus").iterdir())) == 2
+    assert sorted(p.name for p in (tmp_path / "dev/nvidia-caps").iterdir()) == ["nvidia-cap1", "nvidia-cap2"]
+    assert not (tmp_path / "proc/driver/nvidia/capabilities/gpu0").exists()
+    libs = {p.name.split(".so.")[1] for p in (tmp_path / "usr/lib/x86_64-linux-gnu").glob("libcuda.so.*.*")}
+    assert libs == {"535.183.01"}
+    assert [p.name for p in (tmp_path / "lib/firmware/nvidia").iterdir()] == ["535.183.01"]
+    assert not (tmp_path / "var/lib/hostagent").exists()
+    assert SimStore(tmp_path).read().processes == []
+    with pytest.raises(ProcessLookupError):    # the old node's holder was stopped
+        for _ in range(100):
+            os.kill(holder, 0)
+            __import__("time").sleep(0.05)
+
+
+def test_sim_create_never_builds_over_or_clears_a_directory_without_a_node(tmp_path):
+    (tmp_path / "keep").write_text("mine")
+    for extra in ([], ["--force"]):
+        proc = hostagent("sim", "create", "--root", tmp_path, *extra, check=False)
+        assert proc.returncode == 2 and "holds files but no simulated node" in proc.stderr
+    assert [p.name for p in tmp_path.iterdir()] == ["keep"]
+
+
+# ---- bad roots ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("root, message", [
+    ("/etc/passwd/x", "/etc/passwd is not a directory"),
+    ("{file}", "not a directory"),
+    ("/proc/x", "kernel file system"),
+    ("", "no directory given"),
+    ("/", "host's own root"),
+])
+def test_sim_create_refuses_roots_that_cannot_hold_a_node(root, message, tmp_path):
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    proc = hostagent("sim", "create", "--root", root.format(file=afile), check=False)
+    assert proc.returncode == 2 and message in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+    assert afile.read_text() == "" and [p.name for p in tmp_path.iterdir()] == ["afile"]
+
+
+def test_a_root_too_long_for_a_socket_path_still_makes_a_whole_node(tmp_path):
+    root = tmp_path / ("n" * 60) / ("o" * 60)
+    assert len(str(root / "run/nvidia-persistenced/socket")) > 108
+    hostagent("sim", "create", "--profile", "t4x2", "--root", root)
+    import stat
+    assert stat.S_ISSOCK(os.lstat(root / "run/nvidia-persistenced/socket").st_mode)
+    assert json.loads(hostagent("--simulate", root, "devices", "-o", "json").stdout)["gpus"][1]["index"] == 1
+
+
+def test_a_corrupt_state_file_is_named_with_what_to_do(node):
+    state = node / ".sim/state.json"
+    state.write_text('{"gpus": [')
+    for args in (["--simulate", node, "devices"], ["sim", "hold", "0", "--root", node]):
+        proc = hostagent(*args, check=False)
+        assert proc.returncode == 1 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+        assert str(state) in proc.stderr and "sim create --force" in proc.stderr
+        assert "crashed" not in proc.stderr
+    smi = subprocess.run([str(node / "usr/bin/nvidia-smi"), "-L"], capture_output=True, text=True)
+    assert smi.returncode != 0 and "Traceback" not in smi.stderr and str(state) in smi.stderr
+
+
+def test_an_unexpected_file_error_is_one_line_naming_the_path_and_v_shows_the_trace(node):
+    lock = node / ".sim/lock"
+    lock.unlink(missing_ok=True)
+    lock.mkdir()                        # unusable as a lock file: not an error hostagent expects
+    proc = hostagent("sim", "hold", "0", "--root", node, check=False)
+    assert proc.returncode == 1 and proc.stderr.strip().splitlines() == [
+        f"hostagent: error: {lock}: Is a directory (run with -v for details)"]
+    verbose = subprocess.run([sys.executable, "-m", "hostagent.cli.main", "-v", "sim", "hold", "0",
+                              "--root", str(node)], capture_output=True, text=True)
+    assert verbose.returncode == 1 and "Traceback" in verbose.stderr and "IsADirectoryError" in verbose.stderr
+
+
+def test_an_empty_simulate_or_root_is_refused_not_taken_for_the_host_or_cwd(node):
+    proc = hostagent("--simulate", "", "devices", check=False)
+    assert proc.returncode == 2 and "--simulate needs a directory" in proc.stderr
+    proc = hostagent("sim", "reboot", "--root", "", env={"HOSTAGENT_SIMULATE": str(node)}, check=False)
+    assert proc.returncode == 2 and "--root needs a directory" in proc.stderr

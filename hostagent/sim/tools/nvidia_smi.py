@@ -49,6 +49,7 @@ import time
 
 import pynvml as N
 
+from ...errors import HostagentError
 from ..node import MIG_ENABLE, NodeState, SimGpu, SimNvmlError
 from ..store import SimStore
 
@@ -132,6 +133,9 @@ def main(root: str, argv: list[str]) -> int:
         if e.message:
             print(e.message)
         return e.code
+    except HostagentError as e:        # the simulated node's own files: say which
+        print(f"nvidia-smi (simulated): {e.message}", file=sys.stderr)
+        return EXIT_OTHER
     finally:
         try:
             sys.stdout.flush()
