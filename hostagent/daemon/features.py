@@ -95,11 +95,14 @@ class Features:
             await self.check()
 
     async def reload(self, old, new) -> None:
-        """A changed health or metrics section restarts both (metrics reads health)."""
+        """A changed health or metrics section restarts both (metrics reads health). Health
+        carries over to the new monitor, re-evaluated under the new settings."""
         if all(old.sections.get(k) == new.sections.get(k) for k in ("health", "metrics")):
             return
         log.info("health or metrics settings changed: restarting the monitor and the sampler")
+        previous = self.agent.health_link
         await self.stop()
         self.make(new)
+        self.agent.health_link.carried = previous.carried
         self.agent.publish()
         await self.start()

@@ -9,6 +9,9 @@ before such a sync is then skipped by revision, and only its event is published.
 
 A monitor that dies is logged, its devices are marked unmonitored, and it is restarted by
 ``check()`` (the daemon calls it periodically): health monitoring never silently stops.
+A monitor started after another (a restart, or a reload's new link given ``carried``)
+starts from the previous one's handover: an unhealthy device stays unhealthy, a lost GPU
+lost, the last XIDs stay.
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ class HealthLink:
         self.agent = agent
         self.options = options               # HealthOptions (state file off: the API serves it)
         self.monitor = None
+        self.carried = None                  # the last monitor's Handover, for the next one
         self._synced = -1                    # the monitor revision agent.health reflects
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopping = False
@@ -79,7 +83,8 @@ class HealthLink:
         self._loop = asyncio.get_running_loop()
         self._stopping = False
         monitor = HealthMonitor(self.agent.host, inventory, self.options,
-                                allocations=self._allocations, metrics=self.agent.metrics)
+                                allocations=self._allocations, metrics=self.agent.metrics,
+                                previous=self.carried)
         monitor.subscribe(lambda update: self._post(monitor, update))
         self.monitor = monitor
         self._synced = -1
@@ -96,6 +101,7 @@ class HealthLink:
         monitor, self.monitor = self.monitor, None
         if monitor is not None:
             await asyncio.to_thread(monitor.stop, wait)
+            self.carried = monitor.handover()
 
     async def check(self) -> None:
         """Restart a monitor whose thread ended without being stopped."""
@@ -107,6 +113,7 @@ class HealthLink:
         self.monitor = None
         self.mark_unmonitored("the health monitor stopped unexpectedly; restarting it")
         await asyncio.to_thread(monitor.stop, 1.0)
+        self.carried = monitor.handover()
         await self.start(self.agent.inventory)
 
     def mark_unmonitored(self, why: str) -> None:

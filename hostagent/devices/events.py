@@ -7,7 +7,8 @@ lives in ``hostagent.health``.
 Failures are never silent: a GPU whose registration fails becomes an ``unmonitored``
 record (``NOT_SUPPORTED`` included: masking by the supported types does not catch every
 board that refuses), a lost GPU a ``gpu_lost`` record, after which the set is rebuilt
-without it so waits do not keep failing.
+without it so waits do not keep failing. ``retry_lost()`` registers a lost GPU again once
+NVML can read it (after a GPU reset), so it is watched again.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import ctypes
 import logging
 import time
 from dataclasses import dataclass
+from typing import Iterable
 
 import pynvml as N
 
@@ -70,15 +72,18 @@ class EventSource:
     ``open()`` registers every GPU and returns records for those it could not (unmonitored,
     or gpu_lost); ``wait(timeout_ms)`` returns the events that arrived, ``()`` on timeout;
     ``close()`` frees the set and ends the session. Use as a context manager.
+
+    ``lost``: GPUs already known lost (from an earlier session): not registered nor
+    reported again at ``open()``, only retried by ``retry_lost()``.
     """
 
-    def __init__(self, host: HostRoot | None = None, *, clock=time.time):
+    def __init__(self, host: HostRoot | None = None, *, clock=time.time, lost: Iterable[int] = ()):
         self.host = host or HostRoot.from_env()
         self.clock = clock
         self._stack: contextlib.ExitStack | None = None
         self._set = None
         self._gpus: dict[int, _Registered] = {}       # handle address -> registration
-        self._lost: set[int] = set()
+        self._lost: set[int] = set(lost)
         self._failures = 0
         self.generation = 0       # bumped at every (re)registration; see ``registered``
 
@@ -89,6 +94,11 @@ class EventSource:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+    @property
+    def lost(self) -> frozenset[int]:
+        """Indices of the GPUs known lost (not registered)."""
+        return frozenset(self._lost)
 
     @property
     def registered(self) -> dict[int, str]:
@@ -173,6 +183,24 @@ class EventSource:
             log.info("GPU %d reports no ECC events; XIDs only", index)   # boards without ECC
         self._gpus[_address(handle)] = _Registered(index, uuid, handle, mask)
         return []
+
+    def retry_lost(self) -> tuple[RawEvent, ...]:
+        """Register the lost GPUs NVML can read again (``generation`` grows if any is
+        watched again). A GPU still lost is not reported again; one readable but refusing
+        registration becomes ``unmonitored`` and is not retried."""
+        if self._stack is None or self._set is None or not self._lost:
+            return ()
+        out, back = [], False
+        for index in sorted(self._lost):
+            self._lost.discard(index)
+            records = self._register(index)        # puts a still-lost GPU back in _lost
+            if index in self._lost:
+                continue
+            back = back or not records
+            out += records
+        if back:
+            self.generation += 1
+        return tuple(out)
 
     # ---- waiting ---------------------------------------------------------------------
 

@@ -41,15 +41,23 @@ class DeviceIndex:
     children: dict            # index -> tuple[DeviceRef, ...] (its MIG devices)
 
     @classmethod
-    def from_inventory(cls, inventory) -> "DeviceIndex":
+    def from_inventory(cls, inventory, known: "DeviceIndex | None" = None) -> "DeviceIndex":
+        """The devices of ``inventory``. A GPU NVML lists but cannot read (a lost GPU reads
+        as nothing but an error) keeps what ``known`` (the index before) had at its index:
+        its UUID and MIG devices, so its health stays under the keys it had; only a GPU
+        never read is ``gpu:<index>``."""
         gpus, children = {}, {}
         for gpu in inventory.gpus:
             gpus[gpu.index] = DeviceRef(gpu.uuid, str(gpu.index), gpu.index)
             children[gpu.index] = tuple(DeviceRef(d.uuid, d.name, gpu.index, d.gi, d.ci)
                                         for d in (gpu.mig.devices if gpu.mig else ()))
         for bad in inventory.unreadable:
-            gpus[bad.index] = DeviceRef(f"gpu:{bad.index}", str(bad.index), bad.index)
-            children[bad.index] = ()
+            before = known.gpus.get(bad.index) if known is not None else None
+            if before is not None and before.uuid is not None:
+                gpus[bad.index], children[bad.index] = before, known.children[bad.index]
+            else:
+                gpus[bad.index] = DeviceRef(f"gpu:{bad.index}", str(bad.index), bad.index)
+                children[bad.index] = ()
         return cls(gpus, children)
 
     def refs(self) -> tuple[DeviceRef, ...]:

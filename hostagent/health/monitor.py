@@ -8,7 +8,12 @@ period passed, and answers clear requests from other processes. Each change beco
 ``HealthUpdate`` handed to the subscribers, in revision order.
 
 When NVML cannot start (no driver, no library), every device is ``unmonitored`` and the
-monitor retries with a growing pause; it never reports health it does not watch.
+monitor retries with a growing pause; it never reports health it does not watch. Lost GPUs
+are retried every ``LOST_RETRY`` seconds and watched again once NVML reads them.
+
+A monitor that replaces another (a reload with new settings, a restart after a failure)
+starts from its ``handover()``: health, last XIDs and the identity of lost GPUs carry over,
+re-evaluated under the new XID policy and quiet period (``state.rebase``).
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from dataclasses import dataclass
 from typing import Callable
 
 from ..errors import HostagentError
@@ -26,12 +32,21 @@ from .fanout import AllocationLookup, DeviceIndex, to_health_event
 from .options import HealthOptions
 from .records import UNMONITORED, HealthEvent, HealthUpdate
 
-__all__ = ["HealthMonitor", "Subscriber"]
+__all__ = ["HealthMonitor", "Subscriber", "Handover", "LOST_RETRY"]
 
 log = logging.getLogger("hostagent.health")
 
 Subscriber = Callable[[HealthUpdate], None]
 _RETRY_MAX = 30.0
+LOST_RETRY = 5.0            # seconds between attempts to register lost GPUs again
+
+
+@dataclass(frozen=True)
+class Handover:
+    """What a monitor leaves to the next: its state and device index (which remembers the
+    UUIDs of GPUs that can no longer be read)."""
+    state: S.HealthState
+    index: DeviceIndex
 
 
 class HealthMonitor:
@@ -40,19 +55,27 @@ class HealthMonitor:
     ``allocations`` maps a device UUID to the allocations using it (the daemon's allocation
     store); ``metrics`` (an ``AgentMetrics``) counts events. Subscribers run on the thread
     that made the change (the monitor's, or the caller of ``clear``) under the monitor's
-    lock: they must be quick and must not call ``stop``.
+    lock: they must be quick and must not call ``stop``. ``previous``: the ``handover()``
+    of the monitor this one replaces; without it every device starts healthy.
     """
 
     def __init__(self, host: HostRoot, inventory, options: HealthOptions | None = None, *,
-                 allocations: AllocationLookup | None = None, metrics=None, clock=time.time):
+                 allocations: AllocationLookup | None = None, metrics=None, clock=time.time,
+                 previous: Handover | None = None):
         self.host = host
         self.options = options or HealthOptions()
         self.policy = self.options.policy
         self.allocations = allocations
         self.metrics = metrics
         self.clock = clock
-        self._index = DeviceIndex.from_inventory(inventory)
-        self._state = S.initial(self._index, clock())
+        now = clock()
+        if previous is None:
+            self._index = DeviceIndex.from_inventory(inventory)
+            self._state = S.initial(self._index, now)
+        else:
+            self._index = DeviceIndex.from_inventory(inventory, previous.index)
+            state, _ = S.reconcile(previous.state, self._index, now)
+            self._state, _ = S.rebase(state, self.policy, self.options.quiet_period, now)
         self._lock = threading.RLock()
         self._subscribers: list[Subscriber] = []
         self._stop = threading.Event()
@@ -101,6 +124,11 @@ class HealthMonitor:
         with self._lock:
             return self._state
 
+    def handover(self) -> Handover:
+        """The state to start a replacing monitor from (take it after ``stop()``)."""
+        with self._lock:
+            return Handover(self._state, self._index)
+
     def last_xids(self) -> dict[str, int]:
         """Device key -> last XID seen (ignored ones included), for DCGM_FI_DEV_XID_ERRORS."""
         return {k: d.last_xid for k, d in self.state.devices.items() if d.last_xid is not None}
@@ -115,7 +143,7 @@ class HealthMonitor:
         """After a MIG change: follow the new devices (GPU-wide problems carry over to new
         MIG devices of an unhealthy GPU)."""
         with self._lock:
-            self._index = DeviceIndex.from_inventory(inventory)
+            self._index = DeviceIndex.from_inventory(inventory, self._index)
             self._change("inventory", lambda st, now: S.reconcile(st, self._index, now))
 
     # ---- state changes ---------------------------------------------------------------
@@ -176,7 +204,9 @@ class HealthMonitor:
         from ..devices.events import EventSource
         pause = 1.0
         while not self._stop.is_set():
-            source = EventSource(self.host, clock=self.clock)
+            with self._lock:       # known lost: not reported again, retried
+                lost = {d.gpu for d in self._state.devices.values() if d.lost and not d.is_mig}
+            source = EventSource(self.host, clock=self.clock, lost=lost)
             try:
                 for raw in source.open():
                     self._on_raw(raw)
@@ -209,9 +239,14 @@ class HealthMonitor:
         with self._lock:
             self._write_file()          # readers see a state from the start, change or not
         self._ready.set()
+        retry_lost_at = time.monotonic() + LOST_RETRY
         while not self._stop.is_set():
             for raw in source.wait(self._timeout_ms()):
                 self._on_raw(raw)
+            if source.lost and time.monotonic() >= retry_lost_at:
+                retry_lost_at = time.monotonic() + LOST_RETRY
+                for raw in source.retry_lost():
+                    self._on_raw(raw)
             self._sync_monitored(source)
             with self._lock:
                 self._change("recovered", S.recover_due)

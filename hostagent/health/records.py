@@ -70,6 +70,7 @@ class DeviceHealth:
     changed_at: float = 0.0            # when ``state`` last changed
     recover_at: float | None = None    # healthy again then, if quiet; None: no recovery pending
     monitor_detail: str = ""           # why it is unmonitored
+    lost: bool = False                 # on a GPU NVML reported lost: unwatched until it reads again
 
     @property
     def state(self) -> str:

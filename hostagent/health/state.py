@@ -7,10 +7,14 @@ state is never modified in place, and the revision grows by one whenever anythin
   unhealthy until ``quiet_period`` seconds pass without another one: a transient XID does
   not take a GPU away forever. ``quiet_period`` None (or 0) keeps it unhealthy until cleared.
 - A lost GPU stays unhealthy until cleared (or the node restarts): no quiet period brings
-  back a GPU that fell off the bus.
+  back a GPU that fell off the bus. It is also unwatched (``lost``, not ``monitored``)
+  until the event source can register it again, so a clear makes it ``unmonitored``, not
+  healthy: nobody would see its next XID.
 - ``unmonitored`` is kept apart from health: a device nobody watches is not called healthy.
 - ``clear`` is the operator's word: the named devices (a GPU with its MIG devices) are
   healthy again now.
+- ``rebase`` carries a state into a new monitor (a reload, a restart): reasons the new XID
+  policy ignores go, recoveries follow the new quiet period.
 """
 
 from __future__ import annotations
@@ -24,7 +28,9 @@ from .fanout import DeviceIndex
 from .records import ECC_DBE, GPU_LOST, UNMONITORED, XID, DeviceHealth, HealthEvent, Reason
 
 __all__ = ["HealthState", "initial", "apply_event", "recover_due", "clear", "set_monitored",
-           "reconcile", "next_due"]
+           "reconcile", "rebase", "next_due", "LOST_DETAIL"]
+
+LOST_DETAIL = "the GPU is lost: not watched until NVML can read it again"
 
 
 @dataclass(frozen=True)
@@ -92,12 +98,17 @@ def apply_event(state: HealthState, event: HealthEvent, *, quiet_period: float |
                 new = dataclasses.replace(new, last_xid=event.xid)
         if event.kind == UNMONITORED:
             new = dataclasses.replace(new, monitored=False, monitor_detail=event.detail)
+        elif event.kind == GPU_LOST and old.lost:
+            pass                # already known lost (a new NVML session saw it again): a
+                                # clear given since stands
         elif event.critical:
             reason = Reason(event.kind, event.at, event.xid, gpu_wide=event.gi is None,
                             sticky=event.kind == GPU_LOST, detail=event.detail)
             reasons = new.reasons + (reason,)
             new = dataclasses.replace(new, healthy=False, reasons=reasons,
                                       recover_at=_recover_at(reasons, quiet_period))
+            if event.kind == GPU_LOST:
+                new = dataclasses.replace(new, lost=True, monitored=False, monitor_detail=LOST_DETAIL)
         updates[key] = _with_state_change(old, new, now)
     return _commit(state, updates)
 
@@ -137,12 +148,13 @@ def clear(state: HealthState, idents: Iterable[str] | None, now: float):
 
 
 def set_monitored(state: HealthState, gpus: Iterable[int], now: float):
-    """The event source watches these GPUs (again): they and their MIG devices are monitored."""
+    """The event source watches these GPUs (again): they and their MIG devices are monitored
+    (a lost GPU read again too; its sticky reason still waits for a clear)."""
     gpus = set(gpus)
     updates = {}
     for key, old in state.devices.items():
         if old.gpu in gpus and not old.monitored:
-            new = dataclasses.replace(old, monitored=True, monitor_detail="")
+            new = dataclasses.replace(old, monitored=True, monitor_detail="", lost=False)
             updates[key] = _with_state_change(old, new, now)
     return _commit(state, updates)
 
@@ -162,9 +174,24 @@ def reconcile(state: HealthState, index: DeviceIndex, now: float):
             inherited = tuple(r for r in parent.reasons if r.gpu_wide)
             new = dataclasses.replace(new, healthy=not inherited, reasons=inherited,
                                       recover_at=parent.recover_at if inherited else None,
-                                      monitored=parent.monitored, monitor_detail=parent.monitor_detail)
+                                      monitored=parent.monitored, monitor_detail=parent.monitor_detail,
+                                      lost=parent.lost)
         devices[ref.key] = new
     if devices == state.devices and list(devices) == list(state.devices):
         return state, ()
     changed = tuple(d for k, d in devices.items() if state.devices.get(k) != d)
     return HealthState(devices, state.revision + 1), changed
+
+
+def rebase(state: HealthState, policy, quiet_period: float | None, now: float):
+    """``state`` under a new monitor's settings: XID reasons ``policy`` now ignores are
+    dropped (a device left without reasons is healthy), recovery times follow
+    ``quiet_period`` (a recovery already due happens at the monitor's first turn). XIDs that
+    were ignored and now count are not replayed: policy applies from the events it sees."""
+    updates = {}
+    for key, old in state.devices.items():
+        reasons = tuple(r for r in old.reasons if not (r.kind == XID and policy.ignored(r.xid)))
+        new = dataclasses.replace(old, reasons=reasons, healthy=not reasons,
+                                  recover_at=_recover_at(reasons, quiet_period))
+        updates[key] = _with_state_change(old, new, now)
+    return _commit(state, updates)

@@ -79,7 +79,7 @@ def rows(state: HealthState, now: float | None = None) -> list[list]:
     out = []
     for d in state.devices.values():
         reasons = ", ".join(dict.fromkeys(str(r) for r in d.reasons))
-        if not d.monitored:
+        if not d.monitored and not (d.lost and not d.healthy):     # "gpu lost" says it already
             reasons = ", ".join(filter(None, [reasons, f"unmonitored: {d.monitor_detail}"]))
         out.append([d.name, d.key, d.state, reasons or "-",
                     "-" if d.last_xid is None else d.last_xid, _ago(d.changed_at, now),

@@ -19,6 +19,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from hostagent.errors import PermissionDenied, UsageError
+from hostagent.health.monitor import LOST_RETRY
 from hostagent.labels import FEATURES_FILE
 
 from .agentd import AgentProcess, make_root
@@ -299,9 +300,76 @@ def test_lost_gpu_marks_its_devices_until_cleared(node):
     status = node.cli("health", "status").stdout
     assert re.search(r"^1\s+GPU-\S+\s+unhealthy\s+XID 79, gpu lost\s.*\s-$", status, re.M)   # never recovers
     with node.client() as c:
-        record = next(d for d in c.health()["devices"] if d["key"] == gpu1["uuid"])
-        assert record["recover_at"] is None and [r["sticky"] for r in record["reasons"]] == [False, True]
         assert c.device("1")["health"]["message"].endswith("; until cleared")
-    assert node.cli("health", "clear", "--all").stdout.startswith("cleared: 1, ")
+        for _ in range(2):                                     # later inventory reads: unreadable GPU 1
+            c.refresh()
+            assert c.node()["unreadable_gpus"] == 1
+        records = {d["key"]: d for d in c.health()["devices"]}
+        assert not any(k.startswith("gpu:") for k in records)  # still known by its UUID
+        record = records[gpu1["uuid"]]
+        assert record["recover_at"] is None and [r["sticky"] for r in record["reasons"]] == [False, True]
+        assert record["lost"] and not record["monitored"]
+        assert {records[u]["state"] for u in mig1} == {"unhealthy"}
+        healthy = samples(parse(c.metrics()), "hostagent_device_healthy", UUID=gpu1["uuid"])
+        assert [s.value for s in healthy] == [0] and not samples(parse(c.metrics()), "hostagent_device_healthy",
+                                                                 UUID="gpu:1")
+    assert node.cli("health", "clear", "1").stdout.startswith("cleared: 1, ")
     with node.client() as c:
-        assert c.device("1")["health"]["state"] == "healthy"
+        record = next(d for d in c.health()["devices"] if d["key"] == gpu1["uuid"])
+        assert record["healthy"] and not record["monitored"]   # nothing watches a lost GPU
+        assert record["state"] == "unmonitored"
+        node.sim("reboot")                                     # GPU 1 readable again: watched again
+        deadline = time.monotonic() + LOST_RETRY + 10
+        while not record["monitored"]:
+            assert time.monotonic() < deadline, record
+            time.sleep(0.2)
+            record = next(d for d in c.health()["devices"] if d["key"] == gpu1["uuid"])
+        assert record["state"] == "healthy" and not record["lost"]
+        w = Watch(c)
+        node.sim("xid", "--gpu", 1, "--xid", 48)
+        events = w.until(lambda ev: health_events(ev, gpu=1, xid=48))
+        w.close()
+    assert health_events(events, gpu=1, xid=48)[0]["event"]["gpu_uuid"] == gpu1["uuid"]
+
+
+def test_health_carries_over_a_reload():
+    """A reload that changes the health or metrics section replaces the monitor: health and
+    last XIDs carry over (no quiet period skipped, 'until cleared' kept), re-evaluated under
+    the new XID lists."""
+    import signal
+
+    from .agentd import make_root as make
+    config = {"daemon": {"resync_interval": 0}, "health": {"quiet_period": 0, "wait_timeout_ms": 200},
+              "metrics": {"port": None, "interval": 1}}
+    agent = AgentProcess(make("t4x2"), config).start()
+
+    def reload(c, **health):
+        before = c.health()["policy"]
+        agent.write_config(dict(config, health=dict(config["health"], **health)))
+        agent.signal(signal.SIGHUP)
+        deadline = time.monotonic() + 15
+        while c.health()["policy"] == before or not c.health()["running"]:
+            assert time.monotonic() < deadline, agent.log()
+            time.sleep(0.1)
+        return {d["name"]: d for d in c.health()["devices"]}
+
+    try:
+        with agent.client() as c:
+            w = Watch(c)
+            node = Node(agent)
+            node.sim("xid", "--gpu", 0, "--xid", 48)
+            node.sim("xid", "--gpu", 1, "--xid", 31)           # ignored: only the last XID
+            w.until(lambda ev: len(health_events(ev)) == 2)
+            w.close()
+            records = reload(c, enable_xids=[31])              # 31 counts from now on
+            assert records["0"]["state"] == "unhealthy" and records["0"]["last_xid"] == 48
+            assert records["1"]["state"] == "healthy" and records["1"]["last_xid"] == 31
+            xids = {s.labels["gpu"]: s.value for s in samples(parse(c.metrics()), "DCGM_FI_DEV_XID_ERRORS")}
+            assert xids == {"0": 48, "1": 31}
+            records = reload(c, disable_xids=[48])             # 48 no longer makes a GPU unhealthy
+            assert records["0"]["state"] == "healthy" and records["0"]["last_xid"] == 48
+            assert c.device("0")["health"]["state"] == "healthy"
+        assert agent.proc.poll() is None
+    finally:
+        agent.stop()
+        agent.cleanup()

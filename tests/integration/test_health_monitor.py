@@ -174,6 +174,72 @@ def test_lost_gpu_marks_its_devices_until_cleared(running):
     assert w.event("xid").event.gpu == 3
 
 
+def test_lost_gpu_keeps_its_uuid_across_reads_and_is_watched_again_once_readable(running, monkeypatch):
+    monkeypatch.setattr("hostagent.health.monitor.LOST_RETRY", 0.2)
+    host, store, monitor, w = running(profile="t4x2", quiet_period=0.3)
+    uuids = [g.uuid for g in read_inventory(host).gpus]
+    sim(host, "lose", "--gpu", 0)
+    w.event("gpu_lost")
+    for _ in range(3):                                  # the daemon re-reads the inventory
+        inv = read_inventory(host)
+        assert [g.index for g in inv.unreadable] == [0]
+        monitor.update_inventory(inv)
+        time.sleep(0.4)                                 # past the quiet period, and retries
+        assert list(monitor.state.devices) == uuids
+        gpu0 = monitor.state.get(uuids[0])
+        assert gpu0.state == "unhealthy" and gpu0.lost and not gpu0.monitored
+    assert [d.key for d in monitor.state.unhealthy] == [uuids[0]]
+    # cleared while still lost: nothing watches it, so it is unmonitored, not healthy
+    update = monitor.clear(["0"])
+    assert [(d.name, d.state) for d in update.changes] == [("0", "unmonitored")]
+    sim(host, "reboot")                                 # readable again
+    update = w.next(cause="monitoring")
+    assert [(d.key, d.state, d.lost) for d in update.changes] == [(uuids[0], "healthy", False)]
+    sim(host, "xid", "--gpu", 0, "--xid", 48)           # and watched
+    assert w.event("xid").event.devices == (uuids[0],)
+    assert monitor.state.get(uuids[0]).state == "unhealthy"
+
+
+def test_a_replacing_monitor_carries_health_over(make_node):
+    """A reload with new settings, or a restart, replaces the monitor: health, last XIDs and
+    lost GPUs carry over, re-evaluated under the new XID policy."""
+    host, store = make_node("t4x2")
+    uuids = [g.uuid for g in read_inventory(host).gpus]
+
+    def monitor(previous=None, **options):
+        m = HealthMonitor(host, read_inventory(host), HealthOptions(wait_timeout_ms=200, **options),
+                          previous=previous)
+        w = Watcher(m)
+        m.start()
+        return m, w
+
+    first, w = monitor(quiet_period=None)
+    try:
+        sim(host, "xid", "--gpu", 0, "--xid", 48)
+        w.event("xid")
+        sim(host, "lose", "--gpu", 1)
+        w.event("gpu_lost")
+    finally:
+        first.stop()
+    before = first.handover()
+    second, w = monitor(before, quiet_period=None)             # same settings
+    try:
+        assert second.state.devices == before.state.devices   # nothing changed, nothing re-reported
+        assert second.last_xids() == {uuids[0]: 48, uuids[1]: 79}
+        assert second.state.get(uuids[1]).lost
+        with pytest.raises(queue.Empty):
+            w.next(timeout=0.5, cause="event")                # the lost GPU is not "lost again"
+    finally:
+        second.stop()
+    third, w = monitor(second.handover(), quiet_period=None, disable_xids=(48,))
+    try:
+        gpu0 = third.state.get(uuids[0])
+        assert gpu0.state == "healthy" and gpu0.last_xid == 48   # 48 is ignored now
+        assert third.state.get(uuids[1]).state == "unhealthy"    # lost stays lost
+    finally:
+        third.stop()
+
+
 def test_refused_registration_is_unmonitored_never_healthy(make_node):
     host, store = make_node("t4x2")
     control.set_event_support(store, 0, False)

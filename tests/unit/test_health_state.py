@@ -117,8 +117,57 @@ def test_gpu_lost_is_sticky():
     st, _ = S.apply_event(st, event(kind="gpu_lost", at=2.0), quiet_period=10, now=2.0)
     assert all(d.recover_at is None for d in st.unhealthy)
     assert S.recover_due(st, 1e9)[1] == ()
+    assert all(d.lost and not d.monitored and d.monitor_detail == S.LOST_DETAIL for d in st.unhealthy)
     st, changed = S.clear(st, ["0"], now=3.0)             # a GPU clears its MIG devices too
     assert {d.key for d in changed} == set(ALL0) and not st.unhealthy
+    # nothing watches a lost GPU: cleared, it is unmonitored, never "healthy"
+    assert {d.state for d in changed} == {"unmonitored"} and all(d.lost for d in changed)
+    # a new NVML session seeing it lost again does not undo the clear
+    st2, changed = S.apply_event(st, event(kind="gpu_lost", at=4.0), quiet_period=10, now=4.0)
+    assert not st2.unhealthy and {d.state for d in st2.devices.values() if d.gpu == 0} == {"unmonitored"}
+    # registered again (NVML reads it after a reset): watched, no longer lost
+    st3, changed = S.set_monitored(st2, [0], now=5.0)
+    assert {d.state for d in changed} == {"healthy"} and not any(d.lost for d in changed)
+
+
+def test_lost_gpu_keeps_its_identity_across_inventory_reads():
+    """Once lost, NVML cannot read the GPU: the inventory has only its index. Its records
+    stay under its UUID (and its MIG devices'), unhealthy, at every later read."""
+    st = S.initial(INDEX, 0.0)
+    st, _ = S.apply_event(st, event(kind="gpu_lost", at=1.0), quiet_period=10, now=1.0)
+    lost = inventory(gpu(1), unreadable=[UnreadableGpu(index=0, error="GPU is lost", nvml_code=15)])
+    index = INDEX
+    for now in (2.0, 3.0, 4.0):                           # re-reads, each from the index before
+        index = DeviceIndex.from_inventory(lost, index)
+        st, changed = S.reconcile(st, index, now=now)
+        assert changed == ()
+    assert list(st.devices) == [*ALL0, "GPU-1"]
+    assert {d.state for d in st.unhealthy} == {"unhealthy"} and {d.key for d in st.unhealthy} == set(ALL0)
+    assert all(r.sticky for r in st.get("GPU-0").reasons)
+    ev = to_health_event(RawEvent("gpu_lost", 0, None, 5.0), index, XidPolicy())
+    assert ev.devices == ALL0 and ev.gpu_uuid == "GPU-0"
+    # read again (after a reset) with another layout: the inventory's devices are followed
+    back = DeviceIndex.from_inventory(inventory(gpu(0), gpu(1)), index)
+    assert [r.key for r in back.refs()] == ["GPU-0", "GPU-1"]
+
+
+def test_rebase_follows_a_new_policy_and_quiet_period():
+    st = S.initial(INDEX, 0.0)
+    st, _ = S.apply_event(st, event(xid=48, at=10.0), quiet_period=None, now=10.0)
+    st, _ = S.apply_event(st, event(xid=94, gi=7, ci=0, at=20.0), quiet_period=None, now=20.0)
+    st, _ = S.apply_event(st, event(g=1, kind="ecc_dbe", at=30.0), quiet_period=None, now=30.0)
+    # same settings: nothing changes, health and last XIDs carry over as they were
+    assert S.rebase(st, XidPolicy(), None, now=40.0) == (st, ())
+    # 48 ignored now: only the instance's own XID 94 is left; ECC is no XID
+    st2, changed = S.rebase(st, XidPolicy.from_lists([48]), None, now=40.0)
+    assert {d.key for d in st2.unhealthy} == {"MIG-0-7-0", "GPU-1"}
+    assert [str(r) for r in st2.get("MIG-0-7-0").reasons] == ["XID 94 (instance)"]
+    healed = st2.get("GPU-0")
+    assert healed.healthy and healed.changed_at == 40.0 and healed.last_xid == 48
+    # a quiet period now: recoveries due from the reasons' times
+    st3, _ = S.rebase(st, XidPolicy(), 60, now=40.0)
+    assert st3.get("GPU-0").recover_at == 70.0 and st3.get("MIG-0-7-0").recover_at == 80.0
+    assert st3.get("GPU-1").recover_at == 90.0 and len(st3.unhealthy) == 5
 
 
 def test_clear_named_devices_and_all():
