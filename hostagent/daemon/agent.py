@@ -53,6 +53,9 @@ class Agent:
         # Called on the loop's thread with each inventory that differs from the last (the
         # health monitor and the metrics sampler follow MIG changes), before it is published.
         self.inventory_listeners: list = []
+        # Called on the loop's thread after each publish (the daemon keeps systemd's STATUS
+        # current); each must be cheap when nothing it shows changed.
+        self.publish_listeners: list = []
         from ..metrics.agent import AgentMetrics
         self.metrics = AgentMetrics()     # API, MIG, CDI and health counters
         self.health_link = None           # healthlink.HealthLink, metricslink.MetricsLink:
@@ -217,6 +220,8 @@ class Agent:
         self.snapshot = Snapshot(self.events.revision, node, views, unreadable,
                                  dict(self.allocations), lookup_table(views), profiles,
                                  labels=self.labels)
+        for listener in self.publish_listeners:
+            listener()
 
     def set_health(self, uuid: str, health: Health) -> None:
         """Record a device's health (the health monitor's entry point); publishes the change."""

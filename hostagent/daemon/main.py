@@ -18,9 +18,31 @@ import sys
 from ..errors import ConfigError, HostagentError
 from ..hostroot import HostRoot
 
-__all__ = ["main", "run", "Daemon"]
+__all__ = ["main", "run", "Daemon", "hold_hangups"]
 
 log = logging.getLogger("hostagent.daemon")
+
+# A SIGHUP that arrived before the daemon could reload (see hold_hangups).
+_early_hangup = False
+
+
+def _remember_hangup(signum, frame) -> None:
+    global _early_hangup
+    _early_hangup = True
+
+
+def hold_hangups() -> None:
+    """From here on a SIGHUP is remembered, not fatal (its default action ends the process),
+    and the daemon reloads once it has started. Called first thing: a ``systemctl reload``
+    or ``kill -HUP`` may come at any time during a start-up that can take minutes (a MIG
+    apply)."""
+    signal.signal(signal.SIGHUP, _remember_hangup)
+
+
+def _take_early_hangup() -> bool:
+    global _early_hangup
+    taken, _early_hangup = _early_hangup, False
+    return taken
 
 
 def _server_options(api, gid):
@@ -35,11 +57,12 @@ def _server_options(api, gid):
 
 
 class Daemon:
-    def __init__(self, host: HostRoot, settings, config_path=None):
+    def __init__(self, host: HostRoot, settings, config_path=None, log_level: str | None = None):
         from .notify import Notifier
         self.host = host
         self.settings = settings
         self.config_path = config_path
+        self.log_level = log_level        # from the command line: wins over daemon.log_level
         self.notifier = Notifier()
         self.agent = None
         self.features = None
@@ -47,6 +70,11 @@ class Daemon:
         self.socket_path = host.host(settings.api.socket)
         self._stop = None
         self._tasks: set[asyncio.Task] = set()
+        self._serving = False             # start-up done: reloads run, STATUS says "serving"
+        self._reload_wanted = False       # a SIGHUP not yet acted on
+        self._reloader: asyncio.Task | None = None
+        self._reload_error: str | None = None   # why the last reload failed, until one succeeds
+        self._status_sent: str | None = None
 
     def _spawn(self, coroutine) -> None:
         task = asyncio.get_running_loop().create_task(coroutine)
@@ -56,9 +84,30 @@ class Daemon:
     def status_text(self) -> str:
         node = self.agent.snapshot.node
         if node.get("inventory", {}).get("state") == "error":
-            return f"serving; inventory unreadable: {node['inventory']['message']}"
-        return (f"serving {node.get('gpus', 0)} GPU(s), {node.get('mig_devices', 0)} MIG device(s), "
-                f"{len(self.agent.allocations)} allocation(s) on {self.socket_path}")
+            text = f"serving; inventory unreadable: {node['inventory']['message']}"
+        else:
+            text = (f"serving {node.get('gpus', 0)} GPU(s), {node.get('mig_devices', 0)} MIG device(s), "
+                    f"{len(self.agent.allocations)} allocation(s) on {self.socket_path}")
+        if self._reload_error:
+            text += f"; last reload failed: {self._reload_error}"
+        return text
+
+    def _status_changed(self) -> None:
+        """After every publish: STATUS= when its text changed (a string compared otherwise)."""
+        if not self._serving or not self.notifier.enabled or self._reloading:
+            return
+        text = self.status_text()
+        if text != self._status_sent:
+            self._status_sent = text
+            self.notifier.status(text)
+
+    @property
+    def _reloading(self) -> bool:
+        return self._reloader is not None and not self._reloader.done()
+
+    def _ready(self) -> None:
+        self._status_sent = self.status_text()
+        self.notifier.ready(self._status_sent)
 
     async def run(self) -> int:
         from ..api.routes import App
@@ -71,10 +120,14 @@ class Daemon:
         self._stop = asyncio.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._stop.set)
-        loop.add_signal_handler(signal.SIGHUP, lambda: self._spawn(self.reload()))
+        # Until start-up is done a SIGHUP is only noted (reload needs the agent, the features
+        # and the server); one that came before the loop existed was noted by hold_hangups.
+        loop.add_signal_handler(signal.SIGHUP, self._hangup)
+        self._reload_wanted = _take_early_hangup()
 
         self.notifier.status("starting: reading the inventory")
         self.agent = Agent(self.host, self.settings)
+        self.agent.publish_listeners.append(self._status_changed)
         await self.agent.start()
         self.notifier.status("starting: health monitor and metrics")
         self.features = Features(self.agent, self._spawn)
@@ -87,7 +140,11 @@ class Daemon:
         self.server = ApiServer(App(self.agent), _server_options(api, gid))
         await self.server.start(sock)
         log.info("listening on %s", self.socket_path, extra={"fields": {"socket": str(self.socket_path)}})
-        self.notifier.ready(self.status_text())
+        self._serving = True
+        self._ready()
+        if self._reload_wanted:
+            log.info("reloading the configuration: SIGHUP received during start-up")
+            self._start_reload()
 
         interval = watchdog_interval()
         if interval:
@@ -97,6 +154,7 @@ class Daemon:
         await self._stop.wait()
 
         log.info("stopping")
+        self._serving = False
         self.notifier.stopping()
         for task in list(self._tasks):
             task.cancel()
@@ -134,30 +192,53 @@ class Daemon:
                 delay = 3600.0          # nothing to do; look again for a changed setting
             await asyncio.sleep(delay)
             if self.agent.inventory_error is not None or self.settings.daemon.resync_interval:
-                before = self.agent.snapshot.node.get("inventory", {}).get("state")
                 await self.agent.refresh("resync")
-                if before != self.agent.snapshot.node.get("inventory", {}).get("state"):
-                    self.notifier.status(self.status_text())
+
+    def _hangup(self) -> None:
+        """SIGHUP: reload now, or once started, or once the reload under way is done (one
+        reload at a time; several signals meanwhile make one more)."""
+        self._reload_wanted = True
+        if self._serving:
+            self._start_reload()
+
+    def _start_reload(self) -> None:
+        if self._reloader is None or self._reloader.done():
+            self._reloader = asyncio.get_running_loop().create_task(self._reloads())
+            self._tasks.add(self._reloader)
+            self._reloader.add_done_callback(self._tasks.discard)
+
+    async def _reloads(self) -> None:
+        while self._reload_wanted and self._serving:
+            self._reload_wanted = False
+            try:
+                await self.reload()
+            except Exception as e:   # a bug: say so, keep serving with what was applied
+                log.exception("reload failed")
+                self._reload_error = f"internal error: {e}"
+                self._ready()
 
     async def reload(self) -> None:
-        """SIGHUP: validate the new configuration; keep the old one if it is bad."""
+        """Validate the new configuration; keep the old one if it is bad."""
         from .logs import set_level
         from .settings import load_settings
+        self._status_sent = None
         self.notifier.reloading()
         try:
             new = load_settings(self.host, self.config_path)
         except ConfigError as e:
             log.error("configuration not reloaded, the previous one stays in force: %s", e.message,
                       extra={"fields": {"config": self.config_path or str(self.host.config_file)}})
-            self.notifier.notify(ready=1, status=f"{self.status_text()}; last reload failed: {e.message}")
+            self._reload_error = e.message
+            self._ready()
             return
+        self._reload_error = None
         for key in self.settings.restart_needed(new):
             log.warning("%s changed: takes effect at the next restart", key)
         api = new.api
         old_gid = self.server.options.agent_gid
         self.server.options = _server_options(api, old_gid)
         self.agent.events.resize(api.watch_buffer)
-        set_level(new.daemon.log_level)
+        set_level(self.log_level or new.daemon.log_level)
         old, self.settings = self.settings, new
         self.agent.settings = new
         log.info("configuration reloaded from %s", new.source or "defaults (no file)")
@@ -166,10 +247,11 @@ class Daemon:
                 await self.agent.mig.reconcile(new.mig, "reload")
         await self.features.reload(old, new)
         await self.agent.refresh("reload")
-        self.notifier.ready(self.status_text())
+        self._ready()
 
 
 def run(host: HostRoot, config_path=None, log_level: str | None = None) -> int:
+    hold_hangups()
     from .listen import instance_lock
     from .logs import setup_logging
     from .settings import load_settings
@@ -183,7 +265,7 @@ def run(host: HostRoot, config_path=None, log_level: str | None = None) -> int:
     set_level(log_level or settings.daemon.log_level)
     try:
         with instance_lock(host):
-            return asyncio.run(Daemon(host, settings, config_path).run())
+            return asyncio.run(Daemon(host, settings, config_path, log_level).run())
     except HostagentError as e:
         log.error("cannot start: %s", e.message)
         return 1
@@ -191,6 +273,7 @@ def run(host: HostRoot, config_path=None, log_level: str | None = None) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """``hostagentd``: the daemon alone, for the systemd unit."""
+    hold_hangups()
     from .. import __version__
     from .args import add_arguments
     parser = argparse.ArgumentParser(prog="hostagentd", description="The hostagent daemon.")

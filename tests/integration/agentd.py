@@ -38,6 +38,7 @@ class AgentProcess:
         self.config = self.root / "etc/hostagent/config.yaml"
         self.write_config(FAST if config is None else config)
         self.env = env or {}
+        self.args: list[str] = []          # more daemon flags (--log-level ...)
         self.proc: subprocess.Popen | None = None
         self.log_path = self.root / "daemon.log"
         self.socket = self.host.host("/run/hostagent/hostagent.sock")
@@ -59,7 +60,7 @@ class AgentProcess:
         log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "hostagent.cli.main", "--simulate", str(self.root), "serve",
-             "--config", str(self.config)], stdout=log, stderr=log, env=env, stdin=subprocess.DEVNULL)
+             "--config", str(self.config), *self.args], stdout=log, stderr=log, env=env, stdin=subprocess.DEVNULL)
         log.close()
         if wait:
             self.wait_ready(timeout)

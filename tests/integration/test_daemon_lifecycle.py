@@ -1,6 +1,7 @@
 """The daemon as systemd runs it: readiness and watchdog notifications, reload, stop,
 journal logging, one instance per node, an unreadable inventory at start."""
 
+import json
 import os
 import signal
 import socket
@@ -39,6 +40,19 @@ class NotifySocket:
                 return m
             self.messages.append(m)
         raise AssertionError(f"no {key} notification; got {self.messages}")
+
+    def pending(self) -> list[dict]:
+        """Every message not yet taken (call once the sender has exited)."""
+        self.sock.setblocking(False)
+        try:
+            while True:
+                data = self.sock.recv(4096).decode()
+                self.messages.append(dict(line.split("=", 1) for line in data.splitlines()))
+        except BlockingIOError:
+            pass
+        self.sock.setblocking(True)
+        self.sock.settimeout(10)
+        return self.messages
 
     def close(self):
         self.sock.close()
@@ -194,4 +208,109 @@ def test_unreadable_inventory_at_start_then_recovery(root):
             assert c.labels()["labels"]["nvidia.com/gpu.count"] == "8"
     finally:
         agent.stop()
+        agent.cleanup()
+
+
+def _notified(agent_env_name: str):
+    return NotifySocket(agent_env_name), {"NOTIFY_SOCKET": agent_env_name}
+
+
+def test_sighup_during_start_up_is_applied_once_started(root):
+    """The start reconcile can take minutes (a MIG apply): a reload asked for meanwhile is
+    neither lost nor fatal, and several make one."""
+    from hostagent.lock import node_lock
+    notify, env = _notified("@hostagent-test-hup-%d" % os.getpid())
+    agent = AgentProcess(root, {"mig": {"config": "all-disabled"}, "daemon": {"resync_interval": 0}}, env=env)
+    try:
+        # The MIG reconcile takes the node lock: held here, the start waits for it.
+        with node_lock(agent.host, "test: a long start-up"):
+            agent.start(wait=False)
+            notify.wait_for("STATUS", "starting: reading the inventory")
+            agent.write_config({"mig": {"config": "all-disabled"}, "api": {"max_body_bytes": 1024},
+                                "daemon": {"resync_interval": 0}})
+            agent.signal(signal.SIGHUP)
+            agent.signal(signal.SIGHUP)
+        notify.wait_for("READY", "1")
+        notify.wait_for("RELOADING", "1")
+        ready = notify.wait_for("READY", "1")
+        assert "last reload failed" not in ready["STATUS"]
+        body = b'{"id": "x", "devices": [{"device": "1"}], "labels": {"a": "' + b"b" * 1100 + b'"}}'
+        with agent.client() as c:
+            assert c.transport.handle_request(Request("POST", "/v1/allocations", body)).status == 413
+        assert agent.stop() == 0
+        log = agent.log()
+        assert "SIGHUP received during start-up" in log
+        assert log.count("configuration reloaded") == 1, log
+        assert "Traceback" not in log and "never retrieved" not in log, log
+    finally:
+        notify.close()
+        agent.cleanup()
+
+
+def test_sighup_before_the_event_loop_exists_is_remembered(root):
+    """A HUP while the daemon still reads its configuration (the config file is a FIFO here,
+    so the test knows the daemon is inside that read) neither kills it nor is lost."""
+    notify, env = _notified("@hostagent-test-early-%d" % os.getpid())
+    agent = AgentProcess(root, env=env)
+    agent.config.unlink()
+    os.mkfifo(agent.config)
+    config = {"daemon": {"resync_interval": 0}, "metrics": {"port": None}}
+    try:
+        agent.start(wait=False)
+        with open(agent.config, "w") as fifo:       # returns once the daemon opened it
+            agent.signal(signal.SIGHUP)
+            fifo.write(json.dumps(config))
+        notify.wait_for("READY", "1")
+        notify.wait_for("RELOADING", "1")
+        with open(agent.config, "w") as fifo:       # the reload reads it again
+            fifo.write(json.dumps({**config, "api": {"max_body_bytes": 1024}}))
+        notify.wait_for("READY", "1")
+        body = b'{"id": "x", "devices": [{"device": "1"}], "labels": {"a": "' + b"b" * 1100 + b'"}}'
+        with agent.client() as c:
+            assert c.transport.handle_request(Request("POST", "/v1/allocations", body)).status == 413
+        assert agent.stop() == 0
+    finally:
+        notify.close()
+        agent.cleanup()
+
+
+def test_status_follows_allocations_releases_and_mig_changes(root):
+    notify, env = _notified("@hostagent-test-status-%d" % os.getpid())
+    agent = AgentProcess(root, env=env)
+    try:
+        agent.start()
+        assert notify.wait_for("READY", "1")["STATUS"].startswith("serving 8 GPU(s), 0 MIG device(s), 0 allocation(s)")
+        notify.messages.clear()                          # the start-up's
+        with agent.client() as c:
+            c.allocate("a", ["0"])
+            assert notify.wait_for("STATUS")["STATUS"].startswith("serving 8 GPU(s), 0 MIG device(s), 1 allocation(s)")
+            c.release("a")
+            assert notify.wait_for("STATUS")["STATUS"].startswith("serving 8 GPU(s), 0 MIG device(s), 0 allocation(s)")
+            c.request("POST", "/v1/mig/apply", {"config": "all-1g.5gb"})
+            status = notify.wait_for("STATUS")["STATUS"]
+            while "56 MIG device(s)" not in status:      # the mode change, then the instances
+                status = notify.wait_for("STATUS")["STATUS"]
+            c.refresh()                                  # nothing changed: nothing sent
+        agent.stop()
+        assert [m["STATUS"] for m in notify.pending()] == ["stopping"], notify.messages
+    finally:
+        notify.close()
+        agent.cleanup()
+
+
+def test_command_line_log_level_wins_over_a_reload(root):
+    notify, env = _notified("@hostagent-test-level-%d" % os.getpid())
+    agent = AgentProcess(root, {"daemon": {"resync_interval": 0, "log_level": "info"}}, env=env)
+    agent.args = ["--log-level", "warning"]
+    try:
+        agent.start()
+        agent.signal(signal.SIGHUP)
+        notify.wait_for("RELOADING", "1")
+        notify.wait_for("READY", "1")
+        with agent.client() as c:
+            c.allocate("quiet", ["0"])
+        agent.stop()
+        assert "allocation quiet created" not in agent.log() and "listening on" not in agent.log()
+    finally:
+        notify.close()
         agent.cleanup()
