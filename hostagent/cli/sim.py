@@ -68,7 +68,8 @@ def register(sub) -> None:
                                "Hopper and newer lose MIG mode")
     v.set_defaults(run=reboot)
 
-    v = _verb(verbs, "driver", "unload or load the kernel driver")
+    v = _verb(verbs, "driver", "unload (MIG instances go, Hopper and newer lose MIG mode; refused "
+                               "while processes hold GPUs) or load the kernel driver")
     v.add_argument("action", choices=["load", "unload"])
     v.set_defaults(run=driver)
 

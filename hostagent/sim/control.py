@@ -12,6 +12,7 @@ import sys
 import pynvml as N
 
 from ..errors import NotFoundError, StateError, UsageError
+from .files import remove_cap_nodes
 from .node import NodeState, SimNvmlError, SimProcess
 from .store import SimStore
 
@@ -109,11 +110,22 @@ def reboot(store: SimStore) -> None:
     with store.mutate() as state:
         gone = state.reboot(store.facts)
     stop_spawned(gone)
+    remove_cap_nodes(store.root)      # a booted host's /dev has none for instances
 
 
 def set_driver_loaded(store: SimStore, loaded: bool) -> None:
+    """Unload (as ``rmmod nvidia``, refused while processes use GPUs) or load the driver."""
     with store.mutate() as state:
-        state.driver_loaded = loaded
+        if loaded:
+            state.driver_loaded = True
+            return
+        if not state.driver_loaded:
+            return
+        try:
+            state.unload_driver(store.facts)
+        except SimNvmlError:
+            raise StateError("cannot unload the driver: processes use GPUs (rmmod: Module nvidia "
+                             "is in use)", hint="release them first with 'hostagent sim release'") from None
 
 
 def reset_gpus(store: SimStore, indices: list[int]) -> None:

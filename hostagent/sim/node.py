@@ -199,7 +199,8 @@ class NodeState:
         gpu.gis.clear()
 
     def reboot(self, facts: NodeFacts) -> list[SimProcess]:
-        """Returns the processes that held GPUs (they do not survive a reboot)."""
+        """Returns the processes that held GPUs (they do not survive a reboot). The driver
+        is loaded at boot, whatever it was before."""
         gone, self.processes = self.processes, []
         for gpu in self.gpus:
             gpu.gis.clear()
@@ -209,9 +210,23 @@ class NodeState:
             else:
                 gpu.mig_current = gpu.mig_pending = MIG_DISABLE
         self.events.clear()
+        self.driver_loaded = True
         self.boots += 1
         self.booted_at = time.time()
         return gone
+
+    def unload_driver(self, facts: NodeFacts) -> None:
+        """The kernel module goes: MIG instances never survive it (MIG user guide), and
+        Hopper and newer lose MIG mode with it (mode lives in the driver, not InfoROM).
+        Ampere keeps its current and pending mode: no documentation says a reload resets
+        the GPU, so a pending change still waits for a reset or reboot."""
+        if self.processes:
+            raise SimNvmlError(N.NVML_ERROR_IN_USE, "processes hold GPUs")
+        for gpu in self.gpus:
+            gpu.gis.clear()
+            if not facts.skus[gpu.sku].mig_mode_persists:
+                gpu.mig_current = gpu.mig_pending = MIG_DISABLE
+        self.driver_loaded = False
 
     # ---- GPU instances -------------------------------------------------------------
 

@@ -5,11 +5,13 @@ import stat
 
 import pytest
 
+from hostagent.errors import StateError
 from hostagent.devices import read_inventory
 from hostagent.hostroot import HostRoot
 from hostagent.sim import catalog
 from hostagent.sim.driverroot import LIB_DIR, LIBRARIES, create_node
 from hostagent.sim.elf import read_soname
+from hostagent.sim import control
 from hostagent.sim.files import create_cap_nodes
 from hostagent.sim.node import MIG_ENABLE
 
@@ -94,3 +96,39 @@ def test_capability_files_follow_instances_and_nodes_are_made_on_request(tmp_pat
     assert not any((tmp_path / "proc/driver/nvidia/capabilities").rglob("gpu*/mig/**/access"))
     assert not (caps / "gi1").exists()
     assert "nvidia-cap282" in nodes()     # stale nodes stay until someone removes them
+
+
+def _mig_instance(store, gpu):
+    with store.mutate() as s:
+        s.set_mig_mode(store.facts, gpu, MIG_ENABLE)
+        s.reset_gpu(gpu)
+        gi = s.create_gi(store.facts, gpu, 9, (0, 4))
+        s.create_ci(store.facts, gpu, gi.id, 2)
+    return create_cap_nodes(store.root, store.facts)
+
+
+def test_reboot_leaves_only_the_fixed_capability_nodes_and_loads_the_driver(tmp_path):
+    store = create_node(tmp_path, "dgx-a100")
+    assert _mig_instance(store, 2) == [282, 283]
+    control.set_driver_loaded(store, False)
+    control.reboot(store)
+    assert sorted(p.name for p in (tmp_path / "dev/nvidia-caps").iterdir()) == ["nvidia-cap1", "nvidia-cap2"]
+    state = store.read()
+    assert state.driver_loaded and state.gpus[2].mig_current == MIG_ENABLE and state.gpus[2].gis == []
+    assert read_inventory(HostRoot.simulation(tmp_path)).gpus[2].mig.enabled
+
+
+def test_driver_reload_drops_instances_and_their_capability_files(tmp_path):
+    store = create_node(tmp_path, "hgx-h100")
+    _mig_instance(store, 0)
+    caps = tmp_path / "proc/driver/nvidia/capabilities/gpu0"
+    assert caps.exists()
+    control.hold(store, "1", pid=os.getpid())
+    with pytest.raises(StateError, match="in use"):
+        control.set_driver_loaded(store, False)
+    assert store.read().driver_loaded and store.read().gpus[0].gis
+    control.release(store)
+    control.set_driver_loaded(store, False)
+    control.set_driver_loaded(store, True)
+    gpu = read_inventory(HostRoot.simulation(tmp_path)).gpus[0]
+    assert not gpu.mig.enabled and not gpu.mig.pending and not list(caps.rglob("access"))

@@ -165,6 +165,35 @@ def test_reboot_semantics_per_architecture():
     assert (h100.mig_current, h100.mig_pending) == (MIG_DISABLE, MIG_DISABLE)
 
 
+def test_driver_unload_destroys_instances_and_hopper_loses_mig_mode():
+    facts, state = enabled(A100, H100, H100)
+    for index in range(3):
+        gi = state.create_gi(facts, index, 9)
+        state.create_ci(facts, index, gi.id, 2)
+    state.gpus[0].mig_pending = MIG_DISABLE              # an Ampere change waiting for a reset
+    state.unload_driver(facts)
+    a100, h100, _ = state.gpus
+    assert not state.driver_loaded and all(g.gis == [] for g in state.gpus)
+    assert (a100.mig_current, a100.mig_pending) == (MIG_ENABLE, MIG_DISABLE)   # InfoROM
+    assert (h100.mig_current, h100.mig_pending) == (MIG_DISABLE, MIG_DISABLE)
+
+
+def test_driver_unload_is_refused_while_processes_use_gpus():
+    facts, state = enabled(H100)
+    state.create_gi(facts, 0, 19)
+    state.processes.append(SimProcess(pid=1, gpu=0))
+    before = state.to_dict()
+    assert code(state.unload_driver, facts) == N.NVML_ERROR_IN_USE
+    assert state.to_dict() == before
+
+
+def test_reboot_loads_the_driver():
+    facts, state = enabled(A100)
+    state.unload_driver(facts)
+    state.reboot(facts)
+    assert state.driver_loaded and state.gpus[0].mig_current == MIG_ENABLE
+
+
 def test_lost_gpu_returns_gpu_is_lost():
     facts, state = enabled(A100)
     state.mark_lost(0)
