@@ -170,7 +170,10 @@ def run_apply(args) -> int:
 
 def run_assert(args) -> int:
     from ..mig import service
-    plan = service.check(host_from_args(args), _spec(args), args.selected_config, mode_only=args.mode_only)
+    plan, notes = service.plan(host_from_args(args), _spec(args), args.selected_config,
+                               mode_only=args.mode_only, on_layout_changed=refresh_cdi)
+    _notes(notes)
+    service.require_applied(plan)
     print(f"MIG configuration '{plan.config}' is applied")
     return 0
 
@@ -178,7 +181,7 @@ def run_assert(args) -> int:
 def run_plan(args) -> int:
     from ..mig import service
     plan, notes = service.plan(host_from_args(args), _spec(args), args.selected_config,
-                               mode_only=args.mode_only)
+                               mode_only=args.mode_only, on_layout_changed=refresh_cdi)
     _notes(notes)
     emit(plan.to_dict(), args.output, lambda _: print(render_plan(plan)))
     return 0
@@ -190,7 +193,7 @@ def run_export(args) -> int:
     from ..mig.defaults import default_spec
     from ..mig.export import export_spec
     host = host_from_args(args)
-    note = service.recover_pending(host)
+    note = service.recover_pending(host, on_layout_changed=refresh_cdi)
     if note:
         _notes([note])
     inventory = read_inventory(host)
@@ -201,7 +204,7 @@ def run_export(args) -> int:
 
 def run_status(args) -> int:
     from ..mig import service
-    data = service.status(host_from_args(args))
+    data = service.status(host_from_args(args), on_layout_changed=refresh_cdi)
     _notes(data["notes"])
 
     def render(d):

@@ -58,6 +58,18 @@ class MigOps:
     async def _after(self, reason: str) -> None:
         await self.agent.refresh_locked(reason)
 
+    def _refresh_spec(self, host) -> None:
+        """Worker thread, under the node lock, right after the layout changed (applied, rolled
+        back, recovered): the node's CDI spec describes the new MIG devices before anything
+        else runs (an apply-exit hook restarting the device plugin). ``_after`` publishes the
+        new inventory afterwards; the spec is then already up to date."""
+        from ..cdi import refresh
+        from ..cdi.spec import SpecOptions
+        try:
+            refresh.refresh(host, SpecOptions(hook_interpreter=self.agent.interpreter()))
+        except HostagentError as e:
+            log.error("the CDI spec was not refreshed after a MIG layout change: %s", e.message)
+
     # ---- reads --------------------------------------------------------------------
 
     def layouts(self, snapshot_inventory) -> dict:
@@ -79,11 +91,15 @@ class MigOps:
     def _plan_work(self, body: dict):
         from ..mig import service
         plan, notes = service.plan(self.host, _spec(body), body.get("config"),
-                                   mode_only=body.get("mode_only", False))
+                                   mode_only=body.get("mode_only", False),
+                                   on_layout_changed=self._refresh_spec)
         return plan, notes
 
     async def plan(self, body: dict) -> dict:
         plan, notes = await self.agent.blocking(self._plan_work, body)
+        if notes:                   # an interrupted apply was recovered: publish the layout
+            async with self.agent.mutex:
+                await self._after("mig recovery")
         return {"plan": plan.to_dict(), "notes": notes}
 
     def _apply_work(self, body: dict, started: list | None = None):
@@ -125,10 +141,10 @@ class MigOps:
         from ..mig.executor import execute
         from ..mig.recovery import recover
         with node_lock(self.host, f"mig create {profile}"):
-            recover(self.host)
+            recover(self.host, on_layout_changed=self._refresh_spec)
             inventory = read_inventory(self.host)
             placed = place_instance(inventory, profile, gpu)
-            execute(self.host, inventory, placed.plan)
+            execute(self.host, inventory, placed.plan, on_layout_changed=self._refresh_spec)
             dev = created_instance(read_inventory(self.host), placed.gpu.index, placed.gi)
             return placed, dev
 
@@ -149,11 +165,11 @@ class MigOps:
         from ..mig.executor import execute
         from ..mig.recovery import recover
         with node_lock(self.host, f"mig destroy {uuid}"):
-            recover(self.host)
+            recover(self.host, on_layout_changed=self._refresh_spec)
             inventory = read_inventory(self.host)
             dev, plan = remove_instance(inventory, uuid)
             self._refuse_busy(inventory, plan)
-            execute(self.host, inventory, plan, force=force)
+            execute(self.host, inventory, plan, force=force, on_layout_changed=self._refresh_spec)
             return dev
 
     async def destroy(self, uuid: str, force: bool = False) -> dict:
@@ -173,7 +189,7 @@ class MigOps:
         from ..mig import service
         from ..mig.spec import load_spec
         notes = []
-        note = service.recover_pending(self.host, wait=60.0)
+        note = service.recover_pending(self.host, wait=60.0, on_layout_changed=self._refresh_spec)
         if note:
             notes.append(note)
         if settings.config is None:

@@ -57,6 +57,7 @@ def _roll_back(host: HostRoot, journal: Journal, why: str, progress: Progress,
     try:
         report = restore(host, journal.record, progress=progress)
     except BaseException as e:
+        on_layout_changed(host)      # part of the rollback may have happened: publish what is there
         return (f"rolling back failed too ({_describe(e)}); the journal {Journal.path(host)} is kept "
                 "and the next 'hostagent mig' command retries the rollback")
     journal.finish()

@@ -59,6 +59,7 @@ def recover(host: HostRoot, *, progress: Progress = quiet,
     try:
         report = restore(host, rec, progress=progress)
     except HostagentError as e:
+        on_layout_changed(host)      # part of the rollback may have happened: publish what is there
         raise RecoveryError(f"rolling back {who} failed: {e.message}", where=str(Journal.path(host)),
                             hint="the journal is kept; fix the cause and run any 'hostagent mig' "
                                  "command to retry") from None

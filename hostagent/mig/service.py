@@ -25,7 +25,8 @@ from .spec import MigSpec
 # The executor, recovery, hooks and the default-config generator are imported where they
 # are needed: an apply with nothing to do (every boot, usually) stays a short process.
 
-__all__ = ["ApplyResult", "apply", "plan", "check", "status", "recover_pending", "NotApplied"]
+__all__ = ["ApplyResult", "apply", "plan", "check", "require_applied", "status", "recover_pending",
+           "NotApplied"]
 
 log = logging.getLogger(__name__)
 
@@ -124,26 +125,37 @@ def apply(host: HostRoot, spec: MigSpec | None, config: str | None, *, mode_only
         return result
 
 
-def plan(host: HostRoot, spec: MigSpec | None, config: str | None, *,
-         mode_only: bool = False) -> tuple[MigPlan, list[str]]:
-    note = recover_pending(host)
+def plan(host: HostRoot, spec: MigSpec | None, config: str | None, *, mode_only: bool = False,
+         on_layout_changed: Callable[[HostRoot], None] = _no_hook) -> tuple[MigPlan, list[str]]:
+    note = recover_pending(host, on_layout_changed=on_layout_changed)
     inventory = read_inventory(host)
     return (make_plan(inventory, _spec(spec, inventory), config, mode_only=mode_only),
             [note] if note else [])
 
 
-def check(host: HostRoot, spec: MigSpec | None, config: str | None, *, mode_only: bool = False) -> MigPlan:
+def check(host: HostRoot, spec: MigSpec | None, config: str | None, *, mode_only: bool = False,
+          on_layout_changed: Callable[[HostRoot], None] = _no_hook) -> MigPlan:
     """mig-parted's ``assert``: raises NotApplied unless nothing would change."""
-    result, _ = plan(host, spec, config, mode_only=mode_only)
+    result, _ = plan(host, spec, config, mode_only=mode_only, on_layout_changed=on_layout_changed)
+    require_applied(result)
+    return result
+
+
+def require_applied(result: MigPlan) -> None:
+    """NotApplied unless the plan changes nothing and every GPU it selects could be read."""
+    if result.unreadable:
+        raise NotApplied("assertion failure: selected configuration not currently applied: "
+                         + "; ".join(f"GPU {u.index} cannot be read ({u.error})" for u in result.unreadable),
+                         hint="the config selects it, so it cannot be checked; 'hostagent devices' "
+                              "shows the GPUs NVML can read")
     if result.changed:
         raise NotApplied("assertion failure: selected configuration not currently applied",
                          hint=f"GPU {', '.join(str(g.index) for g in result.changed)} differ; "
                               "'hostagent mig plan' shows what applying would change")
-    return result
 
 
-def status(host: HostRoot) -> dict:
-    note = recover_pending(host)
+def status(host: HostRoot, *, on_layout_changed: Callable[[HostRoot], None] = _no_hook) -> dict:
+    note = recover_pending(host, on_layout_changed=on_layout_changed)
     inventory = read_inventory(host)
     gpus = []
     for gpu in inventory.gpus:

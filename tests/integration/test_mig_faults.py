@@ -5,6 +5,7 @@ call (the executor rolls back), or the death of the applying process before or a
 Nth call takes effect (the next ``mig`` command recovers from the journal).
 """
 
+import json
 import os
 import signal
 import subprocess
@@ -13,6 +14,7 @@ import sys
 import pynvml as N
 import pytest
 
+from hostagent.cdi.refresh import configured_options, refresh
 from hostagent.devices import read_inventory
 from hostagent.mig import service
 from hostagent.mig.executor import MigApplyError
@@ -166,16 +168,46 @@ def test_checkpoint_records_placements_before_anything_changes(make_node):
     assert [gi["placement"] for gi in by_index[0]["gpu_instances"]][:1] == [{"start": 0, "size": 2}]
 
 
-def test_crashed_cli_apply_is_recovered_by_the_next_cli_command(make_node, tmp_path):
-    host, old, new, steps = setup(make_node, "hgx-h100", HOPPER)
+def crash_cli_apply(host, tmp_path, fault: str) -> list[str]:
+    """``hostagent mig apply -c new`` killed by a simulated fault; returns the CLI prefix."""
     cfg = tmp_path / "mig.yaml"
     cfg.write_text(f"version: v1\nmig-configs: {HOPPER.to_dict()['mig-configs']}\n".replace("'", '"'))
     cli = [sys.executable, "-m", "hostagent.cli.main", "--simulate", str(host.root), "mig"]
-    env = {**os.environ, FAULT_ENV: "kill-after:6"}
+    env = {**os.environ, FAULT_ENV: fault}
     done = subprocess.run(cli + ["apply", "-f", str(cfg), "-c", "new"], env=env, capture_output=True, text=True)
     assert done.returncode == -signal.SIGKILL
+    return cli
+
+
+def test_crashed_cli_apply_is_recovered_by_the_next_cli_command(make_node, tmp_path):
+    host, old, new, steps = setup(make_node, "hgx-h100", HOPPER)
+    cli = crash_cli_apply(host, tmp_path, "kill-after:6")
     status = subprocess.run(cli + ["status"], capture_output=True, text=True)
     assert status.returncode == 0, status.stderr
     assert "rolled back the interrupted apply of 'new'" in status.stderr
     assert snapshot(host) == old
     consistent(host)
+
+
+def spec_devices(host) -> set[str]:
+    spec = json.loads(host.cdi_dir.joinpath("nvidia.com-gpu.json").read_text())
+    return {d["name"] for d in spec["devices"] if d["name"].startswith("MIG-")}
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the CDI spec reads major/minor from real character devices (root)")
+@pytest.mark.parametrize("verb", [["status"], ["plan", "-c", "new"], ["assert", "-c", "old"], ["export"]])
+@pytest.mark.parametrize("outcome", ["rolled back", "completed"])
+def test_a_recovery_by_any_read_command_refreshes_the_cdi_spec(make_node, tmp_path, verb, outcome):
+    host, old, new, steps = setup(make_node, "hgx-h100", HOPPER)
+    refresh(host, configured_options(host))
+    stale = spec_devices(host)
+    # Killed after its 7th NVML call (half-way), or after its last one (the new layout is
+    # complete, only the journal remains).
+    cli = crash_cli_apply(host, tmp_path, f"kill-after:{6 if outcome == 'rolled back' else steps - 1}")
+    args = verb if verb[0] in ("status", "export") else verb + ["-f", str(tmp_path / "mig.yaml")]
+    done = subprocess.run(cli + args, capture_output=True, text=True)
+    assert f"{outcome} the interrupted apply of 'new'" in done.stderr and "CDI spec: " in done.stderr
+    assert snapshot(host) == (old if outcome == "rolled back" else new)
+    live = {d.uuid for g in read_inventory(host).gpus if g.mig for d in g.mig.devices}
+    assert spec_devices(host) == live
+    assert (live == stale) == (outcome == "rolled back")   # the same placements give the same UUIDs
