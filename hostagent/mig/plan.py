@@ -115,6 +115,7 @@ class MigPlan:
     gpus: tuple[GpuPlan, ...]
     mode_only: bool = False
     warnings: tuple[str, ...] = field(default=())
+    unreadable: tuple = ()           # UnreadableGpu records the config selects (left alone)
 
     @property
     def changed(self) -> tuple[GpuPlan, ...]:
@@ -131,6 +132,7 @@ class MigPlan:
     def to_dict(self) -> dict:
         return {"config": self.config, "mode_only": self.mode_only,
                 "changed": [g.index for g in self.changed], "warnings": list(self.warnings),
+                "unreadable": [u.index for u in self.unreadable],
                 "gpus": [g.to_dict() for g in self.gpus]}
 
 

@@ -96,6 +96,9 @@ def plan(inventory: Inventory, spec: MigSpec, config: str | None = None, *,
     name, entries = spec.select(config)
     problems, gpus = [], []
     warnings = [f"GPU {u.index} cannot be read ({u.error}); it is left alone" for u in inventory.unreadable]
+    # Its PCI id is unknown too, so a device-filter cannot rule it out: selected by index.
+    unreadable = tuple(u for u in inventory.unreadable
+                       if any(e.devices == "all" or u.index in e.devices for e in entries))
     for gpu in inventory.gpus:
         try:
             entry = _entry_for(gpu, entries, name)
@@ -113,7 +116,8 @@ def plan(inventory: Inventory, spec: MigSpec, config: str | None = None, *,
     if problems:
         raise PlanError(f"config '{name}' cannot be applied: " + "; ".join(problems),
                         where=spec.source, hint="nothing was changed")
-    return MigPlan(config=name, gpus=tuple(gpus), mode_only=mode_only, warnings=tuple(warnings))
+    return MigPlan(config=name, gpus=tuple(gpus), mode_only=mode_only, warnings=tuple(warnings),
+                   unreadable=unreadable)
 
 
 def restore_plan(inventory: Inventory, layouts: dict[str, Layout], *, skip_reset: bool = False,

@@ -269,3 +269,15 @@ def test_apply_refreshes_the_cdi_spec(capsys, node):
     code, _, err = run(capsys, host, "apply", "-f", cfg, "-c", "off")
     spec = json.loads(host.cdi_dir.joinpath("nvidia.com-gpu.json").read_text())
     assert code == 0 and {"0", "1", "2"} <= {d["name"] for d in spec["devices"]}
+
+
+def test_assert_fails_when_a_selected_gpu_cannot_be_read(capsys, make_node):
+    host, store = make_node("a30x4")
+    assert run(capsys, host, "apply", "-c", "all-balanced")[0] == 0
+    from hostagent.sim import control
+    control.lose_gpu(store, 3)
+    code, _, err = run(capsys, host, "assert", "-c", "all-balanced")
+    assert code == 1 and err.count("\n") == 1
+    assert "assertion failure: selected configuration not currently applied: GPU 3 cannot be read" in err
+    code, out, err = run(capsys, host, "plan", "-c", "all-balanced")      # plan and apply leave it alone
+    assert code == 0 and "warning: GPU 3 cannot be read" in out
