@@ -17,6 +17,7 @@ import fcntl
 import os
 import threading
 import time
+from typing import Callable
 
 from .errors import StateError
 from .fileio import ensure_dir
@@ -27,9 +28,42 @@ __all__ = ["node_lock"]
 _held = threading.local()    # lock paths this thread holds, with nesting depth
 
 
+def _holder(fd: int) -> str:
+    return os.pread(fd, 256, 0).decode(errors="replace").strip() or "another process"
+
+
+def _acquire(fd: int, path, purpose: str, timeout: float | None, on_wait) -> None:
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return
+    except OSError as e:
+        if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
+            raise
+    if on_wait is not None:
+        on_wait(_holder(fd))
+    if timeout is None:
+        fcntl.flock(fd, fcntl.LOCK_EX)      # as long as it takes; a signal still interrupts it
+        return
+    deadline = time.monotonic() + timeout
+    while True:
+        time.sleep(0.05)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except OSError as e:
+            if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
+                raise
+        if time.monotonic() >= deadline:
+            raise StateError(f"the node is locked by {_holder(fd)} (waited {timeout:g} s)", where=str(path),
+                             hint=f"wait for it to finish, then retry ({purpose})")
+
+
 @contextlib.contextmanager
-def node_lock(host: HostRoot, purpose: str, *, timeout: float | None = 60.0):
-    """Hold the node lock for ``purpose``; wait up to ``timeout`` seconds (None: forever)."""
+def node_lock(host: HostRoot, purpose: str, *, timeout: float | None = 60.0,
+              on_wait: Callable[[str], None] | None = None):
+    """Hold the node lock for ``purpose``; wait up to ``timeout`` seconds (None: as long as
+    it takes). ``on_wait(holder)`` is called once if the lock is taken, with the holder's
+    pid and purpose, so a command can say whom it waits for."""
     path = ensure_dir(host.run_dir, 0o755) / "node.lock"
     depth = getattr(_held, "paths", None)
     if depth is None:
@@ -44,19 +78,7 @@ def node_lock(host: HostRoot, purpose: str, *, timeout: float | None = 60.0):
         return
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     try:
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except OSError as e:
-                if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
-                    raise
-            if deadline is not None and time.monotonic() >= deadline:
-                holder = os.pread(fd, 256, 0).decode(errors="replace").strip() or "another process"
-                raise StateError(f"the node is locked by {holder}", where=str(path),
-                                 hint=f"wait for it to finish, then retry ({purpose})")
-            time.sleep(0.05)
+        _acquire(fd, path, purpose, timeout, on_wait)
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"pid {os.getpid()}: {purpose}\n".encode(), 0)
         depth[key] = 1

@@ -36,6 +36,9 @@ def register(sub) -> None:
                    help="mig-parted hooks file (default: $MIG_PARTED_HOOKS_FILE)")
     v.add_argument("--force", action="store_true",
                    help="terminate processes using instances that must be destroyed")
+    v.add_argument("--lock-timeout", type=_seconds, metavar="SECONDS",
+                   help="give up if another apply holds the node lock this long "
+                        "(default: wait for it to finish)")
     v.add_argument("-o", "--output", choices=FORMATS, default="table",
                    help="format of the --dry-run plan (default: table)")
     v.set_defaults(run=run_apply)
@@ -72,6 +75,21 @@ def _config_flags(v) -> None:
     v.add_argument("-c", "--selected-config", metavar="NAME",
                    default=os.environ.get("MIG_PARTED_SELECTED_CONFIG") or None,
                    help="config to use (default: $MIG_PARTED_SELECTED_CONFIG, or the only one)")
+
+
+def _seconds(text: str) -> float:
+    import argparse
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}")
+    return value
+
+
+def _waiting(holder: str) -> None:
+    print(f"hostagent: waiting for the node lock, held by {holder}", file=sys.stderr, flush=True)
 
 
 def _spec(args):
@@ -143,7 +161,8 @@ def run_apply(args) -> int:
     result = service.apply(host, spec, args.selected_config, mode_only=args.mode_only,
                            skip_reset=args.skip_reset, force=args.force, dry_run=args.dry_run,
                            hooks=hooks, hook_env=env, progress=_progress,
-                           on_layout_changed=refresh_cdi)
+                           on_layout_changed=refresh_cdi, lock_timeout=args.lock_timeout,
+                           on_lock_wait=_waiting)
     _notes(result.notes)
     plan = result.plan
     if args.dry_run:

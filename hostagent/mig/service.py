@@ -86,10 +86,12 @@ def _spec(spec: MigSpec | None, inventory) -> MigSpec:
 def apply(host: HostRoot, spec: MigSpec | None, config: str | None, *, mode_only: bool = False,
           skip_reset: bool = False, force: bool = False, dry_run: bool = False,
           hooks=None, hook_env: dict[str, str] | None = None, progress: Progress = _quiet,
-          on_layout_changed: Callable[[HostRoot], None] = _no_hook) -> ApplyResult:
+          on_layout_changed: Callable[[HostRoot], None] = _no_hook,
+          lock_timeout: float | None = None, on_lock_wait: Callable[[str], None] | None = None) -> ApplyResult:
     """Apply ``config`` of ``spec`` (None: the bundled default), with mig-parted's hooks
-    (a ``hooks.Hooks``; None for none)."""
-    with node_lock(host, f"mig apply {config or ''}".strip()):
+    (a ``hooks.Hooks``; None for none). Another apply in progress is waited for (GPU resets
+    take minutes): as long as it takes, or ``lock_timeout`` seconds."""
+    with node_lock(host, f"mig apply {config or ''}".strip(), timeout=lock_timeout, on_wait=on_lock_wait):
         notes = []
         recovered = _recover(host, progress, on_layout_changed)
         if recovered:

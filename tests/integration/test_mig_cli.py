@@ -4,7 +4,7 @@ import json
 import os
 import subprocess
 import sys
-import time
+import threading
 
 import pytest
 import yaml
@@ -210,12 +210,38 @@ def test_concurrent_applies_wait_for_the_node_lock(node):
            "-f", str(cfg), "-c", "mixed"]
     with node_lock(host, "test holds the node"):
         proc = subprocess.Popen(cli, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        time.sleep(2.5)                                  # ample time to start and reach the lock
-        assert proc.poll() is None                       # waiting for the lock
+        # It says whom it waits for, then waits (no timeout by default: resets take minutes).
+        assert proc.stderr.readline() == f"hostagent: waiting for the node lock, held by pid {os.getpid()}: " \
+                                         "test holds the node\n"
+        assert proc.poll() is None
         assert not any(l.enabled for l in layouts(host).values())
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err
     assert layouts(host)[0].counts() == {"1g.10gb": 2, "2g.20gb": 1, "3g.40gb": 1}
+
+
+def test_lock_timeout_bounds_the_wait(capsys, node):
+    host, store, cfg = node
+    before = store.state_file.read_text()
+    held, done = threading.Event(), threading.Event()
+
+    def holder():                 # another thread: the lock is re-entrant within one
+        with node_lock(host, "test holds the node"):
+            held.set()
+            done.wait(30)
+    t = threading.Thread(target=holder)
+    t.start()
+    held.wait(10)
+    try:
+        code, _, err = run(capsys, host, "apply", "-f", cfg, "-c", "mixed", "--lock-timeout", "0.2")
+    finally:
+        done.set()
+        t.join()
+    assert code == 1 and err.splitlines()[-1] == (
+        f"hostagent: error: {host.run_dir}/node.lock: the node is locked by pid {os.getpid()}: test holds "
+        "the node (waited 0.2 s) (wait for it to finish, then retry (mig apply mixed))")
+    assert store.state_file.read_text() == before
+    assert run(capsys, host, "apply", "-f", cfg, "-c", "mixed", "--lock-timeout", "soon")[0] == 2
 
 
 def test_read_commands_do_not_wait_for_a_running_apply(capsys, node):
