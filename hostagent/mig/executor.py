@@ -24,11 +24,18 @@ from .plan import MigPlan
 from .recovery import restore
 from .runner import Progress, RunReport, quiet, run_plan, verify
 
-__all__ = ["execute", "ApplyReport", "MigApplyError", "no_hook"]
+__all__ = ["execute", "ApplyReport", "MigApplyError", "MigInterrupted", "no_hook"]
 
 
 class MigApplyError(StateError):
     code = "mig_apply_failed"
+
+
+class MigInterrupted(MigApplyError):
+    """SIGTERM (systemd's start timeout) or Ctrl-C: rolled back, and the message says how
+    the rollback ended."""
+    code = "mig_apply_interrupted"
+    exit_code = 130
 
 
 def no_hook(host: HostRoot) -> None:
@@ -83,10 +90,10 @@ def execute(host: HostRoot, inventory: Inventory, plan: MigPlan, *, skip_reset: 
     except BaseException as e:
         why = _describe(e)
         outcome = _roll_back(host, journal, why, progress, on_layout_changed)
+        done = f"after {len(report.run.steps)} of {sum(len(g.steps) for g in plan.changed)} steps"
         if isinstance(e, KeyboardInterrupt):
-            raise
-        raise MigApplyError(f"applying '{plan.config}' failed after {len(report.run.steps)} of "
-                            f"{sum(len(g.steps) for g in plan.changed)} steps: {why}; {outcome}") from None
+            raise MigInterrupted(f"applying '{plan.config}' was interrupted {done}; {outcome}") from None
+        raise MigApplyError(f"applying '{plan.config}' failed {done}: {why}; {outcome}") from None
     journal.finish()
     on_layout_changed(host)
     return report

@@ -265,21 +265,46 @@ def test_read_commands_do_not_wait_for_a_running_apply(capsys, node):
         Journal.path(host).unlink()
 
 
-def test_sigterm_mid_apply_rolls_back_before_exiting(node, tmp_path):
-    # What systemd does when the boot unit exceeds TimeoutStartSec.
-    host, _, cfg = node
-    before = layouts(host)
+def sigterm_in_pre_apply_config(host, cfg, tmp_path, env=None):
+    """What systemd does when the boot unit exceeds TimeoutStartSec, after the mode phase."""
     hooks = tmp_path / "hooks.yaml"
     hooks.write_text(yaml.safe_dump({"version": "v1", "hooks": {
         "pre-apply-config": [{"command": "/bin/sh", "args": ["-c", "kill -TERM $PPID; sleep 1"]}]}}))
-    done = subprocess.run([sys.executable, "-m", "hostagent.cli.main", "--simulate", str(host.root), "mig",
+    return subprocess.run([sys.executable, "-m", "hostagent.cli.main", "--simulate", str(host.root), "mig",
                            "apply", "-f", str(cfg), "-c", "mixed", "--hooks", str(hooks)],
-                          capture_output=True, text=True)
+                          capture_output=True, text=True, env={**os.environ, **(env or {})})
+
+
+def test_sigterm_mid_apply_rolls_back_and_says_so(node, tmp_path):
+    host, _, cfg = node
+    before = layouts(host)
+    done = sigterm_in_pre_apply_config(host, cfg, tmp_path)
     assert done.returncode == 130 and "Traceback" not in done.stderr
-    assert "rolling back" in done.stderr
+    assert done.stderr.splitlines()[-1] == ("hostagent: error: applying 'mixed' was interrupted after 2 of 14 "
+                                            "steps; rolled back to the previous layout (2 steps)")
     assert layouts(host) == before          # the mode change of the first phase was undone
     from hostagent.mig.journal import Journal
     assert Journal.load(host) is None
+
+
+def test_sigterm_with_a_failing_rollback_says_the_journal_is_kept(node, tmp_path):
+    host, _, cfg = node
+    from hostagent.sim.fakenvml import FAULT_ENV
+    # Two mode changes (GPU 0 and 1) pass; the rollback's first NVML call fails.
+    done = sigterm_in_pre_apply_config(host, cfg, tmp_path, {FAULT_ENV: "error:2"})
+    assert done.returncode == 130 and "Traceback" not in done.stderr
+    last = done.stderr.splitlines()[-1]
+    assert last.startswith("hostagent: error: applying 'mixed' was interrupted after 2 of 14 steps; "
+                           "rolling back failed too (GPU ")
+    assert last.endswith("the next 'hostagent mig' command retries the rollback")
+    code = run_cli(host, "status")
+    assert code.returncode == 0 and "rolled back the interrupted apply of 'mixed'" in code.stderr
+    assert not any(l.enabled or l.pending for l in layouts(host).values())
+
+
+def run_cli(host, *args):
+    return subprocess.run([sys.executable, "-m", "hostagent.cli.main", "--simulate", str(host.root), "mig",
+                           *args], capture_output=True, text=True)
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="the CDI spec reads major/minor from real character devices (root)")
