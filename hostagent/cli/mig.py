@@ -35,7 +35,8 @@ def register(sub) -> None:
                    default=os.environ.get("MIG_PARTED_HOOKS_FILE") or None,
                    help="mig-parted hooks file (default: $MIG_PARTED_HOOKS_FILE)")
     v.add_argument("--force", action="store_true",
-                   help="terminate processes using instances that must be destroyed")
+                   help="terminate processes using instances that must be destroyed; without the "
+                        "daemon, also take away devices its allocations checkpoint records")
     v.add_argument("--lock-timeout", type=_seconds, metavar="SECONDS",
                    help="give up if another apply holds the node lock this long "
                         "(default: wait for it to finish)")
@@ -140,7 +141,7 @@ def refresh_cdi(host) -> None:
 
 
 def run_apply(args) -> int:
-    from .migd import apply_through_daemon
+    from .migd import apply_through_daemon, checkpoint_guard
     through_daemon = apply_through_daemon(args)     # one writer: the daemon, when it runs
     if through_daemon is not None:
         return through_daemon
@@ -162,7 +163,7 @@ def run_apply(args) -> int:
                            skip_reset=args.skip_reset, force=args.force, dry_run=args.dry_run,
                            hooks=hooks, hook_env=env, progress=_progress,
                            on_layout_changed=refresh_cdi, lock_timeout=args.lock_timeout,
-                           on_lock_wait=_waiting)
+                           on_lock_wait=_waiting, refuse=checkpoint_guard(host, args.force))
     _notes(result.notes)
     plan = result.plan
     if args.dry_run:

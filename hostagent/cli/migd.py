@@ -9,7 +9,7 @@ import sys
 
 from .common import host_from_args
 
-__all__ = ["apply_through_daemon", "daemon_socket"]
+__all__ = ["apply_through_daemon", "daemon_socket", "checkpoint_guard"]
 
 
 def daemon_socket(host):
@@ -22,6 +22,42 @@ def daemon_socket(host):
         path = "/run/hostagent/hostagent.sock"
     socket_path = host.host(path)
     return socket_path if daemon_running(socket_path) else None
+
+
+def checkpoint_guard(host, force: bool):
+    """For an apply acting directly (no daemon): refuse, as the daemon does, to take away
+    devices its allocations checkpoint records; with --force, go on and say what the
+    daemon will drop at its next start. The checkpoint is only read."""
+    from ..daemon import checkpoint
+    from ..daemon.migops import refuse_allocated
+    from ..errors import ConflictError, StateError
+
+    def refuse(inventory, plan) -> None:
+        where = str(checkpoint.path(host))
+        try:
+            allocations = checkpoint.read(host)
+        except ValueError as e:
+            if force:
+                print(f"hostagent: warning: {where} cannot be read ({e}); applying anyway (--force)",
+                      file=sys.stderr)
+                return
+            raise StateError(f"the allocations checkpoint cannot be read ({e}), so the devices it "
+                             "protects are unknown", where=where,
+                             hint="start the daemon (it sets an unreadable checkpoint aside), or "
+                                  "pass --force") from None
+        users: dict[str, list[str]] = {}
+        for a in allocations:
+            for uuid in a.devices:
+                users.setdefault(uuid, []).append(a.id)
+        try:
+            refuse_allocated(inventory, plan, users,
+                             hint=f"release their allocations first (recorded in {where}), or pass --force")
+        except ConflictError as e:
+            if not force:
+                raise
+            print(f"hostagent: warning: {e.what} (--force); the daemon drops allocations "
+                  f"{', '.join(e.details['allocations'])} at its next start", file=sys.stderr)
+    return refuse
 
 
 def _document(path: str | None, what: str):

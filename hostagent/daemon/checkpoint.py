@@ -15,7 +15,7 @@ from ..fileio import ensure_dir, write_atomic
 from ..hostroot import HostRoot
 from .allocations import Allocation
 
-__all__ = ["VERSION", "path", "load", "save", "stray_temporaries"]
+__all__ = ["VERSION", "path", "read", "load", "save", "stray_temporaries"]
 
 VERSION = 1
 log = logging.getLogger("hostagent.daemon")
@@ -25,12 +25,11 @@ def path(host: HostRoot) -> Path:
     return host.state_dir / "allocations.json"
 
 
-def load(host: HostRoot) -> list[Allocation]:
-    """The checkpointed allocations. An unreadable checkpoint is kept aside (never
-    overwritten silently) and the agent starts with none."""
-    p = path(host)
+def read(host: HostRoot) -> list[Allocation]:
+    """The checkpointed allocations, touching nothing (for commands that act on the node while
+    the daemon is stopped); ValueError if the checkpoint is unreadable."""
     try:
-        text = p.read_text()
+        text = path(host).read_text()
     except FileNotFoundError:
         return []
     try:
@@ -38,7 +37,17 @@ def load(host: HostRoot) -> list[Allocation]:
         if data.get("version") != VERSION:
             raise ValueError(f"unknown checkpoint version {data.get('version')!r}")
         return [Allocation.from_checkpoint(a) for a in data["allocations"]]
-    except (ValueError, KeyError, TypeError, AttributeError) as e:
+    except (KeyError, TypeError, AttributeError) as e:
+        raise ValueError(str(e)) from None
+
+
+def load(host: HostRoot) -> list[Allocation]:
+    """The checkpointed allocations. An unreadable checkpoint is kept aside (never
+    overwritten silently) and the agent starts with none."""
+    p = path(host)
+    try:
+        return read(host)
+    except ValueError as e:
         aside = p.with_name(f"{p.name}.unreadable-{int(time.time())}")
         p.rename(aside)
         log.error("allocations checkpoint is unreadable (%s); kept as %s, starting with none",

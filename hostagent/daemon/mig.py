@@ -14,8 +14,7 @@ import logging
 
 from ..errors import HostagentError
 from ..lock import node_lock
-from .allocations import DeviceBusy
-from .migops import affected_devices, created_instance, place_instance, remove_instance
+from .migops import created_instance, place_instance, refuse_allocated, remove_instance
 
 __all__ = ["MigOps"]
 
@@ -48,12 +47,7 @@ class MigOps:
         return users
 
     def _refuse_busy(self, inventory, plan) -> None:
-        users = self._allocated()
-        busy = sorted(u for u in affected_devices(inventory, plan) if u in users)
-        if busy:
-            raise DeviceBusy(f"the change would take away allocated device(s) {', '.join(busy)}",
-                             hint="release their allocations first", devices=busy,
-                             allocations=sorted({a for u in busy for a in users[u]}))
+        refuse_allocated(inventory, plan, self._allocated())
 
     async def _after(self, reason: str) -> None:
         await self.agent.refresh_locked(reason)
@@ -103,17 +97,17 @@ class MigOps:
         return {"plan": plan.to_dict(), "notes": notes}
 
     def _apply_work(self, body: dict, started: list | None = None):
-        from ..devices import read_inventory
         from ..mig import service
         spec, hooks = _spec(body), _hooks(body)
-        with node_lock(self.host, "mig apply (api)"):
-            planned, _ = service.plan(self.host, spec, body.get("config"), mode_only=body.get("mode_only", False))
-            self._refuse_busy(read_inventory(self.host), planned)
+
+        def refuse(inventory, plan):
+            self._refuse_busy(inventory, plan)
             if started is not None:
                 started.append(True)        # past the refusals: counted as an apply
-            return service.apply(self.host, spec, body.get("config"), mode_only=body.get("mode_only", False),
-                                 skip_reset=body.get("skip_reset", False), force=body.get("force", False),
-                                 dry_run=body.get("dry_run", False), hooks=hooks)
+        return service.apply(self.host, spec, body.get("config"), mode_only=body.get("mode_only", False),
+                             skip_reset=body.get("skip_reset", False), force=body.get("force", False),
+                             dry_run=body.get("dry_run", False), hooks=hooks, refuse=refuse,
+                             on_layout_changed=self._refresh_spec, lock_timeout=60.0)
 
     async def apply(self, body: dict) -> dict:
         async with self.agent.mutex:
@@ -195,11 +189,8 @@ class MigOps:
         if settings.config is None:
             return notes, None
         spec = load_spec(settings.config_file) if settings.config_file else None
-        with node_lock(self.host, "mig layout (daemon start)"):
-            from ..devices import read_inventory
-            planned, _ = service.plan(self.host, spec, settings.config)
-            self._refuse_busy(read_inventory(self.host), planned)
-            result = service.apply(self.host, spec, settings.config)
+        result = service.apply(self.host, spec, settings.config, refuse=self._refuse_busy,
+                               on_layout_changed=self._refresh_spec, lock_timeout=60.0)
         return notes + result.notes, result
 
     async def reconcile(self, settings, reason: str) -> None:

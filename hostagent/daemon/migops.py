@@ -20,7 +20,8 @@ from ..mig.layout import GiLayout, Layout
 from ..mig.plan import DESTROY_CI, SET_MODE, MigPlan, diff
 from ..mig.solver import Geometry, Infeasible, solve
 
-__all__ = ["Placed", "place_instance", "remove_instance", "affected_devices", "created_instance", "NoRoom"]
+__all__ = ["Placed", "place_instance", "remove_instance", "affected_devices", "refuse_allocated",
+           "created_instance", "NoRoom"]
 
 
 class NoRoom(StateError):
@@ -145,6 +146,17 @@ def affected_devices(inventory: Inventory, plan: MigPlan) -> set[str]:
             if s.action == DESTROY_CI:
                 out |= {d.uuid for d in devices if (d.gi, d.ci) == (s.gi_id, s.ci_id)}
     return out
+
+
+def refuse_allocated(inventory: Inventory, plan: MigPlan, users: dict[str, list[str]], *,
+                     hint: str = "release their allocations first") -> None:
+    """DeviceBusy if ``plan`` would take away a device of an allocation (``users``: device
+    UUID -> allocation ids)."""
+    from .allocations import DeviceBusy
+    busy = sorted(u for u in affected_devices(inventory, plan) if u in users)
+    if busy:
+        raise DeviceBusy(f"the change would take away allocated device(s) {', '.join(busy)}",
+                         hint=hint, devices=busy, allocations=sorted({a for u in busy for a in users[u]}))
 
 
 def created_instance(inventory: Inventory, gpu_index: int, gi: GiLayout) -> MigDevice | None:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from ..devices import read_inventory
+from ..devices.records import Inventory
 from ..errors import HostagentError, StateError
 from ..hostroot import HostRoot
 from ..lock import node_lock
@@ -87,10 +88,13 @@ def apply(host: HostRoot, spec: MigSpec | None, config: str | None, *, mode_only
           skip_reset: bool = False, force: bool = False, dry_run: bool = False,
           hooks=None, hook_env: dict[str, str] | None = None, progress: Progress = _quiet,
           on_layout_changed: Callable[[HostRoot], None] = _no_hook,
-          lock_timeout: float | None = None, on_lock_wait: Callable[[str], None] | None = None) -> ApplyResult:
+          lock_timeout: float | None = None, on_lock_wait: Callable[[str], None] | None = None,
+          refuse: Callable[[Inventory, MigPlan], None] | None = None) -> ApplyResult:
     """Apply ``config`` of ``spec`` (None: the bundled default), with mig-parted's hooks
     (a ``hooks.Hooks``; None for none). Another apply in progress is waited for (GPU resets
-    take minutes): as long as it takes, or ``lock_timeout`` seconds."""
+    take minutes): as long as it takes, or ``lock_timeout`` seconds. ``refuse(inventory,
+    plan)`` may raise to stop the apply before anything (hooks included) runs: devices of
+    allocations are protected that way."""
     with node_lock(host, f"mig apply {config or ''}".strip(), timeout=lock_timeout, on_wait=on_lock_wait):
         notes = []
         recovered = _recover(host, progress, on_layout_changed)
@@ -99,6 +103,8 @@ def apply(host: HostRoot, spec: MigSpec | None, config: str | None, *, mode_only
         inventory = read_inventory(host)
         result = ApplyResult(make_plan(inventory, _spec(spec, inventory), config,
                                        mode_only=mode_only, skip_reset=skip_reset), notes=notes)
+        if refuse is not None:
+            refuse(inventory, result.plan)
         if dry_run:
             return result
         env = {**(hook_env or {}), "MIG_PARTED_SELECTED_CONFIG": result.plan.config}

@@ -332,3 +332,29 @@ def test_assert_fails_when_a_selected_gpu_cannot_be_read(capsys, make_node):
     assert "assertion failure: selected configuration not currently applied: GPU 3 cannot be read" in err
     code, out, err = run(capsys, host, "plan", "-c", "all-balanced")      # plan and apply leave it alone
     assert code == 0 and "warning: GPU 3 cannot be read" in out
+
+
+def test_without_the_daemon_allocated_devices_are_not_taken_away(capsys, node):
+    """The daemon's allocations checkpoint protects its devices while the daemon is stopped."""
+    from hostagent.daemon import checkpoint
+    from hostagent.daemon.allocations import Allocation, normalize
+    host, store, cfg = node
+    assert run(capsys, host, "apply", "-f", cfg, "-c", "mixed")[0] == 0
+    mig = next(d for d in read_inventory(host).gpus[1].mig.devices)
+    request = normalize({"id": "claim-1", "devices": [{"device": mig.uuid}]})
+    checkpoint.save(host, [Allocation("claim-1", (mig.uuid,), request, 1.0)])
+    saved = checkpoint.path(host).read_text()
+    before = store.state_file.read_text()
+    for args in (["apply", "-c", "off"], ["apply", "-c", "off", "--dry-run"]):
+        code, _, err = run(capsys, host, *args, "-f", cfg)
+        assert code == 1 and err.count("\n") == 1
+        assert f"the change would take away allocated device(s) {mig.uuid}" in err and "--force" in err
+    assert store.state_file.read_text() == before
+    code, out, err = run(capsys, host, "apply", "-f", cfg, "-c", "off", "--force")
+    assert code == 0 and "the daemon drops allocations claim-1 at its next start" in err
+    assert not any(l.enabled for l in layouts(host).values())
+    assert checkpoint.path(host).read_text() == saved          # read, never written
+    checkpoint.path(host).write_text("{broken")
+    code, _, err = run(capsys, host, "apply", "-f", cfg, "-c", "mixed")
+    assert code == 1 and "the allocations checkpoint cannot be read" in err
+    assert checkpoint.path(host).read_text() == "{broken"
