@@ -3,12 +3,14 @@ read with the ``labels:`` section's strategies, written to NFD's local features 
 they changed, and served at ``GET /v1/labels``.
 
 Labels describe the inventory only (not health): a device going unhealthy does not relabel
-the node, so the scheduler's view does not flap with transient XIDs.
+the node, so the scheduler's view does not flap with transient XIDs. With ``timestamp`` (as
+GFD by default) the file carries ``nvidia.com/gfd.timestamp``: when its labels last changed.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 
 from ..hostroot import HostRoot
@@ -21,6 +23,7 @@ log = logging.getLogger("hostagent.daemon")
 @dataclass(frozen=True)
 class LabelSettings:
     write: bool = True
+    timestamp: bool = True
     mig_strategy: str = "none"
     sharing_strategy: str = "none"
     replicas: int = 1
@@ -49,12 +52,12 @@ def compute_and_write(host: HostRoot, inventory, settings: LabelSettings) -> Lab
     labels = node_labels(inventory, mig_strategy=settings.mig_strategy,
                          sharing=Sharing(settings.sharing_strategy, settings.replicas),
                          machine=machine_type(host), gpu_mode=gpu_mode(host, inventory))
-    # No gfd.timestamp: the file changes only when the labels do.
     path = str(host.host(FEATURES_FILE))
     if not settings.write:
-        return LabelResult(labels, path)
+        return LabelResult(labels, path)       # no file: no time it was written
     try:
-        written = write_labels(host, labels)
+        written, labels = write_labels(host, labels,
+                                       timestamp=int(time.time()) if settings.timestamp else None)
     except OSError as e:
         return LabelResult(labels, path, error=f"cannot write {path}: {e.strerror or e}")
     if written:

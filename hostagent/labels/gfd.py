@@ -1,8 +1,15 @@
 """The gpu-feature-discovery label set, computed from the inventory (pure).
 
-Keys and value formats follow GFD's: product names sanitised the same way, memory in MiB,
-families from the compute capability, and the ``single``/``mixed`` MIG strategies with the
-``MIG-INVALID`` case.
+Keys and value formats follow GFD's (``internal/lm``): product names sanitised the same
+way, memory in MiB, families from the compute capability, MIG profile names with ``+``
+spelled ``.``, and the ``single``/``mixed`` MIG strategies with the ``MIG-INVALID`` case.
+
+The ``nvidia.com/gpu.*`` labels are GFD's full-GPU labelers: one per GPU model, counting
+every GPU of that model (counts are never added across models). MIG-enabled GPUs are
+labelled without sharing (``replicas=0``, plain product, ``none``); models with GPUs not
+MIG-enabled are labelled with the sharing settings and override them. On a node with more
+than one model GFD lets one model's labels win at random (Go map order); here the model of
+the lowest-indexed GPU of the overriding group wins, so labels do not flap between runs.
 """
 
 from __future__ import annotations
@@ -13,15 +20,19 @@ from dataclasses import dataclass
 
 from ..devices import Gpu, Inventory, MigDevice
 
-__all__ = ["Sharing", "MIG_STRATEGIES", "node_labels", "sanitise", "gpu_family"]
+__all__ = ["Sharing", "MIG_STRATEGIES", "node_labels", "sanitise", "gpu_family", "mig_name",
+           "TIMESTAMP"]
 
 MIG_STRATEGIES = ("none", "single", "mixed")
 P = "nvidia.com/"
+TIMESTAMP = P + "gfd.timestamp"
 
 
 @dataclass(frozen=True)
 class Sharing:
-    """How each GPU is shared: ``none``, ``time-slicing`` or ``mps``, with ``replicas``."""
+    """How devices are shared: ``none``, ``time-slicing`` or ``mps``, with ``replicas``;
+    as a device plugin config that replicates every resource it names (``nvidia.com/gpu``,
+    and each ``nvidia.com/mig-<profile>`` under the mixed strategy)."""
     strategy: str = "none"
     replicas: int = 1
     rename_by_default: bool = False   # shared devices keep their name instead of -SHARED
@@ -32,8 +43,14 @@ class Sharing:
 
 
 def sanitise(name: str) -> str:
-    """GFD's product form: drop characters outside [A-Za-z0-9-_. ], spaces become '-'."""
-    return re.sub(r"[^A-Za-z0-9\-_. ]", "", name).strip().replace(" ", "-")
+    """GFD's product form: drop characters outside [A-Za-z0-9-_. ], runs of spaces become '-'."""
+    return "-".join(re.sub(r"[^A-Za-z0-9\-_. ]", "", name).split())
+
+
+def mig_name(profile: str) -> str:
+    """A MIG profile as GFD names its resource: ``1g.5gb+me`` is ``1g.5gb.me`` (a '+' is
+    not allowed in label keys nor values)."""
+    return profile.replace("+", ".")
 
 
 def gpu_family(major: int, minor: int) -> str:
@@ -60,27 +77,49 @@ def gpu_family(major: int, minor: int) -> str:
     return "undefined"
 
 
-def _sharing_labels(prefix: str, sharing: Sharing, product: str) -> dict[str, str]:
-    shared = sharing.shared
-    return {f"{prefix}.product": product + ("-SHARED" if shared and not sharing.rename_by_default else ""),
-            f"{prefix}.replicas": str(sharing.replicas if shared else 1),
+def _resource_labels(prefix: str, count: int, parts: list[str], sharing: Sharing | None) -> dict[str, str]:
+    """GFD's base labels of a resource. ``sharing`` None: labelled without sharing, as GFD
+    labels MIG-enabled GPUs (replicas 0)."""
+    shared = sharing is not None and sharing.shared
+    replicas = 0 if sharing is None else sharing.replicas if shared else 1
+    product = "-".join(sanitise(p) for p in parts if p)
+    if shared and not sharing.rename_by_default:
+        product += "-SHARED"
+    return {f"{prefix}.product": product, f"{prefix}.count": str(count),
+            f"{prefix}.replicas": str(replicas),
             f"{prefix}.sharing-strategy": sharing.strategy if shared else "none"}
 
 
-def _full_gpu_labels(gpus: list[Gpu], sharing: Sharing) -> dict[str, str]:
-    first = gpus[0]
-    major, minor = (int(x) for x in first.compute_capability.split("."))
-    out = _sharing_labels(f"{P}gpu", sharing, sanitise(first.name))
-    out.update({f"{P}gpu.count": str(len(gpus)), f"{P}gpu.memory": str(first.memory_mib),
-                f"{P}gpu.family": gpu_family(major, minor),
-                f"{P}gpu.compute.major": str(major), f"{P}gpu.compute.minor": str(minor)})
+def _gpu_labels(gpu: Gpu, count: int, sharing: Sharing | None) -> dict[str, str]:
+    out = _resource_labels(f"{P}gpu", count, [gpu.name], sharing)
+    if gpu.memory_mib:
+        out[f"{P}gpu.memory"] = str(gpu.memory_mib)
+    major, minor = (int(x) for x in gpu.compute_capability.split("."))
+    if major:
+        out.update({f"{P}gpu.family": gpu_family(major, minor),
+                    f"{P}gpu.compute.major": str(major), f"{P}gpu.compute.minor": str(minor)})
     return out
+
+
+def _full_gpu_labels(gpus: list[Gpu], sharing: Sharing) -> dict[str, str]:
+    """GFD's newGPULabelers: MIG-enabled models first (without sharing), then the models
+    of GPUs not MIG-enabled (with it), each overriding the keys before it."""
+    counts = Counter(g.name for g in gpus)
+    labels: dict[str, str] = {}
+    for group_sharing, members in ((None, [g for g in gpus if g.mig_enabled]),
+                                   (sharing, [g for g in gpus if not g.mig_enabled])):
+        first_of_model: dict[str, Gpu] = {}
+        for g in members:
+            first_of_model.setdefault(g.name, g)
+        for g in reversed(first_of_model.values()):       # the lowest-indexed model last: it wins
+            labels.update(_gpu_labels(g, counts[g.name], group_sharing))
+    return labels
 
 
 def _mig_labels(prefix: str, model: str, profile: str, devices: list[MigDevice], sharing: Sharing):
     d = devices[0]
-    out = _sharing_labels(prefix, sharing, f"{model}-MIG-{profile}")
-    out.update({f"{prefix}.count": str(len(devices)), f"{prefix}.memory": str(d.memory_mib),
+    out = _resource_labels(prefix, len(devices), [model, "MIG", mig_name(profile)], sharing)
+    out.update({f"{prefix}.memory": str(d.memory_mib),
                 f"{prefix}.multiprocessors": str(d.multiprocessors),
                 f"{prefix}.slices.gi": str(_gi_slices(profile)), f"{prefix}.slices.ci": str(_ci_slices(profile)),
                 f"{prefix}.engines.copy": str(d.copy_engines), f"{prefix}.engines.decoder": str(d.decoders),
@@ -123,46 +162,40 @@ def node_labels(inv: Inventory, *, mig_strategy: str = "none", sharing: Sharing 
         f"{P}gpu.mode": gpu_mode,
         f"{P}mig.capable": str(any(g.mig_capable for g in gpus)).lower(),
         f"{P}mps.capable": str(sharing.strategy == "mps" and not any(g.mig_enabled for g in gpus)).lower(),
-        f"{P}vgpu.present": "false",
     }
+    # No nvidia.com/vgpu.*: GFD's vgpu labeler emits vgpu.present (=true, with the host
+    # driver's version and branch) only when vGPU devices exist, and nothing otherwise (its
+    # expected-output files list vgpu.* for vGPU nodes only). The reference catalog's
+    # "false" is an example value; emitting it would break selectors that test for the key's
+    # absence, and hostagent does not run on vGPU guests' hosts.
     if timestamp is not None:
-        labels[f"{P}gfd.timestamp"] = str(timestamp)
-    if mig_strategy != "none":
-        labels[f"{P}mig.strategy"] = mig_strategy
-
-    full = [g for g in gpus if not g.mig_enabled]
-    migs = [g for g in gpus if g.mig_enabled]
+        labels[TIMESTAMP] = str(timestamp)
+    labels.update(_full_gpu_labels(gpus, sharing))
     if mig_strategy == "none":
-        labels.update(_full_gpu_labels(gpus, sharing))
-        if migs and not full:                # MIG-enabled GPUs are not handed out whole
-            labels[f"{P}gpu.replicas"] = "0"
-    elif mig_strategy == "single":
-        labels.update(_full_gpu_labels(gpus, sharing))
-        labels.update(_single(gpus, full, migs, sharing))
-    else:
-        labels.update(_full_gpu_labels(full or gpus, sharing))
-        if not full:
-            labels[f"{P}gpu.count"] = "0"
-        by_profile: dict[str, list[MigDevice]] = {}
-        for g in migs:
-            for d in g.mig.devices:
-                by_profile.setdefault(d.profile, []).append(d)
-        model = sanitise(gpus[0].name)
-        for profile, devices in sorted(by_profile.items()):
-            parent = next(g for g in migs if g.index == devices[0].parent_index)
-            labels.update(_mig_labels(f"{P}mig-{profile}", sanitise(parent.name) or model, profile, devices, sharing))
+        return labels
+    labels[f"{P}mig.strategy"] = mig_strategy
+    migs = [g for g in gpus if g.mig_enabled]
+    if mig_strategy == "single":
+        labels.update(_single(gpus, migs, sharing))
+        return labels
+    by_profile: dict[str, list[MigDevice]] = {}
+    for g in migs:
+        for d in g.mig.devices:
+            by_profile.setdefault(mig_name(d.profile), []).append(d)
+    for name, devices in sorted(by_profile.items()):
+        parent = next(g for g in migs if g.index == devices[0].parent_index)
+        labels.update(_mig_labels(f"{P}mig-{name}", parent.name, devices[0].profile, devices, sharing))
     return labels
 
 
-def _single(gpus, full, migs, sharing) -> dict[str, str]:
-    """Every GPU MIG-enabled with one profile throughout, or the MIG-INVALID labels."""
-    profiles = Counter(d.profile for g in migs for d in g.mig.devices)
-    model = sanitise(gpus[0].name)
+def _single(gpus, migs, sharing) -> dict[str, str]:
+    """Every GPU MIG-enabled with one profile throughout, or the MIG-INVALID labels (which
+    leave the full-GPU labeler's family and compute capability)."""
     if not migs:
-        return {}
-    if full or len(profiles) != 1 or any(not g.mig.devices for g in migs):
-        return {f"{P}gpu.product": f"{model}-MIG-INVALID", f"{P}gpu.count": "0",
+        return {}                              # as the none strategy
+    profiles = Counter(mig_name(d.profile) for g in migs for d in g.mig.devices)
+    if len(migs) != len(gpus) or len(profiles) != 1 or any(not g.mig.devices for g in migs):
+        return {f"{P}gpu.product": f"{sanitise(migs[0].name)}-MIG-INVALID", f"{P}gpu.count": "0",
                 f"{P}gpu.replicas": "0", f"{P}gpu.sharing-strategy": "", f"{P}gpu.memory": "0"}
-    profile = next(iter(profiles))
     devices = [d for g in migs for d in g.mig.devices]
-    return _mig_labels(f"{P}gpu", model, profile, devices, sharing)
+    return _mig_labels(f"{P}gpu", migs[0].name, devices[0].profile, devices, sharing)

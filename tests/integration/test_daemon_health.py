@@ -125,10 +125,11 @@ def test_labels_at_start_and_after_a_mig_change(node):
     assert start["nvidia.com/gpu.count"] == "8" and start["nvidia.com/mig.strategy"] == "mixed"
     assert not any(k.startswith("nvidia.com/mig-") for k in start)
     now = labels_file(node.agent)
-    assert now["nvidia.com/gpu.count"] == "6"                   # two GPUs are split
+    assert now["nvidia.com/gpu.count"] == "8"                   # every A100, split or not (as GFD)
     assert now["nvidia.com/mig-1g.5gb.count"] == "7" and now["nvidia.com/mig-3g.20gb.count"] == "2"
     assert now["nvidia.com/mig-1g.5gb.product"] == "NVIDIA-A100-SXM4-40GB-MIG-1g.5gb"
-    assert "nvidia.com/gfd.timestamp" not in now                # rewritten only when labels change
+    # gfd.timestamp: when the labels last changed (the file is rewritten only then)
+    assert int(now["nvidia.com/gfd.timestamp"]) >= int(start["nvidia.com/gfd.timestamp"])
     with node.client() as c:
         served = c.labels()
     assert served["labels"] == now and served["file"]["error"] is None
