@@ -194,7 +194,7 @@ def _gi_placements(h, profile_id: int) -> tuple[Placement, ...]:
 def _read_gpu_instances(h, profiles) -> tuple[GpuInstance, ...]:
     out = []
     for prof in profiles:
-        count = N.c_uint(prof.instances)
+        count = N.c_uint(0)             # output only: the buffer holds instanceCount entries
         array = (N.c_nvmlGpuInstance_t * prof.instances)()
         N.nvmlDeviceGetGpuInstances(h, prof.id, array, N.byref(count))
         for gi in array[:count.value]:
@@ -222,7 +222,7 @@ def _read_compute_instances(gi, gi_slices: int) -> tuple[ComputeInstance, ...]:
             if e.value in _SKIP_PROFILE:
                 continue
             raise
-        count = N.c_uint(prof.instanceCount)
+        count = N.c_uint(0)
         array = (N.c_nvmlComputeInstance_t * prof.instanceCount)()
         N.nvmlGpuInstanceGetComputeInstances(gi, prof.id, array, N.byref(count))
         for ci in array[:count.value]:

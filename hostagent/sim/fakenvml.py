@@ -619,12 +619,13 @@ class FakeNvmlLibrary:
 
     @nvml(P, c_uint, P, P)
     def nvmlDeviceGetGpuInstances(self, handle, profile_id, array, count_ptr):
+        # nvml.h: the buffer must hold the profile's instanceCount entries; *count is only
+        # written (how many were returned), never read as the buffer's size.
         gpu, prof = self._enabled_profile(handle, profile_id=profile_id)
+        if not array or not count_ptr:
+            raise SimNvmlError(N.NVML_ERROR_INVALID_ARGUMENT, "NULL buffer or count")
         gis = [g for g in gpu.gis if g.profile_id == prof.id]
-        have = c_uint.from_address(count_ptr).value
         _put(count_ptr, c_uint, len(gis))
-        if gis and (not array or have < len(gis)):
-            raise SimNvmlError(N.NVML_ERROR_INSUFFICIENT_SIZE, "GPU instance buffer too small")
         for i, gi in enumerate(gis):
             _put(array + i * sizeof(c_void_p), c_void_p, self._handle("gi", gpu.index, gi.id))
 
@@ -722,13 +723,13 @@ class FakeNvmlLibrary:
 
     @nvml(P, c_uint, P, P)
     def nvmlGpuInstanceGetComputeInstances(self, handle, profile_id, array, count_ptr):
+        # As nvmlDeviceGetGpuInstances: a buffer of the CI profile's instanceCount, *count out.
         _, gpu, gi = self._gi(handle)
         self._ci_profile(gpu, gi, profile_id)
+        if not array or not count_ptr:
+            raise SimNvmlError(N.NVML_ERROR_INVALID_ARGUMENT, "NULL buffer or count")
         cis = [c for c in gi.cis if c.profile_id == profile_id]
-        have = c_uint.from_address(count_ptr).value
         _put(count_ptr, c_uint, len(cis))
-        if cis and (not array or have < len(cis)):
-            raise SimNvmlError(N.NVML_ERROR_INSUFFICIENT_SIZE, "compute instance buffer too small")
         for i, ci in enumerate(cis):
             _put(array + i * sizeof(c_void_p), c_void_p, self._handle("ci", gpu.index, gi.id, ci.id))
 
