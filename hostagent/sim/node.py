@@ -333,6 +333,11 @@ class NodeState:
         if cprof is None:
             raise SimNvmlError(N.NVML_ERROR_NOT_SUPPORTED,
                                f"CI profile {profile_id} does not fit a {gprof.name} instance")
+        # A malformed placement is a bad argument whatever is free, as for GPU instances.
+        if placement is not None and (placement[1] != cprof.slices
+                                      or placement[0] not in cprof.placements):
+            raise SimNvmlError(N.NVML_ERROR_INVALID_ARGUMENT,
+                               f"placement {placement[0]}:{placement[1]} is not valid for this CI profile")
         if sum(c.profile_id == profile_id for c in gi.cis) >= cprof.instances:
             raise SimNvmlError(N.NVML_ERROR_INSUFFICIENT_RESOURCES, "instance count exhausted")
         if sum(c.size for c in gi.cis) + cprof.slices > gprof.slices:
@@ -340,10 +345,7 @@ class NodeState:
         used = {s for c in gi.cis for s in range(c.start, c.start + c.size)}
         free = [s for s in cprof.placements if used.isdisjoint(range(s, s + cprof.slices))]
         if placement is not None:
-            start, size = placement
-            if size != cprof.slices or start not in cprof.placements:
-                raise SimNvmlError(N.NVML_ERROR_INVALID_ARGUMENT,
-                                   f"placement {start}:{size} is not valid for this CI profile")
+            start = placement[0]
             if start not in free:
                 raise SimNvmlError(N.NVML_ERROR_INSUFFICIENT_RESOURCES, "placement overlaps")
         elif not free:

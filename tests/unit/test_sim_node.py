@@ -201,8 +201,11 @@ def test_lost_gpu_returns_gpu_is_lost():
     assert state.events[-1].data == 79
 
 
-# ---- property: any sequence of calls keeps the placement rules -------------------------
+# ---- property: any sequence of calls does what the rules say ---------------------------
 
+from tests.unit import sim_oracle as oracle     # noqa: E402
+
+SKUS = [A100, "A100-SXM4-80GB", "A30-24GB", H100, "H200-SXM-141GB"]
 OPS = st.lists(st.tuples(
     st.sampled_from(["gi", "gi_at", "ci", "ci_at", "dgi", "dci", "hold", "free"]),
     st.integers(0, 20), st.integers(0, 8), st.integers(0, 8)), max_size=40)
@@ -232,37 +235,90 @@ def check_invariants(facts, state):
         assert len(slots) == sum(len(g.cis) for g in gpu.gis) and max(slots, default=0) < mig.compute_slices
 
 
-@pytest.mark.parametrize("sku", [A100, "A30-24GB", H100])
-@settings(max_examples=150, deadline=None)
+def instances(state):
+    """Every GI and CI of GPU 0, without their own ids (checked by the invariants):
+    ("gi", profile, start, size) and ("ci", gi id, profile, start, size)."""
+    out = set()
+    for gi in state.gpus[0].gis:
+        out.add(("gi", gi.profile_id, gi.start, gi.size))
+        out.update(("ci", gi.id, ci.profile_id, ci.start, ci.size) for ci in gi.cis)
+    return out
+
+
+def step(facts, state, op, a, b, c):
+    """The call an op stands for, and what the rules say it must do:
+    (function, args, expected code, instances after it if it succeeds); None for no call."""
+    mig = facts.skus[state.gpus[0].sku].mig
+    gpu = state.gpus[0]
+    now = instances(state)
+    gi = gpu.gis[b % len(gpu.gis)] if gpu.gis else None
+    if op in ("gi", "gi_at"):
+        prof = mig.gi_profiles[a % len(mig.gi_profiles)]
+        placement = None
+        if op == "gi_at":     # mostly a placement the profile lists, sometimes any numbers
+            placement = ((prof.placements[b % len(prof.placements)], prof.memory_slices)
+                         if c % 4 else (b, c))
+        want, start = oracle.gi_create(mig, [(g.profile_id, g.start) for g in gpu.gis], prof.id, placement)
+        return (state.create_gi, (facts, 0, prof.id, placement), want,
+                now | {("gi", prof.id, start, prof.memory_slices)})
+    if gi is None:
+        return None
+    if op in ("ci", "ci_at"):
+        pid = a % N.NVML_COMPUTE_INSTANCE_PROFILE_COUNT    # every id, those that cannot fit too
+        size = oracle.CI_SLICES.get(pid, 1)
+        placement = ((size * (c % 7), size) if c % 4 else (c, b)) if op == "ci_at" else None
+        want, start = oracle.ci_create(mig.by_id(gi.profile_id).slices,
+                                       [(ci.profile_id, ci.start) for ci in gi.cis], pid, placement)
+        return (state.create_ci, (facts, 0, gi.id, pid, placement), want,
+                now | {("ci", gi.id, pid, start, size)})
+    if op == "dgi":
+        want = oracle.destroy(bool(gi.cis), bool(state.processes_on(0, gi.id)))
+        return state.destroy_gi, (0, gi.id), want, now - {("gi", gi.profile_id, gi.start, gi.size)}
+    if op == "dci" and gi.cis:
+        ci = gi.cis[c % len(gi.cis)]
+        want = oracle.destroy(False, bool(state.processes_on(0, gi.id, ci.id)))
+        return state.destroy_ci, (0, gi.id, ci.id), want, now - {("ci", gi.id, ci.profile_id, ci.start, ci.size)}
+    return None
+
+
+@pytest.mark.parametrize("sku", SKUS)
+@settings(max_examples=300, deadline=None)
 @given(ops=OPS)
-def test_random_call_sequences_keep_the_placement_rules(sku, ops):
+def test_random_call_sequences_do_what_the_rules_say(sku, ops):
     facts, state = enabled(sku)
-    mig = facts.skus[sku].mig
-    ids = [p.id for p in mig.gi_profiles]
     for op, a, b, c in ops:
-        before = state.to_dict()
         gpu = state.gpus[0]
-        gi = gpu.gis[b % len(gpu.gis)] if gpu.gis else None
+        if op == "hold" and gpu.gis and gpu.gis[b % len(gpu.gis)].cis:
+            gi = gpu.gis[b % len(gpu.gis)]
+            state.processes.append(SimProcess(pid=a, gpu=0, gi=gi.id, ci=gi.cis[0].id))
+        elif op == "free":
+            state.processes.clear()
+        call = step(facts, state, op, a, b, c)
+        if call is None:
+            continue
+        fn, args, want, after = call
+        before = state.to_dict()
         try:
-            if op == "gi":
-                state.create_gi(facts, 0, ids[a % len(ids)])
-            elif op == "gi_at":
-                prof = mig.by_id(ids[a % len(ids)])
-                state.create_gi(facts, 0, prof.id, (b, prof.memory_slices if c % 4 else c))
-            elif op in ("ci", "ci_at") and gi:
-                cprofs = mig.by_id(gi.profile_id).ci_profiles
-                cp = cprofs[a % len(cprofs)]
-                state.create_ci(facts, 0, gi.id, cp.id, (c, cp.slices) if op == "ci_at" else None)
-            elif op == "dgi" and gi:
-                state.destroy_gi(0, gi.id)
-            elif op == "dci" and gi and gi.cis:
-                state.destroy_ci(0, gi.id, gi.cis[c % len(gi.cis)].id)
-            elif op == "hold" and gi and gi.cis:
-                state.processes.append(SimProcess(pid=a, gpu=0, gi=gi.id, ci=gi.cis[0].id))
-            elif op == "free":
-                state.processes.clear()
+            fn(*args)
+            got = oracle.SUCCESS
         except SimNvmlError as e:
-            assert e.code in (N.NVML_ERROR_INSUFFICIENT_RESOURCES, N.NVML_ERROR_INVALID_ARGUMENT,
-                              N.NVML_ERROR_IN_USE, N.NVML_ERROR_NOT_SUPPORTED)
-            assert state.to_dict() == before, f"failed {op} changed the state"
+            got = e.code
+        assert got == want, f"{fn.__name__}{args[1:]}: NVML code {got}, the rules say {want}"
+        if got == oracle.SUCCESS:
+            assert instances(state) == after, f"{fn.__name__}{args[1:]} did not do what the rules say"
+        else:
+            assert state.to_dict() == before, f"failed {fn.__name__} changed the state"
         check_invariants(facts, state)
+
+
+def test_the_oracle_itself_agrees_with_the_published_examples():
+    mig = catalog.skus()[A100].mig
+    # MIG user guide: 19,19,14 then 9 fails; 9,19,14,19 fits; 5,14,19 land at 0:4, 4:2, 6:1.
+    assert oracle.gi_create(mig, [(19, 6), (19, 5), (14, 2)], 9) == (oracle.FULL, None)
+    assert oracle.gi_create(mig, [(9, 4), (19, 3), (14, 0)], 19) == (oracle.SUCCESS, 2)
+    assert oracle.gi_create(mig, [(5, 0), (14, 4)], 19) == (oracle.SUCCESS, 6)
+    assert oracle.gi_create(mig, [(20, 0)], 20) == (oracle.FULL, None)
+    assert oracle.gi_create(mig, [], 9, (2, 4)) == (oracle.BAD, None)
+    assert oracle.ci_create(7, [(1, 0), (1, 2), (1, 4)], 0) == (oracle.SUCCESS, 6)
+    assert oracle.ci_create(3, [], 1) == (oracle.SUCCESS, 0)
+    assert oracle.ci_create(3, [], 3) == (oracle.UNSUPPORTED, None)
