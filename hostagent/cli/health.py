@@ -7,6 +7,7 @@ the run directory: its published state file and clear-request files.
 
 from __future__ import annotations
 
+import os
 import sys
 
 from .common import daemon_client, host_from_args
@@ -101,7 +102,7 @@ def _options(args, host):
     import dataclasses
     from ..config import load_config
     from ..health import HealthOptions
-    options = HealthOptions.from_config(load_config(host.config_file).data.get("health"))
+    options = HealthOptions.from_config(load_config(host.config_file).data.get("health"), os.environ)
     changes = {}
     if args.quiet_period is not None:
         changes["quiet_period"] = args.quiet_period or None

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import os
 
 __all__ = ["Features", "CHECK_PERIOD"]
 
@@ -38,7 +39,8 @@ class Features:
         from .metricslink import MetricsLink
         sections = settings.sections
         # No state file nor request files: the API serves health and takes clears.
-        options = dataclasses.replace(HealthOptions.from_config(sections.get("health")), state_file=False)
+        options = dataclasses.replace(HealthOptions.from_config(sections.get("health"), os.environ),
+                                      state_file=False)
         agent = self.agent
         agent.health_link = HealthLink(agent, options)
         agent.metrics_link = MetricsLink(agent, MetricsOptions.from_config(sections.get("metrics")),

@@ -14,13 +14,13 @@ from typing import Iterable
 
 from ..errors import ConfigError
 
-__all__ = ["DEFAULT_IGNORED_XIDS", "XidPolicy"]
+__all__ = ["DEFAULT_IGNORED_XIDS", "XidPolicy", "parse_xids"]
 
 DEFAULT_IGNORED_XIDS = frozenset({13, 31, 43, 45, 68, 109})
 _ALL = ("all", "xids")
 
 
-def _parse(items, what: str) -> tuple[bool, frozenset[int]]:
+def parse_xids(items, what: str) -> tuple[bool, frozenset[int]]:
     """(everything, xids) from "13,31", "all", or a list of numbers and words."""
     if items is None:
         return False, frozenset()
@@ -51,15 +51,9 @@ class XidPolicy:
 
     @classmethod
     def from_lists(cls, disable: Iterable | str | None = (), enable: Iterable | str | None = ()) -> "XidPolicy":
-        ignore_all, ignored = _parse(disable, "health.disable_xids")
-        count_all, counted = _parse(enable, "health.enable_xids")
+        ignore_all, ignored = parse_xids(disable, "health.disable_xids")
+        count_all, counted = parse_xids(enable, "health.enable_xids")
         return cls(ignore_all, ignored, count_all, counted)
-
-    @classmethod
-    def from_env(cls, environ) -> "XidPolicy":
-        """The device plugin's variables, for users bringing their settings along."""
-        return cls.from_lists(environ.get("DP_DISABLE_HEALTHCHECKS", ""),
-                              environ.get("DP_ENABLE_HEALTHCHECKS", ""))
 
     def ignored(self, xid: int) -> bool:
         if self.count_all or xid in self.counted:

@@ -310,3 +310,23 @@ def test_watch_status_and_clear_across_processes(make_node):
     assert "not running" in out.stderr
     out = hostagent(host, "health", "clear", "--all", "--timeout", "0.5", check=False)
     assert out.returncode == 1 and "no health monitor answered" in out.stderr
+
+
+def test_device_plugin_variables_set_the_xid_lists(make_node):
+    """DP_DISABLE_HEALTHCHECKS / DP_ENABLE_HEALTHCHECKS, as a device plugin DaemonSet sets
+    them, where the config file sets no list."""
+    host, store = make_node("t4x2")
+    env = dict(os.environ, PYTHONUNBUFFERED="1", DP_DISABLE_HEALTHCHECKS="48,63")
+    proc = subprocess.Popen(CLI + ["--simulate", str(host.root), "health", "watch"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        assert "ignored XIDs: 13, 31, 43, 45, 48, 63, 68, 109;" in proc.stderr.readline()
+        sim(host, "xid", "--gpu", 1, "--xid", 48)
+        assert proc.stdout.readline().split("] ", 1)[1] == "xid 48 (ignored) on GPU 1 -> no change\n"
+    finally:
+        proc.terminate()
+        proc.wait(10)
+    env["DP_ENABLE_HEALTHCHECKS"] = "48;63"
+    out = subprocess.run(CLI + ["--simulate", str(host.root), "health", "watch"], env=env,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1 and out.stderr.startswith("hostagent: error: DP_ENABLE_HEALTHCHECKS: '48;63'")

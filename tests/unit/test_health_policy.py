@@ -30,10 +30,19 @@ def test_enable_and_disable(disable, enable, ignored, counted):
     assert not any(p.ignored(x) for x in counted), [x for x in counted if p.ignored(x)]
 
 
-def test_from_env():
-    p = XidPolicy.from_env({"DP_DISABLE_HEALTHCHECKS": "all", "DP_ENABLE_HEALTHCHECKS": "79"})
-    assert p.ignored(48) and not p.ignored(79)
-    assert XidPolicy.from_env({}) == XidPolicy()
+def test_device_plugin_variables_fill_what_the_config_file_leaves_empty():
+    env = {"DP_DISABLE_HEALTHCHECKS": "all", "DP_ENABLE_HEALTHCHECKS": "79"}
+    p = HealthOptions.from_config({"disable_xids": [], "enable_xids": []}, env).policy
+    assert p.ignored(48) and not p.ignored(79) and p.describe() == "XIDs ignored except 79"
+    # the file wins where it says something: here it keeps 79 ignored, 'all' still from env
+    p = HealthOptions.from_config({"disable_xids": [], "enable_xids": [48]}, env).policy
+    assert p.ignored(79) and not p.ignored(48)
+    assert HealthOptions.from_config(None, {}) == HealthOptions()
+    assert HealthOptions.from_config(None, {"DP_DISABLE_HEALTHCHECKS": " "}) == HealthOptions()
+    assert HealthOptions.from_config({"disable_xids": [48]}, env).policy.ignored(13)
+    with pytest.raises(ConfigError) as e:
+        HealthOptions.from_config(None, {"DP_ENABLE_HEALTHCHECKS": "48;63"})
+    assert e.value.message.startswith("DP_ENABLE_HEALTHCHECKS: '48;63' is neither an XID")
 
 
 @pytest.mark.parametrize("bad", ["abc", "-3", "0", "48;63", ["x"]])
