@@ -78,6 +78,16 @@ def _config_flags(v) -> None:
                    help="config to use (default: $MIG_PARTED_SELECTED_CONFIG, or the only one)")
 
 
+def hooks_of(args):
+    """The hooks file (None without one) and the variables mig-parted gives hooks."""
+    if not args.hooks:
+        return None, {}
+    from ..mig.hooks import flag_env, load_hooks
+    return load_hooks(args.hooks), flag_env(
+        selected_config=args.selected_config or "", config_file=args.config_file, hooks_file=args.hooks,
+        skip_reset=args.skip_reset, mode_only=args.mode_only)
+
+
 def _seconds(text: str) -> float:
     import argparse
     try:
@@ -152,40 +162,39 @@ def run_apply(args) -> int:
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     host = host_from_args(args)
     spec = _spec(args)
-    hooks = None
-    if args.hooks:
-        from ..mig.hooks import load_hooks
-        hooks = load_hooks(args.hooks)
-    env = {"MIG_PARTED_CONFIG_FILE": args.config_file or "", "MIG_PARTED_HOOKS_FILE": args.hooks or "",
-           "MIG_PARTED_SKIP_RESET": str(args.skip_reset).lower(),
-           "MIG_PARTED_MODE_CHANGE_ONLY": str(args.mode_only).lower()}
+    hooks, env = hooks_of(args)
     result = service.apply(host, spec, args.selected_config, mode_only=args.mode_only,
                            skip_reset=args.skip_reset, force=args.force, dry_run=args.dry_run,
                            hooks=hooks, hook_env=env, progress=_progress,
                            on_layout_changed=refresh_cdi, lock_timeout=args.lock_timeout,
                            on_lock_wait=_waiting, refuse=checkpoint_guard(host, args.force))
-    _notes(result.notes)
-    plan = result.plan
     if args.dry_run:
-        emit(plan.to_dict(), args.output, lambda _: print(render_plan(plan)))
+        _notes(result.notes)
+        emit(result.plan.to_dict(), args.output, lambda _: print(render_plan(result.plan)))
         print("dry run: nothing was changed", file=sys.stderr)
         return 0
-    for w in plan.warnings:
-        print(f"hostagent: warning: {w}", file=sys.stderr)
-    changed = plan.changed
-    for g in plan.gpus:
-        print(f"GPU {g.index} ({g.name}): {g.summary()}")
-    report = result.report
-    if report and report.run.terminated:
-        print(f"terminated (--force): {', '.join(report.run.terminated)}")
-    if report and (report.nodes.created or report.nodes.removed):
-        print(f"capability nodes: {len(report.nodes.created)} created, {len(report.nodes.removed)} removed")
-    if changed:
-        print(f"MIG configuration '{plan.config}' applied successfully: {len(changed)} GPU(s) changed, "
-              f"{len(plan.gpus) - len(changed)} unchanged")
-    else:
-        print(f"MIG configuration '{plan.config}' applied successfully: already in place, nothing changed")
+    print_applied(result.to_dict())
     return 0
+
+
+def print_applied(out: dict) -> None:
+    """An apply's outcome, done here or by the daemon (``ApplyResult.to_dict``): notes and
+    warnings on stderr, a line per GPU and the summary on stdout."""
+    _notes(out["notes"])
+    plan = out["plan"]
+    for w in plan["warnings"]:
+        print(f"hostagent: warning: {w}", file=sys.stderr)
+    for g in plan["gpus"]:
+        print(f"GPU {g['index']} ({g['name']}): {g['summary']}")
+    if out["terminated"]:
+        print(f"terminated (--force): {', '.join(out['terminated'])}")
+    nodes = out["capability_nodes"]
+    if nodes["created"] or nodes["removed"]:
+        print(f"capability nodes: {len(nodes['created'])} created, {len(nodes['removed'])} removed")
+    changed, total = len(out["changed"]), len(plan["gpus"])
+    done = (f"{changed} GPU(s) changed, {total - changed} unchanged" if changed
+            else "already in place, nothing changed")
+    print(f"MIG configuration '{plan['config']}' applied successfully: {done}")
 
 
 def run_assert(args) -> int:

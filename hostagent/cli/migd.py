@@ -77,7 +77,15 @@ def _document(path: str | None, what: str):
 
 
 def apply_through_daemon(args) -> int | None:
-    """The exit code, or None when there is no daemon (or for a dry run): act directly."""
+    """The exit code, or None when there is no daemon (or for a dry run): act directly.
+
+    The daemon does the NVML work; hooks run here, in the caller's context (the daemon's
+    sandbox would stop hooks that edit /etc or use /tmp), at mig-parted's points as far as
+    two requests allow: ``apply-start``, then ``pre-apply-mode`` and ``pre-apply-config``
+    if the daemon's plan changes modes or instances, then the apply, then ``apply-exit``,
+    always. The daemon refreshes the CDI spec before it answers, so ``apply-exit`` sees the
+    new devices.
+    """
     if args.dry_run:
         return None
     host = host_from_args(args)
@@ -85,31 +93,36 @@ def apply_through_daemon(args) -> int | None:
     if socket_path is None:
         return None
     from ..client import Client
+    from .mig import _progress, hooks_of, print_applied
     body = {"mode_only": args.mode_only, "skip_reset": args.skip_reset, "force": args.force}
     if args.selected_config:
         body["config"] = args.selected_config
     spec = _document(args.config_file, "MIG config file")
     if spec is not None:
         body["spec"] = spec
-    hooks = _document(args.hooks, "hooks file")
-    if hooks:
-        body["hooks"] = hooks
+    hooks, env = hooks_of(args)      # a bad hooks file fails here, before anything runs
     print(f"hostagent: applying through the daemon ({socket_path})", file=sys.stderr)
     with Client(socket_path=socket_path, timeout=None) as client:
-        result = client.request("POST", "/v1/mig/apply", body).json()
-    for note in result.get("notes", []):
-        print(f"hostagent: {note}", file=sys.stderr)
-    plan = result["plan"]
-    for w in plan["warnings"]:
-        print(f"hostagent: warning: {w}", file=sys.stderr)
-    for g in plan["gpus"]:
-        print(f"GPU {g['index']} ({g['name']}): {g['summary']}")
-    if result.get("terminated"):
-        print(f"terminated (--force): {', '.join(result['terminated'])}")
-    changed = result["changed"]
-    if changed:
-        print(f"MIG configuration '{plan['config']}' applied successfully: {len(changed)} GPU(s) changed, "
-              f"{len(plan['gpus']) - len(changed)} unchanged")
-    else:
-        print(f"MIG configuration '{plan['config']}' applied successfully: already in place, nothing changed")
+        if hooks is None:
+            result = client.request("POST", "/v1/mig/apply", body).json()
+        else:
+            result = _apply_with_hooks(client, body, hooks, env)
+    for p in result.get("progress", []):
+        _progress(p["gpu"], p["message"])
+    print_applied(result)
     return 0
+
+
+def _apply_with_hooks(client, body: dict, hooks, env: dict) -> dict:
+    from ..mig.hooks import around_apply
+    planned = client.request("POST", "/v1/mig/plan", {k: v for k, v in body.items()
+                                                      if k in ("config", "spec", "mode_only")}).json()["plan"]
+    env = {**env, "MIG_PARTED_SELECTED_CONFIG": planned["config"]}
+    with around_apply(hooks, env):
+        # Both before the daemon's apply: a failing pre-apply-config then leaves the node
+        # untouched (mig-parted runs it between the phases, after the mode changes).
+        if planned["mode_changes"]:
+            hooks.run("pre-apply-mode", env)
+        if planned["config_changes"]:
+            hooks.run("pre-apply-config", env)
+        return client.request("POST", "/v1/mig/apply", body).json()

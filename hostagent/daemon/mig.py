@@ -27,9 +27,13 @@ def _spec(body: dict):
 
 
 def _hooks(body: dict):
-    from ..mig.hooks import NO_HOOKS, parse_hooks
+    """Hooks given in the request; run by the daemon, inside its sandbox (the CLI runs a
+    hooks file itself instead)."""
+    if not body.get("hooks"):
+        return None
     import json
-    return parse_hooks(json.dumps(body["hooks"]), "request body 'hooks'") if body.get("hooks") else NO_HOOKS
+    from ..mig.hooks import parse_hooks
+    return parse_hooks(json.dumps(body["hooks"]), "request body 'hooks'")
 
 
 class MigOps:
@@ -52,7 +56,7 @@ class MigOps:
     async def _after(self, reason: str) -> None:
         await self.agent.refresh_locked(reason)
 
-    def _refresh_spec(self, host) -> None:
+    def _refresh_spec(self, host, progress=None) -> None:
         """Worker thread, under the node lock, right after the layout changed (applied, rolled
         back, recovered): the node's CDI spec describes the new MIG devices before anything
         else runs (an apply-exit hook restarting the device plugin). ``_after`` publishes the
@@ -60,9 +64,14 @@ class MigOps:
         from ..cdi import refresh
         from ..cdi.spec import SpecOptions
         try:
-            refresh.refresh(host, SpecOptions(hook_interpreter=self.agent.interpreter()))
+            change, _ = refresh.refresh(host, SpecOptions(hook_interpreter=self.agent.interpreter()))
         except HostagentError as e:
             log.error("the CDI spec was not refreshed after a MIG layout change: %s", e.message)
+            if progress is not None:
+                progress(None, f"warning: the CDI spec was not refreshed: {e.message}")
+            return
+        if progress is not None:
+            progress(None, f"CDI spec: {change.describe()}")
 
     # ---- reads --------------------------------------------------------------------
 
@@ -96,37 +105,41 @@ class MigOps:
                 await self._after("mig recovery")
         return {"plan": plan.to_dict(), "notes": notes}
 
-    def _apply_work(self, body: dict, started: list | None = None):
+    def _apply_work(self, body: dict, started: list, progress: list):
         from ..mig import service
+        from ..mig.hooks import flag_env
         spec, hooks = _spec(body), _hooks(body)
+        env = flag_env(selected_config=body.get("config", ""), config_file=body.get("config_file"),
+                       hooks_file=body.get("hooks_file"), skip_reset=body.get("skip_reset", False),
+                       mode_only=body.get("mode_only", False))
 
         def refuse(inventory, plan):
             self._refuse_busy(inventory, plan)
-            if started is not None:
-                started.append(True)        # past the refusals: counted as an apply
+            started.append(True)            # past the refusals: counted as an apply
+
+        def note(gpu, message):            # what the CLI prints on stderr when it acts itself
+            progress.append({"gpu": gpu, "message": message})
         return service.apply(self.host, spec, body.get("config"), mode_only=body.get("mode_only", False),
                              skip_reset=body.get("skip_reset", False), force=body.get("force", False),
-                             dry_run=body.get("dry_run", False), hooks=hooks, refuse=refuse,
-                             on_layout_changed=self._refresh_spec, lock_timeout=60.0)
+                             dry_run=body.get("dry_run", False), hooks=hooks, hook_env=env, refuse=refuse,
+                             progress=note, on_layout_changed=lambda host: self._refresh_spec(host, note),
+                             lock_timeout=60.0)
 
     async def apply(self, body: dict) -> dict:
         async with self.agent.mutex:
-            started, ok = [], False
+            started, progress, ok = [], [], False
             try:
-                result = await self.agent.blocking(self._apply_work, body, started)
+                result = await self.agent.blocking(self._apply_work, body, started, progress)
                 ok = True
             finally:
                 if not body.get("dry_run"):
                     if started:
                         self.agent.metrics.mig_apply(ok)
                     await self._after("mig apply")
-        report = result.report
-        out = {"plan": result.plan.to_dict(), "notes": result.notes, "dry_run": bool(body.get("dry_run")),
-               "changed": [g.index for g in result.plan.changed], "revision": self.agent.events.revision}
-        if report is not None:
-            out["terminated"] = list(report.run.terminated)
+        if result.report is not None:
             log.info("MIG config %r applied: %d GPU(s) changed", result.plan.config, len(result.plan.changed))
-        return out
+        return {**result.to_dict(), "dry_run": bool(body.get("dry_run")), "progress": progress,
+                "revision": self.agent.events.revision}
 
     # ---- instances ----------------------------------------------------------------
 

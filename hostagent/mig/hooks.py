@@ -16,15 +16,16 @@ mig-parted, an unknown hook name is an error rather than a hook that never runs.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
 import subprocess
 from dataclasses import dataclass, field
 
-from ..errors import ConfigError, NotFoundError, StateError
+from ..errors import ConfigError, HostagentError, NotFoundError, StateError
 
-__all__ = ["HOOK_NAMES", "HookSpec", "Hooks", "load_hooks", "parse_hooks", "NO_HOOKS"]
+__all__ = ["HOOK_NAMES", "HookSpec", "Hooks", "load_hooks", "parse_hooks", "NO_HOOKS", "flag_env", "around_apply"]
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +69,34 @@ class Hooks:
 
 
 NO_HOOKS = Hooks()
+
+
+def flag_env(*, selected_config: str, config_file: str | None = None, hooks_file: str | None = None,
+             skip_reset: bool = False, mode_only: bool = False) -> dict[str, str]:
+    """The apply's flags as mig-parted hands them to hooks (its CLI flags' variables)."""
+    return {"MIG_PARTED_CONFIG_FILE": config_file or "", "MIG_PARTED_SELECTED_CONFIG": selected_config,
+            "MIG_PARTED_HOOKS_FILE": hooks_file or "", "MIG_PARTED_SKIP_RESET": str(skip_reset).lower(),
+            "MIG_PARTED_MODE_CHANGE_ONLY": str(mode_only).lower()}
+
+
+@contextlib.contextmanager
+def around_apply(hooks: Hooks, env: dict[str, str]):
+    """``apply-start`` before the block; ``apply-exit`` after it, always, as mig-parted's
+    deferred one: its failure is reported only when nothing failed before it."""
+    hooks.run("apply-start", env)
+    failure = None
+    try:
+        yield
+    except BaseException as e:
+        failure = e
+        raise
+    finally:
+        try:
+            hooks.run("apply-exit", env)
+        except HostagentError as e:
+            if failure is None:
+                raise
+            log.error("%s", e.message)
 
 
 def _spec(raw, where: str) -> HookSpec:

@@ -131,7 +131,8 @@ class MigPlan:
 
     def to_dict(self) -> dict:
         return {"config": self.config, "mode_only": self.mode_only,
-                "changed": [g.index for g in self.changed], "warnings": list(self.warnings),
+                "changed": [g.index for g in self.changed], "mode_changes": self.mode_changes,
+                "config_changes": self.config_changes, "warnings": list(self.warnings),
                 "unreadable": [u.index for u in self.unreadable],
                 "gpus": [g.to_dict() for g in self.gpus]}
 

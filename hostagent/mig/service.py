@@ -8,13 +8,12 @@ apply holds it they report the state as it is, with a note.
 from __future__ import annotations
 
 import contextlib
-import logging
 from dataclasses import dataclass, field
 from typing import Callable
 
 from ..devices import read_inventory
 from ..devices.records import Inventory
-from ..errors import HostagentError, StateError
+from ..errors import StateError
 from ..hostroot import HostRoot
 from ..lock import node_lock
 from .journal import Journal, read_checkpoint
@@ -28,8 +27,6 @@ from .spec import MigSpec
 
 __all__ = ["ApplyResult", "apply", "plan", "check", "require_applied", "status", "recover_pending",
            "NotApplied"]
-
-log = logging.getLogger(__name__)
 
 READ_LOCK_WAIT = 5.0
 
@@ -54,6 +51,15 @@ class ApplyResult:
     plan: MigPlan
     report: object | None = None               # executor.ApplyReport; None if nothing ran
     notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        """What the CLI prints and the API answers after an apply."""
+        report = self.report
+        return {"plan": self.plan.to_dict(), "notes": list(self.notes),
+                "changed": [g.index for g in self.plan.changed],
+                "terminated": list(report.run.terminated) if report else [],
+                "capability_nodes": {"created": list(report.nodes.created) if report else [],
+                                     "removed": list(report.nodes.removed) if report else []}}
 
 
 def _recover(host: HostRoot, progress: Progress, on_layout_changed) -> str | None:
@@ -107,29 +113,18 @@ def apply(host: HostRoot, spec: MigSpec | None, config: str | None, *, mode_only
             refuse(inventory, result.plan)
         if dry_run:
             return result
+        if not (hooks or result.plan.changed):
+            return result                # the common case at boot: nothing to do, nothing loaded
+        from .hooks import NO_HOOKS, around_apply
+        hooks = hooks or NO_HOOKS
         env = {**(hook_env or {}), "MIG_PARTED_SELECTED_CONFIG": result.plan.config}
-        run_hook = hooks.run if hooks is not None else (lambda name, env: None)
-        run_hook("apply-start", env)
-        failure = None
-        try:
+        with around_apply(hooks, env):
             if result.plan.changed:
                 from .executor import execute
                 result.report = execute(host, inventory, result.plan, skip_reset=skip_reset,
                                         force=force, progress=progress,
-                                        before_phase=lambda phase: run_hook(f"pre-apply-{phase}", env),
+                                        before_phase=lambda phase: hooks.run(f"pre-apply-{phase}", env),
                                         on_layout_changed=on_layout_changed)
-        except BaseException as e:
-            failure = e
-            raise
-        finally:
-            # Always runs, as mig-parted's deferred apply-exit; its failure is reported only
-            # when nothing failed before it.
-            try:
-                run_hook("apply-exit", env)
-            except HostagentError as e:
-                if failure is None:
-                    raise
-                log.error("%s", e.message)
         return result
 
 

@@ -121,16 +121,56 @@ def test_bad_layouts(agent):
 def test_cli_goes_through_the_daemon(agent, tmp_path):
     spec = tmp_path / "mig.yaml"
     spec.write_text(json.dumps(SPEC))
+    log, at_exit = tmp_path / "hooks.log", tmp_path / "spec-at-exit.json"
+    record = (f'echo "$0 $MIG_PARTED_SELECTED_CONFIG $MIG_PARTED_CONFIG_FILE $MIG_PARTED_HOOKS_FILE '
+              f'$MIG_PARTED_SKIP_RESET $MIG_PARTED_MODE_CHANGE_ONLY $(tr "\\0" " " < /proc/$PPID/cmdline)" >> {log}')
+    hooks = {name: [{"command": "/bin/sh", "args": ["-c", record, name]}]
+             for name in ("apply-start", "pre-apply-mode", "pre-apply-config", "apply-exit")}
+    hooks["apply-exit"].append({"command": "/bin/cp", "args": [str(agent.root / "var/run/cdi/nvidia.com-gpu.json"),
+                                                               str(at_exit)]})
+    hooks_file = tmp_path / "hooks.yaml"
+    hooks_file.write_text(json.dumps({"version": "v1", "hooks": hooks}))
     done = subprocess.run([sys.executable, "-m", "hostagent.cli.main", "--simulate", str(agent.root),
-                           "mig", "apply", "-f", str(spec), "-c", "two"], capture_output=True, text=True,
-                          timeout=60)
+                           "mig", "apply", "-f", str(spec), "-c", "two", "-k", str(hooks_file)],
+                          capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert "applying through the daemon" in done.stderr
-    assert "MIG configuration 'two' applied successfully" in done.stdout
+    # The same output as a direct apply: progress per GPU and the CDI refresh on stderr ...
+    assert "GPU 0: enable MIG mode" in done.stderr and "resetting GPU 0 (" in done.stderr
+    assert "GPU 1: create 3 GI, create 3 CI" in done.stderr and "CDI spec: " in done.stderr
+    # ... the summary on stdout.
+    assert "GPU 0 (NVIDIA A100-SXM4-40GB): enable MIG (reset), create 3 GI, create 3 CI" in done.stdout
+    assert "capability nodes: 12 created, 0 removed" in done.stdout
+    assert "MIG configuration 'two' applied successfully: 2 GPU(s) changed, 6 unchanged" in done.stdout
     assert "MIG config 'two'" in agent.log()
+    # Hooks ran in the CLI's process (their parent), at mig-parted's points, with its variables.
+    lines = log.read_text().splitlines()
+    assert [ln.split()[0] for ln in lines] == ["apply-start", "pre-apply-mode", "pre-apply-config", "apply-exit"]
+    for ln in lines:
+        assert ln.split()[1:6] == ["two", str(spec), str(hooks_file), "false", "false"]
+        assert "hostagent.cli.main" in ln and " mig apply " in ln and " serve" not in ln
     with agent.client() as c:
-        assert len(c.devices(type="mig")["mig_devices"]) == 6
+        migs = c.devices(type="mig")["mig_devices"]
+        assert len(migs) == 6
+        # The spec was refreshed before apply-exit ran.
+        names = {d["name"] for d in json.loads(at_exit.read_text())["devices"]}
+        assert {m["uuid"] for m in migs} <= names
         post(c, "/v1/mig/apply", {"config": "none", "spec": SPEC})
+
+
+def test_cli_hooks_failing_before_the_daemon_apply_change_nothing(agent, tmp_path):
+    spec = tmp_path / "mig.yaml"
+    spec.write_text(json.dumps(SPEC))
+    hooks_file = tmp_path / "hooks.yaml"
+    hooks_file.write_text(json.dumps({"version": "v1", "hooks": {"pre-apply-config": [
+        {"command": "/bin/sh", "args": ["-c", "echo cannot stop kubelet >&2; exit 4"]}]}}))
+    before = layouts(agent)
+    done = subprocess.run([sys.executable, "-m", "hostagent.cli.main", "--simulate", str(agent.root),
+                           "mig", "apply", "-f", str(spec), "-c", "two", "-k", str(hooks_file)],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1 and done.stderr.splitlines()[-1] == (
+        "hostagent: error: pre-apply-config hook failed: /bin/sh exited with status 4: cannot stop kubelet")
+    assert layouts(agent) == before
 
 
 def layouts(agent) -> list:

@@ -374,3 +374,41 @@ def test_health_carries_over_a_reload():
     finally:
         agent.stop()
         agent.cleanup()
+
+
+def test_a_restarted_monitor_keeps_health(make_node):
+    """In process: a monitor thread that ends is restarted by the link's check, from the
+    health it had (an XID with quiet_period 0 waits for a clear, not for a restart)."""
+    import asyncio
+
+    from hostagent.daemon.agent import Agent
+    from hostagent.daemon.healthlink import HealthLink
+    from hostagent.daemon.settings import load_settings
+    from hostagent.health import HealthOptions
+    host, _ = make_node("t4x2")
+
+    async def scenario():
+        agent = Agent(host, load_settings(host))
+        await agent.start()
+        link = agent.health_link = HealthLink(agent, HealthOptions(quiet_period=None, wait_timeout_ms=100,
+                                                                   state_file=False))
+        try:
+            await link.start(agent.inventory)
+            uuid = agent.inventory.gpus[0].uuid
+            await asyncio.to_thread(subprocess.run, CLI + ["--simulate", str(host.root), "sim", "xid", "--gpu",
+                                                           "0", "--xid", "48"], check=True, timeout=60)
+            deadline = time.monotonic() + 10
+            while agent.health[uuid].state != "unhealthy":
+                assert time.monotonic() < deadline
+                await asyncio.sleep(0.05)
+            first = link.monitor
+            first._stop.set()                                  # its thread ends, as if it died
+            first._thread.join(5)
+            await link.check()
+            assert link.monitor is not first and link.running
+            assert agent.health[uuid].state == "unhealthy" and "XID 48" in agent.health[uuid].message
+            assert link.monitor.last_xids() == {uuid: 48}
+        finally:
+            await link.stop()
+            agent.close()
+    asyncio.run(scenario())
