@@ -46,6 +46,8 @@ class GiProfileSpec:
     jpegs: int
     ofas: int
     placements: tuple[int, ...]
+    # SMs of a compute instance of C slices, by C (see ci_multiprocessors below).
+    ci_sms: tuple[tuple[int, int], ...] = ()
 
     @property
     def all_media(self) -> bool:
@@ -68,7 +70,7 @@ class GiProfileSpec:
                 n = self.slices // c
                 out.append(CiProfileSpec(
                     id=ci_profile_index(c), slices=c, instances=n,
-                    multiprocessors=self.multiprocessors * c // self.slices,
+                    multiprocessors=dict(self.ci_sms).get(c, self.multiprocessors * c // self.slices),
                     placements=tuple(k * c for k in range(n))))
         return tuple(out)
 
@@ -145,9 +147,31 @@ def _data(name: str):
     return yaml.safe_load((DATA / name).read_text())
 
 
+# NVML_GPU_INSTANCE_PROFILE_<N>_SLICE values of the plain profiles, keyed by slice count.
+_GI_INDEX_BY_SLICES = {1: 0, 2: 1, 3: 2, 4: 3, 7: 4}
+
+
+def ci_multiprocessors(profiles: list[dict]) -> dict[int, tuple[tuple[int, int], ...]]:
+    """Per GI profile id, the SMs of its compute instances by slice count.
+
+    A CI of all the GI's slices has the GI's SMs; one of C < G slices has the SMs of the
+    plain C-slice GPU instance, so a 1c CI on H100 has the 16 SMs the reference lists for
+    1g.10gb, not 132 * 1 // 7 = 18 (SM slices are not equal shares of the whole GPU's SMs
+    there). Proportional only where the SKU has no such profile.
+    """
+    plain = {p["slices"]: p["multiprocessors"] for p in profiles
+             if _GI_INDEX_BY_SLICES.get(p["slices"]) == p["index"]}
+    return {p["id"]: tuple((c, p["multiprocessors"] if c == p["slices"]
+                            else plain.get(c, p["multiprocessors"] * c // p["slices"]))
+                           for c in _CI_INDEX_BY_SLICES if c <= p["slices"])
+            for p in profiles}
+
+
 def sku_from_dict(key: str, raw: dict) -> SkuSpec:
     mig = raw.get("mig")
     if mig:
+        profiles = mig["gpu_instance_profiles"]
+        ci_sms = ci_multiprocessors(profiles)
         mig = MigSpec(
             memory_slices=mig["memory_slices"], compute_slices=mig["compute_slices"],
             multiprocessors=mig["multiprocessors"],
@@ -157,7 +181,7 @@ def sku_from_dict(key: str, raw: dict) -> SkuSpec:
                 memory_mib=p["memory_mib"], multiprocessors=p["multiprocessors"],
                 copy_engines=p["copy_engines"], decoders=p["decoders"],
                 encoders=p["encoders"], jpegs=p["jpegs"], ofas=p["ofas"],
-                placements=tuple(p["placements"])) for p in mig["gpu_instance_profiles"]))
+                placements=tuple(p["placements"]), ci_sms=ci_sms[p["id"]]) for p in profiles))
     major, minor = str(raw["compute_capability"]).split(".")
     return SkuSpec(
         key=key, name=raw["name"], pci_device_id=raw["pci_device_id"],

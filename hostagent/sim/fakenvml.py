@@ -475,9 +475,14 @@ class FakeNvmlLibrary:
 
     @nvml(P, c_uint, P)
     def nvmlDeviceGetMigDeviceHandleByIndex(self, handle, index, ptr):
+        # nvml.h: NOT_SUPPORTED where the query is not (no MIG, or MIG mode disabled: sibling
+        # MIG queries say so), INVALID_ARGUMENT for an index past the GPU's slots,
+        # NOT_FOUND for an empty slot.
         state, gpu = self._gpu_only(handle)
         mig = self._sku(gpu).mig
-        if mig is None or gpu.mig_current != MIG_ENABLE or index >= mig.compute_slices:
+        if mig is None or gpu.mig_current != MIG_ENABLE:
+            raise SimNvmlError(N.NVML_ERROR_NOT_SUPPORTED, "MIG mode is not enabled")
+        if index >= mig.compute_slices:
             raise SimNvmlError(N.NVML_ERROR_INVALID_ARGUMENT, f"no MIG device slot {index}")
         found = state.mig_devices(gpu.index).get(index)
         if found is None:

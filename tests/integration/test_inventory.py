@@ -80,6 +80,65 @@ def test_mig_queries_on_gpu_without_mig_are_not_supported(make_node):
         with pytest.raises(N.NVMLError_NotSupported):
             N.nvmlDeviceGetMigMode(h)
         assert N.nvmlDeviceGetMaxMigDeviceCount(h) == 0
+        with pytest.raises(N.NVMLError_NotSupported):
+            N.nvmlDeviceGetMigDeviceHandleByIndex(h, 0)
+
+
+def test_mig_device_handles_need_mig_mode_enabled(make_node):
+    host, _ = make_node("dgx-a100")
+    with nvml_session(host):
+        h = N.nvmlDeviceGetHandleByIndex(0)
+        assert N.nvmlDeviceGetMigMode(h) == [N.NVML_DEVICE_MIG_DISABLE] * 2
+        assert N.nvmlDeviceGetMaxMigDeviceCount(h) == 0
+        with pytest.raises(N.NVMLError_NotSupported):
+            N.nvmlDeviceGetMigDeviceHandleByIndex(h, 0)
+
+
+def test_instance_lists_write_count_and_fill_a_buffer_of_instance_count(make_node):
+    host, store = make_node("hgx-h100")
+    enable_mig(store, 0)
+    with store.mutate() as s:
+        for start in (0, 1, 2):
+            gi = s.create_gi(store.facts, 0, 19, (start, 1))
+        s.create_ci(store.facts, 0, gi.id, 0)
+    with nvml_session(host):
+        h = N.nvmlDeviceGetHandleByIndex(0)
+        count = ctypes.c_uint(0)                     # never read as the buffer's size
+        array = (N.c_nvmlGpuInstance_t * 7)()
+        N.nvmlDeviceGetGpuInstances(h, 19, array, ctypes.byref(count))
+        assert count.value == 3 and all(array[:3])
+        ci_count = ctypes.c_uint(0)
+        cis = (N.c_nvmlComputeInstance_t * 1)()
+        N.nvmlGpuInstanceGetComputeInstances(array[2], 0, cis, ctypes.byref(ci_count))
+        assert ci_count.value == 1 and cis[0]
+        fn = N._nvmlGetFunctionPointer("nvmlDeviceGetGpuInstances")
+        assert fn(h, 19, None, ctypes.byref(count)) == N.NVML_ERROR_INVALID_ARGUMENT
+
+
+@pytest.mark.parametrize("sku, gi_profile, expected", [
+    # CIs of C < G slices have the plain C-slice GPU instance's SMs (mig.md 3.2, 3.5).
+    ("hgx-h100", "7g.80gb", {"1c.7g.80gb": 16, "2c.7g.80gb": 32, "3c.7g.80gb": 60,
+                             "4c.7g.80gb": 64, "7g.80gb": 132}),
+    ("hgx-h100", "1g.20gb", {"1g.20gb": 26}),
+    ("dgx-a100", "7g.40gb", {"1c.7g.40gb": 14, "2c.7g.40gb": 28, "3c.7g.40gb": 42,
+                             "4c.7g.40gb": 56, "7g.40gb": 98}),
+])
+def test_compute_instance_sms_follow_the_profile_tables(make_node, sku, gi_profile, expected):
+    host, store = make_node(sku)
+    enable_mig(store, 0)
+    gpu = store.facts.skus[store.read().gpus[0].sku]
+    gprof = next(p for p in gpu.mig.gi_profiles if p.name == gi_profile)
+    got = {}
+    for cprof in gprof.ci_profiles:
+        with store.mutate() as s:
+            for g in s.gpus[0].gis:
+                g.cis.clear()
+            s.gpus[0].gis.clear()
+            gi = s.create_gi(store.facts, 0, gprof.id)
+            s.create_ci(store.facts, 0, gi.id, cprof.id)
+        dev, = read_inventory(host).gpus[0].mig.devices
+        got[dev.profile] = dev.multiprocessors
+    assert got == expected
 
 
 def test_mig_devices_sparse_slots_and_uuids(make_node):
