@@ -223,7 +223,8 @@ class App:
             since = int(since)
         if request.method == "HEAD":
             return Response(200, b"", content_type="application/x-ndjson")
-        return _stream(watch_stream(self.agent, since))
+        producer = watch_stream(self.agent, since)
+        return _stream(producer, producer.farewell)
 
     def list_allocations(self, request: Request) -> Response:
         from ..daemon.views import allocation_view
@@ -336,8 +337,8 @@ class App:
         return Response(200, body, content_type=content_type)
 
 
-async def _stream(producer):
-    return StreamResponse(producer)
+async def _stream(producer, farewell=None):
+    return StreamResponse(producer, farewell=farewell)
 
 
 def _with_profiles(view: dict, snap) -> dict:

@@ -47,6 +47,7 @@ class StreamResponse:
     status: int = 200
     headers: tuple[tuple[str, str], ...] = ()
     content_type: str = "application/x-ndjson"
+    farewell: object = None            # () -> bytes: the last data when the server stops
 
 
 def json_response(status: int, data, headers=()) -> Response:
@@ -317,8 +318,16 @@ class Connection(asyncio.Protocol):
             await result.producer(Stream(self))
             if not self.closed:
                 self.transport.write(LAST_CHUNK)
-        except (ConnectionError, asyncio.CancelledError):
+        except ConnectionError:
             pass
+        except asyncio.CancelledError:
+            # The server stops: end the body properly (a last line saying so, then the
+            # zero-length chunk), so the client sees a complete response, not a cut.
+            # Chunks are written whole, so this never lands inside one.
+            if self.server.closing and not self.closed:
+                if result.farewell is not None:
+                    self.transport.write(chunk(result.farewell()))
+                self.transport.write(LAST_CHUNK)
         finally:
             self.close()
 
@@ -353,6 +362,7 @@ class ApiServer:
         self.per_user: dict[int, int] = {}
         self.closing = False
         self._server = None
+        self._drained: asyncio.Future | None = None     # stop(): the last connection is gone
 
     def admit(self, conn: Connection) -> bool:
         uid = conn.caller.uid
@@ -373,6 +383,8 @@ class ApiServer:
                 self.per_user[uid] = left
             else:
                 self.per_user.pop(uid, None)
+            if not self.connections and self._drained is not None and not self._drained.done():
+                self._drained.set_result(None)
 
     async def start(self, sock) -> None:
         """Serve on an already bound and listening UNIX socket."""
@@ -380,15 +392,17 @@ class ApiServer:
         self._server = await self.loop.create_unix_server(lambda: Connection(self), sock=sock)
 
     async def stop(self, grace: float = 5.0) -> None:
-        """Stop accepting; end idle connections and streams; let requests in flight finish."""
+        """Stop accepting; end idle connections and streams (each with its last chunk); let
+        requests in flight finish; then wait (a second at most) for what was written to
+        reach the clients."""
         self.closing = True
         if self._server is not None:
             self._server.close()
         busy = []
         for conn in list(self.connections):
-            if conn.streaming:
-                conn.task.cancel()
-            elif conn.task is not None and not conn.task.done():
+            if conn.task is not None and not conn.task.done():
+                if conn.streaming:
+                    conn.task.cancel()
                 busy.append(conn.task)
             else:
                 conn.close()
@@ -396,4 +410,10 @@ class ApiServer:
             await asyncio.wait(busy, timeout=grace)
         for conn in list(self.connections):
             conn.close()
+            conn.transport.close()          # lingering ones too
+        # A closed transport flushes its buffer, then calls connection_lost (which removes
+        # the connection); a client that does not read is not waited for long.
+        if self.connections:
+            self._drained = self.loop.create_future()
+            await asyncio.wait([self._drained], timeout=1.0)
 

@@ -1,5 +1,6 @@
 """The watch stream: a snapshot (or the events a resuming client missed), then every event
-as it is published, with heartbeats while nothing happens.
+as it is published, with heartbeats while nothing happens, and a ``stopping`` line before
+the stream's end when the daemon stops.
 
 Each watcher only remembers the last revision it sent and reads the shared event ring
 after it, so a slow watcher holds no queue; one that falls out of the ring (or resumes
@@ -11,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 
-__all__ = ["watch_stream", "snapshot_line"]
+__all__ = ["watch_stream", "WatchStream", "snapshot_line"]
 
 
 def snapshot_line(agent, reason: str) -> tuple[int, bytes]:
@@ -29,30 +30,45 @@ def snapshot_line(agent, reason: str) -> tuple[int, bytes]:
     return snap.revision, snap.cached(("snapshot", reason), render)
 
 
-def watch_stream(agent, since: int | None):
-    events = agent.events
-    heartbeat = agent.settings.api.watch_heartbeat
+def _marker(type_: str, revision: int) -> bytes:
+    return json.dumps({"type": type_, "revision": revision}, separators=(",", ":")).encode() + b"\n"
 
-    async def produce(stream):
-        if since is None:
-            position, line = snapshot_line(agent, "initial")
+
+class WatchStream:
+    """One watcher: ``await stream(sink)`` sends until the client leaves; ``farewell()`` is
+    the last line when the daemon stops (the stream then ends cleanly, not cut off)."""
+
+    def __init__(self, agent, since: int | None):
+        self.agent = agent
+        self.since = since
+        self.position = since        # the last revision sent
+
+    def farewell(self) -> bytes:
+        return _marker("stopping", self.position or 0)
+
+    async def __call__(self, stream) -> None:
+        agent = self.agent
+        events = agent.events
+        heartbeat = agent.settings.api.watch_heartbeat
+        if self.since is None:
+            self.position, line = snapshot_line(agent, "initial")
             await stream.send(line)
-        else:
-            position = since
         while not stream.closed:
-            lines = events.after(position)
+            lines = events.after(self.position)
             if lines is None:
-                position, line = snapshot_line(agent, "too_far_behind")
+                self.position, line = snapshot_line(agent, "too_far_behind")
                 await stream.send(line)
                 continue
             if lines:
-                position += len(lines)
+                self.position += len(lines)
                 await stream.send(b"".join(lines))
                 continue
             try:
                 async with asyncio.timeout(heartbeat):
                     await asyncio.shield(events.changed())
             except TimeoutError:
-                await stream.send(json.dumps({"type": "heartbeat", "revision": position},
-                                             separators=(",", ":")).encode() + b"\n")
-    return produce
+                await stream.send(_marker("heartbeat", self.position))
+
+
+def watch_stream(agent, since: int | None) -> WatchStream:
+    return WatchStream(agent, since)

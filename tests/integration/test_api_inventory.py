@@ -191,3 +191,33 @@ def test_mig_change_behind_the_agents_back(agent):
         assert c.device(m["name"])["uuid"] == m["uuid"] == c.device(quote(m["uuid"]))["uuid"]
         gpu7 = c.device("7")
         assert gpu7["mig"]["enabled"] and gpu7["allocatable"] is False and gpu7["cdi_devices"] == []
+
+
+def test_sigterm_ends_watch_streams_cleanly():
+    """A stop is not a crash: every watch ends with a 'stopping' line and the stream's
+    zero-length chunk (curl exits 0, the client's iterator just ends)."""
+    import shutil
+    import signal
+    agent = AgentProcess(make_root()).start()
+    curl = None
+    try:
+        if shutil.which("curl"):
+            curl = subprocess.Popen(["curl", "-sN", "--unix-socket", str(agent.socket),
+                                     "http://localhost/v1/watch"], stdout=subprocess.PIPE)
+            assert json.loads(curl.stdout.readline())["type"] == "snapshot"
+        c = agent.client()
+        stream = c.watch()
+        snap = next(stream)
+        agent.signal(signal.SIGTERM)
+        rest = list(stream)                 # ends without an error: the last chunk came
+        assert rest[-1] == {"type": "stopping", "revision": snap["revision"]}
+        assert agent.proc.wait(15) == 0
+        if curl is not None:
+            out, _ = curl.communicate(timeout=15)
+            assert curl.returncode == 0
+            assert json.loads(out.splitlines()[-1])["type"] == "stopping"
+    finally:
+        if curl is not None and curl.poll() is None:
+            curl.kill()
+            curl.wait()
+        agent.cleanup()
