@@ -29,6 +29,7 @@ def run(args) -> int:
         from .output import to_plain
         data = to_plain({"gpus": inv.gpus if args.profiles else [_without_profiles(g) for g in inv.gpus],
                          "unreadable": inv.unreadable})
+        data["gpus"] = [_document(gpu, profiles=args.profiles) for gpu in data["gpus"]]
         for gpu in data["gpus"]:
             gpu["health"] = health.get(gpu["uuid"], UNKNOWN)
             for dev in (gpu["mig"] or {}).get("devices", ()):
@@ -56,6 +57,19 @@ def device_health(host) -> dict[str, dict]:
         return {}             # health unknown; the inventory below is still the node's
     out = {d["uuid"]: d["health"] for d in (*data["gpus"], *data["mig_devices"])}
     out.update({f"gpu:{g['index']}": g["health"] for g in data["gpus"]})
+    return out
+
+
+def _document(gpu: dict, *, profiles: bool) -> dict:
+    """A GPU's JSON/YAML entry: ``mig_capable`` said outright (``mig`` is null without MIG),
+    and ``mig.profiles`` only when asked for: an empty list would read as "no profiles"."""
+    out = {}
+    for key, value in gpu.items():
+        if key == "mig":
+            out["mig_capable"] = value is not None
+            if value is not None and not profiles:
+                value = {k: v for k, v in value.items() if k != "profiles"}
+        out[key] = value
     return out
 
 

@@ -34,8 +34,11 @@ def test_version():
 def test_devices_json_and_yaml_agree(node):
     data = json.loads(hostagent("--simulate", node, "devices", "-o", "json").stdout)
     assert [g["name"] for g in data["gpus"]] == ["NVIDIA A100-SXM4-80GB"] * 2 + ["Tesla T4"]
-    assert data["gpus"][2]["mig"] is None
-    assert data["gpus"][0]["mig"]["profiles"] == []          # only with --profiles
+    assert data["gpus"][2]["mig"] is None and data["gpus"][2]["mig_capable"] is False
+    assert data["gpus"][0]["mig_capable"] is True and data["gpus"][0]["mig"]["enabled"] is False
+    assert "profiles" not in data["gpus"][0]["mig"]           # only with --profiles
+    keys = list(data["gpus"][0])
+    assert keys.index("mig_capable") == keys.index("mig") - 1
     assert yaml.safe_load(hostagent("--simulate", node, "devices", "-o", "yaml").stdout) == data
     with_profiles = json.loads(hostagent("--simulate", node, "devices", "--profiles", "-o", "json").stdout)
     names = [p["name"] for p in with_profiles["gpus"][0]["mig"]["profiles"]]
