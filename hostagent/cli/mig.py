@@ -37,6 +37,9 @@ def register(sub) -> None:
     v.add_argument("--force", action="store_true",
                    help="terminate processes using instances that must be destroyed; without the "
                         "daemon, also take away devices its allocations checkpoint records")
+    v.add_argument("--if-driver-loaded", action="store_true",
+                   help="do nothing and exit 0 when the NVIDIA driver is not loaded (for the boot "
+                        "unit: the daemon applies its layout once the driver is there)")
     v.add_argument("--lock-timeout", type=_seconds, metavar="SECONDS",
                    help="give up if another apply holds the node lock this long "
                         "(default: wait for it to finish)")
@@ -163,11 +166,19 @@ def run_apply(args) -> int:
     host = host_from_args(args)
     spec = _spec(args)
     hooks, env = hooks_of(args)
-    result = service.apply(host, spec, args.selected_config, mode_only=args.mode_only,
-                           skip_reset=args.skip_reset, force=args.force, dry_run=args.dry_run,
-                           hooks=hooks, hook_env=env, progress=_progress,
-                           on_layout_changed=refresh_cdi, lock_timeout=args.lock_timeout,
-                           on_lock_wait=_waiting, refuse=checkpoint_guard(host, args.force))
+    from ..errors import DriverNotLoaded, NvmlLibraryMissing
+    try:
+        result = service.apply(host, spec, args.selected_config, mode_only=args.mode_only,
+                               skip_reset=args.skip_reset, force=args.force, dry_run=args.dry_run,
+                               hooks=hooks, hook_env=env, progress=_progress,
+                               on_layout_changed=refresh_cdi, lock_timeout=args.lock_timeout,
+                               on_lock_wait=_waiting, refuse=checkpoint_guard(host, args.force))
+    except (DriverNotLoaded, NvmlLibraryMissing) as e:
+        if not args.if_driver_loaded:
+            raise
+        # A boot must not fail for it: the driver may be loaded later, from a container.
+        print(f"hostagent: MIG layout not applied: {e.what} (--if-driver-loaded)", file=sys.stderr)
+        return 0
     if args.dry_run:
         _notes(result.notes)
         emit(result.plan.to_dict(), args.output, lambda _: print(render_plan(result.plan)))

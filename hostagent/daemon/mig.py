@@ -10,9 +10,10 @@ remove one is refused (409 device_busy) before anything is touched.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
-from ..errors import HostagentError
+from ..errors import DriverNotLoaded, HostagentError, NvmlLibraryMissing
 from ..lock import node_lock
 from .migops import created_instance, place_instance, refuse_allocated, remove_instance
 
@@ -40,6 +41,8 @@ class MigOps:
     def __init__(self, agent):
         self.agent = agent
         self.host = agent.host
+        self._deferred = None          # settings of a reconcile waiting for the driver
+        self._later = None             # its task, once the driver is there
 
     # ---- helpers ------------------------------------------------------------------
 
@@ -207,9 +210,15 @@ class MigOps:
         return notes + result.notes, result
 
     async def reconcile(self, settings, reason: str) -> None:
-        """Never fatal: a layout that cannot be applied is logged; the daemon serves on."""
+        """Never fatal: a layout that cannot be applied is logged; the daemon serves on.
+        Without the driver, it is done when the driver is loaded."""
         try:
             notes, result = await self.agent.blocking(self._reconcile_work, settings)
+        except (DriverNotLoaded, NvmlLibraryMissing) as e:
+            log.warning("MIG layout %r not applied yet (%s): %s; it is applied when the driver is loaded",
+                        settings.config, reason, e.message)
+            self._when_driver_loads(settings)
+            return
         except HostagentError as e:
             log.error("MIG layout %r not applied (%s): %s", settings.config, reason, e.message)
             if settings.config is not None:
@@ -223,3 +232,22 @@ class MigOps:
             changed = result.plan.changed
             log.info("MIG config %r %s (%s)", result.plan.config,
                      f"applied to {len(changed)} GPU(s)" if changed else "already in place", reason)
+
+    def _when_driver_loads(self, settings) -> None:
+        """Reconcile at the first inventory read that succeeds: nodes whose driver is loaded
+        from a container (the GPU operator's) get their layout once it is there. Loop thread."""
+        waiting = self._deferred is not None
+        self._deferred = settings                 # a reload meanwhile: its settings win
+        if waiting:
+            return
+
+        def driver_loaded(inventory) -> None:
+            self.agent.inventory_listeners.remove(driver_loaded)
+            later, self._deferred = self._deferred, None
+            self._later = asyncio.get_running_loop().create_task(self._reconcile_later(later))
+        self.agent.inventory_listeners.append(driver_loaded)
+
+    async def _reconcile_later(self, settings) -> None:
+        async with self.agent.mutex:
+            await self.reconcile(settings, "driver loaded")
+            await self._after("mig layout")

@@ -217,3 +217,29 @@ def test_kill9_during_apply_then_restart():
     finally:
         agent.stop()
         agent.cleanup()
+
+
+def test_a_driver_loaded_after_the_daemon_started_gets_the_configured_layout():
+    """As on GPU-operator nodes, where the driver comes from a container after boot."""
+    import time
+    from hostagent.sim import control
+    from hostagent.sim.store import SimStore
+    root = make_root()
+    store = SimStore(root)
+    control.set_driver_loaded(store, False)
+    agent = AgentProcess(root, {"mig": {"config": "all-balanced"}, "api": {"watch_heartbeat": 2},
+                                "daemon": {"resync_interval": 0}}).start()
+    try:
+        assert "it is applied when the driver is loaded" in agent.log()
+        control.set_driver_loaded(store, True)
+        with agent.client() as c:
+            c.refresh()
+            deadline = time.monotonic() + 30
+            while not all(g["mig"]["enabled"] for g in c.get("/v1/mig")["gpus"]):
+                assert time.monotonic() < deadline, agent.log()
+                time.sleep(0.1)
+            assert len(c.devices(type="mig")["mig_devices"]) == 8 * 4       # 2x 1g, 2g, 3g each
+        assert "MIG config 'all-balanced' applied to 8 GPU(s) (driver loaded)" in agent.log()
+    finally:
+        agent.stop()
+        agent.cleanup()

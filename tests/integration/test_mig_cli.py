@@ -358,3 +358,17 @@ def test_without_the_daemon_allocated_devices_are_not_taken_away(capsys, node):
     code, _, err = run(capsys, host, "apply", "-f", cfg, "-c", "mixed")
     assert code == 1 and "the allocations checkpoint cannot be read" in err
     assert checkpoint.path(host).read_text() == "{broken"
+
+
+def test_without_the_driver_the_boot_units_apply_succeeds_and_does_nothing(capsys, node):
+    host, store, cfg = node
+    from hostagent.sim import control
+    control.set_driver_loaded(store, False)
+    code, _, err = run(capsys, host, "apply", "-f", cfg, "-c", "mixed")
+    assert code == 1 and "NVIDIA kernel driver is not loaded" in err       # interactive: strict
+    code, out, err = run(capsys, host, "apply", "-f", cfg, "-c", "mixed", "--if-driver-loaded")
+    assert code == 0 and out == ""
+    assert err == ("hostagent: MIG layout not applied: NVML is installed but the NVIDIA kernel driver is "
+                   "not loaded (--if-driver-loaded)\n")
+    control.set_driver_loaded(store, True)
+    assert not any(l.enabled for l in layouts(host).values())

@@ -43,5 +43,5 @@ def test_unit_runs_before_runtimes_and_kubelet_with_a_start_timeout():
     assert d["Type"] == ["oneshot"] and d["DefaultDependencies"] == ["no"]
     assert 0 < int(d["TimeoutStartSec"][0]) <= 600
     assert "Requires" not in d and "BindsTo" not in d     # a failed apply never blocks boot
-    assert d["ExecStart"] == ["/usr/bin/hostagent mig apply"]
+    assert d["ExecStart"] == ["/usr/bin/hostagent mig apply --if-driver-loaded"]
     assert d["ConditionPathExists"] == ["/etc/hostagent/mig.env"]
