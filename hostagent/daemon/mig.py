@@ -69,10 +69,12 @@ class MigOps:
         try:
             change, _ = refresh.refresh(host, SpecOptions(hook_interpreter=self.agent.interpreter()))
         except HostagentError as e:
+            self.agent.metrics.cdi_refresh("failed")
             log.error("the CDI spec was not refreshed after a MIG layout change: %s", e.message)
             if progress is not None:
                 progress(None, f"warning: the CDI spec was not refreshed: {e.message}")
             return
+        self.agent.metrics.cdi_refresh("written" if change.written else "unchanged")
         if progress is not None:
             progress(None, f"CDI spec: {change.describe()}")
 
