@@ -27,7 +27,7 @@ def gpu_view(gpu: Gpu) -> dict:
     return {"kind": "gpu", "name": str(gpu.index), "uuid": gpu.uuid, "index": gpu.index,
             "minor": gpu.minor, "product": gpu.name, "serial": gpu.serial,
             "memory_mib": gpu.memory_mib, "pci_bus_id": gpu.pci_bus_id,
-            "pci_device_id": f"0x{gpu.pci_device_id:08x}",
+            "pci_device_id": f"0x{gpu.pci_device_id:08x}", "numa_node": gpu.numa_node,
             "compute_capability": gpu.compute_capability, "architecture": gpu.architecture,
             "mig": mig}
 

@@ -105,7 +105,7 @@ def read_inventory(host: HostRoot | None = None) -> Inventory:
         gpus, unreadable = [], []
         for index in range(N.nvmlDeviceGetCount()):
             try:
-                gpus.append(_read_gpu(index))
+                gpus.append(_read_gpu(host, index))
             except N.NVMLError as e:
                 unreadable.append(UnreadableGpu(index=index, error=str(e), nvml_code=e.value))
         return Inventory(
@@ -128,7 +128,20 @@ def _device_node_kind(host: HostRoot) -> str:
     return "char" if stat.S_ISCHR(mode) else "regular-files"
 
 
-def _read_gpu(index: int) -> Gpu:
+def _numa_node(host: HostRoot, nvml_bus_id: str) -> int | None:
+    """The GPU's NUMA node as the kernel reports it (what the device plugin reads for
+    topology); None where it reports none: -1, as on single-node or firmware without
+    affinity information, or no file."""
+    domain, rest = nvml_bus_id.split(":", 1)
+    try:
+        text = host.sys(f"bus/pci/devices/{int(domain, 16):04x}:{rest.lower()}/numa_node").read_text()
+        node = int(text.strip())
+    except (OSError, ValueError):
+        return None
+    return node if node >= 0 else None
+
+
+def _read_gpu(host: HostRoot, index: int) -> Gpu:
     h = N.nvmlDeviceGetHandleByIndex(index)
     memory_mib = N.nvmlDeviceGetMemoryInfo(h).total >> 20
     pci = N.nvmlDeviceGetPciInfo_v3(h)
@@ -139,8 +152,10 @@ def _read_gpu(index: int) -> Gpu:
         serial = None
     uuid = _text(N.nvmlDeviceGetUUID(h))
     gpu_minor = N.nvmlDeviceGetMinorNumber(h)
+    bus_id = _text(pci.busId)
     return Gpu(index=index, minor=gpu_minor, uuid=uuid, name=_text(N.nvmlDeviceGetName(h)),
-               serial=serial, memory_mib=memory_mib, pci_bus_id=_text(pci.busId),
+               serial=serial, memory_mib=memory_mib, pci_bus_id=bus_id,
+               numa_node=_numa_node(host, bus_id),
                pci_device_id=pci.pciDeviceId, pci_subsystem_id=pci.pciSubSystemId,
                compute_capability=f"{major}.{minor}",
                architecture=ARCHITECTURES.get(N.nvmlDeviceGetArchitecture(h), "unknown"),

@@ -126,6 +126,7 @@ class Gpu:
     architecture: str          # "ampere", "hopper", ...
     mig: MigState | None       # None: the GPU is not MIG capable
     pci_subsystem_id: int = 0  # 0xSSSSVVVV, for mig-parted's qualified device filters
+    numa_node: int | None = None   # from sysfs; None where the platform reports none (-1)
 
     @property
     def mig_capable(self) -> bool:

@@ -137,6 +137,13 @@ class NodeProfile:
     driver_version: str
     cuda_driver_version: int
     gpus: tuple[GpuSlot, ...]
+    numa_nodes: int = 1      # GPUs spread over them in order; 0: the platform reports none
+
+    def numa_node(self, index: int) -> int:
+        """The NUMA node sysfs reports for GPU ``index`` (-1: none)."""
+        if self.numa_nodes < 1:
+            return -1
+        return index * self.numa_nodes // len(self.gpus)
 
 
 DATA = Path(__file__).parent / "data"
@@ -217,4 +224,5 @@ def load_profile(name: str) -> NodeProfile:
                   for group in raw["gpus"] for bus in group["pci_bus_ids"])
     return NodeProfile(name=name, description=raw["description"], machine=raw["machine"],
                        driver_version=str(raw["driver_version"]),
-                       cuda_driver_version=int(raw["cuda_driver_version"]), gpus=slots)
+                       cuda_driver_version=int(raw["cuda_driver_version"]), gpus=slots,
+                       numa_nodes=int(raw.get("numa_nodes", 1)))

@@ -122,6 +122,8 @@ def create_node(root: str | os.PathLike, profile_name: str, *,
     for gpu in gpus:
         sku = catalog.skus()[gpu.sku]
         w.file(f"sys/bus/pci/devices/{gpu.pci_bus_id}/class", "0x030200\n", mode=0o444)  # 3D controller
+        w.file(f"sys/bus/pci/devices/{gpu.pci_bus_id}/numa_node", f"{profile.numa_node(gpu.index)}\n",
+               mode=0o444)
         w.file(f"proc/driver/nvidia/gpus/{gpu.pci_bus_id}/information",
                f"Model: \t\t {sku.name}\nIRQ:   \t\t {120 + gpu.index}\nGPU UUID: \t {gpu.uuid}\n"
                "Video BIOS: \t 92.00.45.00.06\nBus Type: \t PCIe\nDMA Size: \t 47 bits\n"

@@ -37,6 +37,7 @@ def test_devices_json_and_yaml_agree(node):
     assert data["gpus"][2]["mig"] is None and data["gpus"][2]["mig_capable"] is False
     assert data["gpus"][0]["mig_capable"] is True and data["gpus"][0]["mig"]["enabled"] is False
     assert "profiles" not in data["gpus"][0]["mig"]           # only with --profiles
+    assert [g["numa_node"] for g in data["gpus"]] == [0, 0, 1]
     keys = list(data["gpus"][0])
     assert keys.index("mig_capable") == keys.index("mig") - 1
     assert yaml.safe_load(hostagent("--simulate", node, "devices", "-o", "yaml").stdout) == data

@@ -258,3 +258,30 @@ def test_other_processes_see_one_node(make_node):
         assert len(procs) == 1
     control.release(store)
     assert store.read().processes == []
+
+
+def test_numa_node_is_read_from_sysfs_through_the_host_root(make_node):
+    host, _ = make_node("dgx-a100")
+    assert [g.numa_node for g in read_inventory(host).gpus] == [0, 0, 0, 0, 1, 1, 1, 1]
+    sysfs = lambda i: host.sys(f"bus/pci/devices/{read_inventory(host).gpus[i].sysfs_bus_id}/numa_node")
+    sysfs(1).write_text("-1\n")              # the platform reports no NUMA affinity
+    sysfs(2).unlink()
+    sysfs(3).write_text("garbage\n")
+    assert [g.numa_node for g in read_inventory(host).gpus][:5] == [0, None, None, None, 1]
+
+
+def test_numa_node_in_the_daemons_gpu_view_matches_its_schema(make_node):
+    import json
+    from importlib import resources
+
+    import jsonschema
+
+    from hostagent.daemon.views import gpu_view
+    host, _ = make_node("mixed")
+    host.sys(f"bus/pci/devices/{read_inventory(host).gpus[2].sysfs_bus_id}/numa_node").write_text("-1\n")
+    doc = json.loads(resources.files("hostagent.api").joinpath("openapi.json").read_text())
+    gpu_schema = doc["components"]["schemas"]["Gpu"]["allOf"][1]["properties"]
+    views = [gpu_view(g) for g in read_inventory(host).gpus]
+    assert [v["numa_node"] for v in views] == [0, 0, None]
+    for view in views:
+        jsonschema.validate(view["numa_node"], gpu_schema["numa_node"])
