@@ -11,7 +11,6 @@ from hostagent.devices import read_inventory
 from hostagent.labels import (FEATURES_FILE, TIMESTAMP, Sharing, node_labels, read_labels, render,
                               write_labels)
 from hostagent.labels.gfd import gpu_family, sanitise
-from hostagent.sim.catalog import skus
 from hostagent.labels.hostfacts import gpu_mode, machine_type
 from hostagent.sim.node import MIG_DISABLE, MIG_ENABLE
 
