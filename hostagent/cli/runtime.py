@@ -20,8 +20,8 @@ def register(sub) -> None:
     v.add_argument("--config", metavar="FILE", help="the engine's main config file (default: the engine's)")
     group = v.add_mutually_exclusive_group()
     group.add_argument("--drop-in", metavar="FILE",
-                       help="write the runtime here (containerd and CRI-O; default: "
-                            "/etc/containerd/conf.d/99-hostagent.toml, /etc/crio/crio.conf.d/99-hostagent.toml)")
+                       help="write the runtime here (containerd and CRI-O; default: conf.d/99-hostagent.toml, "
+                            "crio.conf.d/99-hostagent.toml in the main file's folder)")
     group.add_argument("--no-drop-in", action="store_true", help="edit the main file (containerd only)")
     v.add_argument("--cdi", action="store_true", help="also turn on the engine's own CDI support")
     v.add_argument("--set-as-default", action="store_true", help="make the runtime the engine's default")

@@ -44,23 +44,15 @@ def plan_configure(host, runtime: str, settings: Settings, *, config: str | None
     config = _absolute(config or mod.DEFAULT_CONFIG, "--config")
     explicit = drop_in != DEFAULT
     if not explicit:
-        drop_in = mod.DEFAULT_DROP_IN
+        drop_in = mod.default_drop_in(config)     # beside the main file, or None
     if drop_in:
         drop_in = _absolute(drop_in, "--drop-in")
-    notes = []
-    snapshots = files.read(host, mod.sources(config, drop_in))
-    texts = {p: s.text for p, s in snapshots.items()}
-    if runtime == "containerd" and drop_in and not explicit:
-        if mod.build(texts, config, None).version == 1:    # v1 has no imports: edit in place
-            drop_in = None
-            notes.append(f"{config} is a version 1 config (no imports): editing it in place")
-    engine = mod.build(texts, config, drop_in)
+    reader = files.Reader(host)
+    engine = mod.build(reader, config, drop_in, explicit=explicit)
     rendered = configure(engine, settings)
-    for path in rendered:
-        if path not in snapshots:
-            snapshots[path] = files.read_one(host, path)
-    return Plan(runtime, mod.SERVICE, files.changes(snapshots, rendered, make_parent={drop_in}),
-                notes + engine.notes, config, getattr(engine, "socket", ""))
+    snapshots = {path: reader.snapshot(path) for path in rendered}
+    return Plan(runtime, mod.SERVICE, files.changes(snapshots, rendered, make_parent={engine.drop_in}),
+                engine.notes, config, getattr(engine, "socket", ""))
 
 
 def backup_folder(host, runtime: str, backup_dir: str | None = None) -> Path:

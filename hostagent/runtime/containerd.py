@@ -9,32 +9,36 @@
   over; ``options.BinaryName`` (``options.Runtime`` for the legacy v1 linux shim) points
   at the shim.
 - Drop-in (default for v2/v3; v1 has no imports): the drop-in holds ``version`` (equal to
-  the root's: containerd 2.x breaks on a mismatch) and a copy of the root's whole CRI
-  section with the edits, because containerd before 2.1 replaces a plugin's section
-  wholesale from an import (containerd#5837). The root file only gains an ``imports``
-  entry for the drop-in, unless an existing import already covers it.
+  the root's: containerd 2.x breaks on a mismatch) and the whole CRI section as containerd
+  sees it up to the drop-in (the root file and the imports it reads before; see
+  ``containerd_imports``) with the edits, because containerd before 2.1 replaces a
+  plugin's section wholesale from an import (containerd#5837). The root file only gains
+  an ``imports`` entry for the drop-in, unless an existing import already covers it. A
+  file containerd reads after the drop-in (or, editing in place, after the root) that
+  carries the CRI section would undo the edits: refused.
 """
 
 from __future__ import annotations
 
 import copy
-import fnmatch
+import posixpath
 
 from ..errors import ConfigError, UsageError
+from . import containerd_imports as imports
 from . import tomledit as t
 
-__all__ = ["Containerd", "build", "sources", "DEFAULT_CONFIG", "DEFAULT_DROP_IN", "SERVICE", "CRI_KEYS",
-           "detect_version"]
+__all__ = ["Containerd", "build", "default_drop_in", "DEFAULT_CONFIG", "SERVICE", "CRI_KEYS", "detect_version"]
 
 DEFAULT_CONFIG = "/etc/containerd/config.toml"
-DEFAULT_DROP_IN = "/etc/containerd/conf.d/99-hostagent.toml"
+DROP_IN_NAME = "conf.d/99-hostagent.toml"     # beside the main file
 SERVICE = "containerd"
 CRI_KEYS = {1: "cri", 2: "io.containerd.grpc.v1.cri", 3: "io.containerd.cri.v1.runtime"}
 RUNC_V2 = "io.containerd.runc.v2"
 LEGACY_LINUX = "io.containerd.runtime.v1.linux"     # its options name the binary "Runtime"
-DROP_IN_HEADER = ("Written by 'hostagent runtime configure'; 'hostagent runtime revert' undoes it.",
-                  "A copy of the CRI plugin section of {root} with hostagent's runtime: containerd",
-                  "before 2.1 replaces a plugin's whole section from an import.")
+HEADER = "Written by 'hostagent runtime configure'; 'hostagent runtime revert' undoes it."
+COPY_HEADER = ("The CRI plugin section containerd has from {sources}, with hostagent's runtime:",
+               "containerd before 2.1 replaces a plugin's whole section from an import.")
+NEW_HEADER = ("hostagent's runtime in the CRI plugin section, which no file read before this one sets.",)
 
 
 def detect_version(doc, text: str, where: str) -> int:
@@ -49,20 +53,21 @@ def detect_version(doc, text: str, where: str) -> int:
     return version
 
 
-def sources(config: str, drop_in: str | None) -> list[str]:
-    """Files this engine reads (host paths); the drop-in is only written."""
-    return [config]
+def default_drop_in(config: str) -> str:
+    """``conf.d/99-hostagent.toml`` in the main file's folder."""
+    return posixpath.join(posixpath.dirname(config), DROP_IN_NAME)
 
 
-def build(texts: dict[str, str | None], config: str, drop_in: str | None) -> "Containerd":
-    return Containerd(config, texts.get(config) or "", drop_in)
+def build(reader, config: str, drop_in: str | None, *, explicit: bool = True) -> "Containerd":
+    return Containerd(reader, config, drop_in, explicit=explicit)
 
 
 class Containerd:
     name = "containerd"
 
-    def __init__(self, config: str, text: str, drop_in: str | None):
-        self.config, self.drop_in, self.notes = config, drop_in, []
+    def __init__(self, reader, config: str, drop_in: str | None, *, explicit: bool = True):
+        self.config, self.notes = config, []
+        text = reader.text(config) or ""
         self.root = t.parse(text, config)
         self.version = detect_version(self.root, text, config)
         self.cri_key = CRI_KEYS[self.version]
@@ -70,35 +75,76 @@ class Containerd:
         # Where this containerd listens: a restart without systemd signals its owner.
         self.socket = str(t.unwrap(grpc.get("address", ""))) if grpc is not None else ""
         if drop_in and self.version == 1:
-            raise UsageError(f"{config} is a version 1 config, which has no imports",
-                             hint="use --no-drop-in to edit it in place, or migrate it to version 2")
-        if drop_in:
-            import tomlkit
-            self.target = tomlkit.document()
-            for line in DROP_IN_HEADER:
-                self.target.add(tomlkit.comment(line.format(root=config)))
-            self.target["version"] = self.version
-            source = t.get_table(self.root, ["plugins", self.cri_key], config)
-            if source is not None:
-                self.target["plugins"] = tomlkit.table(is_super_table=True)
-                key = t.original_key(self.root["plugins"], self.cri_key)
-                self.target["plugins"].append(key, copy.deepcopy(source))
+            if explicit:
+                raise UsageError(f"{config} is a version 1 config, which has no imports",
+                                 hint="use --no-drop-in to edit it in place, or migrate it to version 2")
+            drop_in = None
+            self.notes.append(f"{config} is a version 1 config (no imports): editing it in place")
+        self.drop_in = drop_in
+        listed = imports.imports_of(self.root, config)
+        # The root file gains an import for the drop-in unless one already names it.
+        self.add_import = bool(drop_in) and not any(imports.covers(i, config, drop_in) for i in listed)
+        loaded = imports.load_order(reader, config, self.root, listed + [drop_in] * self.add_import, drop_in)
+        ours = drop_in or config
+        at = [path for path, _ in loaded].index(ours)
+        self._refuse_later(loaded[at + 1:], ours)
+        self.source = config          # the file the CRI section comes from (for errors)
+        self.target = self._drop_in_document(loaded[:at]) if drop_in else self.root
+        t.get_table(self.target, ["plugins", self.cri_key], self.source)    # a non-table is an error
+
+    def _refuse_later(self, later, ours: str) -> None:
+        found = imports.first_with_section(later, self.cri_key)
+        if found is None:
+            return
+        if self.drop_in and posixpath.dirname(found) == posixpath.dirname(self.drop_in):
+            hint = (f"give a --drop-in whose name sorts after {posixpath.basename(found)} "
+                    f"(for example {posixpath.join(posixpath.dirname(found), 'zz-hostagent.toml')}), "
+                    "or remove that file's CRI section")
+        elif self.drop_in:
+            hint = "remove that file's CRI section, or move its settings into " + self.config
         else:
-            self.target = self.root
+            hint = "leave out --no-drop-in (a drop-in read after it), or remove that file's CRI section"
+        raise ConfigError(f"sets the CRI plugin section and containerd reads it after {ours}, "
+                          "so it would undo hostagent's runtime (containerd before 2.1 replaces the whole section)",
+                          where=found, hint=hint + "; nothing was changed")
+
+    def _drop_in_document(self, before):
+        """The drop-in: ``version`` and the CRI section containerd has up to it (merged table
+        by table for version 3, whose readers from containerd 2.1 do so)."""
+        import tomlkit
+        section, sources = imports.effective_section(before, self.cri_key, merge=self.version >= 3)
+        self.source = sources[-1] if sources else self.config
+        doc = tomlkit.document()
+        for line in (HEADER, *(COPY_HEADER if sources else NEW_HEADER)):
+            doc.add(tomlkit.comment(line.format(sources=", ".join(sources))))
+        doc["version"] = self.version
+        if section is not None:
+            doc["plugins"] = tomlkit.table(is_super_table=True)
+            owner = dict(before)[sources[-1]]
+            doc["plugins"].append(t.original_key(owner["plugins"], self.cri_key), copy.deepcopy(section))
+        if len(sources) > 1:
+            self.notes.append(f"the CRI section in {self.drop_in} merges those of {', '.join(sources)}, as "
+                              "containerd 2.1 and later do (containerd 2.0 used only the last one)")
+        return doc
 
     def _cri(self):
-        return t.ensure_table(self.target, ["plugins", self.cri_key], self.config)
+        return t.ensure_table(self.target, ["plugins", self.cri_key], self.source)
 
     def add_runtime(self, name: str, binary: str) -> None:
-        runtimes = t.ensure_table(self._cri(), ["containerd", "runtimes"], self.config)
-        default = t.unwrap(t.get_table(self._cri(), ["containerd"]).get("default_runtime_name", ""))
+        cri = self._cri()
+        runtimes = t.ensure_table(cri, ["containerd", "runtimes"], self.source)
+        default = t.unwrap(t.get_table(cri, ["containerd"]).get("default_runtime_name", ""))
         if not isinstance(default, str):
-            raise ConfigError(f"default_runtime_name is a {type(default).__name__}, not a string", where=self.config)
+            raise ConfigError(f"default_runtime_name is a {type(default).__name__}, not a string", where=self.source)
         candidates = [default] if default and default != name and not default.startswith("nvidia") else []
-        source = next((n for n in candidates + ["runc", "crun"] if t.get_table(runtimes, [n]) is not None), None)
+        prefix = ("plugins", self.cri_key, "containerd", "runtimes")
+        source = next((n for n in candidates + ["runc", "crun"]
+                       if t.get_table(runtimes, [n], self.source, prefix) is not None), None)
         want = copy.deepcopy(t.unwrap(runtimes[source])) if source else {}
         want["runtime_type"] = want.get("runtime_type") or RUNC_V2
         binary_key = "Runtime" if want["runtime_type"] == LEGACY_LINUX else "BinaryName"
+        if not isinstance(want.get("options", {}), dict):
+            raise ConfigError(f"{t.dotted([*prefix, source, 'options'])} is not a table", where=self.source)
         want.setdefault("options", {})[binary_key] = binary
         if name in runtimes and t.unwrap(runtimes[name]) == want:
             return                                   # already as wanted: leave its layout alone
@@ -109,7 +155,7 @@ class Containerd:
             t.set_value(t.ensure_table(entry, ["options"]), binary_key, binary)
         else:
             runtimes[name] = want
-            neighbour = t.get_table(self._cri(), ["containerd"])
+            neighbour = t.get_table(cri, ["containerd"])
             t.indent_new(runtimes[name], (neighbour is not None and t.value_indent(neighbour)) or "")
         self.notes.append(f"runtime {name!r} runs {binary}" +
                           (f" with the options of {source!r}" if source else ""))
@@ -133,10 +179,7 @@ class Containerd:
         root = self.root
         if "version" not in root:
             root["version"] = self.version
-        imports = t.unwrap(root.get("imports", []))
-        if not isinstance(imports, list) or not all(isinstance(i, str) for i in imports):
-            raise ConfigError("imports is not a list of paths", where=self.config)
-        if not any(fnmatch.fnmatchcase(self.drop_in, pattern) for pattern in imports):
+        if self.add_import:
             if "imports" in root:
                 root["imports"].append(self.drop_in)
             else:

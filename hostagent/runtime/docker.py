@@ -14,29 +14,27 @@ import re
 from ..errors import ConfigError, UsageError
 from .engine import DEFAULT_CDI_DIRS
 
-__all__ = ["Docker", "build", "sources", "DEFAULT_CONFIG", "DEFAULT_DROP_IN", "SERVICE"]
+__all__ = ["Docker", "build", "default_drop_in", "DEFAULT_CONFIG", "SERVICE"]
 
 DEFAULT_CONFIG = "/etc/docker/daemon.json"
-DEFAULT_DROP_IN = None
 SERVICE = "docker"
 
 
-def sources(config: str, drop_in: str | None) -> list[str]:
+def default_drop_in(config: str) -> None:
+    return None
+
+
+def build(reader, config: str, drop_in: str | None, *, explicit: bool = True) -> "Docker":
     if drop_in:
         raise UsageError("dockerd has no drop-in files", hint="leave out --drop-in; daemon.json is edited in place")
-    return [config]
-
-
-def build(texts: dict[str, str | None], config: str, drop_in: str | None) -> "Docker":
-    sources(config, drop_in)
-    return Docker(config, texts.get(config) or "")
+    return Docker(config, reader.text(config) or "")
 
 
 class Docker:
     name = "docker"
 
     def __init__(self, config: str, text: str):
-        self.config, self.notes = config, []
+        self.config, self.drop_in, self.notes = config, None, []
         try:
             self.data = json.loads(text) if text.strip() else {}
         except ValueError as e:

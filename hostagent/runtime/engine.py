@@ -1,10 +1,10 @@
 """One narrow interface over the container engines' configuration files.
 
-An engine is built from what it reads (the source text of each file, by host path) and
-knows where it writes (its destinations); it edits an in-memory document through four
-operations and renders the text of every destination. It never touches the filesystem:
-``files`` reads and writes, so ``--dry-run`` prints a diff of the same rendering that a
-real run writes.
+An engine is built from what it reads (through a ``files.Reader``: file texts and glob
+matches by host path) and knows where it writes (its destinations); it edits an in-memory
+document through four operations and renders the text of every destination. It never
+writes: ``files`` does, so ``--dry-run`` prints a diff of the same rendering that a real
+run writes.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ class Settings:
 
 class Engine(Protocol):
     name: str                      # containerd, crio, docker
+    drop_in: str | None            # the drop-in it writes (None: the main file)
     notes: list[str]               # what the user should know about the result
 
     def add_runtime(self, name: str, binary: str) -> None:
@@ -66,6 +67,6 @@ def _docker():
     return docker
 
 
-# name -> module with DEFAULT_CONFIG, DEFAULT_DROP_IN (None: no drop-ins), SERVICE,
-# sources(config, drop_in) and build(texts, config, drop_in) -> Engine
+# name -> module with DEFAULT_CONFIG, SERVICE, default_drop_in(config) (None: no drop-ins)
+# and build(reader, config, drop_in, explicit=...) -> Engine
 ENGINES = {"containerd": _containerd, "crio": _crio, "docker": _docker}

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from ..errors import ConfigError, HostagentError, NotFoundError, StateError
 
-__all__ = ["Snapshot", "Change", "read", "changes", "diff", "write", "save_backup", "load_backup",
+__all__ = ["Snapshot", "Change", "Reader", "changes", "diff", "write", "save_backup", "load_backup",
            "drop_backup"]
 
 
@@ -69,21 +69,33 @@ def read_one(host, path: str) -> Snapshot:
     return Snapshot(path, real, text, _stamp(st))
 
 
-def read(host, patterns) -> dict[str, Snapshot]:
-    """Snapshots of ``patterns`` (host paths; a pattern with * matches existing files,
-    sorted), in order."""
-    out = {}
-    for pattern in patterns:
-        if "*" in pattern:
-            real_pattern = str(host.host(pattern))
-            prefix = str(host.host("/"))
-            for real in sorted(glob.glob(real_pattern)):
-                if os.path.isfile(real):
-                    path = "/" + os.path.relpath(real, prefix) if prefix != "/" else real
-                    out[path] = read_one(host, path)
-        else:
-            out[pattern] = read_one(host, pattern)
-    return out
+class Reader:
+    """Reads host files for an engine's plan, each once, keeping what was read (the
+    snapshots the writes compare against)."""
+
+    def __init__(self, host):
+        self.host = host
+        self.snapshots: dict[str, Snapshot] = {}
+
+    def snapshot(self, path: str) -> Snapshot:
+        if path not in self.snapshots:
+            self.snapshots[path] = read_one(self.host, path)
+        return self.snapshots[path]
+
+    def text(self, path: str) -> str | None:
+        """The file's text; None when it does not exist."""
+        return self.snapshot(path).text
+
+    def glob(self, pattern: str) -> list[str]:
+        """Host paths of the regular files matching ``pattern``, sorted, names starting
+        with a dot included (as Go's filepath.Glob, which containerd and CRI-O use)."""
+        prefix = str(self.host.host("/"))
+        out = []
+        real_pattern = os.path.join(glob.escape(prefix), pattern.lstrip("/"))
+        for real in glob.glob(real_pattern, include_hidden=True):
+            if os.path.isfile(real):
+                out.append("/" + os.path.relpath(real, prefix) if prefix != "/" else real)
+        return sorted(out)
 
 
 def changes(snapshots: dict[str, Snapshot], rendered: dict[str, str | None], make_parent=()) -> list[Change]:

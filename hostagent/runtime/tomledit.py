@@ -11,7 +11,7 @@ import copy
 from ..errors import ConfigError
 
 __all__ = ["parse", "dumps", "get_table", "ensure_table", "set_value", "remove_key", "copy_table", "unwrap",
-           "indent_new", "original_key", "value_indent"]
+           "indent_new", "original_key", "value_indent", "is_table", "dotted", "key_indent"]
 
 
 def parse(text: str, where: str):
@@ -34,21 +34,28 @@ def unwrap(item):
     return item.unwrap() if hasattr(item, "unwrap") else item
 
 
-def _is_table(item) -> bool:
+def is_table(item) -> bool:
     from tomlkit.items import Table
     from tomlkit.container import Container
     return isinstance(item, (Table, Container))
 
 
-def get_table(container, keys, where: str | None = None):
+
+def dotted(keys) -> str:
+    """A key path as TOML writes it: ``plugins."io.containerd.grpc.v1.cri".containerd``."""
+    return ".".join(k if k.replace("_", "").replace("-", "").isalnum() else f'"{k}"' for k in keys)
+
+
+def get_table(container, keys, where: str | None = None, prefix=()):
     """The table at ``keys`` (a list of key names), or None if any part is missing. With
-    ``where``, a part that exists but is not a table is an error rather than missing."""
+    ``where``, a part that exists but is not a table is an error rather than missing (named
+    with ``prefix``, the keys leading to ``container``)."""
     for i, key in enumerate(keys):
         if container is None or key not in container:
             return None
-        if not _is_table(container[key]):
+        if not is_table(container[key]):
             if where:
-                raise ConfigError(f"{'.'.join(keys[:i + 1])} is a {type(unwrap(container[key])).__name__}, "
+                raise ConfigError(f"{dotted([*prefix, *keys[:i + 1]])} is a {type(unwrap(container[key])).__name__}, "
                                   "not a table", where=where)
             return None
         container = container[key]
@@ -62,7 +69,7 @@ def ensure_table(container, keys, where: str = "config"):
     for i, key in enumerate(keys):
         if key not in container:
             container[key] = tomlkit.table(is_super_table=True)
-        elif not _is_table(container[key]):
+        elif not is_table(container[key]):
             raise ConfigError(f"{'.'.join(keys[:i + 1])} is a {type(unwrap(container[key])).__name__}, "
                               "not a table", where=where)
         container = container[key]
@@ -74,15 +81,20 @@ def _body(table):
     return [(k.key, v) for k, v in value.body if k is not None]
 
 
+def key_indent(table, key: str) -> str | None:
+    """The indentation of ``table``'s plain value ``key``."""
+    return next((v.trivia.indent for k, v in _body(table) if k == key and hasattr(v, "trivia")), None)
+
+
 def value_indent(table) -> str | None:
     for _, v in _body(table):
-        if not _is_table(v) and hasattr(v, "trivia"):
+        if not is_table(v) and hasattr(v, "trivia"):
             return v.trivia.indent
     return None
 
 
-def set_value(table, key: str, value) -> None:
-    """Set ``key``; a new key gets the indentation of the table's other keys."""
+def set_value(table, key: str, value, indent: str | None = None) -> None:
+    """Set ``key``; a new key gets ``indent``, else the indentation of the table's other keys."""
     import tomlkit
     from tomlkit.items import Table
     if key in table:
@@ -95,7 +107,7 @@ def set_value(table, key: str, value) -> None:
             item.trivia.comment_ws, item.trivia.comment = old.trivia.comment_ws, old.trivia.comment
         table[key] = item
         return
-    indent = value_indent(table)
+    indent = value_indent(table) if indent is None else indent
     if indent is None and isinstance(table, Table) and not table.is_super_table():
         indent = table.trivia.indent + "  " if table.trivia.indent else ""
     table[key] = value
@@ -107,7 +119,7 @@ def indent_new(table, base: str, step: str = "  ") -> None:
     """Lay out a table built from scratch: header at ``base``, its keys one ``step`` in."""
     table.trivia.indent = base
     for _, v in _body(table):
-        if _is_table(v):
+        if is_table(v):
             indent_new(v, base + step, step)
         elif hasattr(v, "trivia"):
             v.trivia.indent = base + step
@@ -125,10 +137,10 @@ def remove_key(table, key: str) -> None:
 
 
 def _strip_comments(item) -> None:
-    if hasattr(item, "trivia") and not _is_table(item):
+    if hasattr(item, "trivia") and not is_table(item):
         item.trivia.comment = ""
         item.trivia.comment_ws = ""
-    if _is_table(item):
+    if is_table(item):
         from tomlkit.items import Comment
         body = item.value.body
         body[:] = [(k, v) for k, v in body if not isinstance(v, Comment)]
@@ -142,7 +154,7 @@ def _mirror(new, old) -> None:
     olds = dict(_body(old))
     for key, v in _body(new):
         if key in olds and hasattr(v, "trivia"):
-            if _is_table(v):
+            if is_table(v):
                 _mirror(v, olds[key])
             else:
                 v.trivia.indent = olds[key].trivia.indent
@@ -150,13 +162,13 @@ def _mirror(new, old) -> None:
 
 def _ends_with_blank_line(item) -> bool:
     from tomlkit.items import Whitespace
-    body = item.value.body if _is_table(item) else []
+    body = item.value.body if is_table(item) else []
     if not body:
         return False
     last = body[-1][1]
     if isinstance(last, Whitespace):
         return "\n" in last.s
-    return _ends_with_blank_line(last) if _is_table(last) else False
+    return _ends_with_blank_line(last) if is_table(last) else False
 
 
 def copy_table(parent, key: str, source) -> object:
@@ -168,6 +180,6 @@ def copy_table(parent, key: str, source) -> object:
     parent[key] = new
     new = parent[key]
     _mirror(new, source)
-    if previous is not None and _is_table(previous) and not _ends_with_blank_line(previous):
+    if previous is not None and is_table(previous) and not _ends_with_blank_line(previous):
         new.trivia.indent = "\n" + new.trivia.indent
     return new

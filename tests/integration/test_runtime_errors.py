@@ -24,6 +24,7 @@ def root(tmp_path):
     for d in ("etc/containerd", "etc/crio/crio.conf.d", "etc/docker"):
         (root / d).mkdir(parents=True)
     shutil.copyfile(INPUTS / "containerd-comments-v2.toml", root / "etc/containerd/config.toml")
+    shutil.copyfile(INPUTS / "containerd-site-v2.toml", root / "etc/containerd/site.toml")     # its import
     shutil.copyfile(INPUTS / "daemon.json", root / "etc/docker/daemon.json")
     return root
 
@@ -39,7 +40,23 @@ def configure(root, tmp_path, *args):
 
 
 def write(root, path, text):
+    (root / path).parent.mkdir(parents=True, exist_ok=True)
     (root / path).write_text(text)
+
+
+CONF_D = 'version = 2\nimports = ["/etc/containerd/conf.d/*.toml"]\n'
+CRI = '[plugins."io.containerd.grpc.v1.cri"]\n  max_concurrent_downloads = 7\n'
+
+
+def toolkit_drop_in_after_ours(r):
+    write(r, "etc/containerd/config.toml", CONF_D)
+    write(r, "etc/containerd/conf.d/99-nvidia.toml", (INPUTS / "containerd-99-nvidia-v2.toml").read_text())
+
+
+def nested_import_after_ours(r):
+    write(r, "etc/containerd/config.toml", CONF_D)
+    write(r, "etc/containerd/conf.d/10-site.toml", 'imports = ["/etc/containerd/late.toml"]\n')
+    write(r, "etc/containerd/late.toml", CRI)
 
 
 @pytest.mark.parametrize("setup, args, code, message", [
@@ -56,7 +73,34 @@ def write(root, path, text):
     (lambda r: write(r, "etc/containerd/config.toml",
                      'version = 2\n[plugins."io.containerd.grpc.v1.cri".containerd]\ndefault_runtime_name = 3\n'),
      ["--runtime", "containerd"], 1, "default_runtime_name is a int, not a string"),
+    (lambda r: write(r, "etc/containerd/config.toml",
+                     'version = 2\n[plugins."io.containerd.grpc.v1.cri".containerd.runtimes]\nrunc = 1\n'),
+     ["--runtime", "containerd"], 1,
+     'config.toml: plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc is a int, not a table'),
+    # Files containerd reads after hostagent's would replace its CRI section.
+    (toolkit_drop_in_after_ours, ["--runtime", "containerd", "--set-as-default"], 1,
+     "conf.d/99-nvidia.toml: sets the CRI plugin section and containerd reads it after "
+     "/etc/containerd/conf.d/99-hostagent.toml"),
+    (toolkit_drop_in_after_ours, ["--runtime", "containerd"], 1,
+     "give a --drop-in whose name sorts after 99-nvidia.toml (for example /etc/containerd/conf.d/zz-hostagent.toml)"),
+    (nested_import_after_ours, ["--runtime", "containerd"], 1,
+     "late.toml: sets the CRI plugin section and containerd reads it after /etc/containerd/conf.d/99-hostagent.toml"),
+    (lambda r: write(r, "etc/containerd/site.toml", CRI), ["--runtime", "containerd", "--no-drop-in"], 1,
+     "site.toml: sets the CRI plugin section and containerd reads it after /etc/containerd/config.toml"),
+    (lambda r: (r / "etc/containerd/site.toml").unlink(), ["--runtime", "containerd"], 1,
+     "config.toml: imports /etc/containerd/site.toml, which does not exist"),
+    (lambda r: write(r, "etc/containerd/site.toml", 'imports = "/etc/x.toml"\n'), ["--runtime", "containerd"], 1,
+     "site.toml: imports is not a list of paths"),
     (lambda r: write(r, "etc/crio/crio.conf", "crio = 3\n"), ["--runtime", "crio"], 1, "crio is a int, not a table"),
+    # CRI-O: a drop-in read after hostagent's that sets what it sets.
+    (lambda r: shutil.copyfile(INPUTS / "crio-99-nvidia.toml", r / "etc/crio/crio.conf.d/99-nvidia.toml"),
+     ["--runtime", "crio", "--set-as-default"], 1,
+     "99-nvidia.toml: sets crio.runtime.default_runtime = 'nvidia', and CRI-O reads it after "
+     "/etc/crio/crio.conf.d/99-hostagent.toml, so hostagent's 'hostagent' would not take effect (give a --drop-in "
+     "whose name sorts after it (for example /etc/crio/crio.conf.d/zz-hostagent.toml)"),
+    (lambda r: write(r, "etc/crio/crio.conf.d/99-zz.conf",
+                     '[crio.runtime.runtimes.hostagent]\nruntime_path = "/usr/bin/other"\n'),
+     ["--runtime", "crio"], 1, "99-zz.conf: sets crio.runtime.runtimes.hostagent.runtime_path = '/usr/bin/other'"),
     (lambda r: write(r, "etc/crio/crio.conf", "[crio.runtime]\nruntimes = []\n"), ["--runtime", "crio"], 1,
      "crio.runtime.runtimes is a list, not a table"),
     (lambda r: shutil.copyfile(INPUTS / "containerd-comments-v1.toml", r / "etc/containerd/config.toml"),
@@ -100,6 +144,8 @@ def test_read_only_drop_in_directory_changes_nothing(root, tmp_path):
     namespace, so no other process sees it); the main file must not get its import."""
     folder = tmp_path / "ro"
     folder.mkdir()
+    # Real paths here (no --simulate): a config whose imports name no host file.
+    shutil.copyfile(INPUTS / "containerd-default-v2.toml", root / "etc/containerd/config.toml")
     cmd = [sys.executable, "-m", "hostagent.cli.main", "runtime", "configure", "--runtime", "containerd",
            "--config", str(root / "etc/containerd/config.toml"), "--drop-in", str(folder / "99-hostagent.toml"),
            "--backup-dir", str(tmp_path / "b")]
