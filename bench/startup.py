@@ -4,9 +4,13 @@
 Times whole processes (fork, exec, imports, work, exit) for:
   python3 -c pass                                   the floor any Python CLI pays
   hostagent --version                               CLI start-up alone
+  python3 -m hostagent.cli.main --version           the same without the console script
   hostagent --simulate ROOT devices -o json         a full inventory on a simulated DGX A100
-Runs are interleaved so machine noise hits all commands alike; prints min/median and the
-ratio of each median to the bare interpreter's.
+"hostagent" is the console script installed with the interpreter running this benchmark,
+never whatever PATH finds first (a pyenv shim is a bash script that starts several
+processes; an older install measures other code). Runs are interleaved so machine noise
+hits all commands alike; prints min/median and the ratio of each median to the bare
+interpreter's.
 
     python3 bench/startup.py [--runs 30] [--profile dgx-a100]
 """
@@ -14,12 +18,15 @@ ratio of each median to the bare interpreter's.
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import statistics
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import time
+from pathlib import Path
 
 
 def timed(cmd: list[str]) -> float:
@@ -28,14 +35,28 @@ def timed(cmd: list[str]) -> float:
     return time.perf_counter() - start
 
 
+def console_script() -> str | None:
+    """This interpreter's ``hostagent`` script, if hostagent is installed for it."""
+    for directory in (sysconfig.get_path("scripts"), Path(sys.executable).parent):
+        script = Path(directory) / "hostagent"
+        if script.is_file() and os.access(script, os.X_OK):
+            return str(script)
+    return None
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--runs", type=int, default=30)
     ap.add_argument("--profile", default="dgx-a100")
     args = ap.parse_args()
 
-    exe = shutil.which("hostagent")
-    cli = [exe] if exe else [sys.executable, "-m", "hostagent.cli.main"]
+    module = [sys.executable, "-m", "hostagent.cli.main"]
+    script = console_script()
+    cli = [script] if script else module
+    package = subprocess.run([sys.executable, "-c", "import hostagent; print(hostagent.__file__)"],
+                             capture_output=True, text=True, check=True).stdout.strip()
+    print(f"hostagent: {script or 'no console script for ' + sys.executable + '; python -m'} "
+          f"(package {Path(package).parent})")
     root = tempfile.mkdtemp(prefix="hostagent-bench-")
     try:
         subprocess.run(cli + ["sim", "create", "--profile", args.profile, "--root", root],
@@ -43,8 +64,11 @@ def main() -> int:
         commands = {
             "python3 -c pass": [sys.executable, "-c", "pass"],
             "hostagent --version": cli + ["--version"],
+            "python3 -m hostagent.cli.main --version": module + ["--version"],
             f"hostagent devices -o json ({args.profile})": cli + ["--simulate", root, "devices", "-o", "json"],
         }
+        if not script:
+            del commands["hostagent --version"]
         for cmd in commands.values():      # warm the page cache and .pyc files
             timed(cmd)
         samples = {name: [] for name in commands}
