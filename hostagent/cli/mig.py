@@ -50,6 +50,10 @@ def register(sub) -> None:
     v = verbs.add_parser("assert", help="exit 0 if the config is applied, 1 if not")
     _config_flags(v)
     v.add_argument("-m", "--mode-only", action="store_true", help="only check the MIG mode")
+    v.add_argument("-a", "--valid-config", action="store_true",
+                   default=_env_flag("MIG_PARTED_VALID_CONFIG"),
+                   help="only check that the file is valid and has the selected config "
+                        "(default: $MIG_PARTED_VALID_CONFIG)")
     v.set_defaults(run=run_assert)
 
     v = verbs.add_parser("plan", help="show what applying a config would change, per GPU")
@@ -69,6 +73,11 @@ def register(sub) -> None:
     v = verbs.add_parser("status", help="MIG mode and layout per GPU, and any apply in progress")
     add_output_flag(v)
     v.set_defaults(run=run_status)
+
+
+def _env_flag(name: str) -> bool:
+    """A boolean flag's variable, read as mig-parted's CLI reads it (Go's strconv.ParseBool)."""
+    return os.environ.get(name, "") in ("1", "t", "T", "TRUE", "true", "True")
 
 
 def _config_flags(v) -> None:
@@ -210,6 +219,15 @@ def print_applied(out: dict) -> None:
 
 def run_assert(args) -> int:
     from ..mig import service
+    if args.valid_config:
+        spec = _spec(args)
+        if spec is None:
+            from ..devices import read_inventory
+            from ..mig.defaults import default_spec
+            spec = default_spec(read_inventory(host_from_args(args)))
+        name, _ = spec.select(args.selected_config)
+        print(f"MIG configuration '{name}' is valid")
+        return 0
     plan, notes = service.plan(host_from_args(args), _spec(args), args.selected_config,
                                mode_only=args.mode_only, on_layout_changed=refresh_cdi)
     _notes(notes)

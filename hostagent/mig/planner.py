@@ -14,7 +14,7 @@ from ..errors import ConfigError, UsageError
 from .layout import Layout
 from .plan import MigPlan, diff
 from .profiles import ci_shapes, parse_profile
-from .solver import Geometry, Infeasible, solve
+from .solver import Geometry, solve
 from .spec import ConfigEntry, MigSpec
 
 __all__ = ["plan", "restore_plan", "PlanError", "needs_reset", "resolve"]
@@ -32,7 +32,8 @@ def needs_reset(gpu: Gpu) -> bool:
 
 def resolve(gpu: Gpu, entry: ConfigEntry) -> tuple[dict[int, list[int]], dict[str, int]]:
     """Profile names against this GPU's own table: (GI profile id -> CI slice counts,
-    canonical name -> count). ValueError names the GPU and the names it does have."""
+    canonical name -> count). ValueError says what is wrong (not which GPU: the planner
+    groups GPUs with the same problem) and names the profiles the GPU does have."""
     profiles = {p.name: p for p in gpu.mig.profiles}
     request: dict[int, list[int]] = {}
     counts: dict[str, int] = {}
@@ -42,27 +43,55 @@ def resolve(gpu: Gpu, entry: ConfigEntry) -> tuple[dict[int, list[int]], dict[st
         pn = parse_profile(name)
         prof = profiles.get(pn.gi_name)
         if prof is None:
-            raise ValueError(f"GPU {gpu.index} ({gpu.name}) has no MIG profile '{name}'; its "
-                             f"profiles are {', '.join(profiles)} (and <C>c.<profile> compute-instance forms)")
+            raise ValueError(f"no MIG profile '{name}'; the profiles are {', '.join(profiles)} "
+                             "(and <C>c.<profile> compute-instance forms)")
         sizes = [s.slices for s in ci_shapes(prof.slices)]
         if pn.c not in sizes:
-            raise ValueError(f"GPU {gpu.index} ({gpu.name}): '{name}': a {prof.name} GPU instance "
-                             f"offers compute instances of {', '.join(f'{c}c' for c in sizes)} only")
+            raise ValueError(f"'{name}': a {prof.name} GPU instance offers compute instances of "
+                             f"{', '.join(f'{c}c' for c in sizes)} only")
         request.setdefault(prof.id, []).extend([pn.c] * count)
         counts[str(pn)] = counts.get(str(pn), 0) + count
     return request, counts
 
 
-def _entry_for(gpu: Gpu, entries: tuple[ConfigEntry, ...], config: str) -> ConfigEntry | None:
-    """The entry selecting this GPU. mig-parted applies every match in turn (the last wins);
-    matches that disagree are an error here instead."""
-    found = [(i, e) for i, e in enumerate(entries)
-             if e.selects(gpu.index, gpu.pci_device_id, gpu.pci_subsystem_id)]
-    distinct = {(e.mig_enabled, tuple(sorted(e.mig_devices))) for _, e in found}
-    if len(distinct) > 1:
-        raise ValueError(f"GPU {gpu.index} is selected by entries "
-                         f"{', '.join(str(i) for i, _ in found)} of '{config}' with different layouts")
-    return found[-1][1] if found else None
+def _entry_for(gpu: Gpu, entries: tuple[ConfigEntry, ...]) -> ConfigEntry | None:
+    """The entry that decides this GPU's layout. mig-parted applies every matching entry in
+    turn, so the last one wins: a file may set defaults, then override some GPUs."""
+    found = [e for e in entries if e.selects(gpu.index, gpu.pci_device_id, gpu.pci_subsystem_id)]
+    return found[-1] if found else None
+
+
+def _missing_indices(inventory: Inventory, entries: tuple[ConfigEntry, ...]) -> list[str]:
+    """Entries naming GPU indices this node does not have (mig-parted ignores them silently,
+    which hides a typo or a config written for another node)."""
+    present = {g.index for g in inventory.gpus} | {u.index for u in inventory.unreadable}
+    out = []
+    for i, e in enumerate(entries):
+        missing = [d for d in (() if e.devices == "all" else e.devices) if d not in present]
+        if missing:
+            out.append(f"entry {i} names GPU {', '.join(map(str, missing))}, but this node has GPU "
+                       f"{_indices(sorted(present)) or 'none'}")
+    return out
+
+
+def _indices(indices: list[int]) -> str:
+    """0, 1, 2, 3, 5 -> '0-3, 5'."""
+    runs: list[list[int]] = []
+    for i in indices:
+        if runs and i == runs[-1][-1] + 1:
+            runs[-1].append(i)
+        else:
+            runs.append([i])
+    return ", ".join(f"{r[0]}-{r[-1]}" if len(r) > 2 else ", ".join(map(str, r)) for r in runs)
+
+
+def _grouped(problems: dict[str, list[Gpu]]) -> list[str]:
+    """One sentence per problem, naming every GPU that has it."""
+    out = []
+    for text, gpus in problems.items():
+        names = ", ".join(dict.fromkeys(g.name for g in gpus))
+        out.append(f"GPU {_indices([g.index for g in gpus])} ({names}): {text}")
+    return out
 
 
 def _target(gpu: Gpu, before: Layout, entry: ConfigEntry, *, mode_only: bool,
@@ -83,38 +112,36 @@ def _target(gpu: Gpu, before: Layout, entry: ConfigEntry, *, mode_only: bool,
     live = before.gis if before.enabled else ()
     if before.enabled and all(gi.cis for gi in live) and before.counts() == counts:
         return Layout(True, True, live)        # already gives the requested devices
-    try:
-        gis = solve(Geometry.of(gpu.mig.profiles), request, live)
-    except Infeasible as e:
-        raise ValueError(f"GPU {gpu.index} ({gpu.name}): {e}") from None
-    return Layout(True, True, gis)
+    return Layout(True, True, solve(Geometry.of(gpu.mig.profiles), request, live))
 
 
 def plan(inventory: Inventory, spec: MigSpec, config: str | None = None, *,
          mode_only: bool = False, skip_reset: bool = False) -> MigPlan:
     """What applying ``config`` changes, per GPU; raises PlanError naming every problem."""
     name, entries = spec.select(config)
-    problems, gpus = [], []
+    problems: dict[str, list[Gpu]] = {}
+    gpus = []
     warnings = [f"GPU {u.index} cannot be read ({u.error}); it is left alone" for u in inventory.unreadable]
     # Its PCI id is unknown too, so a device-filter cannot rule it out: selected by index.
     unreadable = tuple(u for u in inventory.unreadable
                        if any(e.devices == "all" or u.index in e.devices for e in entries))
     for gpu in inventory.gpus:
+        entry = _entry_for(gpu, entries)
+        if entry is None:
+            continue
         try:
-            entry = _entry_for(gpu, entries, name)
-            if entry is None:
-                continue
             if gpu.mig is None:
                 if entry.mig_enabled:
-                    problems.append(f"GPU {gpu.index} ({gpu.name}) is not MIG capable")
+                    raise ValueError("not MIG capable")
                 continue
             before = Layout.of(gpu)
             after = _target(gpu, before, entry, mode_only=mode_only, skip_reset=skip_reset)
             gpus.append(diff(gpu, before, after, reset_needed=needs_reset(gpu) and not skip_reset))
         except ValueError as e:
-            problems.append(str(e))
-    if problems:
-        raise PlanError(f"config '{name}' cannot be applied: " + "; ".join(problems),
+            problems.setdefault(str(e), []).append(gpu)
+    found = _missing_indices(inventory, entries) + _grouped(problems)
+    if found:
+        raise PlanError(f"config '{name}' cannot be applied: " + "; ".join(found),
                         where=spec.source, hint="nothing was changed")
     return MigPlan(config=name, gpus=tuple(gpus), mode_only=mode_only, warnings=tuple(warnings),
                    unreadable=unreadable)

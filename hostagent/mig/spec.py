@@ -123,14 +123,17 @@ def _entry(raw, where: str) -> ConfigEntry:
         raise ValueError(f"{where}: {e}") from None
 
     devices = raw["devices"]
-    if isinstance(devices, str):
+    if devices is None or isinstance(devices, str):       # JSON null decodes as "" in Go
         if devices != "all":
-            raise ValueError(f"{where}: invalid string input for 'devices': {devices}")
+            raise ValueError(f"{where}: invalid string input for 'devices': {devices or ''}")
     elif isinstance(devices, list) and all(_is_int(d) for d in devices):
         devices = tuple(devices)
     else:
-        raise ValueError(f"{where}: invalid input for 'devices': {devices!r} "
-                         "(expected \"all\" or a list of GPU indices)")
+        # mig-parted's message (both of its decoding attempts), then what to write instead.
+        bad = next((d for d in devices if not _is_int(d)), None) if isinstance(devices, list) else devices
+        as_list = _go_unmarshal(bad, "int") if isinstance(devices, list) else _go_unmarshal(devices, "[]int")
+        raise ValueError(f"{where}: ({_go_unmarshal(devices, 'string')}, {as_list}): 'devices' must be "
+                         f"\"all\" or a list of GPU indices such as [0, 1], not {_json(devices)}")
 
     enabled = raw["mig-enabled"]
     if not isinstance(enabled, bool):
@@ -146,8 +149,8 @@ def _entry(raw, where: str) -> ConfigEntry:
         raise ValueError(f"{where}: missing required field 'mig-devices' when 'mig-enabled' is true")
     if not enabled and mig_devices:
         raise ValueError(f"{where}: MIG devices included when 'mig-enabled' is false")
-    return ConfigEntry(devices=devices, mig_enabled=enabled,
-                       mig_devices=tuple((str(k), v) for k, v in (mig_devices or {}).items()),
+    return ConfigEntry(devices=devices, mig_enabled=enabled,        # null counts decode as 0 in Go
+                       mig_devices=tuple((str(k), v or 0) for k, v in (mig_devices or {}).items()),
                        device_filter=device_filter)
 
 
@@ -155,14 +158,31 @@ def _check_mig_devices(mig_devices: dict, where: str) -> None:
     """mig-parted's ``MigConfig.AssertValid``: names well formed, counts >= 0, not all 0."""
     prefix = f"{where}: error validating values in 'mig-devices' field"
     for name, count in mig_devices.items():
+        if count is not None and not _is_int(count):
+            hint = ("a string: write the number without quotes" if isinstance(count, str)
+                    else "counts are whole numbers")
+            raise ValueError(f"{where}: {_go_unmarshal(count, 'int')}: the count of '{name}' is {_json(count)}, {hint}")
         try:
             parse_profile(name)
         except ValueError as e:
             raise ValueError(f"{prefix}: invalid format for '{name}': {e}") from None
-        if not _is_int(count) or count < 0:
+        if count is not None and count < 0:
             raise ValueError(f"{prefix}: invalid count for '{name}': {count}")
     if mig_devices and not any(mig_devices.values()):
         raise ValueError(f"{prefix}: all counts for all MigProfiles are 0")
+
+
+def _json(value) -> str:
+    import json
+    return json.dumps(value, default=str)
+
+
+def _go_unmarshal(value, go_type: str) -> str:
+    """encoding/json's error for decoding ``value`` into ``go_type``, as mig-parted reports it."""
+    kind = {bool: "bool", str: "string", list: "array", dict: "object"}.get(type(value), "number")
+    if kind == "number" and go_type == "int" and isinstance(value, float):
+        kind = f"number {value:g}"
+    return f"json: cannot unmarshal {kind} into Go value of type {go_type}"
 
 
 def yaml_load(text):

@@ -110,7 +110,8 @@ def test_errors_are_one_line_with_exit_codes(capsys, node, tmp_path):
     host, _, cfg = node
     code, _, err = run(capsys, host, "apply", "-f", cfg, "-c", "wrong-sku")
     assert code == 1 and err.count("\n") == 1
-    assert "GPU 0 (NVIDIA A100-SXM4-80GB) has no MIG profile '2g.10gb'" in err and "nothing was changed" in err
+    assert "GPU 0, 1 (NVIDIA A100-SXM4-80GB): no MIG profile '2g.10gb'; the profiles are " in err
+    assert err.count("no MIG profile") == 1 and "nothing was changed" in err
     code, _, err = run(capsys, host, "apply", "-f", cfg, "-c", "nope")
     assert code == 1 and "no MIG config named 'nope'" in err and "mixed, off, wrong-sku" in err
     code, _, err = run(capsys, host, "apply", "-f", cfg)
@@ -118,7 +119,8 @@ def test_errors_are_one_line_with_exit_codes(capsys, node, tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("version: v1\nmig-configs:\n  x:\n    - devices: 7\n      mig-enabled: false\n")
     code, _, err = run(capsys, host, "plan", "-f", bad, "-c", "x")
-    assert code == 1 and f"{bad}: mig-configs.x[0]: invalid input for 'devices': 7" in err
+    assert code == 1 and f"{bad}: mig-configs.x[0]: (json: cannot unmarshal number into Go value" in err
+    assert err.count("\n") == 1 and "'devices' must be \"all\" or a list of GPU indices" in err
     code, _, err = run(capsys, host, "apply", "-f", tmp_path / "missing.yaml", "-c", "x")
     assert code == 1 and "MIG config file not found" in err
     code, _, err = run(capsys, host, "apply", "--bogus")
@@ -372,3 +374,31 @@ def test_without_the_driver_the_boot_units_apply_succeeds_and_does_nothing(capsy
                    "not loaded (--if-driver-loaded)\n")
     control.set_driver_loaded(store, True)
     assert not any(l.enabled for l in layouts(host).values())
+
+
+def test_assert_valid_config_only_checks_the_file(capsys, node, tmp_path, monkeypatch):
+    host, store, cfg = node
+    code, out, _ = run(capsys, host, "assert", "-f", cfg, "-c", "wrong-sku", "-a")   # not applied, not applicable
+    assert code == 0 and out == "MIG configuration 'wrong-sku' is valid\n"
+    code, _, err = run(capsys, host, "assert", "-f", cfg, "-c", "nope", "--valid-config")
+    assert code == 1 and "no MIG config named 'nope'" in err
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("version: v1\nmig-configs:\n  x:\n    - devices: all\n")
+    assert run(capsys, host, "assert", "-f", bad, "-c", "x", "-a")[0] == 1
+    monkeypatch.setenv("MIG_PARTED_VALID_CONFIG", "true")     # read when the parser is built
+    assert run(capsys, host, "assert", "-f", cfg, "-c", "mixed")[0] == 0
+
+
+def test_defaults_then_overrides_as_mig_parted_applies_them(capsys, node, tmp_path):
+    host, _, _ = node
+    cfg = tmp_path / "override.yaml"
+    cfg.write_text("version: v1\nmig-configs:\n  c:\n"
+                   "    - devices: all\n      mig-enabled: true\n      mig-devices: {\"1g.10gb\": 7}\n"
+                   "    - devices: [1]\n      mig-enabled: true\n      mig-devices: {\"7g.80gb\": 1}\n"
+                   "    - device-filter: \"0x1EB810DE\"\n      devices: all\n      mig-enabled: false\n")
+    assert run(capsys, host, "apply", "-f", cfg, "-c", "c")[0] == 0
+    assert {i: l.counts() for i, l in layouts(host).items()} == {0: {"1g.10gb": 7}, 1: {"7g.80gb": 1}}
+    assert run(capsys, host, "assert", "-f", cfg, "-c", "c")[0] == 0
+    cfg.write_text("version: v1\nmig-configs:\n  c:\n    - devices: [0, 3]\n      mig-enabled: false\n")
+    code, _, err = run(capsys, host, "plan", "-f", cfg, "-c", "c")
+    assert code == 1 and "entry 0 names GPU 3, but this node has GPU 0-2" in err

@@ -59,7 +59,7 @@ def test_unknown_name_on_a_targeted_gpu_names_the_gpu_and_its_profiles():
     with pytest.raises(PlanError) as e:
         plan(inv, config(enabled({"2g.10gb": 1})))
     msg = e.value.message
-    assert "GPU 1 (NVIDIA A100-SXM4-80GB) has no MIG profile '2g.10gb'" in msg
+    assert "GPU 1 (NVIDIA A100-SXM4-80GB): no MIG profile '2g.10gb'" in msg
     assert "1g.10gb, 1g.10gb+me, 1g.20gb, 2g.20gb, 3g.40gb, 4g.40gb, 7g.80gb" in msg
     assert "GPU 0" not in msg and "nothing was changed" in msg
 
@@ -205,14 +205,36 @@ def test_mode_only_leaves_instances_alone():
 def test_gpus_without_mig():
     inv = inventory(gpu(0, A100), gpu(1, T4))
     assert [g.index for g in plan(inv, config(DISABLED)).gpus] == [0]     # disabled: nothing to do
-    with pytest.raises(PlanError, match="GPU 1 \\(Tesla T4\\) is not MIG capable"):
+    with pytest.raises(PlanError, match="GPU 1 \\(Tesla T4\\): not MIG capable"):
         plan(inv, config(enabled({})))
 
 
-def test_entries_that_disagree_about_a_gpu_are_an_error():
+def test_the_last_entry_selecting_a_gpu_wins_as_in_mig_parted():
+    # Defaults for every GPU, then an override: a file mig-parted applies.
     spec = config(enabled({"1g.5gb": 1}) + enabled({"1g.5gb": 2}, "[1]"))
-    with pytest.raises(PlanError, match="GPU 1 is selected by entries 0, 1 of 'c' with different layouts"):
-        plan(inventory(gpu(0, A100), gpu(1, A100)), spec)
+    p = plan(inventory(gpu(0, A100), gpu(1, A100)), spec)
+    assert [g.after.counts() for g in p.gpus] == [{"1g.5gb": 1}, {"1g.5gb": 2}]
+    p = plan(inventory(gpu(0, A100), gpu(1, A100)), config(enabled({"1g.5gb": 2}, "[1]") + DISABLED))
+    assert [g.after for g in p.gpus] == [Layout(False, False), Layout(False, False)]
+
+
+def test_an_index_the_node_does_not_have_is_an_error():
+    inv = inventory(*[gpu(i, A100) for i in range(8)])
+    with pytest.raises(PlanError) as e:
+        plan(inv, config(enabled({"1g.5gb": 1}, "[0, 9]") + enabled({}, "[12]")))
+    assert ("config 'c' cannot be applied: entry 0 names GPU 9, but this node has GPU 0-7; entry 1 names "
+            "GPU 12, but this node has GPU 0-7") in e.value.message
+
+
+def test_gpus_with_the_same_problem_are_named_once():
+    inv = inventory(*[gpu(i, A100_80) for i in range(8)], gpu(8, A100), gpu(9, T4), gpu(10, A100_80))
+    with pytest.raises(PlanError) as e:
+        plan(inv, config(enabled({"2g.10gb": 1})))
+    msg = e.value.message
+    assert msg.count("no MIG profile '2g.10gb'") == 1 and msg.count("not MIG capable") == 1
+    assert ("GPU 0-7, 10 (NVIDIA A100-SXM4-80GB): no MIG profile '2g.10gb'; the profiles are 1g.10gb, "
+            "1g.10gb+me, 1g.20gb, 2g.20gb, 3g.40gb, 4g.40gb, 7g.80gb") in msg
+    assert "GPU 9 (Tesla T4): not MIG capable" in msg and "GPU 8" not in msg
 
 
 def test_diff_of_identical_layouts_is_empty_and_counts_match_steps():
@@ -223,15 +245,12 @@ def test_diff_of_identical_layouts_is_empty_and_counts_match_steps():
     assert p.to_dict()["changed"] == [0]
 
 
-def test_planning_8_gpus_with_mixed_layouts_is_fast():
-    import time
+def test_planning_8_gpus_with_mixed_layouts():
     layouts = [BALANCED, [("3g.20gb", 0, [(1, 0), (1, 1), (1, 2)])], [], [("7g.40gb", 0, [(2, 0), (2, 2)])]] * 2
     inv = inventory(*[gpu(i, A100, enabled=True, gis=layouts[i]) for i in range(8)])
     targets = [{"1g.5gb": 3, "2g.10gb": 2}, {"1c.3g.20gb": 3, "2g.10gb": 1, "1g.5gb": 2}, {"1g.10gb": 2, "3g.20gb": 1},
                {"2c.7g.40gb": 3, "1c.7g.40gb": 1}] * 2
     spec = config("".join(enabled(t, f"[{i}]") for i, t in enumerate(targets)))
-    start = time.perf_counter()
-    p = plan(inv, spec)
-    assert time.perf_counter() - start < 1.0
+    p = plan(inv, spec)            # its time: bench/mig_plan.py
     assert [g.after.counts() for g in p.gpus] == targets
 
