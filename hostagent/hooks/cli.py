@@ -19,25 +19,30 @@ MAX_PATH = 4096
 
 # verb -> the flags it understands
 VERBS = {
-    "prepare": ("--link", "--folder", "--ldconfig-path", "--ldconfig-timeout"),
-    "create-symlinks": ("--link",),
+    "prepare": ("--link", "--device-link", "--folder", "--ldconfig-path", "--ldconfig-timeout"),
+    "create-symlinks": ("--link", "--device-link"),
     "update-ldcache": ("--folder", "--ldconfig-path", "--ldconfig-timeout"),
 }
-_REPEATED = ("--link", "--folder")
+# A call with known flags and no verb at all means this one: it understands every flag.
+DEFAULT_VERB = "prepare"
+_ALL_FLAGS = frozenset(f for flags in VERBS.values() for f in flags)
 
-USAGE = f"""usage: {PROG} VERB [FLAGS]   (run by the container engine; reads the OCI state on stdin)
+USAGE = f"""usage: {PROG} [VERB] [FLAGS]   (run by the container engine; reads the OCI state on stdin)
 
 verbs:
-  prepare          --link TARGET::LINK ... --folder DIR ...   links, then the linker cache
-  create-symlinks  --link TARGET::LINK ...                    create links in the container
+  prepare          --link TARGET::LINK ... --device-link TARGET::LINK ... --folder DIR ...
+                   links, then the linker cache (the verb when flags are given without one)
+  create-symlinks  --link TARGET::LINK ... --device-link TARGET::LINK ...   links only
   update-ldcache   --folder DIR ... [--ldconfig-path PATH]    refresh the container's ld.so.cache
 
 flags:
-  --link TARGET::LINK      LINK is a container path; TARGET is stored as given (never followed)
-  --folder DIR             container library directory to add to the linker cache
-  --ldconfig-path PATH     the host's static ldconfig (default {DEFAULT_LDCONFIG}; PATH.real is
-                           preferred when it exists); never a container binary
-  --ldconfig-timeout SECS  wall-clock bound on ldconfig (default {DEFAULT_TIMEOUT:g})
+  --link TARGET::LINK         LINK is a container path; TARGET is stored as given (never followed)
+  --device-link TARGET::LINK  the same, made only when the device node TARGET names (relative
+                              to LINK's directory) is one of the container's linux.devices
+  --folder DIR                container library directory to add to the linker cache
+  --ldconfig-path PATH        the host's static ldconfig (default {DEFAULT_LDCONFIG}; PATH.real is
+                              preferred when it exists); never a container binary
+  --ldconfig-timeout SECS     wall-clock bound on ldconfig (default {DEFAULT_TIMEOUT:g})
 
 Unknown verbs and flags are warned about and ignored (exit 0)."""
 
@@ -45,11 +50,13 @@ Unknown verbs and flags are warned about and ignored (exit 0)."""
 class Request:
     """What one invocation asks for. ``verb`` is None when there is nothing to do."""
 
-    __slots__ = ("verb", "links", "folders", "ldconfig_path", "ldconfig_timeout", "warnings", "help")
+    __slots__ = ("verb", "links", "device_links", "folders", "ldconfig_path", "ldconfig_timeout",
+                 "warnings", "help")
 
     def __init__(self) -> None:
         self.verb: str | None = None
         self.links: list[tuple[str, str]] = []
+        self.device_links: list[tuple[str, str]] = []
         self.folders: list[str] = []
         self.ldconfig_path = DEFAULT_LDCONFIG
         self.ldconfig_timeout = DEFAULT_TIMEOUT
@@ -58,52 +65,82 @@ class Request:
 
 
 def parse(argv: list[str]) -> Request:
+    """The verb is the first word that names one and is not a known flag's value. Flags
+    before it (a newer spec's global options, with or without a value) are skipped with
+    a warning; the verb and its flags still apply. A word no verb explains means a verb
+    this hook does not know: nothing is done, whatever the flags say."""
     req = Request()
-    known: tuple[str, ...] = ()
-    i = 0
+    req.help = any(a in ("-h", "--help") for a in argv)
+    argv = [a for a in argv if a not in ("-h", "--help")]
+    at, unknown = _find_verb(argv)
+    if at is None and unknown is not None:
+        req.warnings.append(f"unknown verb {unknown!r} ignored; this hook knows {', '.join(VERBS)}")
+        return req
+    if at is not None:
+        verb, before, after = argv[at], argv[:at], argv[at + 1:]
+    elif any(a.partition("=")[0] in _ALL_FLAGS for a in argv):
+        verb, before, after = DEFAULT_VERB, [], argv
+    else:
+        verb, before, after = None, argv, []
+    for arg in before:
+        if arg.startswith("-"):
+            req.warnings.append(f"unknown flag {arg.partition('=')[0]!r} before the verb ignored")
+    if verb is not None:
+        req.verb = verb
+        _flags(req, after, VERBS[verb])
+    return req
+
+
+def _find_verb(argv: list[str]) -> tuple[int | None, str | None]:
+    """(index of the verb, None), or (None, the first word that can only be an unknown
+    verb), or (None, None) when there is no word at all."""
+    first_word, i = None, 0
     while i < len(argv):
         arg = argv[i]
         i += 1
-        if arg in ("-h", "--help"):
-            req.help = True
+        if arg.startswith("-"):
+            if "=" not in arg and arg in _ALL_FLAGS:
+                i += 1                               # its value, whatever it looks like
             continue
+        if arg in VERBS:
+            return i - 1, None
+        if first_word is None:
+            first_word = arg
+    return None, first_word
+
+
+def _flags(req: Request, args: list[str], known: tuple[str, ...]) -> None:
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        i += 1
         if not arg.startswith("-"):
-            if req.verb is None and not known:
-                if arg in VERBS:
-                    req.verb, known = arg, VERBS[arg]
-                else:
-                    req.warnings.append(f"unknown verb {arg!r} ignored; this hook knows {', '.join(VERBS)}")
-                    return req                       # nothing we understand follows
-            else:
-                req.warnings.append(f"unexpected argument {arg!r} ignored")
+            req.warnings.append(f"unexpected argument {arg!r} ignored")
             continue
         name, eq, value = arg.partition("=")
         if name not in known:
             # Skip its value too: no verb takes positional arguments, so a following word
             # that is not a flag can only belong to this flag.
-            if not eq and i < len(argv) and not argv[i].startswith("-") and req.verb is not None:
+            if not eq and i < len(args) and not args[i].startswith("-"):
                 i += 1
-            where = f"for {req.verb}" if req.verb else "before the verb"
-            req.warnings.append(f"unknown flag {name!r} {where} ignored")
+            req.warnings.append(f"unknown flag {name!r} for {req.verb} ignored")
             continue
         if not eq:
-            if i >= len(argv):
+            if i >= len(args):
                 raise UsageError(f"{name} needs a value")
-            value = argv[i]
+            value = args[i]
             i += 1
         _apply(req, name, value)
-    return req
 
 
 def _apply(req: Request, name: str, value: str) -> None:
     if "\0" in value or len(value) > MAX_PATH:
         raise UsageError(f"{name}: value is not a usable path")
-    if name == "--link":
-        parts = value.split("::")
-        if len(parts) != 2 or not parts[0] or not parts[1]:
-            raise UsageError(f"--link {value!r}: expected TARGET::LINK")
-        if (parts[0], parts[1]) not in req.links:
-            req.links.append((parts[0], parts[1]))
+    if name in ("--link", "--device-link"):
+        link = check_link(name, value)
+        links = req.links if name == "--link" else req.device_links
+        if link not in links:
+            links.append(link)
     elif name == "--folder":
         folder = check_folder(value)
         if folder not in req.folders:
@@ -120,6 +157,18 @@ def _apply(req: Request, name: str, value: str) -> None:
         if not 0 < seconds <= MAX_TIMEOUT:          # also rejects nan
             raise UsageError(f"--ldconfig-timeout {value!r}: expected seconds in (0, {MAX_TIMEOUT:g}]")
         req.ldconfig_timeout = seconds
+
+
+def check_link(name: str, value: str) -> tuple[str, str]:
+    """(TARGET, LINK): exactly one ``::``, and a LINK that names an entry (not ``/`` or a
+    path ending in ``..``), so a bad link fails the call before any link is made."""
+    parts = value.split("::")
+    if len(parts) != 2 or not parts[0] or not parts[1]:
+        raise UsageError(f"{name} {value!r}: expected TARGET::LINK")
+    final = [p for p in parts[1].split("/") if p and p != "."]
+    if not final or final[-1] == "..":
+        raise UsageError(f"{name} {value!r}: LINK must name a file, not a directory")
+    return parts[0], parts[1]
 
 
 def check_folder(value: str) -> str:

@@ -63,38 +63,33 @@ def exists_at(dir_fd: int, name: str) -> bool:
 
 
 def symlink_at(dir_fd: int, target: str, name: str) -> str:
-    """Make ``name`` a symlink to ``target``. Returns "created", "replaced" or "unchanged";
-    raises IsADirectoryError / FileExistsError when a directory or a non-link file is
-    there (left alone: see links.py)."""
-    for _ in range(3):                           # a racing creator can make us look again
-        try:
-            current = os.readlink(name, dir_fd=dir_fd)
-        except FileNotFoundError:
-            current = None
-        except OSError as e:
-            if e.errno != 22:                    # EINVAL: it exists and is not a symlink
-                raise
-            kind = os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode & _S_IFMT
-            if kind == 0o040000:
-                raise IsADirectoryError(21, "is a directory", name) from None
-            raise FileExistsError(17, "exists and is not a symlink", name) from None
-        if current == target:
-            return "unchanged"
-        if current is None:
-            try:
-                os.symlink(target, name, dir_fd=dir_fd)   # symlinkat: atomic, never replaces
-                return "created"
-            except FileExistsError:
-                continue
-        tmp = temp_name(name)
-        os.symlink(target, tmp, dir_fd=dir_fd)
-        try:
-            os.rename(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
-        except BaseException:
-            _unlink_quietly(dir_fd, tmp)
+    """Make ``name`` a symlink to ``target``: made under a temporary name and renamed into
+    place, so ``name`` is never seen half-made. Returns "created", "replaced" or
+    "unchanged"; raises IsADirectoryError / FileExistsError when a directory or a non-link
+    file is there (left alone: see links.py)."""
+    try:
+        current = os.readlink(name, dir_fd=dir_fd)
+    except FileNotFoundError:
+        current = None
+    except OSError as e:
+        if e.errno != 22:                        # EINVAL: it exists and is not a symlink
             raise
-        return "replaced"
-    raise FileExistsError(17, "keeps changing while the hook runs", name)
+        kind = os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode & _S_IFMT
+        if kind == 0o040000:
+            raise IsADirectoryError(21, "is a directory", name) from None
+        raise FileExistsError(17, "exists and is not a symlink", name) from None
+    if current == target:
+        return "unchanged"
+    tmp = temp_name(name)
+    os.symlink(target, tmp, dir_fd=dir_fd)       # O_EXCL-like: fails on a planted name
+    try:
+        # rename replaces a link (or a file that raced in) and refuses a directory; it
+        # never writes through a link at ``name``.
+        os.rename(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+    except BaseException:
+        _unlink_quietly(dir_fd, tmp)
+        raise
+    return "created" if current is None else "replaced"
 
 
 def _unlink_quietly(dir_fd: int, name: str) -> None:

@@ -1,13 +1,21 @@
-"""``--link TARGET::LINK``: symlinks inside the container root.
+"""``--link TARGET::LINK`` and ``--device-link TARGET::LINK``: symlinks inside the container root.
 
 LINK is a container path resolved inside the root (inroot); missing parent directories are
 created (0755). TARGET is written into the link as given and never followed here, so an
 absolute or ``..`` target is harmless to the host: inside the container it resolves
 against the container's own root.
 
+A device link (``../card1::/dev/dri/by-path/pci-0000:3b:00.0-card``) is made only when the
+node its TARGET names is one of the container's device nodes: the spec's one hook carries
+the links of every GPU, and each container gets those of the GPUs it was given.
+
+Every parent directory is reached before the first link is made, so a link that cannot be
+made (its parent is a file, a loop) fails the call with nothing changed.
+
 An existing entry at LINK:
 * a symlink to TARGET is left alone (no write at all on a container's second start);
-* any other symlink is replaced atomically (temp name, rename);
+* a missing link, or any other symlink, is made under a temporary name and renamed into
+  place;
 * a regular file or a directory is left alone with a warning. That is what ldconfig does
   with a non-link at a SONAME path, and it keeps the hook from destroying data the image or
   the engine put there (a bind-mounted file, an image's own library); a link maker has no
@@ -17,28 +25,49 @@ An existing entry at LINK:
 from __future__ import annotations
 
 import os
+import posixpath
 
 from .errors import HookError
 from .fileat import symlink_at
 from .inroot import Root, split
 
 
+def present_device_links(device_links: list[tuple[str, str]], devices: set[str]) -> list[tuple[str, str]]:
+    """The device links whose node (TARGET taken from LINK's directory) is in ``devices``."""
+    out = []
+    for target, link in device_links:
+        node = posixpath.normpath(posixpath.join(posixpath.dirname("/" + link.lstrip("/")), target))
+        if node in devices:
+            out.append((target, link))
+    return out
+
+
 def create_links(root: Root, links: list[tuple[str, str]], warn) -> dict[str, int]:
     counts = {"created": 0, "replaced": 0, "unchanged": 0, "kept": 0}
     parents: dict[str, int] = {}       # one walk per directory: drivers put dozens of links in one
     try:
-        for target, link in links:
+        # Reach every existing parent first: only a missing one is left to create.
+        missing = []
+        for _, link in links:
+            key = "/".join(split(link)[0])
+            if key in parents or key in missing:
+                continue
             try:
-                folder, name = split(link)
-                key = "/".join(folder)
-                if key not in parents:
-                    parents[key], _ = root.parent(link, create=True)
-                dir_fd = parents[key]
+                parents[key] = root.opendir(key)
+            except FileNotFoundError:
+                missing.append(key)
             except OSError as e:
-                raise HookError(f"cannot reach the directory of link {link} in the container: "
-                                f"{e.strerror or e}") from None
+                raise _unreachable(link, e) from None
+        for target, link in links:
+            folder, name = split(link)
+            key = "/".join(folder)
+            if key not in parents:
+                try:
+                    parents[key] = root.opendir(key, create=True)
+                except OSError as e:
+                    raise _unreachable(link, e) from None
             try:
-                counts[symlink_at(dir_fd, target, name)] += 1
+                counts[symlink_at(parents[key], target, name)] += 1
             except (IsADirectoryError, FileExistsError) as e:
                 warn(f"{link} {e.strerror}; left as it is, not linked to {target}")
                 counts["kept"] += 1
@@ -48,3 +77,7 @@ def create_links(root: Root, links: list[tuple[str, str]], warn) -> dict[str, in
         for fd in parents.values():
             os.close(fd)
     return counts
+
+
+def _unreachable(link: str, e: OSError) -> HookError:
+    return HookError(f"cannot reach the directory of link {link} in the container: {e.strerror or e}")

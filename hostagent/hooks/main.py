@@ -1,4 +1,5 @@
-"""Entry point of ``hostagent-hook`` (``python3 -I -m hostagent.hooks VERB ...``).
+"""Entry point of the hook program: ``python3 -I -S -c ...`` as specs run it, or
+``python3 -I -m hostagent.hooks VERB ...`` by hand. Refuses to run without ``-I``.
 
 Runs as host root at every container start, on a container root the image controls.
 Order matters: trusted working directory and environment check first, then everything is
@@ -51,9 +52,14 @@ def warn(message: str) -> None:
 
 
 def _check_environment() -> None:
-    bad = [k for k in os.environ if k.startswith("LD_") or k in _LOADER_VARS]
     if not sys.flags.isolated:
-        bad += [k for k in os.environ if k.startswith("PYTHON")]
+        # Without -I the interpreter has already honoured PYTHONPATH, PYTHONHOME and the
+        # working directory before this line ran; refusing is all that is left. A console
+        # script cannot be isolated (installers rewrite its "#!python" line without flags).
+        raise HookError("not started isolated (python3 -I): the container's PYTHON* variables and working "
+                        "directory could reach the hook. Run it with the command line 'hostagent cdi generate' "
+                        "writes (python3 -I -S -c ...), or by hand as python3 -I -m hostagent.hooks")
+    bad = [k for k in os.environ if k.startswith("LD_") or k in _LOADER_VARS]
     if bad:
         raise HookError(f"refusing to run with {', '.join(sorted(bad))} set: the container's environment "
                         "reached the hook. Give the hook an explicit env (PATH only) and run it as python3 -I")
@@ -64,8 +70,12 @@ def _run(req: cli.Request) -> None:
     from .inroot import Root
 
     state = ocistate.read_state(0)
-    root_path = ocistate.container_root(state)
-    wants_links = req.verb in ("prepare", "create-symlinks") and req.links
+    root_path, config = ocistate.read_bundle(state)
+    links = list(req.links)
+    if req.device_links:
+        from .links import present_device_links
+        links += present_device_links(req.device_links, ocistate.device_paths(config))
+    wants_links = req.verb in ("prepare", "create-symlinks") and links
     wants_cache = req.verb == "update-ldcache" or (req.verb == "prepare" and req.folders)
     exe_fds: list[int] = []
     with Root(root_path) as root:
@@ -76,10 +86,11 @@ def _run(req: cli.Request) -> None:
                 sealed = hostbin.sealed_copy(exe_fds[0])
                 if sealed is not None:
                     exe_fds.insert(0, sealed)
-            # Everything is checked: from here on the container root is written.
+            # Everything is checked: from here on the container root is written (links
+            # first reach every parent directory, then write).
             if wants_links:
                 from .links import create_links
-                create_links(root, req.links, warn)
+                create_links(root, links, warn)
             if wants_cache:
                 from .ldcache import update
                 update(root, req.folders, exe_fds, req.ldconfig_timeout)

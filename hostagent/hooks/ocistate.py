@@ -36,8 +36,12 @@ def read_state(fd: int = 0) -> dict:
 
 
 def container_root(state: dict) -> str:
-    """The root path: crun's non-standard ``root`` field, else ``root.path`` from the
-    bundle's config.json (relative to the bundle when not absolute)."""
+    return read_bundle(state)[0]
+
+
+def read_bundle(state: dict) -> tuple[str, dict]:
+    """(root path, the bundle's config.json). The root is crun's non-standard ``root``
+    field, else ``root.path`` from config.json (relative to the bundle when not absolute)."""
     bundle = state.get("bundle")
     if not isinstance(bundle, str) or not bundle:
         raise HookError("OCI state has no bundle path")
@@ -54,7 +58,17 @@ def container_root(state: dict) -> str:
             root = os.path.join(bundle, root)     # no-op when root is absolute
     if not isinstance(root, str) or not root.startswith("/") or "\0" in root:
         raise HookError(f"container root {root!r} is not an absolute path")
-    return root
+    return root, config
+
+
+def device_paths(config: dict) -> set[str]:
+    """Container paths of the device nodes the engine put in the container
+    (``linux.devices[].path``): what CDI injected, plus any ``--device`` of its own."""
+    linux = config.get("linux")
+    devices = linux.get("devices") if isinstance(linux, dict) else None
+    if not isinstance(devices, list):
+        return set()
+    return {d["path"] for d in devices if isinstance(d, dict) and isinstance(d.get("path"), str)}
 
 
 def _load_config(path: str) -> dict:

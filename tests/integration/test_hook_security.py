@@ -1,8 +1,9 @@
 """Attacks on the hook program against real container roots on disk.
 
 Every test builds a hostile container root next to an "outside" tree that stands for the
-host, runs the hook the way an engine does (``python3 -I -m hostagent.hooks``, the OCI
-state on stdin, an explicit PATH-only environment), and asserts that nothing outside was
+host, runs the hook the way an engine does (the generated spec's own command line,
+``python3 -I -S -c ...``, or ``python3 -I -m hostagent.hooks``; the OCI state on stdin,
+an explicit PATH-only environment), and asserts that nothing outside was
 created, changed or read (a metadata snapshot plus canaries whose access time is armed)
 and that no attacker code ran (planted code creates marker files). Where it matters, a
 control run without the defence shows that the attack and its detection are real.
@@ -64,8 +65,14 @@ class World:
         return json.dumps({"ociVersion": "1.0.2", "id": "hook-test", "status": "creating",
                            "pid": os.getpid(), "bundle": str(self.bundle), **extra}).encode()
 
-    def run(self, *args, env=None, cwd="/", stdin=None, timeout=60, isolated=True) -> subprocess.CompletedProcess:
-        cmd = [sys.executable, *(["-I"] if isolated else []), "-m", "hostagent.hooks", *args]
+    def run(self, *args, env=None, cwd="/", stdin=None, timeout=60, isolated=True, spec=False) -> subprocess.CompletedProcess:
+        if spec:         # exactly what a generated spec's hook runs
+            from hostagent.cdi.spec import hook_command
+            hook = hook_command(sys.executable, *args)
+            cmd = list(hook.args)
+            assert cmd[0] == hook.path
+        else:
+            cmd = [sys.executable, *(["-I"] if isolated else []), "-m", "hostagent.hooks", *args]
         return subprocess.run(cmd, input=self.state() if stdin is None else stdin, env=ENV if env is None else env,
                               cwd=cwd, capture_output=True, timeout=timeout)
 
@@ -143,11 +150,12 @@ def plant_python(world: World) -> dict:
             "PYTHONINSPECT": "", "PYTHONSAFEPATH": ""}
 
 
-def test_image_python_environment_and_cwd_do_not_reach_the_hook(world):
+@pytest.mark.parametrize("spec", [True, False], ids=["spec-command-line", "module"])
+def test_image_python_environment_and_cwd_do_not_reach_the_hook(world, spec):
     env = plant_python(world)
     world.seal()
     args = prepare_args(*LINKS) if os.geteuid() == 0 else ["create-symlinks", *sum((["--link", l] for l in LINKS), [])]
-    ok(world.run(*args, env=env, cwd=world.root))
+    ok(world.run(*args, env=env, cwd=world.root, spec=spec))
     world.assert_untouched()
     assert os.readlink(world.at(f"{LIB}/libcuda.so.1")) == "libcuda.so.550.54.15"
     # Control: the same interpreter without -I runs the image's code. The attack is real,
@@ -475,6 +483,40 @@ def test_unknown_verbs_and_flags_warn_and_exit_zero(world):
     proc = world.run("create-symlinks", "--future-flag", "value", "--link", LINKS[0])
     assert proc.returncode == 0 and b"unknown flag '--future-flag' for create-symlinks ignored" in proc.stderr
     assert os.readlink(world.at(f"{LIB}/libcuda.so.1")) == "libcuda.so.550.54.15"
+
+
+def test_a_hook_started_without_isolation_refuses_and_writes_nothing(world):
+    """As the hostagent-hook console script starts it (installers drop interpreter flags):
+    whatever PYTHONPATH planted would already have run, so the hook does not go on."""
+    for env in (ENV, {**ENV, "PYTHONPATH": str(world.tmp / "elsewhere")}):
+        proc = world.run(*prepare_args(*LINKS), env=env, isolated=False)
+        assert proc.returncode == 1 and proc.stderr.startswith(b"hostagent-hook: error: not started isolated")
+    assert not os.path.lexists(world.at(f"{LIB}/libcuda.so.1"))
+
+
+def test_device_links_are_made_for_the_containers_own_nodes_only(world):
+    config = json.loads((world.bundle / "config.json").read_text())
+    config["linux"] = {"devices": [{"path": "/dev/nvidia1", "type": "c", "major": 195, "minor": 1},
+                                   {"path": "/dev/dri/card2", "type": "c", "major": 226, "minor": 2},
+                                   {"path": "/dev/dri/renderD130", "type": "c", "major": 226, "minor": 130}]}
+    (world.bundle / "config.json").write_text(json.dumps(config))
+    links = []
+    for bdf, card in (("0000:3b:00.0", 1), ("0000:5e:00.0", 2)):
+        links += ["--device-link", f"../card{card}::/dev/dri/by-path/pci-{bdf}-card",
+                  "--device-link", f"../renderD{128 + card}::/dev/dri/by-path/pci-{bdf}-render"]
+    ok(world.run("create-symlinks", "--link", LINKS[0], *links, spec=True))
+    by_path = world.at("/dev/dri/by-path")
+    assert {n: os.readlink(by_path / n) for n in os.listdir(by_path)} == {
+        "pci-0000:5e:00.0-card": "../card2", "pci-0000:5e:00.0-render": "../renderD130"}
+    assert os.readlink(world.at(f"{LIB}/libcuda.so.1")) == "libcuda.so.550.54.15"
+
+
+def test_a_bad_link_after_good_ones_changes_nothing(world):
+    world.at("/etc/ld.so.conf.d").write_text("a file where a directory is expected")
+    for bad in (f"x::{LIB}/..", "x::/etc/ld.so.conf.d/link"):
+        proc = world.run("create-symlinks", "--link", LINKS[0], "--link", LINKS[1], "--link", bad)
+        assert proc.returncode in (1, 2) and proc.stderr.count(b"\n") == 1, proc.stderr
+        assert sorted(os.listdir(world.at(LIB))) == ["libcuda.so.550.54.15", "libnvidia-ml.so.550.54.15"]
 
 
 @needs_root

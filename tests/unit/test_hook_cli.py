@@ -2,6 +2,7 @@
 
 import io
 import os
+import sys
 
 import pytest
 
@@ -9,12 +10,24 @@ from hostagent.hooks import cli, main as hook_main
 from hostagent.hooks.errors import UsageError
 
 
+class Flags:
+    """sys.flags with another ``isolated`` (the interpreter's own flags stay readable)."""
+
+    def __init__(self, isolated, real=sys.flags):
+        self.isolated, self._real = isolated, real
+
+    def __getattr__(self, name):
+        return getattr(self._real, name)
+
+
 @pytest.fixture(autouse=True)
 def clean_environment(monkeypatch):
-    """main() refuses PYTHON* variables when not isolated, and pytest is not isolated."""
+    """main() refuses to run unless isolated, and pytest is not: in-process calls stand in
+    for the isolated interpreter (the integration tests start the real one)."""
     for name in list(os.environ):
         if name.startswith(("PYTHON", "LD_")):
             monkeypatch.delenv(name)
+    monkeypatch.setattr("sys.flags", Flags(1))
 
 
 def test_prepare_takes_repeated_links_and_folders_in_both_spellings():
@@ -44,6 +57,39 @@ def test_unknown_verb_is_a_warning_and_nothing_to_do():
                             "create-symlinks, update-ldcache"]
 
 
+def test_an_unknown_global_flag_with_a_value_keeps_the_verb_and_its_flags():
+    req = cli.parse(["--log-level", "info", "prepare", "--link", "a::/b", "--folder", "/lib"])
+    assert (req.verb, req.links, req.folders) == ("prepare", [("a", "/b")], ["/lib"])
+    assert req.warnings == ["unknown flag '--log-level' before the verb ignored"]
+    req = cli.parse(["--debug", "--log-level=info", "create-symlinks", "--link", "a::/b"])
+    assert (req.verb, req.links) == ("create-symlinks", [("a", "/b")])
+
+
+def test_flags_without_a_verb_mean_prepare():
+    req = cli.parse(["--link", "A::/B", "--folder", "/d"])
+    assert (req.verb, req.links, req.folders, req.warnings) == ("prepare", [("A", "/B")], ["/d"], [])
+
+
+def test_a_word_no_verb_explains_does_nothing_whatever_the_flags_say():
+    """A newer verb behind a newer global flag is never run as prepare."""
+    for argv in (["--debug", "enable-cuda-compat", "--link", "a::/b"], ["--mode", "x", "--folder", "/lib"]):
+        req = cli.parse(argv)
+        assert req.verb is None and req.links == [] and req.folders == []
+        assert req.warnings[-1].startswith("unknown verb ")
+
+
+def test_device_links_are_kept_apart_and_made_only_for_present_nodes():
+    from hostagent.hooks.links import present_device_links
+    req = cli.parse(["prepare", "--device-link", "../card1::/dev/dri/by-path/pci-0000:3b:00.0-card",
+                     "--device-link", "../renderD128::/dev/dri/by-path/pci-0000:3b:00.0-render",
+                     "--device-link", "../card2::/dev/dri/by-path/pci-0000:5e:00.0-card"])
+    assert req.links == [] and len(req.device_links) == 3
+    present = present_device_links(req.device_links, {"/dev/nvidia0", "/dev/dri/card1", "/dev/dri/renderD128"})
+    assert [link for _, link in present] == ["/dev/dri/by-path/pci-0000:3b:00.0-card",
+                                             "/dev/dri/by-path/pci-0000:3b:00.0-render"]
+    assert present_device_links(req.device_links, set()) == []
+
+
 def test_unknown_flags_are_skipped_with_their_values_and_the_rest_still_applies():
     req = cli.parse(["--debug", "prepare", "--new-flag", "value", "--link", "a::/b",
                      "--other=x", "--flag-without-value", "--folder", "/lib", "stray"])
@@ -68,6 +114,9 @@ def test_a_flag_of_another_verb_is_ignored_not_applied():
     (["prepare", "--link", "a::b::c"], "expected TARGET::LINK"),
     (["prepare", "--link", "::/b"], "expected TARGET::LINK"),
     (["prepare", "--link", "a\0::/b"], "not a usable path"),
+    (["prepare", "--link", "a::/b", "--link", "a::/usr/lib/.."], "LINK must name a file"),
+    (["prepare", "--device-link", "../card1::/"], "LINK must name a file"),
+    (["create-symlinks", "--device-link", "card1"], "expected TARGET::LINK"),
     (["prepare", "--folder", "lib"], "must be an absolute container path"),
     (["prepare", "--folder", "/lib\ninclude /proc/1/root/etc/*"], "characters ld.so.conf cannot hold"),
     (["prepare", "--folder", "/lib # comment"], "characters ld.so.conf cannot hold"),
@@ -112,13 +161,15 @@ def test_main_refuses_a_leaked_loader_environment(name, monkeypatch, capsys):
     assert f"refusing to run with {name} set" in capsys.readouterr().err
 
 
-def test_python_variables_only_matter_when_not_isolated(monkeypatch, capsys):
+def test_a_hook_not_started_isolated_refuses_whatever_it_is_asked(monkeypatch, capsys):
+    monkeypatch.setattr("sys.flags", Flags(0))
+    for argv in (["--help"], ["no-such-verb"], ["create-symlinks", "--link", "a::/b"]):
+        assert hook_main.main(argv) == 1
+        err = capsys.readouterr().err
+        assert err.startswith("hostagent-hook: error: not started isolated (python3 -I)") and err.count("\n") == 1
     monkeypatch.setenv("PYTHONPATH", "/rootfs")
-    monkeypatch.setattr("sys.flags", type("F", (), {"isolated": 0})())
-    assert hook_main.main(["create-symlinks"]) == 1
-    assert "refusing to run with PYTHONPATH set" in capsys.readouterr().err
-    monkeypatch.setattr("sys.flags", type("F", (), {"isolated": 1})())
-    assert hook_main.main(["no-such-verb"]) == 0
+    monkeypatch.setattr("sys.flags", Flags(1))
+    assert hook_main.main(["no-such-verb"]) == 0          # isolated: PYTHON* variables were ignored
 
 
 def test_the_hook_imports_only_the_stdlib_and_its_own_modules(tmp_path):

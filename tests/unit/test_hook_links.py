@@ -63,11 +63,25 @@ def test_regular_files_and_directories_at_link_are_kept_with_a_warning(root):
     assert open(lib(root, "libcuda.so.1")).read() == "the image's own file"
 
 
-def test_a_link_whose_parent_is_a_file_fails_clearly(root):
+def test_a_link_whose_parent_is_a_file_fails_clearly_before_any_link_is_made(root):
     with open(lib(root, "file"), "w"):
         pass
     with pytest.raises(HookError, match=f"cannot reach the directory of link {LIB}/file/x"):
-        run(root, f"t::{LIB}/file/x")
+        run(root, f"libcuda.so.550::{LIB}/libcuda.so.1", f"t::/etc/new/x", f"t::{LIB}/file/x")
+    assert sorted(os.listdir(lib(root))) == ["file"]
+    assert not os.path.exists(os.path.join(root.path, "etc"))        # not even a parent directory
+
+
+def test_a_new_link_is_made_under_a_temporary_name_and_renamed_into_place(root, monkeypatch):
+    made, renamed = [], []
+    real_symlink, real_rename = os.symlink, os.rename
+    monkeypatch.setattr(os, "symlink", lambda target, name, **kw: (made.append(name), real_symlink(target, name, **kw)))
+    monkeypatch.setattr(os, "rename", lambda a, b, **kw: (renamed.append((a, b)), real_rename(a, b, **kw)))
+    counts, _ = run(root, f"libcuda.so.550::{LIB}/libcuda.so.1")
+    assert counts["created"] == 1
+    [tmp] = made
+    assert tmp.startswith(".libcuda.so.1.hostagent-") and renamed == [(tmp, "libcuda.so.1")]
+    assert sorted(os.listdir(lib(root))) == ["libcuda.so.1"]
 
 
 def test_write_at_replaces_a_planted_symlink_instead_of_writing_through_it(tmp_path):
