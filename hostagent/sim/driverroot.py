@@ -12,7 +12,7 @@ import sys
 import uuid as uuidlib
 from pathlib import Path
 
-from ..fileio import ensure_dir, write_atomic
+from ..fileio import ensure_dir
 from . import catalog, unixsock
 from .elf import write_shared_object
 from .files import NodeFiles, can_create_device_nodes, mig_minors

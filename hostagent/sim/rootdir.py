@@ -75,11 +75,17 @@ def clear_node(root: Path) -> None:
 
 
 def _empty(root: Path) -> None:
-    for entry in os.scandir(root):
-        if entry.is_dir(follow_symlinks=False):
-            shutil.rmtree(entry.path)
-        else:
-            os.unlink(entry.path)
+    with os.scandir(root) as entries:
+        for entry in entries:
+            if entry.is_dir(follow_symlinks=False):
+                shutil.rmtree(entry.path)
+            else:
+                os.unlink(entry.path)
+
+
+def _has_entries(directory: Path) -> bool:
+    with os.scandir(directory) as entries:
+        return any(entries)
 
 
 def build_node(text: str, profile: str, *, replace: bool = False) -> SimStore:
@@ -102,7 +108,7 @@ def build_node(text: str, profile: str, *, replace: bool = False) -> SimStore:
                 raise UsageError("a simulated node already exists there", where=str(root),
                                  hint="pass --force to replace it")
             clear_node(root)
-        elif any(os.scandir(root)):
+        elif _has_entries(root):
             raise UsageError("the directory holds files but no simulated node", where=str(root),
                              hint=_NEW_ROOT_HINT)
     try:
