@@ -65,7 +65,7 @@ def register(sub) -> None:
     v.set_defaults(run=events)
 
     v = _verb(verbs, "reboot", "reboot the node: instances vanish, pending MIG modes apply, "
-                               "Hopper and newer lose MIG mode")
+                               "Hopper and newer lose MIG mode, the driver loads")
     v.set_defaults(run=reboot)
 
     v = _verb(verbs, "driver", "unload (MIG instances go, Hopper and newer lose MIG mode; refused "
