@@ -11,11 +11,13 @@ from pathlib import Path
 from ..errors import ConfigError, UsageError
 from .version import KNOWN_VERSIONS, minimum_version, version_key
 
-__all__ = ["check_kind", "validate_spec", "load_spec_file", "VENDOR_RE", "CLASS_RE", "DEVICE_RE"]
+__all__ = ["check_kind", "validate_spec", "load_spec_file", "read_spec", "VENDOR_RE", "CLASS_RE", "DEVICE_RE"]
 
 VENDOR_RE = re.compile(r"^[A-Za-z]([A-Za-z0-9_.-]*[A-Za-z0-9])?$")
 CLASS_RE = VENDOR_RE
 DEVICE_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9_.:-]*[A-Za-z0-9])?$")
+# SPEC.md's limits (a DNS-subdomain vendor, a DNS-label class); the Go code enforces none.
+MAX_VENDOR, MAX_CLASS = 253, 63
 HOOK_NAMES = ("prestart", "createRuntime", "createContainer", "startContainer", "poststart", "poststop")
 
 # Fields each object may carry, and the cdiVersion that introduced the newer ones.
@@ -43,9 +45,11 @@ def _kind_problems(kind, where: str) -> list[str]:
         return [f"{where}: {kind!r} is not of the form vendor/class"]
     vendor, cls = kind.split("/", 1)
     out = []
-    for part, value in (("vendor", vendor), ("class", cls)):
+    for part, value, limit in (("vendor", vendor, MAX_VENDOR), ("class", cls, MAX_CLASS)):
         if len(value) < 2:
             out.append(f"{where}: {part} {value!r} must have at least 2 characters")
+        elif len(value) > limit:
+            out.append(f"{where}: {part} has {len(value)} characters; the CDI specification allows at most {limit}")
         elif not VENDOR_RE.match(value):
             out.append(f"{where}: {part} {value!r} must start with a letter, end with a letter or digit, "
                        "and contain only letters, digits, '_', '.' and '-'")
@@ -84,9 +88,9 @@ def validate_spec(spec) -> list[str]:
             out.append(f"{where}.name: duplicate device {name!r}")
         seen.add(name)
         edits = dev.get("containerEdits")
-        if not edits:
-            out.append(f"{where}.containerEdits: a device needs non-empty edits")
-        else:
+        if _empty_edits(edits):
+            out.append(f"{where}.containerEdits: a device needs non-empty edits (CDI: \"empty device edits\")")
+        if edits is not None:
             out += _edits(edits, f"{where}.containerEdits", version)
     if spec.get("containerEdits") is not None:
         out += _edits(spec["containerEdits"], "containerEdits", version)
@@ -95,6 +99,21 @@ def validate_spec(spec) -> list[str]:
         if version_key(version.removeprefix("v")) < version_key(needed):
             out.append(f"cdiVersion: the content needs {needed} or newer, the spec says {version}")
     return out
+
+
+def _empty_edits(edits) -> bool:
+    """CDI's rule: edits count by their entries, so ``{"env": []}`` is as empty as none."""
+    if not isinstance(edits, dict):
+        return edits is None
+    return not any(isinstance(edits.get(k), list) and edits[k]
+                   for k in ("env", "deviceNodes", "hooks", "mounts", "additionalGids", "netDevices")) \
+        and edits.get("intelRdt") is None
+
+
+def _strings(obj: dict, keys, where: str) -> list[str]:
+    """Fields the CDI structs type as strings: any other JSON type fails the whole file."""
+    return [f"{where}.{k}: {obj[k]!r} is not a string" for k in keys
+            if k in obj and not isinstance(obj[k], str)]
 
 
 def _fields(obj: dict, allowed: dict, where: str, version) -> list[str]:
@@ -124,6 +143,7 @@ def _edits(edits, where: str, version) -> list[str]:
             out.append(f"{w}: not a mapping")
             continue
         out += _fields(node, NODE_FIELDS, w, version)
+        out += _strings(node, ("path", "hostPath", "type", "permissions"), w)
         if not node.get("path"):
             out.append(f"{w}.path: required")
         if node.get("type", "") not in ("", "b", "c", "u", "p"):
@@ -139,6 +159,7 @@ def _edits(edits, where: str, version) -> list[str]:
             out.append(f"{w}: not a mapping")
             continue
         out += _fields(mount, MOUNT_FIELDS, w, version)
+        out += _strings(mount, ("hostPath", "containerPath", "type"), w)
         for key in ("hostPath", "containerPath"):
             if not mount.get(key):
                 out.append(f"{w}.{key}: required")
@@ -150,6 +171,9 @@ def _edits(edits, where: str, version) -> list[str]:
             out.append(f"{w}: not a mapping")
             continue
         out += _fields(hook, HOOK_FIELDS, w, version)
+        out += _strings(hook, ("path",), w)
+        if not all(isinstance(a, str) for a in hook.get("args") or []):
+            out.append(f"{w}.args: must be strings")
         if hook.get("hookName") not in HOOK_NAMES:
             out.append(f"{w}.hookName: {hook.get('hookName')!r} is not one of {', '.join(HOOK_NAMES)}")
         if not str(hook.get("path", "")).startswith("/"):
@@ -163,7 +187,13 @@ def _edits(edits, where: str, version) -> list[str]:
 
 
 def load_spec_file(path: str | Path) -> dict:
-    """Parse a .json or .yaml spec (YAML 1.1 typing, as the Go readers use)."""
+    """Parse a .json or .yaml spec as the CDI library reads it (YAML typed by YAML 1.1)."""
+    return read_spec(path)[0]
+
+
+def read_spec(path: str | Path) -> tuple[dict, list[str]]:
+    """(document, problems of its encoding): for YAML, every unquoted scalar in a string
+    field that YAML 1.1 readers turn into a number, boolean or null."""
     path = Path(path)
     if path.suffix not in (".json", ".yaml"):
         raise UsageError(f"{path}: CDI readers only load files ending in .json or .yaml")
@@ -171,15 +201,18 @@ def load_spec_file(path: str | Path) -> dict:
         text = path.read_text()
     except OSError as e:
         raise ConfigError(f"cannot read the spec: {e.strerror}", where=str(path)) from None
+    except UnicodeDecodeError:
+        raise ConfigError("is not UTF-8 text", where=str(path)) from None
     if not text.strip() or text.strip() == "---":
         raise ConfigError("no spec data", where=str(path))
     if path.suffix == ".json":
         try:
-            return json.loads(text)
+            return json.loads(text), []
         except ValueError as e:
             raise ConfigError(f"is not valid JSON: {e}", where=str(path)) from None
     import yaml
+    from .yaml11 import load_go_yaml
     try:
-        return yaml.safe_load(text)
+        return load_go_yaml(text)
     except yaml.YAMLError as e:
         raise ConfigError(f"is not valid YAML: {e}".replace("\n", " "), where=str(path)) from None

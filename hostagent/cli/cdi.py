@@ -99,14 +99,18 @@ def list_devices(args) -> int:
 
 
 def validate(args) -> int:
-    from ..cdi.validate import load_spec_file, validate_spec
+    from ..cdi.validate import read_spec, validate_spec
     from ..errors import HostagentError
     failed = 0
     for path in args.files:
         try:
-            problems = validate_spec(load_spec_file(path))
+            doc, problems = read_spec(path)
         except HostagentError as e:
-            problems = [e.what]
+            doc, problems = None, [e.what]
+        if doc is not None:
+            # An unquoted scalar is said once, with its cause, not again as a bad value.
+            typed = {p.split(":", 1)[0] for p in problems}
+            problems += [p for p in validate_spec(doc) if p.split(":", 1)[0] not in typed]
         for p in problems:
             print(f"{path}: {p}")
         if problems:

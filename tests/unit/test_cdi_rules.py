@@ -50,6 +50,14 @@ def test_bad_kinds_are_refused_including_one_character_parts(kind):
     (spec(devices=[dev("gpu0"), dev("gpu0")]), "duplicate device 'gpu0'"),
     (spec(devices=[dev("bad/name")]), "devices[0].name"),
     (spec(devices=[{"name": "gpu0", "containerEdits": {}}]), "non-empty edits"),
+    (spec(devices=[{"name": "gpu0", "containerEdits": {"env": []}}]), "devices[0].containerEdits: a device needs non-empty"),
+    (spec(devices=[{"name": "gpu0", "containerEdits": {"env": [], "mounts": [], "hooks": []}}]), "empty device edits"),
+    (spec(devices=[{"name": "gpu0"}]), "devices[0].containerEdits: a device needs non-empty"),
+    (spec(kind="a" * 254 + "/gpu"), "vendor has 254 characters; the CDI specification allows at most 253"),
+    (spec(kind="nvidia.com/" + "g" * 64), "class has 64 characters; the CDI specification allows at most 63"),
+    (spec(containerEdits={"deviceNodes": [{"path": True}]}), "deviceNodes[0].path: True is not a string"),
+    (spec(containerEdits={"mounts": [{"hostPath": "/a", "containerPath": 1000.0}]}), "containerPath: 1000.0 is not a string"),
+    (spec(containerEdits={"hooks": [{"hookName": "createContainer", "path": "/h", "args": ["/h", 16]}]}), "args: must be strings"),
     (spec(devices=[dev("0")]), "needs 0.5.0 or newer"),
     (spec(annotations={"a": "b"}), "spec.annotations: needs cdiVersion 0.6.0"),
     (spec(containerEdits={"env": ["=1"]}), "containerEdits.env[0]"),
@@ -67,6 +75,41 @@ def test_validation_names_the_problem_and_its_place(doc, fragment):
 
 def test_valid_spec_has_no_problems():
     assert validate_spec(spec()) == []
+    assert validate_spec(spec(devices=[dev("gpu0", env=["A=1"], mounts=[])])) == []
+
+
+YAML_SPEC = """cdiVersion: "0.5.0"
+kind: nvidia.com/gpu
+devices:
+- name: {name}
+  containerEdits:
+    env: [{env}]
+    deviceNodes: [{{path: {path}, type: c, major: 0xc3, minor: 1_0, fileMode: 0666}}]
+"""
+
+
+@pytest.mark.parametrize("name, env, path, problems", [
+    ("0:1", "A=1", "/dev/nvidia0", []),                          # go-yaml reads 0:1 as a string
+    ('"1e3"', "'A=yes'", "'on'", []),
+    ("1e3", "A=1", "/dev/x", ["devices[0].name: unquoted '1e3' is read as a float"]),
+    ("gpu0", "yes", "/dev/x", ["devices[0].containerEdits.env[0]: unquoted 'yes' is read as a bool"]),
+    ("0x10", "A=1", "on", ["devices[0].name: unquoted '0x10' is read as a int",
+                           "devices[0].containerEdits.deviceNodes[0].path: unquoted 'on' is read as a bool"]),
+    ("gpu0", "0o17", "null", ["devices[0].containerEdits.env[0]: unquoted '0o17' is read as a int",
+                              "devices[0].containerEdits.deviceNodes[0].path: unquoted 'null' is read as a null"]),
+])
+def test_yaml_scalars_are_read_as_the_cdi_library_types_them(tmp_path, name, env, path, problems):
+    from hostagent.cdi.validate import read_spec
+    file = tmp_path / "spec.yaml"
+    file.write_text(YAML_SPEC.format(name=name, env=env, path=path))
+    doc, found = read_spec(file)
+    assert [p.split(" by YAML 1.1")[0] for p in found] == problems
+    node = doc["devices"][0]["containerEdits"]["deviceNodes"][0]
+    assert (node["major"], node["minor"], node["fileMode"]) == (195, 10, 0o666)    # numbers as go-yaml reads them
+    if not problems:
+        assert validate_spec(doc) == []
+    else:
+        assert validate_spec(doc)            # the typed value fails the Go rules too
 
 
 def test_yaml_output_quotes_every_string_so_yaml_1_1_cannot_retype_it():
