@@ -12,7 +12,7 @@ from pathlib import Path
 from ..devices import Gpu, MigDevice
 from ..driver import nvcaps
 from ..driver.elf import read_soname
-from ..errors import NotFoundError
+from ..errors import HostagentError, NotFoundError
 from ..hostroot import HostRoot
 from .edits import IPC_MOUNT_OPTIONS, DeviceNode, Edits, Mount
 
@@ -23,18 +23,25 @@ LIBRARY_DIRS = ("usr/lib64", "usr/lib/x86_64-linux-gnu", "usr/lib/aarch64-linux-
                 "lib64", "lib/x86_64-linux-gnu", "lib/aarch64-linux-gnu")
 BINARY_DIRS = ("usr/bin", "usr/sbin", "usr/local/bin", "usr/local/sbin", "bin", "sbin")
 BINARIES = ("nvidia-smi", "nvidia-debugdump", "nvidia-persistenced", "nvidia-cuda-mps-control",
-            "nvidia-cuda-mps-server", "nvidia-imex", "nvidia-imex-ctl")
+            "nvidia-cuda-mps-server", "nvidia-imex", "nvidia-imex-ctl", "nvidia-xconfig")
 CONTROL_NODES = ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset")
 IPC_SOCKETS = ("run/nvidia-persistenced/socket", "var/run/nvidia-persistenced/socket",
                "run/nvidia-fabricmanager/socket", "var/run/nvidia-fabricmanager/socket")
-# Graphics and compute config files: where the driver may install them -> container path.
+# Graphics and compute config files, as the reference generator mounts them: where the
+# driver may install them (under any of CONFIG_ROOTS) -> container path.
+_EGL_EXTERNAL = ("15_nvidia_gbm", "10_nvidia_wayland", "09_nvidia_wayland2", "20_nvidia_xcb", "20_nvidia_xlib")
 CONFIG_FILES = {
     "glvnd/egl_vendor.d/10_nvidia.json": "/usr/share/glvnd/egl_vendor.d/10_nvidia.json",
-    "egl/egl_external_platform.d/15_nvidia_gbm.json": "/usr/share/egl/egl_external_platform.d/15_nvidia_gbm.json",
-    "egl/egl_external_platform.d/10_nvidia_wayland.json": "/usr/share/egl/egl_external_platform.d/10_nvidia_wayland.json",
+    **{f"egl/egl_external_platform.d/{n}.json": f"/usr/share/egl/egl_external_platform.d/{n}.json"
+       for n in _EGL_EXTERNAL},
+    "nvidia/nvoptix.bin": "/usr/share/nvidia/nvoptix.bin",
+    "X11/xorg.conf.d/10-nvidia.conf": "/usr/share/X11/xorg.conf.d/10-nvidia.conf",
+    "X11/xorg.conf.d/nvidia-drm-outputclass.conf": "/usr/share/X11/xorg.conf.d/nvidia-drm-outputclass.conf",
     "vulkan/icd.d/nvidia_icd.json": "/etc/vulkan/icd.d/nvidia_icd.json",
     "vulkan/icd.d/nvidia_layers.json": "/etc/vulkan/icd.d/nvidia_layers.json",
     "vulkan/implicit_layer.d/nvidia_layers.json": "/etc/vulkan/implicit_layer.d/nvidia_layers.json",
+    **{f"vulkan/icd.d/nvidia_icd.{arch}.json": f"/etc/vulkan/icd.d/nvidia_icd.{arch}.json"
+       for arch in ("x86_64", "aarch64")},
     "OpenCL/vendors/nvidia.icd": "/etc/OpenCL/vendors/nvidia.icd",
 }
 CONFIG_ROOTS = ("etc", "usr/share", "usr/local/share")
@@ -44,12 +51,16 @@ class MissingDeviceNode(NotFoundError):
     code = "missing_device_node"
 
 
+class DriverFilesMissing(NotFoundError):
+    code = "driver_files_missing"
+
+
 @dataclass
 class Discovery:
     """One generation's view of the host; caches the driver's tables it reads."""
     host: HostRoot
     driver_version: str
-    _mig_minors: dict | None = field(default=None, repr=False)
+    _mig_minors: dict | HostagentError | None = field(default=None, repr=False)
 
     # ---- device nodes --------------------------------------------------------------
 
@@ -86,12 +97,18 @@ class Discovery:
                 nodes.append(node)
                 kind = "card" if entry.name.startswith("card") else "render"
                 links.append((f"../{entry.name}", f"/dev/dri/by-path/pci-{gpu.sysfs_bus_id}-{kind}"))
-        return Edits(device_nodes=tuple(nodes), links=tuple(links))
+        return Edits(device_nodes=tuple(nodes), device_links=tuple(links))
 
     def mig_device(self, dev: MigDevice) -> Edits:
         """Parent node plus the GI and CI access capabilities; a missing one is an error."""
         if self._mig_minors is None:
-            self._mig_minors = nvcaps.read_mig_minors(self.host)
+            try:
+                self._mig_minors = nvcaps.read_mig_minors(self.host)
+            except HostagentError as e:          # every MIG device fails, each reported
+                self._mig_minors = e
+        if isinstance(self._mig_minors, HostagentError):
+            e = self._mig_minors
+            raise MissingDeviceNode(f"its capability minors are unknown: {e.what}", where=e.where, hint=e.hint)
         nodes = [self.node(f"/dev/nvidia{dev.parent_minor}")]
         for cap in (nvcaps.gi_cap(dev.parent_minor, dev.gi), nvcaps.ci_cap(dev.parent_minor, dev.gi, dev.ci)):
             minor = self._mig_minors.get(cap)
@@ -130,6 +147,12 @@ class Discovery:
                 for lib in libs:
                     mounts.append(Mount(str(lib.resolve()), self._container_path(lib)))
                     links += self._library_links(folder, cfolder, lib)
+        if not mounts:
+            raise DriverFilesMissing(
+                f"no driver library (lib*{suffix}) in any of the driver's library folders",
+                where=str(self.host.driver()),
+                hint=f"searched {', '.join(LIBRARY_DIRS)} and their vdpau folders under it; pass the "
+                     "directory the NVIDIA driver is installed under as --driver-root (default: the host root)")
         return Edits(mounts=tuple(mounts), links=tuple(links), folders=tuple(folders))
 
     @staticmethod
@@ -186,7 +209,8 @@ class Discovery:
     def config_files(self) -> Edits:
         mounts = []
         for rel, container_path in CONFIG_FILES.items():
-            for root in CONFIG_ROOTS:
+            # Vulkan's files also sit directly under the driver root in some layouts (GKE).
+            for root in CONFIG_ROOTS + (("",) if rel.startswith("vulkan/") else ()):
                 path = self.host.driver(root) / rel
                 if path.is_file():
                     mounts.append(Mount(str(path), container_path))

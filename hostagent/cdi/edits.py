@@ -61,12 +61,16 @@ class Edits:
     device_nodes: tuple[DeviceNode, ...] = ()
     mounts: tuple[Mount, ...] = ()
     hooks: tuple[Hook, ...] = ()
-    # Library links and folders the hook needs; turned into one Hook by the spec builder.
+    # Links and folders the hook needs; the spec builder turns those of every device and
+    # the common ones into the spec's one Hook.
     links: tuple[tuple[str, str], ...] = ()     # (target, link) in container terms
+    # Links to device nodes (/dev/dri/by-path/...), made only in containers given the node.
+    device_links: tuple[tuple[str, str], ...] = ()
     folders: tuple[str, ...] = ()
 
     def __bool__(self) -> bool:
-        return any((self.env, self.device_nodes, self.mounts, self.hooks, self.links, self.folders))
+        return any((self.env, self.device_nodes, self.mounts, self.hooks, self.links, self.device_links,
+                    self.folders))
 
     @staticmethod
     def merge(*parts: "Edits") -> "Edits":
@@ -86,6 +90,7 @@ class Edits:
             mounts=unique((m for p in parts for m in p.mounts), lambda m: m.container_path),
             hooks=unique((h for p in parts for h in p.hooks), lambda h: (h.path, h.args)),
             links=unique((lk for p in parts for lk in p.links), lambda lk: lk[1]),
+            device_links=unique((lk for p in parts for lk in p.device_links), lambda lk: lk[1]),
             folders=unique((f for p in parts for f in p.folders), lambda f: f))
 
     def without(self, common: "Edits") -> "Edits":
@@ -97,6 +102,7 @@ class Edits:
                      mounts=tuple(m for m in self.mounts if m.container_path not in dests),
                      hooks=tuple(h for h in self.hooks if h not in common.hooks),
                      links=tuple(lk for lk in self.links if lk not in common.links),
+                     device_links=tuple(lk for lk in self.device_links if lk not in common.device_links),
                      folders=tuple(f for f in self.folders if f not in common.folders))
 
     def to_cdi(self, hooks: tuple[Hook, ...] = ()) -> dict:

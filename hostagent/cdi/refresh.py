@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import stat
 from dataclasses import dataclass
 
 from ..devices import read_inventory
@@ -11,7 +13,7 @@ from ..hostroot import HostRoot
 from ..lock import node_lock
 from .discover import Discovery
 from .render import render
-from .spec import GeneratedSpec, SpecOptions, build_spec
+from .spec import GeneratedSpec, NothingToDescribe, SpecOptions, build_spec
 
 __all__ = ["SpecChange", "configured_options", "generate", "refresh", "spec_path"]
 
@@ -25,12 +27,19 @@ class SpecChange:
     changed: tuple[str, ...] = ()
     common_changed: bool = False
     created: bool = False
+    empty: bool = False          # nothing to describe: no spec (an existing one is removed)
+    mode_fixed: bool = False     # same content, but not mode 0644: rewritten for the mode
 
     def describe(self) -> str:
+        if self.empty:
+            done = "removed" if self.written else "not written"
+            return f"{self.path}: {done} (no GPU or MIG device to describe)"
         if not self.written:
             return f"{self.path}: unchanged"
         if self.created:
             return f"{self.path}: created with {len(self.added)} devices"
+        if self.mode_fixed:
+            return f"{self.path}: content unchanged, mode set to 0644 (engines of other users must read it)"
         parts = [f"{label} {', '.join(names)}" for label, names in
                  (("added", self.added), ("removed", self.removed), ("changed", self.changed)) if names]
         if self.common_changed:
@@ -58,7 +67,7 @@ def generate(host: HostRoot, options: SpecOptions = SpecOptions(), inventory=Non
 
 def _diff(old: dict, new: dict) -> dict:
     def by_name(spec):
-        return {d.get("name"): d for d in spec.get("devices", [])}
+        return {d.get("name"): d for d in spec.get("devices", []) if isinstance(d, dict)}
     before, after = by_name(old), by_name(new)
     return {"added": tuple(n for n in after if n not in before),
             "removed": tuple(n for n in before if n not in after),
@@ -69,23 +78,58 @@ def _diff(old: dict, new: dict) -> dict:
 
 def refresh(host: HostRoot, options: SpecOptions = SpecOptions(), *, dry_run: bool = False,
             inventory=None) -> tuple[SpecChange, GeneratedSpec]:
-    """Regenerate the spec and write it (mode 0644, atomically) if its content changed."""
+    """Regenerate the spec and write it (mode 0644, atomically) if its content or mode
+    differs. When no device can be described, the spec is removed: engines would otherwise
+    offer devices whose nodes are gone."""
     with node_lock(host, "cdi refresh"):
-        generated = generate(host, options, inventory)
-        text = render(generated.spec)
         path = spec_path(host, options)
+        old_text, old_mode = _read(path)
+        old = _parse(old_text)
         try:
-            old_text = path.read_text()
-        except FileNotFoundError:
-            old_text = None
-        if old_text == text:
+            generated = generate(host, options, inventory)
+        except NothingToDescribe as e:
+            if old_text is not None and not dry_run:
+                _remove(path)
+            change = SpecChange(str(path), written=old_text is not None, removed=tuple(_names(old)), empty=True)
+            return change, GeneratedSpec(spec=None, problems=(*e.left_out, e))
+        text = render(generated.spec)
+        if old_text == text and old_mode == 0o644:
             return SpecChange(str(path), written=False), generated
-        try:
-            old = json.loads(old_text) if old_text else {}
-        except ValueError:
-            old = {}
-        change = SpecChange(str(path), written=True, created=old_text is None, **_diff(old, generated.spec))
+        change = SpecChange(str(path), written=True, created=old_text is None, mode_fixed=old_text == text,
+                            **_diff(old, generated.spec))
         if not dry_run:
             ensure_dir(path.parent, 0o755)
             write_atomic(path, text, mode=0o644)
         return change, generated
+
+
+def _remove(path) -> None:
+    """Unlink (atomic for readers) and make the removal durable, as writes are."""
+    os.unlink(path)
+    fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _names(spec: dict) -> list[str]:
+    devices = spec.get("devices")
+    return [d["name"] for d in devices if isinstance(d, dict) and isinstance(d.get("name"), str)] \
+        if isinstance(devices, list) else []
+
+
+def _read(path) -> tuple[str | None, int | None]:
+    try:
+        with open(path) as f:
+            return f.read(), stat.S_IMODE(os.fstat(f.fileno()).st_mode)
+    except FileNotFoundError:
+        return None, None
+
+
+def _parse(text: str | None) -> dict:
+    try:
+        old = json.loads(text) if text else {}
+    except ValueError:
+        return {}
+    return old if isinstance(old, dict) else {}

@@ -7,15 +7,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..devices import Inventory
-from ..errors import HostagentError, UsageError
+from ..errors import HostagentError, StateError, UsageError
 from .discover import Discovery, MissingDeviceNode
 from .edits import Edits, Hook
 from .naming import device_name
-from .validate import check_kind
+from .validate import DEVICE_RE, check_kind
 from .version import KNOWN_VERSIONS, minimum_version, version_key
 
-__all__ = ["SpecOptions", "GeneratedSpec", "build_spec", "hook_command", "HOOK_ENV", "common_edits",
-           "edits_to_cdi"]
+__all__ = ["SpecOptions", "GeneratedSpec", "NothingToDescribe", "build_spec", "describe_devices",
+           "hook_command", "prepare_hook", "HOOK_ENV", "common_edits", "hook_work", "edits_to_cdi"]
 
 # Hooks never inherit the container's environment: the spec gives them this one.
 HOOK_ENV = ("PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",)
@@ -38,14 +38,23 @@ class SpecOptions:
         return f"{self.vendor}/{self.device_class}"
 
 
+class NothingToDescribe(StateError):
+    """No device can be described; ``left_out`` says why for each device that was tried."""
+    code = "nothing_to_describe"
+
+    def __init__(self, what: str, *, left_out: tuple[HostagentError, ...] = (), **kw):
+        super().__init__(what, **kw)
+        self.left_out = left_out
+
+
 @dataclass(frozen=True)
 class GeneratedSpec:
-    spec: dict
+    spec: dict | None                       # None: nothing to describe (refresh removed the file)
     problems: tuple[HostagentError, ...]    # devices left out, and why
 
     @property
     def device_names(self) -> list[str]:
-        return [d["name"] for d in self.spec["devices"]]
+        return [d["name"] for d in self.spec["devices"]] if self.spec else []
 
 
 def hook_command(interpreter: str, verb: str, *args: str, import_path: str = HOOK_IMPORT_PATH) -> Hook:
@@ -62,17 +71,26 @@ def hook_command(interpreter: str, verb: str, *args: str, import_path: str = HOO
     return Hook(path=interpreter, args=(interpreter, "-I", "-S", "-c", boot, verb, *args), env=HOOK_ENV)
 
 
-def _hooks(edits: Edits, interpreter: str, verb: str, import_path: str = HOOK_IMPORT_PATH) -> tuple[Hook, ...]:
+def prepare_hook(edits: Edits, interpreter: str, import_path: str = HOOK_IMPORT_PATH) -> tuple[Hook, ...]:
+    """The one hook run a container gets: every link (device links too: the hook makes only
+    those whose node the container was given) and the linker cache, in one process."""
     args = [a for target, link in edits.links for a in ("--link", f"{target}::{link}")]
+    args += [a for target, link in edits.device_links for a in ("--device-link", f"{target}::{link}")]
     args += [a for folder in edits.folders for a in ("--folder", folder)]
-    return (hook_command(interpreter, verb, *args, import_path=import_path),) if args else ()
+    return (hook_command(interpreter, "prepare", *args, import_path=import_path),) if args else ()
 
 
-def edits_to_cdi(edits: Edits, interpreter: str, *, common: bool = False,
-                 import_path: str = HOOK_IMPORT_PATH) -> dict:
-    """A device's (or, with ``common``, the spec's) ``containerEdits``, links and folders
-    turned into the hook run that makes them."""
-    return edits.to_cdi(_hooks(edits, interpreter, "prepare" if common else "create-symlinks", import_path))
+def edits_to_cdi(edits: Edits, interpreter: str, *, import_path: str = HOOK_IMPORT_PATH) -> dict:
+    """The spec's top-level ``containerEdits``: ``edits`` and the hook run that makes their
+    links and folders."""
+    return edits.to_cdi(prepare_hook(edits, interpreter, import_path))
+
+
+def hook_work(per_device: list[Edits]) -> Edits:
+    """What the devices leave to the common hook: their links (by-path links of DRI nodes)."""
+    return Edits(links=tuple(lk for e in per_device for lk in e.links),
+                 device_links=tuple(lk for e in per_device for lk in e.device_links),
+                 folders=tuple(f for e in per_device for f in e.folders))
 
 
 def common_edits(discovery: Discovery) -> Edits:
@@ -82,11 +100,11 @@ def common_edits(discovery: Discovery) -> Edits:
                        discovery.firmware(), discovery.config_files())
 
 
-def build_spec(inventory: Inventory, discovery: Discovery, options: SpecOptions = SpecOptions()) -> GeneratedSpec:
-    check_kind(options.kind)
+def describe_devices(inventory: Inventory, discovery: Discovery) -> tuple[list[tuple[object, Edits]], list[HostagentError]]:
+    """(device, its edits) for every whole GPU (MIG disabled) and MIG device, and the
+    problems of those that cannot be described (each left out, never half described)."""
     problems: list[HostagentError] = [
         HostagentError(f"GPU {bad.index} is left out: {bad.error}") for bad in inventory.unreadable]
-
     per_device: list[tuple[object, Edits]] = []
     for gpu in inventory.gpus:
         targets = gpu.mig.devices if gpu.mig_enabled else (gpu,)
@@ -98,24 +116,39 @@ def build_spec(inventory: Inventory, discovery: Discovery, options: SpecOptions 
                 problems.append(MissingDeviceNode(f"{label} is left out: {e.what}", where=e.where, hint=e.hint))
                 continue
             per_device.append((dev, edits))
+    return per_device, problems
 
-    devices = []
+
+def build_spec(inventory: Inventory, discovery: Discovery, options: SpecOptions = SpecOptions()) -> GeneratedSpec:
+    """The node's spec. Raises NothingToDescribe when no device can be described (a spec
+    needs at least one), with the reasons."""
+    check_kind(options.kind)
+    per_device, problems = describe_devices(inventory, discovery)
+    devices, described = [], []
     for dev, edits in per_device:
-        body = edits_to_cdi(edits, options.hook_interpreter, import_path=options.hook_import_path)
-        devices += [{"name": device_name(dev, s), "containerEdits": body} for s in options.name_strategies]
-    if options.all_device and per_device:
-        union = Edits.merge(*(e for _, e in per_device))
-        devices.append({"name": "all",
-                        "containerEdits": edits_to_cdi(union, options.hook_interpreter,
-                                                       import_path=options.hook_import_path)})
+        names = [device_name(dev, s) for s in options.name_strategies]
+        bad = [n for n in names if not DEVICE_RE.match(n)]
+        if bad:
+            problems.append(HostagentError(f"device {bad[0]!r} is left out: not a valid CDI device name",
+                                           hint="letters, digits, '_', '.', ':', '-'; alphanumeric first and last"))
+            continue
+        devices += [{"name": name, "containerEdits": edits.to_cdi()} for name in names]
+        described.append(edits)
+    if options.all_device and described:
+        devices.append({"name": "all", "containerEdits": Edits.merge(*described).to_cdi()})
     if not devices:
-        raise HostagentError("no GPU or MIG device could be described; a CDI spec needs at least one",
-                             hint="; ".join(p.message for p in problems) or "is MIG enabled with no instances?")
+        if problems:
+            hint = f"{len(problems)} left out, each said above"
+        elif inventory.gpus:
+            hint = "every GPU has MIG enabled with no MIG devices: create some with 'hostagent mig apply'"
+        else:
+            hint = "NVML lists no GPU on this node"
+        raise NothingToDescribe("there is no GPU or MIG device to describe, and a CDI spec needs at least one",
+                                hint=hint, left_out=tuple(problems))
 
-    common = common_edits(discovery)
+    common = Edits.merge(common_edits(discovery), hook_work(described))
     spec = {"cdiVersion": "", "kind": options.kind, "devices": devices,
-            "containerEdits": edits_to_cdi(common, options.hook_interpreter, common=True,
-                                           import_path=options.hook_import_path)}
+            "containerEdits": edits_to_cdi(common, options.hook_interpreter, import_path=options.hook_import_path)}
     spec["cdiVersion"] = _version(spec, options.cdi_version)
     return GeneratedSpec(spec=spec, problems=tuple(problems))
 

@@ -14,7 +14,8 @@ from ..devices import Gpu, MigDevice
 from ..hostroot import HostRoot
 from .discover import Discovery
 from .edits import Edits
-from .spec import common_edits, edits_to_cdi
+from .plain import plain_edits
+from .spec import common_edits, edits_to_cdi, hook_work
 from .version import minimum_version
 
 __all__ = ["ALLOCATION_KIND", "safe_id", "spec_file_name", "spec_file", "device_name",
@@ -66,16 +67,16 @@ def device_name(allocation_id: str, device: Gpu | MigDevice) -> str:
 def build_transient_spec(discovery: Discovery, allocation_id: str,
                          devices: list[Gpu | MigDevice], interpreter: str,
                          kind: str = ALLOCATION_KIND) -> tuple[dict, dict]:
-    """The allocation's spec, and the same edits merged into one ``containerEdits`` for
-    callers that cannot use CDI. Raises MissingDeviceNode for a device without its nodes."""
+    """The allocation's spec, and the same devices as plain edits (env, mounts, device
+    nodes, no hook) for callers that cannot use CDI. Raises MissingDeviceNode for a device
+    without its nodes."""
     per_device = [(dev, discovery.gpu(dev) if isinstance(dev, Gpu) else discovery.mig_device(dev))
                   for dev in devices]
+    described = [edits for _, edits in per_device]
     common = common_edits(discovery)
     spec = {"cdiVersion": "", "kind": kind,
-            "devices": [{"name": device_name(allocation_id, dev),
-                         "containerEdits": edits_to_cdi(edits, interpreter)} for dev, edits in per_device],
-            "containerEdits": edits_to_cdi(common, interpreter, common=True)}
+            "devices": [{"name": device_name(allocation_id, dev), "containerEdits": edits.to_cdi()}
+                        for dev, edits in per_device],
+            "containerEdits": edits_to_cdi(Edits.merge(common, hook_work(described)), interpreter)}
     spec["cdiVersion"] = minimum_version(spec)
-    union = Edits.merge(common, *(edits for _, edits in per_device))
-    merged = edits_to_cdi(union, interpreter, common=True)
-    return spec, merged
+    return spec, plain_edits(Edits.merge(common, *described), [dev.uuid for dev in devices])

@@ -15,7 +15,8 @@ def register(sub) -> None:
     verbs = p.add_subparsers(dest="verb", metavar="VERB", required=True)
 
     v = verbs.add_parser("generate", help="print (or write) a CDI spec for this node")
-    v.add_argument("--output", metavar="FILE", help="write the spec here (atomically, mode 0644)")
+    v.add_argument("--output", metavar="FILE", help="write the spec here (atomically, mode 0644); "
+                   "it must end in .json or .yaml, the only files CDI readers load")
     v.add_argument("--format", choices=["json", "yaml"], help="default: from --output's extension, else json")
     _spec_flags(v)
     v.set_defaults(run=generate)
@@ -68,23 +69,72 @@ def _report(problems) -> int:
 def generate(args) -> int:
     from ..cdi.refresh import generate as gen
     from ..cdi.render import render
-    from ..fileio import write_atomic
+    from ..cdi.spec import NothingToDescribe
+    if args.output:
+        _check_output(args.output)
+    fmt = _output_format(args.output, args.format)
     host, options = _host_and_options(args)
-    generated = gen(host, options)
-    fmt = args.format or ("yaml" if args.output and args.output.endswith(".yaml") else "json")
+    try:
+        generated = gen(host, options)
+    except NothingToDescribe as e:
+        _report(e.left_out)
+        raise
     text = render(generated.spec, fmt)
     if args.output:
-        write_atomic(args.output, text, mode=0o644)
+        _write(args.output, text)
     else:
         sys.stdout.write(text)
     return _report(generated.problems)
+
+
+# CDI readers load only these; any other name is ignored by every engine.
+SPEC_EXTENSIONS = {".json": "json", ".yaml": "yaml"}
+
+
+def _output_format(output: str | None, fmt: str | None) -> str:
+    """--format, else the one --output's extension says; a file engines would not read,
+    or an extension that contradicts --format, is refused."""
+    import os
+    from ..errors import UsageError
+    if not output:
+        return fmt or "json"
+    ext = os.path.splitext(output)[1]
+    if ext not in SPEC_EXTENSIONS:
+        raise UsageError(f"--output {output}: CDI readers load only files ending in .json or .yaml",
+                         hint="name the file *.json or *.yaml, or leave --output out to print the spec")
+    if fmt and fmt != SPEC_EXTENSIONS[ext]:
+        raise UsageError(f"--output {output} ends in {ext} but --format is {fmt}",
+                         hint=f"drop --format (the extension decides) or name the file *.{fmt}")
+    return SPEC_EXTENSIONS[ext]
+
+
+def _check_output(output: str) -> None:
+    import os
+    from ..errors import NotFoundError, UsageError
+    if os.path.isdir(output):
+        raise UsageError(f"--output {output} is a directory",
+                         hint=f"give a file name in it, such as {os.path.join(output, 'nvidia.com-gpu.json')}")
+    parent = os.path.dirname(os.path.abspath(output))
+    if not os.path.isdir(parent):
+        raise NotFoundError(f"the directory for --output {output} does not exist", where=parent,
+                            hint="create it first, or write the spec elsewhere")
+
+
+def _write(output: str, text: str) -> None:
+    from ..errors import HostagentError
+    from ..fileio import write_atomic
+    try:
+        write_atomic(output, text, mode=0o644)
+    except OSError as e:
+        raise HostagentError(f"cannot write the spec: {e.strerror or e}", where=output,
+                             hint="check the directory exists and is writable") from None
 
 
 def refresh(args) -> int:
     from ..cdi.refresh import refresh as do_refresh
     host, options = _host_and_options(args)
     change, generated = do_refresh(host, options, dry_run=args.dry_run)
-    print(("would write " if args.dry_run and change.written else "") + change.describe())
+    print(("dry run, nothing written: " if args.dry_run and change.written else "") + change.describe())
     return _report(generated.problems)
 
 

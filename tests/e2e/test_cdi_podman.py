@@ -2,6 +2,7 @@
 
 import json
 import os
+import subprocess
 import uuid
 from pathlib import Path
 
@@ -13,12 +14,18 @@ from hostagent.cdi.spec import SpecOptions
 from hostagent.sim.files import create_cap_nodes
 from hostagent.sim.node import MIG_ENABLE
 
-from .conftest import podman_run
+from hostagent.devices import read_inventory
+from tests.integration.test_cdi_generate import add_drm_nodes
+
+from .conftest import PODMAN_FLAGS, podman_run
 
 LIBDIR = "/usr/lib/x86_64-linux-gnu"
 # Inside the container: device nodes with their numbers, the library folder, the cache.
-PROBE = ("for f in /dev/nvidia* /dev/nvidia-caps/*; do [ -c \"$f\" ] && echo \"node $f $(stat -c '%F %t:%T' $f)\"; done; "
+PROBE = ("for f in /dev/nvidia* /dev/nvidia-caps/* /dev/dri/*; do [ -c \"$f\" ] && echo \"node $f $(stat -c '%F %t:%T' $f)\"; done; "
+         "for f in /dev/dri/by-path/*; do [ -L \"$f\" ] && echo \"by-path $f -> $(readlink $f)\"; done; "
          f"for f in {LIBDIR}/*; do echo \"lib $f -> $(readlink $f)\"; done; ldconfig -p")
+# GPUs 0 and 2 have DRM nodes (card<N>, renderD<128+N>), as with the nvidia-drm module loaded.
+DRM = {0: 1, 2: 3}
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +44,11 @@ def node(tmp_path_factory):
         gi = s.create_gi(store.facts, 1, 19, (6, 1))
         s.create_ci(store.facts, 1, gi.id, 0)
     create_cap_nodes(store.root, store.facts)
-    return HostRoot.simulation(root)
+    host = HostRoot.simulation(root)
+    gpus = read_inventory(host).gpus
+    for index, card in DRM.items():
+        add_drm_nodes(host, gpus[index], card)
+    return host
 
 
 @pytest.fixture(scope="module")
@@ -55,9 +66,18 @@ def spec(node):
 
 def probe(image, device, spec):
     out = podman_run(image, "sh", "-c", PROBE, devices=[f"{spec['kind']}={device}"]).stdout
+    nodes, libs = probe_output(out)
+    return nodes, libs, out
+
+
+def probe_output(out):
     nodes = {line.split()[1]: line.split(" ", 2)[2] for line in out.splitlines() if line.startswith("node ")}
     libs = {line.split()[1]: line.split(" -> ")[1] for line in out.splitlines() if line.startswith("lib ")}
-    return nodes, libs, out
+    return nodes, libs
+
+
+def by_path(out):
+    return {line.split()[1]: line.split(" -> ")[1] for line in out.splitlines() if line.startswith("by-path ")}
 
 
 def expected_nodes(spec, device):
@@ -101,6 +121,108 @@ def test_all(podman_image, spec):
     check_driver_files(libs, out)
 
 
+def test_a_gpu_with_drm_nodes_gets_its_by_path_links_from_the_one_hook(podman_image, spec, node):
+    bdf = {i: g.sysfs_bus_id for i, g in enumerate(read_inventory(node).gpus)}
+    device = f"{spec['kind']}=0"
+    cid = subprocess.run(["podman", "create", *PODMAN_FLAGS, "--device", device, podman_image, "sh", "-c", PROBE],
+                         capture_output=True, text=True, check=True).stdout.strip()
+    try:
+        run = subprocess.run(["podman", "start", "-a", cid], capture_output=True, text=True, timeout=120)
+        assert run.returncode == 0, run.stderr
+        config = subprocess.run(["podman", "inspect", "--format", "{{.OCIConfigPath}}", cid],
+                                capture_output=True, text=True, check=True).stdout.strip()
+        hooks = json.loads(Path(config).read_text())["hooks"]
+    finally:
+        subprocess.run(["podman", "rm", "-f", cid], capture_output=True)
+    nodes = {line.split()[1] for line in run.stdout.splitlines() if line.startswith("node ")}
+    assert {"/dev/dri/card1", "/dev/dri/renderD129"} <= nodes and "/dev/dri/card3" not in nodes
+    # GPU 2's links are in the same hook run, but its nodes are not in this container.
+    assert by_path(run.stdout) == {f"/dev/dri/by-path/pci-{bdf[0]}-card": "../card1",
+                                   f"/dev/dri/by-path/pci-{bdf[0]}-render": "../renderD129"}
+    assert [h["args"][5] for h in hooks["createContainer"]] == ["prepare"]       # one hook process
+    assert set(hooks) == {"createContainer"}
+    check_driver_files(probe_output(run.stdout)[1], run.stdout)
+
+
+def test_all_gets_every_by_path_link(podman_image, spec, node):
+    bdf = {i: g.sysfs_bus_id for i, g in enumerate(read_inventory(node).gpus)}
+    _, _, out = probe(podman_image, "all", spec)
+    assert by_path(out) == {f"/dev/dri/by-path/pci-{bdf[i]}-{kind}": f"../{name}{n}"
+                            for i, card in DRM.items()
+                            for kind, name, n in (("card", "card", card), ("render", "renderD", 128 + card))}
+
+
 def test_unknown_device_fails_the_start(podman_image, spec):
     proc = podman_run(podman_image, "true", devices=[f"{spec['kind']}=9"], check=False)
     assert proc.returncode != 0 and "unresolvable CDI devices" in proc.stderr
+
+
+# -- Plain edits: no CDI, no hook --------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def dynamic_image(tmp_path_factory):
+    """busybox plus the host's dynamic loader and libc, and /probe, a program that needs
+    libcuda.so.1: what resolves it is the image's own loader, with no linker cache."""
+    import hashlib
+    import shutil
+    import tarfile
+    from hostagent.sim.elf import write_shared_object
+    cc = shutil.which("cc") or shutil.which("gcc")
+    loader = Path("/lib64/ld-linux-x86-64.so.2")
+    if not cc or not loader.exists():
+        pytest.skip("needs a C compiler and an x86_64 glibc host")
+    work = tmp_path_factory.mktemp("dynamic")
+    root = work / "rootfs"
+    for d in ("bin", "lib64", "lib/x86_64-linux-gnu", "usr/lib/x86_64-linux-gnu", "dev", "proc", "sys", "etc"):
+        (root / d).mkdir(parents=True)
+    shutil.copy2("/bin/busybox", root / "bin/busybox")
+    (root / "bin/sh").symlink_to("busybox")
+    shutil.copy2(os.path.realpath(loader), root / "lib64" / loader.name)
+    shutil.copy2(os.path.realpath("/lib/x86_64-linux-gnu/libc.so.6"), root / "lib/x86_64-linux-gnu/libc.so.6")
+    write_shared_object(work / "libcuda.so.1", "libcuda.so.1")
+    (work / "probe.c").write_text("int main(void) { return 0; }\n")
+    subprocess.run([cc, "-o", str(root / "probe"), str(work / "probe.c"), "-Wl,--no-as-needed", f"-L{work}",
+                    "-l:libcuda.so.1"], check=True, capture_output=True)
+    tarball = work / "rootfs.tar"
+    with tarfile.open(tarball, "w") as tar:
+        tar.add(root, arcname=".")
+    tag = "localhost/hostagent-e2e-dynamic:" + hashlib.sha256(tarball.read_bytes()).hexdigest()[:12]
+    subprocess.run(["podman", "import", "-q", str(tarball), tag], check=True, capture_output=True)
+    yield tag
+    subprocess.run(["podman", "rmi", "-f", tag], capture_output=True)
+
+
+def engine_flags(plain: dict) -> list[str]:
+    """The plain edits as podman flags, as a device plugin's AllocateResponse would carry
+    them (env, mounts, device specs)."""
+    flags = [f"--env={e}" for e in plain["env"]]
+    # podman's --device is colon-separated, so a by-path node (pci-0000:07:00.0-card) cannot
+    # be spelled there; a plugin passes structured device specs and has no such limit.
+    flags += [f"--device={n['hostPath']}:{n['path']}:{n['permissions']}" for n in plain["deviceNodes"]
+              if ":" not in n["path"]]
+    flags += [f"--volume={m['hostPath']}:{m['containerPath']}" + (":ro" if "ro" in m["options"] else "")
+              for m in plain["mounts"]]
+    return flags
+
+
+def test_plain_edits_alone_give_a_working_container_without_cdi_or_hook(dynamic_image, node):
+    from hostagent.cdi import transient
+    from hostagent.cdi.discover import Discovery
+    gpus = read_inventory(node).gpus
+    _, plain = transient.build_transient_spec(Discovery(node, read_inventory(node).driver_version), "plain",
+                                              [gpus[0]], "/usr/bin/python3")
+    assert "hooks" not in plain and "NVIDIA_VISIBLE_DEVICES=void" not in plain["env"]
+    bdf = gpus[0].sysfs_bus_id
+    assert {"path": f"/dev/dri/by-path/pci-{bdf}-card", "hostPath": str(node.dev("dri/card1")),
+            "permissions": "rwm"} in plain["deviceNodes"]
+    probe = ("/lib64/ld-linux-x86-64.so.2 --list /probe; /probe && echo probe-ran; "
+             "for f in /dev/nvidia* /dev/dri/* /dev/dri/by-path/*; do [ -c $f ] && echo node $f; done; "
+             "echo env $NVIDIA_VISIBLE_DEVICES")
+    proc = subprocess.run(["podman", "run", "--rm", *PODMAN_FLAGS, *engine_flags(plain), dynamic_image,
+                           "/bin/sh", "-c", probe], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert f"libcuda.so.1 => {LIBDIR}/libcuda.so.1" in proc.stdout and "probe-ran" in proc.stdout
+    nodes = {line.split()[1] for line in proc.stdout.splitlines() if line.startswith("node ")}
+    assert {"/dev/nvidia0", "/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/dri/card1", "/dev/dri/renderD129"} <= nodes
+    assert "/dev/nvidia1" not in nodes
+    assert f"env {gpus[0].uuid}" in proc.stdout

@@ -1,5 +1,6 @@
 """Spec generation against simulated nodes: content, problems, refresh, CLI."""
 
+import dataclasses
 import json
 import os
 import stat
@@ -12,6 +13,7 @@ import pytest
 from hostagent.cdi.refresh import generate, refresh, spec_path
 from hostagent.cdi.spec import SpecOptions
 from hostagent.cdi.validate import validate_spec
+from hostagent.devices import read_inventory
 from hostagent.errors import UsageError
 from hostagent.sim import control
 from hostagent.sim.files import create_cap_nodes
@@ -98,6 +100,105 @@ def test_missing_capability_node_is_an_error_for_that_device_only(make_node):
     assert out.returncode == 1 and "0:4" in out.stderr and json.loads(out.stdout)["devices"]
 
 
+def test_missing_mig_minors_fail_each_mig_device_and_keep_whole_gpus(make_node):
+    host, store = make_node("mixed")
+    mig_layout(store)
+    create_cap_nodes(store.root, store.facts)
+    os.unlink(host.proc("driver/nvidia-caps/mig-minors"))
+    gen = generate(host)
+    assert {"1", "2", "all"} <= set(devices(gen.spec)) and not any(n.startswith("0:") for n in devices(gen.spec))
+    assert sorted(p.what for p in gen.problems) == [
+        f"MIG device {d} ({u}) is left out: its capability minors are unknown: the driver publishes no MIG "
+        f"capability minors" for d, u in sorted((m.name, m.uuid) for m in read_inventory(host).gpus[0].mig.devices)]
+    assert all(p.where == str(host.proc("driver/nvidia-caps/mig-minors")) for p in gen.problems)
+
+
+def enable_mig_everywhere(store, gpus):
+    """Every GPU with MIG enabled and no MIG device: nothing can be described."""
+    with store.mutate() as s:
+        for gpu in range(gpus):
+            s.set_mig_mode(store.facts, gpu, MIG_ENABLE)
+            s.reset_gpu(gpu)
+
+
+def test_nothing_to_describe_removes_the_node_spec_and_refresh_says_so(make_node):
+    host, store = make_node("a30x4")
+    change, _ = refresh(host)
+    path = spec_path(host, SpecOptions())
+    assert change.created and path.exists()
+    uuids = {g.uuid for g in read_inventory(host).gpus}
+    enable_mig_everywhere(store, 4)
+    change, gen = refresh(host, dry_run=True)
+    assert change.empty and change.written and path.exists()            # a dry run removes nothing
+    change, gen = refresh(host)
+    assert change.empty and change.written and not path.exists()
+    assert set(change.removed) == {"0", "1", "2", "3", "all"} | uuids
+    assert change.describe() == f"{path}: removed (no GPU or MIG device to describe)"
+    assert gen.spec is None and gen.device_names == []
+    assert "no GPU or MIG device to describe" in gen.problems[-1].message
+    assert "MIG enabled with no MIG devices" in gen.problems[-1].message
+    change, _ = refresh(host)
+    assert change.empty and not change.written and change.describe().endswith("not written (no GPU or MIG device to describe)")
+    assert sorted(os.listdir(path.parent)) == []
+
+
+def test_cli_on_a_node_with_nothing_to_describe(make_node):
+    host, store = make_node("a30x4")
+    run = lambda *a: subprocess.run([sys.executable, "-m", "hostagent.cli.main", "--simulate", str(host.root), *a],
+                                    capture_output=True, text=True)
+    assert run("cdi", "refresh").returncode == 0
+    enable_mig_everywhere(store, 4)
+    out = run("cdi", "generate")
+    assert out.returncode == 1 and out.stdout == ""
+    assert out.stderr == ("hostagent: error: there is no GPU or MIG device to describe, and a CDI spec needs at least "
+                          "one (every GPU has MIG enabled with no MIG devices: create some with 'hostagent mig apply')\n")
+    out = run("cdi", "refresh")
+    assert out.returncode == 1 and "nvidia.com-gpu.json: removed (no GPU or MIG device to describe)" in out.stdout
+    assert json.loads(run("cdi", "list", "-o", "json").stdout)["devices"] == []
+
+
+def test_a_driver_root_without_the_drivers_libraries_is_an_error(make_node, tmp_path):
+    host, _ = make_node("t4x2")
+    run = lambda *a: subprocess.run([sys.executable, "-m", "hostagent.cli.main", "--simulate", str(host.root), *a],
+                                    capture_output=True, text=True)
+    for root in (tmp_path / "nonexistent", tmp_path):
+        out = run("cdi", "generate", "--driver-root", str(root))
+        assert out.returncode == 1 and out.stdout == "" and out.stderr.count("\n") == 1, out.stderr
+        assert out.stderr.startswith(f"hostagent: error: {root}: no driver library (lib*.so.535.183.01)")
+        assert "usr/lib/x86_64-linux-gnu" in out.stderr and "--driver-root" in out.stderr
+
+
+def test_invalid_device_names_are_left_out_at_generation(make_node):
+    host, _ = make_node("t4x2")
+    inv = read_inventory(host)
+    bad = dataclasses.replace(inv, gpus=(dataclasses.replace(inv.gpus[0], uuid="GPU-bad/uuid"), inv.gpus[1]))
+    gen = generate(host, inventory=bad)
+    assert set(devices(gen.spec)) == {"1", inv.gpus[1].uuid, "all"}
+    [problem] = gen.problems
+    assert problem.message.startswith("device 'GPU-bad/uuid' is left out: not a valid CDI device name")
+    assert validate_spec(gen.spec) == []
+
+
+def test_graphics_config_files_and_tools_the_reference_mounts(make_node):
+    host, _ = make_node("t4x2")
+    made = {"usr/share/egl/egl_external_platform.d/09_nvidia_wayland2.json": "/usr/share/egl/egl_external_platform.d/09_nvidia_wayland2.json",
+            "usr/share/egl/egl_external_platform.d/20_nvidia_xcb.json": "/usr/share/egl/egl_external_platform.d/20_nvidia_xcb.json",
+            "usr/share/egl/egl_external_platform.d/20_nvidia_xlib.json": "/usr/share/egl/egl_external_platform.d/20_nvidia_xlib.json",
+            "usr/share/nvidia/nvoptix.bin": "/usr/share/nvidia/nvoptix.bin",
+            "etc/X11/xorg.conf.d/10-nvidia.conf": "/usr/share/X11/xorg.conf.d/10-nvidia.conf",
+            "usr/share/X11/xorg.conf.d/nvidia-drm-outputclass.conf": "/usr/share/X11/xorg.conf.d/nvidia-drm-outputclass.conf",
+            "usr/share/vulkan/icd.d/nvidia_icd.x86_64.json": "/etc/vulkan/icd.d/nvidia_icd.x86_64.json",
+            "vulkan/implicit_layer.d/nvidia_layers.json": "/etc/vulkan/implicit_layer.d/nvidia_layers.json",
+            "usr/bin/nvidia-xconfig": "/usr/bin/nvidia-xconfig"}
+    for rel in made:
+        path = host.driver(rel)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("x")
+    mounts = {m["containerPath"]: m["hostPath"] for m in generate(host).spec["containerEdits"]["mounts"]}
+    for rel, container_path in made.items():
+        assert mounts[container_path] == str(host.driver(rel)), container_path
+
+
 def test_lost_gpu_is_left_out_and_said(make_node):
     host, store = make_node("t4x2")
     control.lose_gpu(store, 1)
@@ -105,19 +206,45 @@ def test_lost_gpu_is_left_out_and_said(make_node):
     assert "1" not in devices(gen.spec) and "GPU 1 is left out" in gen.problems[0].message
 
 
-def test_drm_nodes_and_by_path_links(make_node):
-    host, _ = make_node("t4x2")
-    bdf = "0000:3b:00.0"
-    drm = host.sys(f"bus/pci/devices/{bdf}/drm")
-    for name, minor in (("card1", 1), ("renderD128", 128)):
+def add_drm_nodes(host, gpu, card: int) -> tuple[str, str]:
+    """Give a simulated GPU the DRM nodes a display-capable GPU has: its sysfs drm entries and
+    /dev/dri/card<N> and renderD<128+N> (major 226). Returns their names."""
+    names = (f"card{card}", f"renderD{128 + card}")
+    drm = host.sys(f"bus/pci/devices/{gpu.sysfs_bus_id}/drm")
+    host.dev("dri").mkdir(exist_ok=True)
+    for name, minor in zip(names, (card, 128 + card)):
         (drm / name).mkdir(parents=True)
-        host.dev("dri").mkdir(exist_ok=True)
-        os.mknod(host.dev(f"dri/{name}"), stat.S_IFCHR | 0o660, os.makedev(226, minor))
-    dev = devices(generate(host).spec)["0"]
-    assert [n["path"] for n in dev["deviceNodes"]] == ["/dev/nvidia0", "/dev/dri/card1", "/dev/dri/renderD128"]
-    [hook] = dev["hooks"]
-    assert hook["args"][5:] == ["create-symlinks", "--link", f"../card1::/dev/dri/by-path/pci-{bdf}-card",
-                                "--link", f"../renderD128::/dev/dri/by-path/pci-{bdf}-render"]
+        os.mknod(host.dev(f"dri/{name}"), stat.S_IFCHR, os.makedev(226, minor))
+        os.chmod(host.dev(f"dri/{name}"), 0o660)
+    return names
+
+
+def hooks_in(spec) -> list[dict]:
+    return [h for e in [spec["containerEdits"], *(d["containerEdits"] for d in spec["devices"])]
+            for h in e.get("hooks", [])]
+
+
+def test_drm_nodes_go_with_their_gpu_and_the_one_hook_makes_their_by_path_links(make_node):
+    from hostagent.devices import read_inventory
+    host, _ = make_node("t4x2")
+    gpus = read_inventory(host).gpus
+    add_drm_nodes(host, gpus[0], 1)
+    add_drm_nodes(host, gpus[1], 2)
+    spec = generate(host).spec
+    devs = devices(spec)
+    assert [n["path"] for n in devs["0"]["deviceNodes"]] == ["/dev/nvidia0", "/dev/dri/card1", "/dev/dri/renderD129"]
+    assert [n["path"] for n in devs["1"]["deviceNodes"]] == ["/dev/nvidia1", "/dev/dri/card2", "/dev/dri/renderD130"]
+    assert devs["0"]["deviceNodes"][1]["major"] == 226 and devs["0"]["deviceNodes"][1]["fileMode"] == 0o660
+    # One hook process per container, whatever the devices: the common prepare hook carries
+    # every GPU's by-path links and makes those whose node the container was given.
+    [hook] = hooks_in(spec)
+    assert hook is spec["containerEdits"]["hooks"][0] and hook["args"][5] == "prepare"
+    args = hook["args"]
+    pairs = [args[i + 1] for i, a in enumerate(args) if a == "--device-link"]
+    bdf0, bdf1 = gpus[0].sysfs_bus_id, gpus[1].sysfs_bus_id
+    assert pairs == [f"../card1::/dev/dri/by-path/pci-{bdf0}-card", f"../renderD129::/dev/dri/by-path/pci-{bdf0}-render",
+                     f"../card2::/dev/dri/by-path/pci-{bdf1}-card", f"../renderD130::/dev/dri/by-path/pci-{bdf1}-render"]
+    assert validate_spec(spec) == []
 
 
 def test_options_names_and_versions(make_node):
@@ -146,6 +273,13 @@ def test_refresh_writes_only_changes_atomically_with_mode_0644(make_node):
     change, _ = refresh(host)
     assert "3" in change.removed and "3:0" in change.added and "all" in change.changed
     assert sorted(os.listdir(path.parent)) == ["nvidia.com-gpu.json"]
+    # Same content but a mode rootless engines cannot read: rewritten for the mode.
+    os.chmod(path, 0o600)
+    text = path.read_text()
+    change, _ = refresh(host)
+    assert change.written and change.mode_fixed and "mode set to 0644" in change.describe()
+    assert stat.S_IMODE(path.stat().st_mode) == 0o644 and path.read_text() == text
+    assert not refresh(host)[0].written
 
 
 @pytest.mark.skipif(not SCHEMA.is_dir(), reason="the upstream CDI schema (shared/reference) is not beside the checkout")
@@ -183,3 +317,23 @@ def test_cli_validate_list_and_bad_input(make_node, tmp_path):
     written = tmp_path / "out.yaml"
     assert run("cdi", "generate", "--output", str(written)).returncode == 0
     assert written.read_text().startswith('"cdiVersion"') and stat.S_IMODE(written.stat().st_mode) == 0o644
+    assert run("cdi", "generate", "--output", str(tmp_path / "out.json")).returncode == 0
+    assert json.loads((tmp_path / "out.json").read_text())["kind"] == "nvidia.com/gpu"
+
+
+@pytest.mark.parametrize("args, code, message", [
+    (["--output", "/nonexistent-dir/x.json"], 1, "/nonexistent-dir: the directory for --output /nonexistent-dir/x.json "
+                                                 "does not exist (create it first, or write the spec elsewhere)"),
+    (["--output", "{tmp}"], 2, "--output {tmp} is a directory (give a file name in it, such as {tmp}/nvidia.com-gpu.json)"),
+    (["--output", "{tmp}/x.yml"], 2, "--output {tmp}/x.yml: CDI readers load only files ending in .json or .yaml"),
+    (["--output", "{tmp}/spec"], 2, "--output {tmp}/spec: CDI readers load only files ending in .json or .yaml"),
+    (["--output", "{tmp}/x.json", "--format", "yaml"], 2, "--output {tmp}/x.json ends in .json but --format is yaml"),
+])
+def test_cli_generate_output_errors_are_one_line_and_write_nothing(make_node, tmp_path, args, code, message):
+    host, _ = make_node("t4x2")
+    args = [a.format(tmp=tmp_path) for a in args]
+    out = subprocess.run([sys.executable, "-m", "hostagent.cli.main", "--simulate", str(host.root), "cdi", "generate",
+                          *args], capture_output=True, text=True)
+    assert out.returncode == code and out.stdout == "" and out.stderr.count("\n") == 1, out.stderr
+    assert out.stderr.startswith("hostagent: error: " + message.format(tmp=tmp_path)), out.stderr
+    assert os.listdir(tmp_path) == []

@@ -13,19 +13,27 @@ from hostagent.cdi.refresh import generate
 from hostagent.cdi.render import render
 from hostagent.cdi.spec import SpecOptions
 from hostagent.cdi.validate import validate_spec
+from hostagent.devices import read_inventory
 from hostagent.hostroot import HostRoot
 from hostagent.sim import catalog
 from hostagent.sim.driverroot import create_node
 from hostagent.sim.files import create_cap_nodes
 from hostagent.sim.node import MIG_ENABLE
 
+from .test_cdi_generate import add_drm_nodes
+
 GOLDEN = Path(__file__).parents[2] / "cdi-specs"
 MAJORS = (511, 510)     # fixed so the files do not depend on this host's /proc/devices
-CASES = catalog.profile_names() + ["dgx-a100-mig"]
+# dgx-a100-mig: MIG devices beside whole GPUs; t4x2-drm: GPUs with DRM (card and render) nodes.
+CASES = catalog.profile_names() + ["dgx-a100-mig", "t4x2-drm"]
 
 
 def build(root: Path, case: str) -> dict:
-    store = create_node(root, case.removesuffix("-mig"), real_nodes=True, dynamic_majors=MAJORS)
+    store = create_node(root, case.removesuffix("-mig").removesuffix("-drm"), real_nodes=True, dynamic_majors=MAJORS)
+    host = HostRoot.simulation(root)
+    if case == "t4x2-drm":
+        for card, gpu in enumerate(read_inventory(host).gpus, start=1):
+            add_drm_nodes(host, gpu, card)
     if case == "dgx-a100-mig":
         # GPU 0: 7x 1g.5gb; GPU 1: 3g.20gb + 2x 1c.3g.20gb shared GI; the rest whole.
         with store.mutate() as s:
@@ -41,7 +49,7 @@ def build(root: Path, case: str) -> dict:
             s.create_ci(store.facts, 1, gi.id, 0)
             s.create_ci(store.facts, 1, gi.id, 0)
         create_cap_nodes(store.root, store.facts)
-    return generate(HostRoot.simulation(root), SpecOptions(hook_interpreter="/usr/bin/python3",
+    return generate(host, SpecOptions(hook_interpreter="/usr/bin/python3",
                                                          hook_import_path="/usr/lib/python3/dist-packages")).spec
 
 
