@@ -287,8 +287,15 @@ class Client:
             body["labels"] = labels
         return self.request("POST", "/v1/allocations", body).json()
 
-    def release(self, alloc_id: str) -> dict:
-        return self.request("DELETE", "/v1/allocations/" + quote(alloc_id, safe="")).json()
+    def release(self, alloc_id: str, missing_ok: bool = False) -> dict | None:
+        """The released allocation. An unknown id is NotFoundError (code not_found), or
+        None with ``missing_ok``: a retried release (kubelet retries unprepare) is done."""
+        try:
+            return self.request("DELETE", "/v1/allocations/" + quote(alloc_id, safe="")).json()
+        except NotFoundError as e:
+            if missing_ok and e.code == "not_found":
+                return None
+            raise
 
     def refresh(self) -> int:
         return self.request("POST", "/v1/inventory/refresh").json()["revision"]

@@ -46,7 +46,9 @@ class Agent:
         self.spec = None                  # the node spec's GeneratedSpec
         self.spec_options = None
         self.cdi_names: dict[str, tuple[str, ...]] = {}
-        self.allocations: dict[str, alloc_rules.Allocation] = {}
+        self._allocations: dict[str, alloc_rules.Allocation] = {}
+        self._users = None                # users() and the views' ids, until allocations change
+        self._profiles = (None, {})       # (inventory, its MIG profile views)
         self.snapshot = Snapshot(self.events.revision, {}, {}, [], {}, {})
         self._restore_pending = False     # checkpoint loaded, not yet checked against the inventory
         self.labels = None                # nodelabels.LabelResult of the last inventory read
@@ -158,12 +160,49 @@ class Agent:
 
     # ---- publishing ---------------------------------------------------------------
 
+    # The allocations change through these (the device index below follows them).
+
+    @property
+    def allocations(self) -> dict[str, alloc_rules.Allocation]:
+        return self._allocations
+
+    @allocations.setter
+    def allocations(self, value: dict) -> None:
+        self._allocations = value
+        self._users = None
+
+    def add_allocation(self, alloc: alloc_rules.Allocation) -> None:
+        self._allocations[alloc.id] = alloc
+        if self._users is not None:
+            users, ids = self._users
+            for uuid in alloc.devices:
+                users.setdefault(uuid, []).append((alloc.id, alloc.strategy))
+                ids.setdefault(uuid, []).append(alloc.id)
+
+    def remove_allocation(self, alloc_id: str) -> None:
+        alloc = self._allocations.pop(alloc_id)
+        if self._users is not None:
+            users, ids = self._users
+            for uuid in alloc.devices:
+                left = [u for u in users[uuid] if u[0] != alloc_id]
+                if left:
+                    users[uuid], ids[uuid] = left, [a for a, _ in left]
+                else:
+                    del users[uuid], ids[uuid]
+
+    def _index(self):
+        """uuid -> [(allocation id, strategy)] and uuid -> [allocation id], built once per
+        change of the allocations, not at every allocation and publish."""
+        if self._users is None:
+            users: dict[str, list[tuple[str, str]]] = {}
+            for a in self._allocations.values():
+                for uuid in a.devices:
+                    users.setdefault(uuid, []).append((a.id, a.strategy))
+            self._users = users, {u: [a for a, _ in lst] for u, lst in users.items()}
+        return self._users
+
     def users(self) -> dict[str, list[tuple[str, str]]]:
-        users: dict[str, list[tuple[str, str]]] = {}
-        for a in self.allocations.values():
-            for uuid in a.devices:
-                users.setdefault(uuid, []).append((a.id, a.strategy))
-        return users
+        return self._index()[0]
 
     def _node_view(self) -> dict:
         inv = self.inventory
@@ -198,8 +237,7 @@ class Agent:
         snapshot; build the next snapshot. Loop thread only."""
         for type_, payload in before:
             self.events.publish(type_, payload)
-        users = {u: [a for a, _ in lst] for u, lst in self.users().items()}
-        views = device_views(self.inventory, self.cdi_names, self.health, users, self.default_health)
+        views = device_views(self.inventory, self.cdi_names, self.health, self._index()[1], self.default_health)
         old = self.snapshot.devices
         for type_, uuid, changed in diff_devices(old, views):
             if type_ == "device_removed":
@@ -215,8 +253,10 @@ class Agent:
             self.events.publish("node_changed", {"node": node})
         unreadable = [{"index": u.index, "error": u.error, "nvml_code": u.nvml_code}
                       for u in (self.inventory.unreadable if self.inventory else ())]
-        profiles = {g.uuid: [profile_view(p) for p in g.mig.profiles]
-                    for g in (self.inventory.gpus if self.inventory else ()) if g.mig}
+        if self._profiles[0] is not self.inventory:
+            self._profiles = (self.inventory, {g.uuid: [profile_view(p) for p in g.mig.profiles]
+                                               for g in (self.inventory.gpus if self.inventory else ()) if g.mig})
+        profiles = self._profiles[1]
         self.snapshot = Snapshot(self.events.revision, node, views, unreadable,
                                  dict(self.allocations), lookup_table(views), profiles,
                                  labels=self.labels)

@@ -7,18 +7,21 @@ I/O; the agent writes the transient CDI spec and the checkpoint.
 Sharing rules (after the device plugin and the DRA driver): an exclusive allocation's
 devices are in no other allocation; time-sliced devices may be in several time-slicing
 allocations, MPS devices in several MPS allocations, but never both on one device (they
-need different compute modes).
+need different compute modes), and at most ``max_per_device`` allocations on one device.
 """
 
 from __future__ import annotations
 
+import functools
+import json
 import re
 from dataclasses import dataclass, field
 
 from ..errors import ConflictError, UsageError
 
 __all__ = ["Allocation", "Candidate", "normalize", "select", "UnknownDevice", "DeviceBusy",
-           "DeviceNotAllocatable", "InsufficientDevices", "AllocationConflict", "ID_PATTERN"]
+           "DeviceNotAllocatable", "InsufficientDevices", "AllocationConflict", "ShareLimitReached",
+           "AllocationLimitReached", "ID_PATTERN"]
 
 ID_PATTERN = r"^[A-Za-z0-9]([A-Za-z0-9_.:/-]{0,126}[A-Za-z0-9])?$"
 _ID_RE = re.compile(ID_PATTERN)
@@ -45,6 +48,14 @@ class AllocationConflict(ConflictError):
     code = "allocation_conflict"
 
 
+class ShareLimitReached(ConflictError):
+    code = "share_limit_reached"
+
+
+class AllocationLimitReached(ConflictError):
+    code = "allocation_limit_reached"
+
+
 @dataclass(frozen=True)
 class Allocation:
     id: str
@@ -63,6 +74,13 @@ class Allocation:
     def checkpoint(self) -> dict:
         return {"id": self.id, "devices": list(self.devices), "request": self.request,
                 "created": self.created}
+
+    @functools.cached_property
+    def checkpoint_json(self) -> str:
+        """Its checkpoint entry, rendered once: the checkpoint rewrites every allocation at
+        each change, and re-rendering them all made an allocation's cost grow with their
+        number."""
+        return json.dumps(self.checkpoint(), sort_keys=True, separators=(",", ":"))
 
     @classmethod
     def from_checkpoint(cls, data: dict) -> "Allocation":
@@ -137,17 +155,21 @@ def _shares(users: list[tuple[str, str]], strategy: str) -> bool:
 
 
 def select(request: dict, candidates: list[Candidate], users: dict[str, list[tuple[str, str]]],
-           resolve, healthy) -> list[str]:
+           resolve, healthy, max_per_device: int | None = None) -> list[str]:
     """The UUIDs the request gets: named devices first, then each constraint group's.
 
     ``users``: uuid -> [(allocation id, strategy)] of other allocations; ``resolve(name)``
-    -> uuid or None; ``healthy(uuid)`` -> bool. Named devices are taken as named; each
-    constraint group takes the least shared, then smallest, then first matching devices
-    (best fit: a small request does not take a big device while a small one is free).
+    -> uuid or None; ``healthy(uuid)`` -> bool; ``max_per_device``: allocations at most on
+    one device (None: no limit). Named devices are taken as named; each constraint group
+    takes the least shared, then smallest, then first matching devices (best fit: a small
+    request does not take a big device while a small one is free), passing over full ones.
     """
     strategy = request["sharing"]["strategy"]
     by_uuid = {c.uuid: c for c in candidates}
     chosen: list[str] = []
+
+    def full(uuid: str) -> bool:
+        return max_per_device is not None and len(users.get(uuid, ())) >= max_per_device
 
     def usable(c: Candidate) -> str | None:
         if c.unallocatable:
@@ -174,20 +196,29 @@ def select(request: dict, candidates: list[Candidate], users: dict[str, list[tup
         if not _shares(users.get(uuid, []), strategy):
             raise DeviceBusy(f"device {c.name} ({c.uuid}) is in use by another allocation",
                              device=c.uuid, allocations=[a for a, _ in users[uuid]])
+        if full(uuid):
+            raise ShareLimitReached(
+                f"device {c.name} ({c.uuid}) is shared by {len(users[uuid])} allocations, the most "
+                f"allocations.max_per_device allows", device=c.uuid, limit=max_per_device,
+                hint="release one of them, use another device, or raise allocations.max_per_device")
         chosen.append(uuid)
 
     for item in request["devices"]:
         if "device" in item:
             continue
         matching = [c for c in candidates if _matches(c, item["constraints"])]
-        free = [c for c in matching if c.uuid not in chosen and not usable(c)
-                and _shares(users.get(c.uuid, []), strategy)]
+        shareable = [c for c in matching if c.uuid not in chosen and not usable(c)
+                     and _shares(users.get(c.uuid, []), strategy)]
+        free = [c for c in shareable if not full(c.uuid)]
         free.sort(key=lambda c: (len(users.get(c.uuid, [])), c.memory_mib, c.order))
         if len(free) < item["count"]:
+            at_limit = len(shareable) - len(free)
             raise InsufficientDevices(
                 f"{item['count']} device(s) matching {item['constraints']} wanted, "
-                f"{len(free)} available ({len(matching)} match)",
+                f"{len(free)} available ({len(matching)} match"
+                + (f", {at_limit} shared by allocations.max_per_device allocations already" if at_limit else "")
+                + ")",
                 wanted=item["count"], available=len(free), matching=len(matching),
-                constraints=item["constraints"])
+                at_share_limit=at_limit, constraints=item["constraints"])
         chosen += [c.uuid for c in free[:item["count"]]]
     return chosen

@@ -28,6 +28,26 @@ class Allocator:
     def __init__(self, agent):
         self.agent = agent
         self.host = agent.host
+        self._safe_ids: dict[str, str] = {}     # allocation id -> its spec file's id, memoised
+                                                # for the allocations that exist
+
+    def _safe_id(self, alloc_id: str) -> str:
+        sid = self._safe_ids.get(alloc_id)
+        if sid is None:
+            sid = self._safe_ids[alloc_id] = transient.safe_id(alloc_id)
+        return sid
+
+    def _same_request(self, existing: dict, request: dict) -> bool:
+        """The same request, devices named by index, UUID, MIG or CDI name alike: a plugin
+        retrying with another spelling of the same devices gets its allocation back."""
+        if existing == request:
+            return True
+        lookup = self.agent.snapshot.lookup
+
+        def resolved(r):
+            return {**r, "devices": [{"device": lookup.get(d["device"], d["device"])} if "device" in d else d
+                                     for d in r["devices"]]}
+        return resolved(existing) == resolved(request)
 
     def _candidates(self) -> list[alloc_rules.Candidate]:
         out = []
@@ -89,28 +109,35 @@ class Allocator:
         async with self.agent.mutex:
             existing = self.agent.allocations.get(request["id"])
             if existing is not None:
-                if existing.request == request:
+                if self._same_request(existing.request, request):
                     return False, existing
                 raise alloc_rules.AllocationConflict(
                     f"allocation {request['id']!r} exists with a different request",
                     hint="release it first, or use another id", id=request["id"])
-            clash = next((a for a in self.agent.allocations
-                          if transient.safe_id(a) == transient.safe_id(request["id"])), None)
+            sid = transient.safe_id(request["id"])     # not memoised: it may never be made
+            clash = next((a for a in self.agent.allocations if self._safe_id(a) == sid), None)
             if clash is not None:
                 raise alloc_rules.AllocationConflict(
                     f"allocation id {request['id']!r} names the same spec file as {clash!r}",
                     id=request["id"], clashes_with=clash)
+            limits = self.agent.settings.allocations
+            if len(self.agent.allocations) >= limits.max_total:
+                raise alloc_rules.AllocationLimitReached(
+                    f"the node has {len(self.agent.allocations)} allocations, the most "
+                    f"allocations.max_total allows", limit=limits.max_total,
+                    hint="release allocations no longer used, or raise allocations.max_total")
             if self.agent.inventory is None:
                 raise self._unavailable()
             uuids = alloc_rules.select(
                 request, self._candidates(), self.agent.users(),
                 resolve=lambda name: self.agent.snapshot.lookup.get(name),
-                healthy=lambda u: (self.agent.health.get(u) or self.agent.default_health).allocatable)
+                healthy=lambda u: (self.agent.health.get(u) or self.agent.default_health).allocatable,
+                max_per_device=limits.max_per_device)
             alloc = alloc_rules.Allocation(id=request["id"], devices=tuple(uuids), request=request,
                                            created=time.time())
             alloc = await self.agent.blocking(self._commit_new, alloc, self._records(uuids),
                                         list(self.agent.allocations.values()))
-            self.agent.allocations[alloc.id] = alloc
+            self.agent.add_allocation(alloc)
             log.info("allocation %s created: %s", alloc.id, ", ".join(alloc.cdi_devices),
                      extra={"fields": {"allocation_id": alloc.id}})
             self.agent.publish([("allocation_created", {"allocation": allocation_view(alloc)})])
@@ -130,10 +157,14 @@ class Allocator:
         async with self.agent.mutex:
             alloc = self.agent.allocations.get(alloc_id)
             if alloc is None:
-                raise NotFoundError(f"no allocation {alloc_id!r}", id=alloc_id)
+                # Kubelet plugins retry unprepare: for them this answer means "done".
+                raise NotFoundError(f"no allocation {alloc_id!r}: already released, or never made",
+                                    id=alloc_id, hint="nothing to release; a retried release may "
+                                    "take this as done")
             others = [a for a in self.agent.allocations.values() if a.id != alloc_id]
             await self.agent.blocking(self._commit_release, alloc, others)
-            del self.agent.allocations[alloc_id]
+            self.agent.remove_allocation(alloc_id)
+            self._safe_ids.pop(alloc_id, None)
             log.info("allocation %s released", alloc_id, extra={"fields": {"allocation_id": alloc_id}})
             self.agent.publish([("allocation_deleted", {"allocation": allocation_view(alloc), "reason": "released"})])
             return alloc

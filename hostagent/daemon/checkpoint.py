@@ -56,9 +56,13 @@ def load(host: HostRoot) -> list[Allocation]:
 
 
 def save(host: HostRoot, allocations) -> None:
+    """One allocation a line, each rendered once for its life (``checkpoint_json``): a save
+    joins strings, it does not re-encode every allocation."""
     ensure_dir(host.state_dir, 0o700)
-    data = {"version": VERSION, "allocations": [a.checkpoint() for a in allocations]}
-    write_atomic(path(host), json.dumps(data, indent=1, sort_keys=True) + "\n", mode=0o600)
+    entries = ",\n".join(a.checkpoint_json for a in allocations)
+    text = f'{{"version":{VERSION},"allocations":[\n{entries}\n]}}\n' if entries else \
+        f'{{"version":{VERSION},"allocations":[]}}\n'
+    write_atomic(path(host), text, mode=0o600)
 
 
 def stray_temporaries(host: HostRoot) -> list[Path]:

@@ -1,7 +1,8 @@
-"""The daemon's view of ``/etc/hostagent/config.yaml``: its ``daemon`` and ``api`` sections
-as typed records. The shared configuration module (``hostagent.config``) reads and
-validates the whole file; the daemon's sections are defined in ``settings.schema.json``
-beside this module, which that module joins into the file's schema.
+"""The daemon's view of ``/etc/hostagent/config.yaml``: its ``daemon``, ``api``, ``mig`` and
+``allocations`` sections as typed records. The shared configuration module
+(``hostagent.config``) reads and validates the whole file; the daemon's sections are defined
+in ``settings.schema.json`` beside this module, which that module joins into the file's
+schema.
 """
 
 from __future__ import annotations
@@ -11,9 +12,10 @@ from dataclasses import dataclass, field
 
 from ..hostroot import HostRoot
 
-__all__ = ["Settings", "DaemonSettings", "ApiSettings", "MigSettings", "load_settings", "SECTIONS"]
+__all__ = ["Settings", "DaemonSettings", "ApiSettings", "MigSettings", "AllocationSettings", "load_settings",
+           "SECTIONS"]
 
-SECTIONS = ("daemon", "api", "mig")
+SECTIONS = ("daemon", "api", "mig", "allocations")
 
 
 @dataclass(frozen=True)
@@ -54,10 +56,17 @@ class MigSettings:
 
 
 @dataclass(frozen=True)
+class AllocationSettings:
+    max_per_device: int = 32
+    max_total: int = 1024
+
+
+@dataclass(frozen=True)
 class Settings:
     daemon: DaemonSettings = field(default_factory=DaemonSettings)
     api: ApiSettings = field(default_factory=ApiSettings)
     mig: MigSettings = field(default_factory=MigSettings)
+    allocations: AllocationSettings = field(default_factory=AllocationSettings)
     sections: dict = field(default_factory=dict, compare=False)   # every section, as validated
     source: str | None = None
 
@@ -72,5 +81,6 @@ def load_settings(host: HostRoot, path: str | os.PathLike | None = None) -> Sett
     config = load_config(os.fspath(path or host.config_file))
     return Settings(daemon=DaemonSettings(**config.section("daemon")),
                     api=ApiSettings(**config.section("api")), mig=MigSettings(**config.section("mig")),
+                    allocations=AllocationSettings(**config.section("allocations")),
                     sections=config.data,
                     source=config.source)

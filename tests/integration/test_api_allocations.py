@@ -7,6 +7,7 @@ import subprocess
 import pytest
 
 from hostagent.cdi.validate import validate_spec
+from hostagent.client import Request
 from hostagent.errors import ConflictError, NotFoundError, UsageError
 
 from .agentd import AgentProcess, make_root
@@ -97,6 +98,13 @@ def test_idempotent_and_conflicting_ids(agent, c):
     with pytest.raises(ConflictError) as e:
         c.allocate("same", ["5"])
     assert e.value.code == "allocation_conflict"
+    # The same devices spelled another way (index, UUID, CDI name) are the same request.
+    named = c.allocate("named", ["5"])
+    gpu5 = c.device("5")
+    for spelling in (gpu5["uuid"], "nvidia.com/gpu=5", gpu5["cdi_devices"][-1]):
+        assert c.transport.handle_request(Request("POST", "/v1/allocations", json.dumps(
+            {"id": "named", "devices": [{"device": spelling}]}).encode())).status == 200
+        assert c.allocate("named", [spelling])["created"] == named["created"]
     # Busy device, by another exclusive allocation.
     with pytest.raises(ConflictError) as e:
         c.allocate("other", [first["devices"][0]])
@@ -148,10 +156,56 @@ def test_release(agent, c):
     gone = c.release("rel")
     assert gone["id"] == "rel"
     assert "hostagent.io-allocation_rel.json" not in spec_files(agent)
-    with pytest.raises(NotFoundError):
+    with pytest.raises(NotFoundError) as e:      # a retried release: already gone
         c.release("rel")
+    assert e.value.code == "not_found" and "already" in e.value.message
+    assert c.release("rel", missing_ok=True) is None
     with pytest.raises(NotFoundError):
         c.allocation("rel")
+
+
+def test_sharing_limits_per_device_and_node(agent):
+    """allocations.max_per_device bounds how many allocations share one device and
+    allocations.max_total how many the node has; a reload changes them."""
+    agent.write_config({"daemon": {"resync_interval": 0}, "allocations": {"max_per_device": 2, "max_total": 4}})
+    _reload(agent)
+    ts = {"strategy": "TimeSlicing"}
+    with agent.client() as c:
+        try:
+            c.allocate("s1", ["4"], sharing=ts)
+            c.allocate("s2", ["4"], sharing=ts)
+            with pytest.raises(ConflictError) as e:
+                c.allocate("s3", ["4"], sharing=ts)
+            assert e.value.code == "share_limit_reached" and e.value.details["limit"] == 2
+            assert "allocations.max_per_device" in e.value.message
+            # Constraint groups pass over the full device.
+            s3 = c.allocate("s3", [{"constraints": {"type": "gpu"}}], sharing=ts)
+            assert s3["devices"] != c.allocation("s1")["devices"]
+            c.allocate("s4", ["5"], sharing=ts)
+            with pytest.raises(ConflictError) as e:
+                c.allocate("s5", ["6"])
+            assert e.value.code == "allocation_limit_reached" and e.value.details["limit"] == 4
+            assert c.allocate("s4", ["5"], sharing=ts)["id"] == "s4"      # a retry is no new one
+            agent.write_config({"daemon": {"resync_interval": 0}, "allocations": {"max_per_device": 3}})
+            _reload(agent)
+            c.allocate("s5", ["4"], sharing=ts)
+        finally:
+            for a in c.allocations():
+                c.release(a["id"])
+            agent.write_config({"daemon": {"resync_interval": 0}})
+            _reload(agent)
+
+
+def _reload(agent):
+    """SIGHUP, then wait for the reload's log line."""
+    import signal
+    import time
+    count = agent.log().count("configuration reloaded")
+    agent.signal(signal.SIGHUP)
+    deadline = time.monotonic() + 20
+    while agent.log().count("configuration reloaded") == count:
+        assert time.monotonic() < deadline, agent.log()
+        time.sleep(0.05)
 
 
 def test_restart_keeps_allocations_and_drops_gone_devices():

@@ -5,7 +5,7 @@ import pytest
 
 from hostagent.daemon.allocations import (AllocationConflict, Candidate, DeviceBusy,
                                           DeviceNotAllocatable, InsufficientDevices,
-                                          UnknownDevice, normalize, select)
+                                          ShareLimitReached, UnknownDevice, normalize, select)
 from hostagent.errors import UsageError
 
 
@@ -82,3 +82,29 @@ def test_sharing_and_conflicts():
                 "sharing": {"strategy": "TimeSlicing"}}, {"G2": [("ts", "TimeSlicing")]})
     assert got == ["G1"]
     assert issubclass(AllocationConflict, Exception)
+
+
+def test_shares_per_device_are_bounded():
+    ts = {"strategy": "TimeSlicing"}
+    users = {"G1": [("a", "TimeSlicing"), ("b", "TimeSlicing")], "G2": [("c", "TimeSlicing")]}
+
+    def limited(body, limit):
+        return select(normalize(body), NODE, users, NAMES.get, lambda u: True, max_per_device=limit)
+    assert limited({"id": "x", "devices": [{"device": "1"}], "sharing": ts}, 3) == ["G1"]
+    with pytest.raises(ShareLimitReached) as e:
+        limited({"id": "x", "devices": [{"device": "1"}], "sharing": ts}, 2)
+    assert e.value.details == {"device": "G1", "limit": 2} and e.value.code == "share_limit_reached"
+    # constraints pass over full devices; too few left says how many are full
+    group = {"id": "x", "devices": [{"constraints": {"type": "gpu", "product": "A100"}}], "sharing": ts}
+    assert limited(group, 2) == ["G2"]
+    with pytest.raises(InsufficientDevices) as e:
+        limited(group, 1)
+    assert e.value.details["at_share_limit"] == 2 and "allocations.max_per_device" in e.value.message
+
+
+def test_checkpoint_entries_render_once():
+    from hostagent.daemon.allocations import Allocation
+    import json
+    a = Allocation("a", ("G1",), normalize({"id": "a", "devices": [{"device": "1"}]}), 1.5)
+    assert json.loads(a.checkpoint_json) == a.checkpoint()
+    assert a.checkpoint_json is a.checkpoint_json
