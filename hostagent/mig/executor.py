@@ -22,13 +22,19 @@ from .capnodes import CapNodeChange, sync_cap_nodes
 from .journal import ROLLING_BACK, Journal
 from .plan import MigPlan
 from .recovery import restore
-from .runner import Progress, RunReport, quiet, run_plan, verify
+from .runner import InUse, Progress, RunReport, quiet, run_plan, verify
 
-__all__ = ["execute", "ApplyReport", "MigApplyError", "MigInterrupted", "no_hook"]
+__all__ = ["execute", "ApplyReport", "MigApplyError", "MigInUse", "MigInterrupted", "no_hook"]
 
 
 class MigApplyError(StateError):
     code = "mig_apply_failed"
+
+
+class MigInUse(MigApplyError):
+    """Processes use an instance the apply had to destroy (or a GPU it had to switch): the
+    details name the devices and the processes (pid, name), as the API promises."""
+    code = "in_use"
 
 
 class MigInterrupted(MigApplyError):
@@ -55,6 +61,18 @@ def _describe(e: BaseException) -> str:
     if isinstance(e, KeyboardInterrupt):
         return "interrupted"
     return f"{type(e).__name__}: {e}"
+
+
+def _with_uuids(details: dict, inventory: Inventory) -> dict:
+    """Each busy device with its UUID (the MIG device's, or the GPU's for a whole GPU)."""
+    uuids = {}
+    for g in inventory.gpus:
+        uuids[(g.index, None, None)] = g.uuid
+        for d in (g.mig.devices if g.mig else ()):
+            uuids[(g.index, d.gi, d.ci)] = d.uuid
+    return {**details, "devices": [
+        {"uuid": uuids.get((d["gpu"], d["gpu_instance"], d["compute_instance"])), **d}
+        for d in details["devices"]]}
 
 
 def _roll_back(host: HostRoot, journal: Journal, why: str, progress: Progress,
@@ -93,6 +111,9 @@ def execute(host: HostRoot, inventory: Inventory, plan: MigPlan, *, skip_reset: 
         done = f"after {len(report.run.steps)} of {sum(len(g.steps) for g in plan.changed)} steps"
         if isinstance(e, KeyboardInterrupt):
             raise MigInterrupted(f"applying '{plan.config}' was interrupted {done}; {outcome}") from None
+        if isinstance(e, InUse):
+            raise MigInUse(f"applying '{plan.config}' failed {done}: {why}; {outcome}",
+                           **_with_uuids(e.details, inventory)) from None
         raise MigApplyError(f"applying '{plan.config}' failed {done}: {why}; {outcome}") from None
     journal.finish()
     on_layout_changed(host)

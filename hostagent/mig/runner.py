@@ -12,13 +12,13 @@ from typing import Callable
 
 from ..devices import nvml_session, read_inventory
 from ..devices.migctl import NVML_IN_USE, NVML_RESET_REQUIRED, MigControl
-from ..errors import StateError
+from ..errors import ConflictError, StateError
 from ..hostroot import HostRoot
 from .layout import Layout
 from .plan import CREATE_CI, CREATE_GI, DESTROY_CI, DESTROY_GI, SET_MODE, GpuPlan, MigPlan, Step
 from .reset import reset_gpus
 
-__all__ = ["RunReport", "run_plan", "verify", "Progress", "quiet"]
+__all__ = ["RunReport", "run_plan", "verify", "Progress", "quiet", "InUse"]
 
 log = logging.getLogger(__name__)
 
@@ -41,12 +41,32 @@ class RunReport:
         return bool(self.steps or self.resets)
 
 
-def _who(pid: int) -> str:
+class InUse(ConflictError):
+    """Processes use a GPU or MIG instance the plan must change; details name them."""
+    code = "in_use"
+
+
+def _name(pid: int) -> str | None:
     import psutil   # only applies that find busy instances pay for it
     try:
-        return f"{pid} ({psutil.Process(pid).name()})"
+        return psutil.Process(pid).name()
     except psutil.Error:
-        return str(pid)
+        return None
+
+
+def _who(pid: int) -> str:
+    name = _name(pid)
+    return f"{pid} ({name})" if name else str(pid)
+
+
+def _in_use(what: str, busy: list, hint: str) -> InUse:
+    where = "; ".join(f"GPU {p.gpu}" + (f" GI {p.gi} CI {p.ci}" if p.gi is not None else "")
+                      + f" by pid {_who(p.pid)}" for p in busy)
+    return InUse(f"{what} in use: {where}", hint=hint,
+                 devices=[dict(t) for t in dict.fromkeys(
+                     (("gpu", p.gpu), ("gpu_instance", p.gi), ("compute_instance", p.ci)) for p in busy)],
+                 processes=[{"pid": p.pid, "name": _name(p.pid), "gpu": p.gpu, "gpu_instance": p.gi,
+                             "compute_instance": p.ci} for p in busy])
 
 
 def _terminate(pids: list[int]) -> None:
@@ -86,18 +106,14 @@ def _ensure_idle(ctl: MigControl, targets: dict[int, set | None], what: str, *, 
     busy = _busy(ctl, targets)
     if not busy:
         return
-    where = "; ".join(f"GPU {p.gpu}" + (f" GI {p.gi} CI {p.ci}" if p.gi is not None else "")
-                      + f" by pid {_who(p.pid)}" for p in busy)
     if not force:
-        raise StateError(f"{what} in use: {where}",
-                         hint="stop those processes, or pass --force to terminate them")
-    progress(None, f"terminating processes in the way (--force): {where}")
-    _terminate(sorted({p.pid for p in busy}))
+        raise _in_use(what, busy, "stop those processes, or pass --force to terminate them")
+    progress(None, f"terminating processes in the way (--force): {', '.join(_who(p.pid) for p in busy)}")
     report.terminated += [_who(p.pid) for p in busy]
+    _terminate(sorted({p.pid for p in busy}))
     still = _busy(ctl, targets)
     if still:
-        raise StateError(f"{what} still in use after terminating processes: pids "
-                         + ", ".join(str(p.pid) for p in still))
+        raise _in_use(f"{what} still", still, "they outlived SIGTERM and SIGKILL; stop them by hand")
 
 
 def _do(ctl: MigControl, step: Step, created: dict, report: RunReport):

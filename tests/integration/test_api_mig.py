@@ -79,6 +79,19 @@ def test_on_demand_create_best_fit_and_destroy(agent):
             post(c, "/v1/mig/instances", {"profile": "9g.99gb"})
         with pytest.raises(NotFoundError):
             post(c, "/v1/mig/instances", {"profile": "1g.5gb", "gpu": "GPU-nope"})
+        # A process on it: refused with the explicit in-use error naming it.
+        from hostagent.sim import control
+        from hostagent.sim.store import SimStore
+        proc = control.hold(SimStore(agent.root), dev["uuid"], name="trainer")
+        try:
+            with pytest.raises(ConflictError) as e:
+                c.request("DELETE", "/v1/mig/instances/" + dev["uuid"])
+            assert e.value.status == 409 and e.value.code == "in_use"
+            assert e.value.details["devices"][0]["uuid"] == dev["uuid"]
+            assert e.value.details["processes"] == [{"pid": proc.pid, "name": "sleep", "gpu": 0,
+                                                     "gpu_instance": dev["gi"], "compute_instance": dev["ci"]}]
+        finally:
+            control.release(SimStore(agent.root), proc.pid)
         gone = c.request("DELETE", "/v1/mig/instances/" + dev["uuid"]).json()
         assert gone["uuid"] == dev["uuid"]
         c.request("DELETE", "/v1/mig/instances/" + chosen["uuid"])

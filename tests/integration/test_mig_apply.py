@@ -182,6 +182,10 @@ def test_in_use_instances_are_not_destroyed_without_force(make_node):
     msg = e.value.message
     assert "GPU 2 GI 1 CI 0 by pid" in msg and str(proc.pid) in msg and "sleep" in msg
     assert "--force" in msg and "rolled back" in msg
+    mig = next(d for d in read_inventory(host).gpus[2].mig.devices if (d.gi, d.ci) == (1, 0))
+    assert e.value.code == "in_use" and e.value.details == {
+        "devices": [{"uuid": mig.uuid, "gpu": 2, "gpu_instance": 1, "compute_instance": 0}],
+        "processes": [{"pid": proc.pid, "name": "sleep", "gpu": 2, "gpu_instance": 1, "compute_instance": 0}]}
     assert layouts(host) == before
     result = service.apply(host, None, "all-7g.80gb", force=True)
     assert any(str(proc.pid) in t for t in result.report.run.terminated)
@@ -192,8 +196,10 @@ def test_in_use_instances_are_not_destroyed_without_force(make_node):
 def test_a_gpu_in_use_cannot_change_mode_and_the_processes_are_named(make_node):
     host, store = make_node("hgx-h100")
     proc = control.hold(store, "5")
-    with pytest.raises(StateError, match=f"GPU 5 by pid {proc.pid}"):
+    with pytest.raises(StateError, match=f"GPU 5 by pid {proc.pid}") as e:
         service.apply(host, None, "all-enabled")
+    assert e.value.code == "in_use" and e.value.details["devices"] == [
+        {"uuid": read_inventory(host).gpus[5].uuid, "gpu": 5, "gpu_instance": None, "compute_instance": None}]
     assert not any(l.enabled or l.pending for l in layouts(host).values())
     control.release(store)
 
