@@ -32,7 +32,7 @@ def register(sub) -> None:
     v.add_argument("--restart", action="store_true", help="restart the engine afterwards")
     v.set_defaults(run=configure)
 
-    v = verbs.add_parser("revert", help="restore the files the last configure replaced")
+    v = verbs.add_parser("revert", help="restore every file configure changed as it was before hostagent")
     v.add_argument("--runtime", choices=ENGINE_NAMES, required=True)
     v.add_argument("--force", action="store_true", help="restore even files changed since hostagent wrote them")
     _common(v)
@@ -62,13 +62,17 @@ def _agent_config(host, args):
     return load_config(args.agent_config or host.config_file)
 
 
-def _finish(host, plan, args, verb: str) -> int:
+def _finish(host, plan, args, verb: str, removed_dirs=()) -> int:
     from ..runtime.files import diff
     if args.dry_run:
         sys.stdout.write(diff(plan.changes) or "no changes\n")
+        for d in plan.created_dirs:
+            print(f"would remove {d} if empty")
         return 0
     for c in plan.changes:
         print(f"{'removed' if c.new is None else 'wrote'} {c.snapshot.real}")
+    for d in removed_dirs:
+        print(f"removed {d}")
     if not plan.changes:
         print(f"{plan.runtime}: already {verb}; nothing to do")
         return 0
@@ -91,13 +95,14 @@ def configure(args) -> int:
                         set_as_default=args.set_as_default, cdi=args.cdi,
                         cdi_spec_dirs=config.runtime.cdi_spec_dirs)
     drop_in = None if args.no_drop_in else (args.drop_in or DEFAULT)
+    notes = []
     if args.dry_run:
         plan = plan_configure(host, args.runtime, settings, config=args.config, drop_in=drop_in)
     else:
         with node_lock(host, f"runtime configure --runtime {args.runtime}"):
             plan = plan_configure(host, args.runtime, settings, config=args.config, drop_in=drop_in)
-            apply_plan(plan, backup_folder(host, args.runtime, args.backup_dir))
-    for note in plan.notes:
+            notes = apply_plan(plan, backup_folder(host, args.runtime, args.backup_dir))
+    for note in plan.notes + notes:
         print(f"hostagent: note: {note}", file=sys.stderr)
     if not host.host(settings.binary).exists():
         print(f"hostagent: warning: {settings.binary} does not exist yet; "
@@ -110,13 +115,14 @@ def revert(args) -> int:
     from ..runtime.configure import apply_revert, backup_folder, plan_revert
     host = host_from_args(args)
     folder = backup_folder(host, args.runtime, args.backup_dir)
+    removed = []
     if args.dry_run:
         plan = plan_revert(host, args.runtime, folder, force=args.force)
     else:
         with node_lock(host, f"runtime revert --runtime {args.runtime}"):
             plan = plan_revert(host, args.runtime, folder, force=args.force)
-            apply_revert(plan, folder)
-    return _finish(host, plan, args, "as before")
+            removed = apply_revert(plan, folder)
+    return _finish(host, plan, args, "as before", removed)
 
 
 def install_shim(args) -> int:

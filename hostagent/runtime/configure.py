@@ -1,8 +1,9 @@
 """``runtime configure`` and ``runtime revert``: plan (read + render + diff), then apply.
 
 Planning reads the engine's sources and current destinations and renders the new files;
-it writes nothing, so ``--dry-run`` is the plan printed. Applying saves a backup of every
-file it replaces and writes all of them or none (``files.write``).
+it writes nothing, so ``--dry-run`` is the plan printed. Applying records what revert
+needs (``backups``: each file as it was before hostagent first changed it) and writes all
+of them or none (``files.write``).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import UsageError
-from . import files
+from . import backups, files
 from .engine import ENGINES, Settings, configure
 
 __all__ = ["DEFAULT", "Plan", "plan_configure", "apply_plan", "plan_revert", "apply_revert", "backup_folder"]
@@ -28,6 +29,7 @@ class Plan:
     notes: list[str] = field(default_factory=list)
     config: str = ""
     socket: str = ""          # containerd's gRPC socket, when its config names one
+    created_dirs: list[str] = field(default_factory=list)    # revert: folders configure made
 
 
 def _absolute(path: str, flag: str) -> str:
@@ -59,30 +61,29 @@ def backup_folder(host, runtime: str, backup_dir: str | None = None) -> Path:
     return Path(backup_dir) / runtime if backup_dir else host.state_dir / "runtime-backups" / runtime
 
 
-def apply_plan(plan: Plan, folder: Path, *, before_rename=None) -> None:
-    """Write the plan's files, keeping the previous ones in ``folder`` for ``revert``."""
+def apply_plan(plan: Plan, folder: Path, *, before_rename=None) -> list[str]:
+    """Write the plan's files, recording in ``folder`` what ``revert`` needs. Returns
+    notes for the user."""
     if not plan.changes:
-        return
-    staging = folder.with_name(folder.name + ".new")
-    if staging.exists():
-        files.drop_backup(staging)
-    files.save_backup(staging, plan.changes)
+        return []
+    notes, undo = backups.record(folder, plan.changes)
     try:
         files.write(plan.changes, before_rename=before_rename)
     except BaseException:
-        files.drop_backup(staging)
+        undo()
         raise
-    if folder.exists():
-        files.drop_backup(folder)
-    staging.rename(folder)
+    return notes
 
 
 def plan_revert(host, runtime: str, folder: Path, *, force: bool = False) -> Plan:
     if runtime not in ENGINES:
         raise UsageError(f"unknown runtime {runtime!r}", hint=f"one of {', '.join(ENGINES)}")
-    return Plan(runtime, ENGINES[runtime]().SERVICE, files.load_backup(folder, host, force=force))
+    changes, created_dirs = backups.restore_plan(folder, host, force=force)
+    return Plan(runtime, ENGINES[runtime]().SERVICE, changes, created_dirs=created_dirs)
 
 
-def apply_revert(plan: Plan, folder: Path) -> None:
+def apply_revert(plan: Plan, folder: Path) -> list[str]:
+    """Restore the files, then remove the folders configure created (if empty) and the
+    backup. Returns the folders removed."""
     files.write(plan.changes)
-    files.drop_backup(folder)
+    return backups.finish_restore(folder, plan.created_dirs)

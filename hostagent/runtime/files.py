@@ -4,8 +4,7 @@ A write of several files is all or nothing, and never overwrites another admin's
 
 1. every new text is written to a temporary file beside its target (a read-only or
    missing directory fails here, before any target changed);
-2. the previous contents are saved in the backup directory with a manifest
-   (``revert`` restores them);
+2. (by the caller, before this) what ``revert`` needs is recorded (``backups``);
 3. right before each rename, the target is compared with what was read (existence,
    then size/mtime/inode, then content); any difference aborts the run and undoes the
    renames already done.
@@ -15,16 +14,13 @@ from __future__ import annotations
 
 import difflib
 import glob
-import hashlib
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import ConfigError, HostagentError, NotFoundError, StateError
 
-__all__ = ["Snapshot", "Change", "Reader", "changes", "diff", "write", "save_backup", "load_backup",
-           "drop_backup"]
+__all__ = ["Snapshot", "Change", "Reader", "read_one", "changes", "diff", "write"]
 
 
 @dataclass(frozen=True)
@@ -193,7 +189,7 @@ def _fsync_dir(folder: Path) -> None:
 
 def write(items: list[Change], *, before_rename=None) -> None:
     """Write ``items`` all or nothing (see the module docstring). ``before_rename`` runs
-    after the temporary files exist and the backups are saved (tests use it to race)."""
+    after the temporary files exist (tests use it to race)."""
     temps: dict[str, str] = {}
     try:
         for c in items:
@@ -228,54 +224,3 @@ def write(items: list[Change], *, before_rename=None) -> None:
                 os.unlink(tmp)
             except OSError:
                 pass
-
-
-def _sha(text: str | None) -> str | None:
-    return None if text is None else hashlib.sha256(text.encode()).hexdigest()
-
-
-def save_backup(folder: Path, items: list[Change]) -> None:
-    """Keep the previous contents of ``items`` in ``folder`` (replacing an older backup)."""
-    from ..fileio import write_atomic
-    try:
-        folder.mkdir(parents=True, exist_ok=True, mode=0o700)
-        entries = []
-        for i, c in enumerate(items):
-            entry = {"path": c.path, "real": str(c.snapshot.real), "existed": c.snapshot.text is not None,
-                     "written_sha256": _sha(c.new)}
-            if c.snapshot.text is not None:
-                entry["backup"] = f"{i}.orig"
-                write_atomic(folder / entry["backup"], c.snapshot.text, mode=0o600)
-            entries.append(entry)
-        write_atomic(folder / "manifest.json", json.dumps({"files": entries}, indent=2) + "\n", mode=0o600)
-    except OSError as e:
-        raise HostagentError(f"cannot save the backup: {e.strerror}", where=str(folder),
-                             hint="nothing was changed") from None
-
-
-def load_backup(folder: Path, host, *, force: bool = False) -> list[Change]:
-    """The changes that restore the files saved in ``folder``."""
-    manifest = folder / "manifest.json"
-    try:
-        entries = json.loads(manifest.read_text())["files"]
-    except FileNotFoundError:
-        raise NotFoundError("no backup to restore", where=str(folder),
-                            hint="nothing was configured by hostagent since the last revert") from None
-    except (ValueError, KeyError) as e:
-        raise ConfigError(f"the backup manifest is unreadable: {e}", where=str(manifest)) from None
-    out = []
-    for e in entries:
-        snap = read_one(host, e["path"])
-        if _sha(snap.text) != e["written_sha256"] and not force:
-            raise StateError("changed since hostagent wrote it", where=str(snap.real),
-                             hint="nothing was restored; check the file, then use --force to restore anyway")
-        old = (folder / e["backup"]).read_text() if e["existed"] else None
-        if snap.text != old:
-            out.append(Change(snap, old))
-    return out
-
-
-def drop_backup(folder: Path) -> None:
-    for p in folder.glob("*"):
-        p.unlink()
-    folder.rmdir()
