@@ -2,6 +2,10 @@
 """Whole-process time of `hostagent cdi generate` on a simulated DGX A100 with every GPU
 in all-1g.5gb (56 MIG devices), side by side with `python3 -c pass`.
 
+Both run this interpreter: hostagent through the console script installed beside it (or
+`-m hostagent.cli.main`), never a `hostagent` found on PATH, which may be a wrapper (a
+pyenv shim is a bash script that starts pyenv first) and would be timed with it.
+
     python3 bench/cdi_generate.py [--runs 20]      (as root: specs need real device nodes)
 """
 
@@ -14,6 +18,16 @@ import subprocess
 import sys
 import tempfile
 import time
+
+
+def hostagent_command() -> list[str]:
+    """This interpreter's own ``hostagent`` console script, run by this interpreter."""
+    import os
+    import sysconfig
+    script = os.path.join(sysconfig.get_path("scripts"), "hostagent")
+    if os.path.isfile(script):
+        return [sys.executable, script]
+    return [sys.executable, "-m", "hostagent.cli.main"]
 
 
 def timed(cmd):
@@ -41,8 +55,7 @@ def main() -> int:
                     gi = s.create_gi(store.facts, gpu, 19, (start, 1))
                     s.create_ci(store.facts, gpu, gi.id, 0)
         create_cap_nodes(store.root, store.facts)
-        exe = shutil.which("hostagent")
-        cli = [exe] if exe else [sys.executable, "-m", "hostagent.cli.main"]
+        cli = hostagent_command()
         commands = {"python3 -c pass": [sys.executable, "-c", "pass"],
                     "hostagent cdi generate (56 MIG devices)": cli + ["--simulate", root, "cdi", "generate",
                                                                       "--output", f"{root}/spec.json"]}

@@ -3,7 +3,7 @@
 without `--device nvidia.com/gpu=0` (a simulated DGX A100's spec), A/B alternated in one run.
 
 The GPU run pays for the CDI edits (device nodes, ~12 library mounts) and one hook process
-(links + linker cache). Prints medians and the ratio; also times the hook alone.
+(links + linker cache). Prints medians and the ratio; bench/hook.py times the hook alone.
 
     python3 bench/container_start.py [--runs 15]      (root; podman, runc, busybox-static)
 """
