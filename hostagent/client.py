@@ -132,13 +132,26 @@ class _Reader:
             yield data
 
 
+# A stream's reads wait this many heartbeat intervals: one late heartbeat on a busy host is
+# no reason to give up, several missing ones mean the agent is gone or wedged.
+HEARTBEATS_MISSED = 3
+DEFAULT_HEARTBEAT = 30.0      # the agent's api.watch_heartbeat default, when it does not say
+
+
 class UnixSocketTransport(Transport):
     """HTTP/1.1 over the agent's socket, one kept-alive connection reused (re-opened when
-    the agent closed it). Streamed responses take the connection with them."""
+    the agent closed it). Streamed responses take the connection with them.
 
-    def __init__(self, path: str | os.PathLike = DEFAULT_SOCKET, timeout: float | None = 30.0):
+    ``timeout`` bounds each wait for an answer; a stream's reads have their own bound,
+    ``stream_timeout``, by default three of the heartbeat intervals the agent announces
+    with the stream (``Hostagent-Heartbeat``): an idle watch is quiet between heartbeats
+    by design, so the request timeout must not apply to it."""
+
+    def __init__(self, path: str | os.PathLike = DEFAULT_SOCKET, timeout: float | None = 30.0,
+                 stream_timeout: float | None = None):
         self.path = os.fspath(path)
         self.timeout = timeout
+        self.stream_timeout = stream_timeout
         self._sock: socket.socket | None = None
 
     def _connect(self) -> socket.socket:
@@ -162,6 +175,15 @@ class UnixSocketTransport(Transport):
         if self._sock is not None:
             self._sock.close()
             self._sock = None
+
+    def _stream_wait(self, headers: dict) -> float | None:
+        if self.stream_timeout is not None:
+            return self.stream_timeout
+        try:
+            heartbeat = float(headers.get("hostagent-heartbeat", DEFAULT_HEARTBEAT))
+        except ValueError:
+            heartbeat = DEFAULT_HEARTBEAT
+        return HEARTBEATS_MISSED * heartbeat
 
     def _send(self, request: Request, sock: socket.socket) -> None:
         body = request.body or b""
@@ -196,9 +218,18 @@ class UnixSocketTransport(Transport):
             k, _, v = line.partition(":")
             headers[k.strip().lower()] = v.strip()
         if headers.get("transfer-encoding", "").lower() == "chunked":
+            wait = self._stream_wait(headers)
+            sock.settimeout(wait)
+
             def stream():
                 try:
                     yield from reader.chunks()
+                except socket.timeout:
+                    raise UnavailableError(f"the agent sent nothing (not even a heartbeat) for {wait:g} s",
+                                           where=self.path, hint="is the daemon running? watch again with since=") from None
+                except (ConnectionError, ValueError) as e:
+                    raise UnavailableError(f"the agent's stream broke off: {e}", where=self.path,
+                                           hint="watch again with since= the last revision") from None
                 finally:
                     sock.close()
             return Response(status, headers, stream=stream())
@@ -229,8 +260,12 @@ class Client:
     """``Client()`` talks to the local daemon; ``Client(transport=...)`` to anything else."""
 
     def __init__(self, transport: Transport | None = None, socket_path: str | os.PathLike | None = None,
-                 timeout: float | None = 30.0):
-        self.transport = transport or UnixSocketTransport(socket_path or DEFAULT_SOCKET, timeout)
+                 timeout: float | None = 30.0, stream_timeout: float | None = None):
+        """``timeout``: seconds to wait for an answer (None: forever; a MIG apply can take
+        minutes); ``stream_timeout``: seconds a watch may stay silent (default: three of the
+        agent's heartbeat intervals)."""
+        self.transport = transport or UnixSocketTransport(socket_path or DEFAULT_SOCKET, timeout,
+                                                          stream_timeout)
 
     @classmethod
     def for_host(cls, host, **kw) -> "Client":
@@ -247,8 +282,9 @@ class Client:
         self.close()
 
     def request(self, method: str, path: str, body=None, query: dict | None = None) -> Response:
+        query = {k: v for k, v in (query or {}).items() if v is not None}
         if query:
-            path += "?" + urlencode({k: v for k, v in query.items() if v is not None})
+            path += "?" + urlencode(query)
         data = None if body is None else json.dumps(body).encode()
         response = self.transport.handle_request(Request(method, path, data))
         if response.status >= 400:
@@ -299,6 +335,53 @@ class Client:
 
     def refresh(self) -> int:
         return self.request("POST", "/v1/inventory/refresh").json()["revision"]
+
+    # ---- MIG ----------------------------------------------------------------------
+
+    def mig(self) -> dict:
+        """Each GPU's MIG mode and exact layout (``GET /v1/mig``)."""
+        return self.get("/v1/mig")
+
+    @staticmethod
+    def _layout_body(config, spec, **flags) -> dict:
+        body = {k: v for k, v in flags.items() if v}
+        if config is not None:
+            body["config"] = config
+        if spec is not None:
+            body["spec"] = spec
+        return body
+
+    def mig_plan(self, config: str | None = None, spec: dict | None = None, mode_only: bool = False) -> dict:
+        """What applying ``config`` would change: ``{"plan": {...}, "notes": [...]}``.
+        ``spec``: an inline mig-parted v1 document (default: the bundled config)."""
+        return self.request("POST", "/v1/mig/plan", self._layout_body(config, spec, mode_only=mode_only)).json()
+
+    def mig_apply(self, config: str | None = None, spec: dict | None = None, hooks: dict | None = None,
+                  mode_only: bool = False, skip_reset: bool = False, force: bool = False,
+                  dry_run: bool = False) -> dict:
+        """Apply a layout (root); the answer has the plan, the GPUs ``changed`` and the
+        ``revision`` to watch from. Use a client with ``timeout=None``: GPU resets take a while."""
+        body = self._layout_body(config, spec, mode_only=mode_only, skip_reset=skip_reset,
+                                 force=force, dry_run=dry_run)
+        if hooks is not None:
+            body["hooks"] = hooks
+        return self.request("POST", "/v1/mig/apply", body).json()
+
+    def mig_create_instance(self, profile: str, gpu: str | int | None = None) -> dict:
+        """A new MIG device of ``profile`` (root): on ``gpu`` (index or UUID), or the best
+        fitting MIG-enabled GPU. Returns the device as ``GET /v1/devices/{id}`` shows it."""
+        body = {"profile": profile}
+        if gpu is not None:
+            body["gpu"] = str(gpu)
+        return self.request("POST", "/v1/mig/instances", body).json()
+
+    def mig_destroy_instance(self, uuid: str, force: bool = False) -> dict:
+        """Destroy a MIG device by UUID (root); ``force`` terminates processes using it.
+        Returns the device as it was."""
+        return self.request("DELETE", "/v1/mig/instances/" + quote(uuid, safe=""),
+                            query={"force": "true" if force else None}).json()
+
+    # ---- health, labels, metrics --------------------------------------------------
 
     def health(self) -> dict:
         """The health monitor's records (``GET /v1/health``)."""

@@ -224,7 +224,9 @@ class App:
         if request.method == "HEAD":
             return Response(200, b"", content_type="application/x-ndjson")
         producer = watch_stream(self.agent, since)
-        return _stream(producer, producer.farewell)
+        # Clients size their read timeout from it (silence between heartbeats is normal).
+        heartbeat = (("Hostagent-Heartbeat", f"{self.agent.settings.api.watch_heartbeat:g}"),)
+        return _stream(producer, producer.farewell, heartbeat)
 
     def list_allocations(self, request: Request) -> Response:
         from ..daemon.views import allocation_view
@@ -337,8 +339,8 @@ class App:
         return Response(200, body, content_type=content_type)
 
 
-async def _stream(producer, farewell=None):
-    return StreamResponse(producer, farewell=farewell)
+async def _stream(producer, farewell=None, headers=()):
+    return StreamResponse(producer, headers=headers, farewell=farewell)
 
 
 def _with_profiles(view: dict, snap) -> dict:

@@ -157,11 +157,17 @@ def test_watch_snapshot_events_and_resume(agent):
 
 
 def test_watch_heartbeat(agent):
-    with agent.client() as c:
+    # A request timeout equal to the heartbeat interval (2 s here): stream reads wait for
+    # three intervals, as the stream's Hostagent-Heartbeat header tells the client.
+    with agent.client(timeout=2) as c:
+        response = c.request("GET", "/v1/watch")
+        assert response.headers["hostagent-heartbeat"] == "2"
+        response.stream.close()
         stream = c.watch()
         snap = next(stream)
-        beat = next(stream)          # the fixture's heartbeat interval is 2 s
+        beat = next(stream)
         assert beat == {"type": "heartbeat", "revision": snap["revision"]}
+        assert next(stream) == beat
         stream.close()
 
 
@@ -220,4 +226,24 @@ def test_sigterm_ends_watch_streams_cleanly():
         if curl is not None and curl.poll() is None:
             curl.kill()
             curl.wait()
+        agent.cleanup()
+
+
+def test_client_mig_methods():
+    agent = AgentProcess(make_root()).start()
+    try:
+        with agent.client(timeout=None) as c:
+            assert [g["mig"]["enabled"] for g in c.mig()["gpus"]] == [False] * 8
+            plan = c.mig_plan("all-1g.5gb")["plan"]
+            assert plan["config"] == "all-1g.5gb" and plan["changed"] == list(range(8))
+            assert c.mig_apply("all-1g.5gb", dry_run=True)["dry_run"] is True
+            applied = c.mig_apply("all-1g.5gb")
+            assert applied["changed"] == list(range(8)) and len(c.devices(type="mig")["mig_devices"]) == 56
+            gone = c.mig_destroy_instance(c.devices(type="mig")["mig_devices"][0]["uuid"])
+            made = c.mig_create_instance("1g.5gb", gpu=gone["parent_index"])
+            assert made["parent_uuid"] == gone["parent_uuid"] and made["profile"] == "1g.5gb"
+            with pytest.raises(NotFoundError):
+                c.mig_plan("nope")
+    finally:
+        agent.stop()
         agent.cleanup()

@@ -48,3 +48,91 @@ def test_stream_lines_across_chunks():
 def test_no_daemon(tmp_path):
     with pytest.raises(DaemonNotRunning):
         Client(socket_path=tmp_path / "nothing.sock").node()
+
+
+def test_mig_methods_and_missing_ok_release():
+    seen = []
+
+    def handler(request):
+        seen.append((request.method, request.path, json.loads(request.body) if request.body else None))
+        if request.method == "DELETE" and request.path.startswith("/v1/allocations/"):
+            return answer(404, {"code": "not_found", "message": "no allocation 'x': already released",
+                                "details": {}})
+        return answer(200, {"ok": True})
+    with Client(transport=HandlerTransport(handler)) as c:
+        c.mig()
+        c.mig_plan("all-balanced")
+        c.mig_apply("all-1g.5gb", dry_run=True, force=True)
+        c.mig_apply(spec={"version": "v1"}, hooks={"version": "v1"}, mode_only=True, skip_reset=True)
+        c.mig_create_instance("1g.5gb", gpu=3)
+        c.mig_destroy_instance("MIG-a/b", force=True)
+        c.mig_destroy_instance("MIG-c")
+        assert c.release("x", missing_ok=True) is None
+        with pytest.raises(NotFoundError):
+            c.release("x")
+    assert seen[:7] == [
+        ("GET", "/v1/mig", None),
+        ("POST", "/v1/mig/plan", {"config": "all-balanced"}),
+        ("POST", "/v1/mig/apply", {"config": "all-1g.5gb", "dry_run": True, "force": True}),
+        ("POST", "/v1/mig/apply", {"spec": {"version": "v1"}, "hooks": {"version": "v1"}, "mode_only": True,
+                                   "skip_reset": True}),
+        ("POST", "/v1/mig/instances", {"profile": "1g.5gb", "gpu": "3"}),
+        ("DELETE", "/v1/mig/instances/MIG-a%2Fb?force=true", None),
+        ("DELETE", "/v1/mig/instances/MIG-c", None)]
+
+
+class SilentStreamServer:
+    """A socket that answers with a stream head announcing ``heartbeat``, sends ``lines``
+    after ``delay`` seconds, then stays silent until closed."""
+
+    def __init__(self, path, heartbeat, lines=(), delay=0.0):
+        import socket
+        import threading
+        self.sock = socket.socket(socket.AF_UNIX)
+        self.sock.bind(str(path))
+        self.sock.listen()
+        self.conns = []
+        self.heartbeat, self.lines, self.delay = heartbeat, lines, delay
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self):
+        import time
+        conn, _ = self.sock.accept()
+        self.conns.append(conn)
+        conn.recv(65536)
+        head = ("HTTP/1.1 200 OK\r\nContent-Type: application/x-ndjson\r\nTransfer-Encoding: chunked\r\n"
+                + (f"Hostagent-Heartbeat: {self.heartbeat}\r\n" if self.heartbeat else "") + "\r\n")
+        conn.sendall(head.encode())
+        time.sleep(self.delay)
+        for line in self.lines:
+            conn.sendall(b"%x\r\n%s\r\n" % (len(line), line))
+
+    def close(self):
+        for conn in self.conns:
+            conn.close()
+        self.sock.close()
+
+
+def test_a_stream_waits_for_heartbeats_not_the_request_timeout(tmp_path):
+    """An idle watch is silent between heartbeats: its reads wait three of the intervals the
+    agent announces, not the client's request timeout."""
+    server = SilentStreamServer(tmp_path / "s", heartbeat=1, lines=[b'{"type":"heartbeat","revision":1}\n'],
+                                delay=0.5)
+    try:
+        with Client(socket_path=tmp_path / "s", timeout=0.2) as c:
+            assert next(c.watch()) == {"type": "heartbeat", "revision": 1}
+    finally:
+        server.close()
+
+
+def test_a_silent_stream_is_a_clear_error(tmp_path):
+    from hostagent.errors import UnavailableError
+    server = SilentStreamServer(tmp_path / "s", heartbeat=None)
+    try:
+        with Client(socket_path=tmp_path / "s", stream_timeout=0.2) as c:
+            with pytest.raises(UnavailableError) as e:
+                next(c.watch())
+            assert "sent nothing (not even a heartbeat) for 0.2 s" in e.value.message
+    finally:
+        server.close()
