@@ -42,18 +42,29 @@ exec {target} "$@"
 """
 
 
+def default_configs() -> dict[int, str]:
+    """`containerd config default` of the installed containerd (version 2 for 1.x), and its
+    version 1 and 3 forms made as the golden inputs are (inputs/convert.py)."""
+    import importlib.util
+    proc = subprocess.run(["containerd", "config", "default"], capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    spec = importlib.util.spec_from_file_location("convert", INPUTS / "convert.py")
+    convert = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(convert)
+    return {1: convert.v1(proc.stdout), 2: proc.stdout, 3: convert.v3(proc.stdout)}
+
+
 def test_configured_default_configs_load(tmp_path):
     """configure on `containerd config default` (v2) and its v1/v3 forms; containerd accepts each."""
     require("containerd")
-    for version in (1, 2, 3):
+    for version, text in default_configs().items():
         d = tmp_path / f"v{version}"
         d.mkdir()
-        shutil.copyfile(INPUTS / f"containerd-default-v{version}.toml", d / "config.toml")
+        (d / "config.toml").write_text(text)
         args = ["runtime", "configure", "--runtime", "containerd", "--config", str(d / "config.toml"),
                 "--cdi", "--backup-dir", str(tmp_path / "backups" / str(version))]
-        if version > 1:
-            args += ["--drop-in", str(d / "conf.d/99-hostagent.toml")]
         assert main(args) == 0
+        assert (d / "conf.d/99-hostagent.toml").exists() == (version > 1)     # v1: edited in place
         proc = subprocess.run(["containerd", "--config", str(d / "config.toml"), "config", "dump"],
                               capture_output=True, text=True, timeout=30)
         assert proc.returncode == 0, f"v{version}: {proc.stderr}"
