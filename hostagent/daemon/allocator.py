@@ -152,6 +152,7 @@ class Allocator:
                 os.unlink(transient.spec_file(self.host, alloc.id))
             except FileNotFoundError:
                 pass
+            faults.point("release:after_spec")
 
     async def release(self, alloc_id: str) -> alloc_rules.Allocation:
         async with self.agent.mutex:

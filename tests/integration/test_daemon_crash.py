@@ -71,7 +71,8 @@ def test_crash_while_allocating(point, survives):
         agent.cleanup()
 
 
-def test_crash_while_releasing():
+@pytest.mark.parametrize("point", ["release:after_checkpoint", "release:after_spec"])
+def test_crash_while_releasing(point):
     root = make_root()
     agent = AgentProcess(root).start()
     try:
@@ -79,14 +80,17 @@ def test_crash_while_releasing():
             c.allocate("gone-soon", ["3"])
             c.allocate("stays", ["4"])
         agent.stop()
-        agent.env = {"HOSTAGENT_FAULT": "release:after_checkpoint"}
+        agent.env = {"HOSTAGENT_FAULT": point}
         agent.start()
         crash_during(agent, lambda c: c.release("gone-soon"))
-        assert (root / f"var/run/cdi/{KIND}gone-soon.json").exists()     # the spec leaked...
+        leaked = point == "release:after_checkpoint"
+        assert (root / f"var/run/cdi/{KIND}gone-soon.json").exists() == leaked   # the spec leaked...
         agent.env = {}
         agent.start()
         assert assert_consistent(agent) == {"stays"}                      # ...until the restart
-        assert "removed transient spec" in agent.log()
+        assert ("removed transient spec" in agent.log()) == leaked
+        with agent.client() as c:                                         # the plugin's retry
+            assert c.release("gone-soon", missing_ok=True) is None
     finally:
         agent.stop()
         agent.cleanup()
@@ -156,7 +160,13 @@ def test_client_leaving_mid_request_does_not_split_state():
             with sk.socket(sk.AF_UNIX) as s:
                 s.connect(str(agent.socket))
                 s.sendall(b"POST /v1/allocations HTTP/1.1\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
-        time.sleep(0.5)
+        # Each completes after its client left: wait for all (not for a fixed time, which a
+        # busy host can overrun), then compare memory and disk.
+        deadline = time.monotonic() + 30
+        with agent.client() as c:
+            while len(c.allocations()) < 20:
+                assert time.monotonic() < deadline, c.allocations()
+                time.sleep(0.05)
         listed = assert_consistent(agent)
         assert listed == {f"gone-{i}" for i in range(20)}
     finally:
