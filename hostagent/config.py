@@ -31,6 +31,13 @@ SECTION_SCHEMAS = ("daemon/settings.schema.json", "health/settings.schema.json",
                    "metrics/settings.schema.json", "labels/settings.schema.json")
 
 
+# Where each section's keys are documented, for the hint of a configuration error.
+_SECTION_DOCS = {"runtime": "docs/runtime.md", "hook": "docs/runtime.md", "daemon": "docs/daemon.md",
+                 "api": "docs/daemon.md", "mig": "docs/daemon.md", "allocations": "docs/daemon.md",
+                 "labels": "docs/labels.md", "health": "docs/health.md", "metrics": "docs/metrics.md"}
+_TOP_DOC = "docs/daemon.md"      # its Configuration section lists every section
+
+
 # Records are namedtuples: the runtime shim reads the configuration at every GPU
 # container's create, where importing dataclasses would cost ~10 ms.
 RuntimeConfig = namedtuple("RuntimeConfig", "low_level_runtimes cdi_spec_dirs default_kind annotation_prefixes "
@@ -105,8 +112,10 @@ def validate_data(data, source: str = "config") -> dict:
             elif e.validator == "pattern" and e.schema.get("pattern") == "^/":
                 msg = f"{e.instance!r} must be an absolute path"
             problems.append(f"{_where(e.absolute_path)}: {msg}")
+        docs = sorted({_SECTION_DOCS.get(e.absolute_path[0] if e.absolute_path else None, _TOP_DOC)
+                       for e in errors})
         raise ConfigError("; ".join(problems), where=source,
-                          hint="see docs/runtime.md for the keys and their defaults")
+                          hint=f"see {' and '.join(docs)} for the keys and their defaults")
     return _with_defaults(data, sch)
 
 

@@ -96,3 +96,18 @@ def test_sections_of_other_features_are_part_of_the_file(tmp_path):
     path.write_text("daemon:\n  resync_interval: -1\n")
     with pytest.raises(ConfigError, match="daemon.resync_interval"):
         load_config(path)
+
+
+@pytest.mark.parametrize("text, docs", [
+    ("runtime: {default_kind: 1}\n", "see docs/runtime.md for"),
+    ("api: {max_connections: 0}\n", "see docs/daemon.md for"),
+    ("allocations: {max_per_device: 0}\n", "see docs/daemon.md for"),
+    ("health: {nope: 1}\nmetrics: {nope: 1}\n", "see docs/health.md and docs/metrics.md for"),
+    ("colour: blue\n", "see docs/daemon.md for"),
+])
+def test_the_hint_names_the_doc_of_each_section_in_error(tmp_path, text, docs):
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as e:
+        load_config(path)
+    assert e.value.hint.startswith(docs), e.value.hint
