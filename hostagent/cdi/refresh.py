@@ -105,7 +105,10 @@ def refresh(host: HostRoot, options: SpecOptions = SpecOptions(), *, dry_run: bo
 
 def _remove(path) -> None:
     """Unlink (atomic for readers) and make the removal durable, as writes are."""
-    os.unlink(path)
+    try:
+        os.unlink(path)
+    except FileNotFoundError:        # removed meanwhile by hand: the same outcome
+        pass
     fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
     try:
         os.fsync(fd)
