@@ -5,16 +5,29 @@ A private containerd (own root, state and socket in a temporary directory) runs 
 busybox container with `ctr run --rm ... true`, in these variants, alternated round by
 round (the order rotates) so machine noise hits all alike:
 
-  runc                      --runc-binary runc: the baseline
-  shim, no request          --runc-binary <installed sh front>: must stay under 1.1x
+  runc                      --runc-binary runc: the baseline for a container without GPU
+  shim, no request          --runc-binary <installed sh front>: must stay under 1.1x runc
   shim, GPU request         + a cdi.k8s.io annotation for GPU 0 of a simulated DGX A100's
                             spec: the shim's Python part, the CDI edits, and the spec's
-                            createContainer hook (links + linker cache): target under 1.5x
-  shim, GPU, no hooks       the same spec with its hooks removed: the shim's own cost
+                            createContainer hook (links + linker cache)
+  shim, GPU, no hooks       the same spec with its hooks removed
+  runc, spec, CDI edits     runc directly on the same container with the same CDI edits
+                            already applied (the config.json the shim handed runc,
+                            recorded once), as a CDI-capable engine would hand it:
+                            `ctr run --config`; the fair baseline of "shim, GPU request",
+                            target under 1.5x
+  runc, spec, no hooks      the same for "shim, GPU, no hooks"
+  runc, spec                the plain container's recorded config.json through
+                            `ctr run --config`
 
-Prints min and median per variant and each median's ratio to runc's, then the shim's
-Python part alone: the installed front on a GPU container's config.json, with a low-level
-runtime that exits at once.
+`ctr run --config` (containerd 1.6) takes the whole spec from the file, not the image's
+snapshot, so those variants run on a fresh copy of the unpacked image made in the timed
+run (as the native snapshotter copies the image for the others). "runc, spec" against
+"runc" shows how close the two ways of starting the same container are.
+
+Prints min and median per variant, each median's ratio to runc's and to its fair
+baseline, then the shim's Python part alone: the installed front on a GPU container's
+config.json, with a low-level runtime that exits at once.
 
     sudo python3 bench/runtime_shim.py [--runs 20]
 """
@@ -41,8 +54,8 @@ NS = "hostagent-bench"
 IMAGE = "localhost/hostagent-bench:1"
 
 
-def docker_archive(path: Path) -> None:
-    """A one-layer docker-archive image: static busybox and ldconfig, written by hand."""
+def image_layer() -> bytes:
+    """The image's one layer: static busybox and ldconfig."""
     layer = io.BytesIO()
     with tarfile.open(fileobj=layer, mode="w") as tar:
         for d in ("bin", "sbin", "etc/ld.so.conf.d", "dev", "proc", "sys", "tmp", "usr/lib/x86_64-linux-gnu"):
@@ -59,7 +72,11 @@ def docker_archive(path: Path) -> None:
         info = tarfile.TarInfo("etc/ld.so.conf")
         info.size = len(conf)
         tar.addfile(info, io.BytesIO(conf))
-    layer_bytes = layer.getvalue()
+    return layer.getvalue()
+
+
+def docker_archive(path: Path, layer_bytes: bytes) -> None:
+    """A one-layer docker-archive image, written by hand."""
     diff_id = hashlib.sha256(layer_bytes).hexdigest()
     config = json.dumps({"architecture": "amd64", "os": "linux", "config": {"Env": ["PATH=/bin:/sbin"]},
                          "rootfs": {"type": "layers", "diff_ids": [f"sha256:{diff_id}"]}}).encode()
@@ -111,6 +128,44 @@ def write_specs(node_root: Path) -> tuple[list[Path], str, str]:
     return paths, kinds[0], kinds[1]
 
 
+RECORDER = """#!/bin/sh
+# Keep config.json of a create as {out}, then run {target}.
+prev=
+for a do
+    [ "$prev" = --bundle ] && cp "$a/config.json" {out}
+    prev=$a
+done
+exec {target} "$@"
+"""
+
+
+def recorder(tmp: Path, name: str, target: str) -> tuple[Path, Path]:
+    """A runtime that records the config.json it is given, then execs ``target``."""
+    script, out = tmp / f"record-{name}", tmp / f"{name}.json"
+    script.write_text(RECORDER.format(out=out, target=target))
+    script.chmod(0o755)
+    return script, out
+
+
+def record_specs(tmp: Path, run, front_config: Path, annotations: dict[str, list[str]]) -> dict:
+    """name -> the config.json runc gets for that container: the plain one, and through
+    the shim the ones with the CDI edits applied (recorded after the shim)."""
+    from hostagent.cli.main import main as hostagent
+    runc = shutil.which("runc")
+    out = {}
+    for name, extra in annotations.items():
+        script, spec = recorder(tmp, name, runc)
+        binary = script
+        if extra:                       # the shim, with the recorder as its low-level runtime
+            binary = tmp / f"front-{name}"
+            if hostagent(["runtime", "install-shim", "--path", str(binary), "--low-level-runtime", str(script),
+                          "--agent-config", str(front_config)]):
+                sys.exit("install-shim failed")
+        run(binary, extra)
+        out[name] = json.loads(spec.read_text())
+    return out
+
+
 def python_part(tmp: Path, kind: str, runs: int) -> list[float]:
     """The front + Python part on a GPU request, with `true` as the low-level runtime."""
     from hostagent.cli.main import main as hostagent
@@ -144,11 +199,15 @@ def main() -> int:
 
     from hostagent.cli.main import main as hostagent
     tmp = Path(tempfile.mkdtemp(prefix="hostagent-bench-"))
-    specs, proc = [], None
+    spec_files, proc = [], None
     try:
-        specs, kind, kind_nohooks = write_specs(tmp / "node")
+        spec_files, kind, kind_nohooks = write_specs(tmp / "node")
         proc, sock = start_containerd(tmp / "containerd")
-        docker_archive(tmp / "image.tar")
+        layer = image_layer()
+        docker_archive(tmp / "image.tar", layer)
+        rootfs = tmp / "rootfs"                          # the image unpacked, for ctr run --config
+        with tarfile.open(fileobj=io.BytesIO(layer)) as tar:
+            tar.extractall(rootfs)
         subprocess.run(["ctr", "-a", str(sock), "-n", NS, "images", "import", "--snapshotter", "native",
                         str(tmp / "image.tar")], check=True, capture_output=True)
         (tmp / "config.yaml").write_text(f"runtime:\n  default_kind: {kind}\n")
@@ -156,23 +215,44 @@ def main() -> int:
         if hostagent(["runtime", "install-shim", "--path", str(front), "--agent-config", str(tmp / "config.yaml")]):
             sys.exit("install-shim failed")
         runc = shutil.which("runc")
-        variants = {
-            "runc": (runc, []),
-            "shim, no request": (front, []),
-            "shim, GPU request": (front, ["--annotation", f"cdi.k8s.io/gpu={kind}=0"]),
-            "shim, GPU, no hooks": (front, ["--annotation", f"cdi.k8s.io/gpu={kind_nohooks}=0"]),
-        }
+        gpu = ["--annotation", f"cdi.k8s.io/gpu={kind}=0"]
+        gpu_nohooks = ["--annotation", f"cdi.k8s.io/gpu={kind_nohooks}=0"]
 
-        def run(binary, extra) -> float:
-            cmd = ["ctr", "-a", str(sock), "-n", NS, "run", "--rm", "--snapshotter", "native",
-                   "--runc-binary", str(binary), *extra, IMAGE, f"b-{uuid.uuid4().hex[:10]}", "true"]
+        def run(binary, extra, spec=None) -> float:
+            """One `ctr run --rm`: of the image, or (``spec``) of that config.json."""
+            name = f"b-{uuid.uuid4().hex[:10]}"
+            cmd = ["ctr", "-a", str(sock), "-n", NS, "run", "--rm", "--runc-binary", str(binary)]
+            root = tmp / f"rootfs-{name}"
+            if spec is None:
+                cmd += ["--snapshotter", "native", *extra, IMAGE, name, "true"]
+            else:
+                spec = dict(spec, root=dict(spec["root"], path=str(root)),
+                            linux=dict(spec["linux"], cgroupsPath=f"/{NS}/{name}"))
+                path = tmp / "spec.json"
+                path.write_text(json.dumps(spec))
+                cmd += ["--config", str(path), name]
             start = time.perf_counter()
+            if spec is not None:
+                # A fresh copy of the image, as the native snapshotter makes for the others.
+                shutil.copytree(rootfs, root, symlinks=True)
             done = subprocess.run(cmd, capture_output=True, text=True)
             elapsed = time.perf_counter() - start
+            shutil.rmtree(root, ignore_errors=True)
             if done.returncode != 0:
                 sys.exit(f"{' '.join(cmd)}: {done.stderr}")
             return elapsed
 
+        recorded = record_specs(tmp, run, tmp / "config.yaml",
+                                {"plain": [], "edits": gpu, "nohooks": gpu_nohooks})
+        variants = {
+            "runc": (runc, []),
+            "shim, no request": (front, []),
+            "shim, GPU request": (front, gpu),
+            "shim, GPU, no hooks": (front, gpu_nohooks),
+            "runc, spec, CDI edits": (runc, [], recorded["edits"]),
+            "runc, spec, no hooks": (runc, [], recorded["nohooks"]),
+            "runc, spec": (runc, [], recorded["plain"]),
+        }
         names = list(variants)
         alone = python_part(tmp, kind, args.runs)
         for name in names:                      # warm caches and .pyc files
@@ -184,7 +264,7 @@ def main() -> int:
             for name in order:
                 samples[name].append(run(*variants[name]))
     finally:
-        for path in specs:
+        for path in spec_files:
             path.unlink(missing_ok=True)
         if proc is not None:
             proc.send_signal(signal.SIGTERM)
@@ -200,15 +280,21 @@ def main() -> int:
                 pass
 
     base = statistics.median(samples["runc"])
+    # Each shim variant against runc given the same container: for a GPU request, the
+    # config.json with the CDI edits applied (what a CDI-capable engine hands runc).
+    fair = {"shim, no request": "runc", "shim, GPU request": "runc, spec, CDI edits",
+            "shim, GPU, no hooks": "runc, spec, no hooks"}
     targets = {"shim, no request": 1.1, "shim, GPU request": 1.5}
     print(f"ctr run --rm ... true, {args.runs} runs each, alternated")
-    print(f"{'variant':22} {'min ms':>8} {'median ms':>10} {'x runc':>7}  target")
+    print(f"{'variant':22} {'min ms':>8} {'median ms':>10} {'x runc':>7} {'x same':>7}  target")
     for name, times in samples.items():
         med = statistics.median(times)
-        target = f"< {targets[name]}x" if name in targets else ""
-        print(f"{name:22} {min(times) * 1e3:8.1f} {med * 1e3:10.1f} {med / base:7.2f}  {target}")
+        same = f"{med / statistics.median(samples[fair[name]]):7.2f}" if name in fair else " " * 7
+        target = f"< {targets[name]}x ({fair[name]})" if name in targets else ""
+        print(f"{name:22} {min(times) * 1e3:8.1f} {med * 1e3:10.1f} {med / base:7.2f} {same}  {target}")
     print(f"{'python part alone':22} {min(alone) * 1e3:8.1f} {statistics.median(alone) * 1e3:10.1f}"
-          f" {statistics.median(alone) / base:7.2f}  (front + Python on a GPU request, no runc)")
+          f" {statistics.median(alone) / base:7.2f}          (front + Python on a GPU request, no runc)")
+    print("x same: the median against runc running the same container (same CDI edits applied), see above")
     return 0
 
 
