@@ -27,7 +27,7 @@ def test_systemd_analyze_verify(tmp_path):
     daemon = shutil.which("hostagentd")
     assert daemon, "hostagentd is not installed (pip install -e .)"
     unit = tmp_path / "hostagent.service"
-    unit.write_text(UNIT.read_text().replace("/usr/bin/hostagentd", daemon))
+    unit.write_text(UNIT.read_text().replace("/usr/local/bin/hostagentd", daemon))
     done = subprocess.run(["systemd-analyze", "verify", "--man=no", str(unit)],
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and not done.stderr.strip(), done.stderr
@@ -38,7 +38,7 @@ def test_order_notify_and_hardening():
     before = " ".join(d["Before"]).split()
     assert {"containerd.service", "crio.service", "docker.service", "kubelet.service"} <= set(before)
     assert d["Type"] == ["notify"] and d["WatchdogSec"] and d["ExecReload"] == ["/bin/kill -HUP $MAINPID"]
-    assert d["ExecStart"] == ["/usr/bin/hostagentd"]
+    assert d["ExecStart"] == ["/usr/local/bin/hostagentd"]     # where pip puts it
     for key in ("NoNewPrivileges", "ProtectHome", "PrivateTmp", "ProtectKernelModules", "RestrictSUIDSGID"):
         assert d[key] == ["yes"], key
     assert d["ProtectSystem"] == ["strict"] and d["DevicePolicy"] == ["closed"]
@@ -60,3 +60,21 @@ def test_the_labels_directory_is_writable_in_the_sandbox():
     directory = os.path.dirname(FEATURES_FILE)
     assert f"-{directory}" in d["ReadWritePaths"]
     assert f"+/bin/mkdir -p {directory}" in d["ExecStartPre"]
+
+
+def test_device_groups_are_the_drivers_and_documented(tmp_path):
+    """DeviceAllow=char-<group> names groups of /proc/devices (systemd skips names no driver
+    registered, silently): the simulated driver's groups are all allowed, and every allowed
+    group is one of the NVIDIA driver's, documented in docs/daemon.md."""
+    from hostagent.sim.driverroot import create_node
+    drivers = {"nvidia-frontend", "nvidia", "nvidia-uvm", "nvidia-caps", "nvidia-caps-imex-channels",
+               "nvidia-nvswitch", "nvidia-nvlink"}
+    allowed = {v.split()[0].removeprefix("char-") for v in directives(UNIT.read_text())["DeviceAllow"]}
+    assert allowed <= drivers, allowed - drivers
+    create_node(tmp_path, "dgx-a100")
+    lines = (tmp_path / "proc/devices").read_text().split("Block devices:")[0].splitlines()[1:]
+    simulated = {line.split()[1] for line in lines if line.strip()} & drivers
+    assert simulated and simulated <= allowed, simulated - allowed
+    docs = (REPO / "docs/daemon.md").read_text()
+    for group in allowed:
+        assert f"`{group}`" in docs, f"DeviceAllow=char-{group} is not explained in docs/daemon.md"
