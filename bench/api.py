@@ -9,7 +9,10 @@
    Targets: >= 2000 requests/s and p99 < 10 ms at 32 clients.
 2. Watch delivery latency: WATCHERS open watch streams; an allocation is made; the time
    from sending it to each watcher receiving its event (target < 100 ms).
-3. The daemon's idle RSS (target < 60 MB) and idle CPU over --idle-seconds (target < 1%).
+3. Allocation cost as allocations pile up: --allocations time-slicing allocations spread
+   over the 8 GPUs (256 by default: the default allocations.max_per_device of 32 on each),
+   the median time of the first and the last 50, and the checkpoint's size.
+4. The daemon's idle RSS (target < 60 MB) and idle CPU over --idle-seconds (target < 1%).
 
 Clients run in two processes (asyncio, raw non-blocking sockets) so the load generator is
 not the bottleneck more than it must be on a 2-core machine.
@@ -214,19 +217,42 @@ def start_daemon(root: Path, config: dict) -> subprocess.Popen:
     raise SystemExit("the daemon did not start")
 
 
+def allocation_cost(root: Path, sock: str, count: int) -> None:
+    """Each allocation writes its spec and rewrites the checkpoint (both fsynced): its cost
+    should not grow with the number of allocations already made."""
+    from hostagent.client import Client
+    times = []
+    with Client(socket_path=sock) as c:
+        for i in range(count):
+            t = time.perf_counter()
+            c.allocate(f"cost-{i}", [str(i % 8)], sharing={"strategy": "TimeSlicing"})
+            times.append(time.perf_counter() - t)
+        size = (root / "var/lib/hostagent/allocations.json").stat().st_size
+        for i in range(count):
+            c.release(f"cost-{i}")
+    n = min(50, count)
+    print(f"{count} time-slicing allocations over 8 GPUs: median {statistics.median(times[:n]) * 1000:.1f} ms "
+          f"for the first {n}, {statistics.median(times[-n:]) * 1000:.1f} ms for the last {n}; "
+          f"checkpoint {size / 1024:.0f} KB")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--duration", type=float, default=3.0, help="seconds per load level (default 3)")
     ap.add_argument("--idle-seconds", type=float, default=60.0, help="idle CPU window (default 60)")
     ap.add_argument("--watchers", type=int, default=100)
     ap.add_argument("--rounds", type=int, default=5, help="changes watched (default 5)")
+    ap.add_argument("--allocations", type=int, default=256,
+                    help="shared allocations made for the cost figures (default 256; 0: none)")
     args = ap.parse_args()
 
     from hostagent.sim.driverroot import create_node
     root = Path(tempfile.mkdtemp(prefix="hostagent-bench-"))
     create_node(root, "dgx-a100")
     sock = str(root / "run/hostagent/hostagent.sock")
-    daemon = start_daemon(root, {"daemon": {"resync_interval": 60}})
+    per_device = max(32, -(-args.allocations // 8))
+    daemon = start_daemon(root, {"daemon": {"resync_interval": 60},
+                                 "allocations": {"max_per_device": per_device}})
     trivial_sock = str(root / "trivial.sock")
     trivial = None
     try:
@@ -260,6 +286,9 @@ def main() -> int:
               f"max {delays[-1] * 1000:.1f} ms (includes writing the spec and checkpoint, fsynced)")
         print(f"  from the event's publication:       p50 {statistics.median(fanout) * 1000:.1f} ms, "
               f"max {fanout[-1] * 1000:.1f} ms")
+
+        if args.allocations:
+            allocation_cost(root, sock, args.allocations)
 
         rss_after = rss_mb(daemon.pid)
         time.sleep(2.0)
