@@ -136,8 +136,9 @@ def render_plan(plan) -> str:
         if not g.changed:
             out.append(f"{head}: unchanged ({g.before.describe()})")
             continue
-        out += [f"{head}: {g.summary()}", f"  before: {g.before.describe()}",
-                f"  after:  {g.after.describe()}"]
+        after = ("MIG enabled; the layout is planned then (this driver lists MIG profiles only "
+                 "while MIG is enabled)") if g.deferred else g.after.describe()
+        out += [f"{head}: {g.summary()}", f"  before: {g.before.describe()}", f"  after:  {after}"]
         out += [f"  - {s.describe()}" for s in g.steps]
         if g.reset:
             out.append(f"  - reset the GPU (nvidia-smi -r -i {g.pci_bus_id})")

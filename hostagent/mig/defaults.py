@@ -25,6 +25,8 @@ _BALANCED = {7: {1: 2, 2: 1, 3: 1}, 4: {1: 2, 2: 1}}
 
 
 def balanced_layout(gpu: Gpu) -> dict[str, int] | None:
+    if not gpu.mig.profiles:        # listed only while MIG is enabled on this driver
+        return None
     geo = Geometry.of(gpu.mig.profiles)
     shape = _BALANCED.get(geo.compute_slices)
     if shape is None:
@@ -50,8 +52,9 @@ def _config_name(profile: str) -> str:
 def default_spec(inventory: Inventory) -> MigSpec:
     mig_gpus = [g for g in inventory.gpus if g.mig is not None]
     skus: dict[int, Gpu] = {}
-    for g in mig_gpus:
-        skus.setdefault(g.pci_device_id, g)
+    for g in mig_gpus:                 # per SKU, a GPU that lists its profiles if any does
+        if g.pci_device_id not in skus or (g.mig.profiles and not skus[g.pci_device_id].mig.profiles):
+            skus[g.pci_device_id] = g
     mixed = len(skus) > 1 or len(mig_gpus) != len(inventory.gpus)
 
     def entries(per_sku) -> tuple[ConfigEntry, ...]:

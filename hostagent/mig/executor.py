@@ -12,7 +12,7 @@ refresh wired in there sees the final layout before anyone else can change it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from ..devices.records import Inventory
@@ -93,22 +93,34 @@ def _roll_back(host: HostRoot, journal: Journal, why: str, progress: Progress,
 def execute(host: HostRoot, inventory: Inventory, plan: MigPlan, *, skip_reset: bool = False,
             force: bool = False, before_phase: Callable[[str], None] = lambda phase: None,
             progress: Progress = quiet,
-            on_layout_changed: Callable[[HostRoot], None] = no_hook) -> ApplyReport:
-    """Apply ``plan`` (made from ``inventory``, read under the same lock)."""
+            on_layout_changed: Callable[[HostRoot], None] = no_hook,
+            replan: Callable[[Inventory], MigPlan] | None = None) -> ApplyReport:
+    """Apply ``plan`` (made from ``inventory``, read under the same lock). GPUs whose layout
+    the plan defers (profiles listed only while MIG is enabled) are planned by
+    ``replan(inventory)`` after the mode change and applied in the same transaction."""
     report = ApplyReport(plan)
     if not plan.changed:
         return report
+    phases_run: set[str] = set()
+
+    def phase_once(phase: str) -> None:          # the second pass must not rerun a hook
+        if phase not in phases_run:
+            phases_run.add(phase)
+            before_phase(phase)
     journal = Journal.begin(host, inventory, plan, skip_reset=skip_reset)
     try:
         run_plan(host, plan, report.run, skip_reset=skip_reset, force=force,
-                 before_phase=before_phase, progress=progress)
+                 before_phase=phase_once, progress=progress)
         checked = verify(host, journal.record.after, journal.record.indices)
+        if plan.deferred:
+            checked = _apply_deferred(host, plan, replan(checked), journal, report, skip_reset=skip_reset,
+                                      force=force, before_phase=phase_once, progress=progress)
         # Before the journal goes: a crash here is finished by recovery, nodes included.
         report.nodes = sync_cap_nodes(host, checked)
     except BaseException as e:
         why = _describe(e)
         outcome = _roll_back(host, journal, why, progress, on_layout_changed)
-        done = f"after {len(report.run.steps)} of {sum(len(g.steps) for g in plan.changed)} steps"
+        done = f"after {len(report.run.steps)} of {sum(len(g.steps) for g in report.plan.changed)} steps"
         if isinstance(e, KeyboardInterrupt):
             raise MigInterrupted(f"applying '{plan.config}' was interrupted {done}; {outcome}") from None
         if isinstance(e, InUse):
@@ -118,3 +130,18 @@ def execute(host: HostRoot, inventory: Inventory, plan: MigPlan, *, skip_reset: 
     journal.finish()
     on_layout_changed(host)
     return report
+
+
+def _apply_deferred(host: HostRoot, plan: MigPlan, second: MigPlan, journal: Journal, report: ApplyReport,
+                    **run) -> Inventory:
+    """The second pass: the deferred GPUs' instances, planned now that MIG is enabled (and
+    any GPU the first plan left out); GPUs the first pass settled are not touched again."""
+    settled = {g.uuid for g in plan.gpus if not g.deferred}
+    second = replace(second, gpus=tuple(g for g in second.gpus if g.uuid not in settled))
+    if second.deferred or any(g.mode_steps or g.reset for g in second.gpus):
+        raise StateError("GPU " + ", ".join(str(g.index) for g in second.gpus if g.mode_steps or g.deferred)
+                         + ": MIG mode is not as planned after the mode change")
+    report.plan = plan.then(second)
+    journal.retarget(second)
+    run_plan(host, second, report.run, **run)
+    return verify(host, journal.record.after, journal.record.indices)

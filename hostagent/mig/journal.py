@@ -47,11 +47,14 @@ class JournalRecord:
     after: dict[str, Layout]
     indices: dict[str, int]
     error: str | None = None
+    # ``after`` is only the mode change; the layout is planned once MIG is enabled. Until
+    # then a crash is always rolled back: the node reaching ``after`` is not the end.
+    replan: bool = False
 
     def to_dict(self) -> dict:
         return {"version": VERSION, "config": self.config, "status": self.status,
                 "started": self.started, "pid": self.pid, "skip_reset": self.skip_reset,
-                "error": self.error,
+                "error": self.error, "replan": self.replan,
                 "gpus": {u: {"index": self.indices[u], "before": self.before[u].to_dict(),
                              "after": self.after[u].to_dict()} for u in self.before}}
 
@@ -62,6 +65,7 @@ class JournalRecord:
         gpus = raw["gpus"]
         return cls(config=raw["config"], status=raw["status"], started=raw["started"],
                    pid=raw["pid"], skip_reset=raw["skip_reset"], error=raw.get("error"),
+                   replan=raw.get("replan", False),
                    before={u: Layout.from_dict(g["before"]) for u, g in gpus.items()},
                    after={u: Layout.from_dict(g["after"]) for u, g in gpus.items()},
                    indices={u: g["index"] for u, g in gpus.items()})
@@ -101,13 +105,25 @@ class Journal:
         record = JournalRecord(config=plan.config, status=APPLYING, started=_stamp(), pid=os.getpid(),
                                skip_reset=skip_reset, before={g.uuid: g.before for g in changed},
                                after={g.uuid: g.after for g in changed},
-                               indices={g.uuid: g.index for g in changed})
+                               indices={g.uuid: g.index for g in changed},
+                               replan=bool(plan.deferred))
         journal = cls(host, record)
         journal._write()
         return journal
 
     def _write(self) -> None:
         write_atomic(self.path(self.host), json.dumps(self.record.to_dict(), indent=1), mode=0o600)
+
+    def retarget(self, second: MigPlan) -> None:
+        """The layouts planned after the mode change replace ``after``; ``before`` (what a
+        rollback restores) stays the layout from before the whole apply."""
+        from dataclasses import replace
+        r = self.record
+        self.record = replace(r, replan=False,
+                              before={**{g.uuid: g.before for g in second.changed}, **r.before},
+                              after={**r.after, **{g.uuid: g.after for g in second.changed}},
+                              indices={**r.indices, **{g.uuid: g.index for g in second.changed}})
+        self._write()
 
     def mark(self, status: str, error: str | None = None) -> None:
         from dataclasses import replace

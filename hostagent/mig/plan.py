@@ -7,7 +7,7 @@ inside a kept one, compute instances with the same profile and placement are kep
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ..devices.records import Gpu
 from .layout import CiLayout, GiLayout, Layout
@@ -66,6 +66,9 @@ class GpuPlan:
     mode_steps: tuple[Step, ...] = ()
     config_steps: tuple[Step, ...] = ()
     reset: bool = False             # the mode change takes effect only after a GPU reset
+    # The driver lists MIG profiles only while MIG is enabled (R535): ``after`` is MIG
+    # enabled with no instances, and the layout is planned once the mode change is done.
+    deferred: bool = False
 
     @property
     def steps(self) -> tuple[Step, ...]:
@@ -100,11 +103,14 @@ class GpuPlan:
                 parts.append(label.format(n))
         if self.kept():
             parts.append(f"keep {self.kept()} GI")
+        if self.deferred:
+            parts.append("then plan its layout (profiles are listed once MIG is enabled)")
         return ", ".join(parts)
 
     def to_dict(self) -> dict:
         return {"index": self.index, "uuid": self.uuid, "name": self.name,
                 "pci_bus_id": self.pci_bus_id, "changed": self.changed, "reset": self.reset,
+                "deferred": self.deferred,
                 "summary": self.summary(), "before": self.before.to_dict(),
                 "after": self.after.to_dict(), "steps": [s.to_dict() for s in self.steps]}
 
@@ -122,12 +128,26 @@ class MigPlan:
         return tuple(g for g in self.gpus if g.changed)
 
     @property
+    def deferred(self) -> tuple[GpuPlan, ...]:
+        return tuple(g for g in self.gpus if g.deferred)
+
+    def then(self, second: "MigPlan") -> "MigPlan":
+        """This plan with its deferred GPUs completed by ``second`` (planned after the mode
+        change, for those GPUs and any this plan left out): one record of the whole apply."""
+        by_uuid = {g.uuid: g for g in second.gpus}
+        gpus = [replace(g, after=by_uuid[g.uuid].after, config_steps=by_uuid[g.uuid].config_steps,
+                        deferred=False) if g.deferred and g.uuid in by_uuid else g for g in self.gpus]
+        mine = {g.uuid for g in self.gpus}
+        gpus += [g for g in second.gpus if g.uuid not in mine]
+        return replace(self, gpus=tuple(sorted(gpus, key=lambda g: g.index)))
+
+    @property
     def mode_changes(self) -> bool:
         return any(g.mode_steps or g.reset for g in self.gpus)
 
     @property
     def config_changes(self) -> bool:
-        return any(g.config_steps for g in self.gpus)
+        return any(g.config_steps or g.deferred for g in self.gpus)
 
     def to_dict(self) -> dict:
         return {"config": self.config, "mode_only": self.mode_only,

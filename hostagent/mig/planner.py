@@ -2,12 +2,17 @@
 
 Every targeted GPU is resolved and solved before anything is touched, so an unknown
 profile name or a layout that cannot fit fails the whole plan with every problem named,
-and the executor never starts a change it cannot finish. Minimal disruption comes from
+and the executor never starts a change it cannot finish. (One exception: on drivers that
+list MIG profiles only while MIG is enabled, a GPU being enabled is planned in two steps,
+the layout after the mode change; a failure there rolls the mode change back.) Minimal
+disruption comes from
 two places: a GPU whose instances already give the requested devices is left alone, and
 on a changing GPU the solver's cost keeps instances whose profile and placement match.
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 from ..devices.records import Gpu, Inventory
 from ..errors import ConfigError, UsageError
@@ -94,6 +99,11 @@ def _grouped(problems: dict[str, list[Gpu]]) -> list[str]:
     return out
 
 
+# The target of a GPU whose driver lists MIG profiles only while MIG is enabled (R535, as
+# mig.md 1.1 says): enable MIG now, plan the instances after the mode change.
+DEFERRED = Layout(True, True, ())
+
+
 def _target(gpu: Gpu, before: Layout, entry: ConfigEntry, *, mode_only: bool,
             skip_reset: bool) -> Layout:
     want = entry.mig_enabled
@@ -108,7 +118,11 @@ def _target(gpu: Gpu, before: Layout, entry: ConfigEntry, *, mode_only: bool,
         return Layout(False, False, ())
     if mode_only:
         return Layout(True, True, before.gis if before.enabled else ())
+    if not gpu.mig.profiles and any(count for _, count in entry.mig_devices):
+        return DEFERRED                        # planned once MIG is enabled (see plan())
     request, counts = resolve(gpu, entry)
+    if not request:
+        return Layout(True, True, ())           # MIG on, no instances
     live = before.gis if before.enabled else ()
     if before.enabled and all(gi.cis for gi in live) and before.counts() == counts:
         return Layout(True, True, live)        # already gives the requested devices
@@ -136,7 +150,8 @@ def plan(inventory: Inventory, spec: MigSpec, config: str | None = None, *,
                 continue
             before = Layout.of(gpu)
             after = _target(gpu, before, entry, mode_only=mode_only, skip_reset=skip_reset)
-            gpus.append(diff(gpu, before, after, reset_needed=needs_reset(gpu) and not skip_reset))
+            planned = diff(gpu, before, after, reset_needed=needs_reset(gpu) and not skip_reset)
+            gpus.append(replace(planned, deferred=True) if after is DEFERRED else planned)
         except ValueError as e:
             problems.setdefault(str(e), []).append(gpu)
     found = _missing_indices(inventory, entries) + _grouped(problems)

@@ -50,7 +50,7 @@ def recover(host: HostRoot, *, progress: Progress = quiet,
     who = f"the interrupted apply of '{rec.config}' (started {rec.started} by pid {rec.pid})"
     inventory = read_inventory(host)
     actual = {g.uuid: Layout.of(g) for g in inventory.gpus}
-    if rec.status == APPLYING and all(actual.get(u) == a for u, a in rec.after.items()):
+    if rec.status == APPLYING and not rec.replan and all(actual.get(u) == a for u, a in rec.after.items()):
         sync_cap_nodes(host, inventory)
         journal.finish()
         on_layout_changed(host)

@@ -8,7 +8,7 @@ apply holds it they report the state as it is, with a note.
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from ..devices import read_inventory
@@ -90,6 +90,22 @@ def _spec(spec: MigSpec | None, inventory) -> MigSpec:
     return default_spec(inventory)
 
 
+def _first_plan(inventory: Inventory, spec: MigSpec | None, config: str | None, **options) -> MigPlan:
+    """The plan to start from. A bundled config made of profile names (``all-balanced``)
+    is unknown while a GPU lists no MIG profiles (drivers such as R535, with MIG disabled):
+    those GPUs get MIG enabled first and the config is planned after the mode change."""
+    bundled = _spec(spec, inventory)
+    unlisted = {g.uuid for g in inventory.gpus if g.mig is not None and not g.mig.profiles}
+    if spec is not None or config is None or config in bundled.configs or not unlisted \
+            or options.get("mode_only"):
+        return make_plan(inventory, bundled, config, **options)
+    enable = make_plan(inventory, bundled, "all-enabled", **options)
+    deferred = tuple(replace(g, deferred=True) for g in enable.gpus if g.uuid in unlisted)
+    why = (f"GPU {', '.join(str(g.index) for g in deferred)} list no MIG profile while MIG is disabled "
+           f"(this driver), so the bundled config '{config}' is planned once MIG is enabled on them")
+    return replace(enable, config=config, gpus=deferred, warnings=(*enable.warnings, why))
+
+
 def apply(host: HostRoot, spec: MigSpec | None, config: str | None, *, mode_only: bool = False,
           skip_reset: bool = False, force: bool = False, dry_run: bool = False,
           hooks=None, hook_env: dict[str, str] | None = None, progress: Progress = _quiet,
@@ -107,8 +123,8 @@ def apply(host: HostRoot, spec: MigSpec | None, config: str | None, *, mode_only
         if recovered:
             notes.append(recovered)
         inventory = read_inventory(host)
-        result = ApplyResult(make_plan(inventory, _spec(spec, inventory), config,
-                                       mode_only=mode_only, skip_reset=skip_reset), notes=notes)
+        result = ApplyResult(_first_plan(inventory, spec, config, mode_only=mode_only, skip_reset=skip_reset),
+                             notes=notes)
         if refuse is not None:
             refuse(inventory, result.plan)
         if dry_run:
@@ -121,19 +137,29 @@ def apply(host: HostRoot, spec: MigSpec | None, config: str | None, *, mode_only
         with around_apply(hooks, env):
             if result.plan.changed:
                 from .executor import execute
-                result.report = execute(host, inventory, result.plan, skip_reset=skip_reset,
-                                        force=force, progress=progress,
-                                        before_phase=lambda phase: hooks.run(f"pre-apply-{phase}", env),
-                                        on_layout_changed=on_layout_changed)
+                result.report = execute(
+                    host, inventory, result.plan, skip_reset=skip_reset, force=force, progress=progress,
+                    before_phase=lambda phase: hooks.run(f"pre-apply-{phase}", env),
+                    on_layout_changed=on_layout_changed,
+                    replan=lambda now: _replan(now, spec, config, skip_reset, refuse))
+                result.plan = result.report.plan       # with deferred layouts filled in
         return result
+
+
+def _replan(inventory: Inventory, spec: MigSpec | None, config: str | None, skip_reset: bool, refuse) -> MigPlan:
+    """After the mode change, with every profile table listed: the whole config, checked
+    like the first plan."""
+    second = make_plan(inventory, _spec(spec, inventory), config, skip_reset=skip_reset)
+    if refuse is not None:
+        refuse(inventory, second)
+    return second
 
 
 def plan(host: HostRoot, spec: MigSpec | None, config: str | None, *, mode_only: bool = False,
          on_layout_changed: Callable[[HostRoot], None] = _no_hook) -> tuple[MigPlan, list[str]]:
     note = recover_pending(host, on_layout_changed=on_layout_changed)
     inventory = read_inventory(host)
-    return (make_plan(inventory, _spec(spec, inventory), config, mode_only=mode_only),
-            [note] if note else [])
+    return _first_plan(inventory, spec, config, mode_only=mode_only), [note] if note else []
 
 
 def check(host: HostRoot, spec: MigSpec | None, config: str | None, *, mode_only: bool = False,

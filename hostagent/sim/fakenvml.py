@@ -56,6 +56,8 @@ ERROR_STRINGS = {
 
 # Faults a test can make the simulated driver commit, on the calls that change MIG state.
 FAULT_ENV = "HOSTAGENT_SIM_FAULT"
+# Driver branches that list MIG profiles only while MIG mode is enabled.
+NO_PROFILES_WHILE_DISABLED = ("535.",)
 MUTATING = frozenset({
     "nvmlDeviceSetMigMode", "nvmlDeviceCreateGpuInstance", "nvmlDeviceCreateGpuInstanceWithPlacement",
     "nvmlGpuInstanceCreateComputeInstance", "nvmlGpuInstanceCreateComputeInstanceWithPlacement",
@@ -563,8 +565,10 @@ class FakeNvmlLibrary:
     @nvml(P, c_uint, P)
     def nvmlDeviceGetGpuInstanceProfileInfo(self, handle, index, ptr):
         # nvml.h: the unversioned call fails only if the GPU lacks MIG; the V calls also
-        # fail while MIG mode is disabled.
-        _, prof = self._enabled_profile(handle, index=index, need_enabled=False)
+        # fail while MIG mode is disabled. Drivers such as R535 list no profile while MIG
+        # is disabled, the unversioned call included (mig.md 1.1, ErrNoProfilesDiscovered).
+        lists_disabled = not self.facts.driver_version.startswith(NO_PROFILES_WHILE_DISABLED)
+        _, prof = self._enabled_profile(handle, index=index, need_enabled=not lists_disabled)
         self._fill_gi_profile(_struct(ptr, N.c_nvmlGpuInstanceProfileInfo_t), prof, 1)
 
     @nvml(P, c_uint, P)
