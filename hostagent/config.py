@@ -15,11 +15,12 @@ file's identity, and validates again only when the file changed.
 
 from __future__ import annotations
 
-import json
 import os
 from collections import namedtuple
 
 from .errors import ConfigError
+# JSON through the C scanner: `import json` would cost the runtime shim's create ~10 ms.
+from .hooks.jsonmini import loads as _json_loads
 
 __all__ = ["DEFAULT_PATH", "Config", "RuntimeConfig", "HookConfig", "load_config", "load_config_cached",
            "schema", "validate_data"]
@@ -65,12 +66,12 @@ class Config(namedtuple("Config", "data source")):
 
 def schema() -> dict:
     """The whole file's schema: ours plus every feature's sections."""
-    with open(SCHEMA_FILE) as f:
-        out = json.load(f)
+    with open(SCHEMA_FILE, "rb") as f:
+        out = _json_loads(f.read())
     for rel in SECTION_SCHEMAS:
         try:
-            with open(os.path.join(os.path.dirname(__file__), rel)) as f:
-                extra = json.load(f)
+            with open(os.path.join(os.path.dirname(__file__), rel), "rb") as f:
+                extra = _json_loads(f.read())
         except FileNotFoundError:
             continue                     # that feature is not installed
         for name, sub in extra.get("properties", {}).items():
@@ -153,14 +154,15 @@ def load_config_cached(path: str | os.PathLike | None, cache_dir: str | os.PathL
         raise ConfigError(f"cannot read: {e.strerror}", where=path) from None
     cache = os.path.join(os.fspath(cache_dir), "config." + path.replace("/", "_") + ".json")
     try:
-        with open(cache) as f:
-            cached = json.load(f)
+        with open(cache, "rb") as f:
+            cached = _json_loads(f.read())
         if cached.get("stamp") == _stamp(st) and cached.get("source") == path:
             return Config(cached["data"], path)
     except (OSError, ValueError, AttributeError):
         pass
     config = load_config(path)
     try:
+        import json
         from .fileio import ensure_dir, write_atomic
         ensure_dir(cache_dir)
         write_atomic(cache, json.dumps({"source": path, "stamp": _stamp(st), "data": config.data}), mode=0o600)

@@ -13,21 +13,24 @@ GPU requests are read from the first source that has any, as the NVIDIA runtime 
 
 from __future__ import annotations
 
-import re
 from collections import namedtuple
 
 from ..errors import UsageError
 
-__all__ = ["RuntimeCall", "Requests", "parse_call", "gpu_requests", "is_privileged", "MARKER_DIR", "VALUE_OPTIONS",
-           "ENV_NAME"]
+__all__ = ["RuntimeCall", "Requests", "parse_call", "gpu_requests", "is_privileged", "is_qualified", "MARKER_DIR",
+           "VALUE_OPTIONS", "ENV_NAME"]
 
 MARKER_DIR = "/var/run/nvidia-container-devices/"
 ENV_NAME = "NVIDIA_VISIBLE_DEVICES"
 # Global options of runc and crun that take a value (``--opt value``; ``--opt=value`` too).
 VALUE_OPTIONS = {"--root", "--log", "--log-format", "--log-level", "--criu", "--rootless",
                   "--cgroup-manager"}
-_PART = r"[A-Za-z]([A-Za-z0-9_.-]*[A-Za-z0-9])?"
-_QUALIFIED = re.compile(rf"^{_PART}/{_PART}=[A-Za-z0-9]([A-Za-z0-9_.:-]*[A-Za-z0-9])?$")
+# CDI's name rules, checked with sets rather than a regular expression: importing re
+# (and the enum and functools it pulls in) would cost the shim's create ~10 ms.
+_LETTERS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
+_ALNUM = _LETTERS | frozenset("0123456789")
+_KIND_INNER = _ALNUM | frozenset("_.-")
+_DEVICE_INNER = _KIND_INNER | frozenset(":")
 
 
 # Records are namedtuples, not dataclasses: this runs at every GPU container's create, and
@@ -79,8 +82,23 @@ def is_privileged(config: dict) -> bool:
     return "CAP_SYS_ADMIN" in caps
 
 
+def _part_ok(part: str, first: frozenset, inner: frozenset) -> bool:
+    """``first``, then ``inner`` characters, ending in a letter or digit."""
+    return bool(part) and part[0] in first and part[-1] in _ALNUM and all(c in inner for c in part[1:-1])
+
+
+def is_qualified(name: str) -> bool:
+    """``vendor/class=device`` as CDI's parser accepts it: vendor and class start with a
+    letter, the device with a letter or digit; all end with one; '_', '.', '-' (and ':' in
+    the device) between."""
+    kind, _, device = name.partition("=")
+    vendor, _, cls = kind.partition("/")
+    return (_part_ok(vendor, _LETTERS, _KIND_INNER) and _part_ok(cls, _LETTERS, _KIND_INNER)
+            and _part_ok(device, _ALNUM, _DEVICE_INNER))
+
+
 def _qualified(name: str, where: str) -> str:
-    if not _QUALIFIED.match(name):
+    if not is_qualified(name):
         raise UsageError(f"{where}: {name!r} is not a fully qualified CDI device name (vendor/class=name)")
     return name
 

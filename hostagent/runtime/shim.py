@@ -8,13 +8,13 @@ never start Python.
 
     python3 -I -m hostagent.runtime.shim [--runtime PATH] [--config FILE] [--cache-dir DIR] -- ARGS...
 
-Imports stay small: json, os and the CDI modules on the hot path; PyYAML and jsonschema
+Imports stay small: os, the C JSON codec (``ocijson``, not :mod:`json`, whose regular
+expressions cost milliseconds) and the CDI modules on the hot path; PyYAML and jsonschema
 only when the configuration changed since it was last validated.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
@@ -46,12 +46,12 @@ def prepare_bundle(bundle: str, runtime_config, *, log=None) -> tuple:
     from ..cdi.cache import load_cache
     from ..cdi.inject import inject
     from ..errors import ConfigError
+    from .ocijson import dumps, loads
     from .requests import gpu_requests
     path = os.path.join(bundle, "config.json")
     try:
-        with open(path) as f:
-            text = f.read()
-        config = json.loads(text)
+        with open(path, "rb") as f:
+            config = loads(f.read())
     except OSError as e:
         raise ConfigError(f"cannot read the container's config: {e.strerror}", where=path) from None
     except ValueError as e:
@@ -62,7 +62,7 @@ def prepare_bundle(bundle: str, runtime_config, *, log=None) -> tuple:
     cache = load_cache(runtime_config.cdi_spec_dirs)
     new = inject(config, cache, requests.devices, driver_only_kinds=requests.driver_only_kinds)
     from ..fileio import write_atomic
-    write_atomic(path, json.dumps(new, separators=(",", ":")), os.stat(path).st_mode & 0o7777)
+    write_atomic(path, dumps(new), os.stat(path).st_mode & 0o7777)
     if log:
         log(f"{path}: {requests.source}: applied {', '.join(requests.devices) or 'driver files only'}")
     return requests
@@ -85,9 +85,10 @@ def _runtime_log(argv: list[str], message: str) -> None:
         i += 2 if arg in VALUE_OPTIONS else 1
     if not log:
         return
+    from .ocijson import dumps
     stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    line = json.dumps({"level": "error", "msg": message, "time": stamp}) if fmt == "json" \
-        else f"time={stamp!r} level=error msg={json.dumps(message)}"
+    line = dumps({"level": "error", "msg": message, "time": stamp}) if fmt == "json" \
+        else f"time={stamp!r} level=error msg={dumps(message)}"
     try:
         with open(log, "a") as f:
             f.write(line + "\n")

@@ -117,3 +117,19 @@ def test_yaml_output_quotes_every_string_so_yaml_1_1_cannot_retype_it():
     text = render(doc, "yaml")
     assert yaml.safe_load(text) == doc
     assert '"1e3"' in text and '"yes"' in text and "&id" not in text
+
+
+def test_name_rules_match_the_cdi_patterns():
+    """VENDOR_RE/DEVICE_RE (character sets, no re at import) accept exactly what CDI's
+    patterns accept, on every short string over the characters that matter."""
+    import itertools
+    import re
+    from hostagent.cdi.validate import DEVICE_RE, VENDOR_RE
+    vendor = re.compile(r"[A-Za-z]([A-Za-z0-9_.-]*[A-Za-z0-9])?")
+    device = re.compile(r"[A-Za-z0-9]([A-Za-z0-9_.:-]*[A-Za-z0-9])?")
+    for n in range(0, 6):
+        for chars in itertools.product("aZ0_.:-/", repeat=n):
+            name = "".join(chars)
+            assert VENDOR_RE.match(name) == bool(vendor.fullmatch(name)), name
+            assert DEVICE_RE.match(name) == bool(device.fullmatch(name)), name
+    assert not DEVICE_RE.match("0\n")          # a pattern's $ would let this through

@@ -93,3 +93,23 @@ def test_invalid_names_are_refused():
 def test_no_request():
     assert gpu_requests({}, ENV_OK).source == ""
     assert not gpu_requests(oci(), ENV_OK)
+
+
+def test_qualified_names_follow_the_cdi_rule():
+    """is_qualified agrees with CDI's rule written as a regular expression, on every
+    short string over the characters that matter."""
+    import itertools
+    import re
+    from hostagent.runtime.requests import is_qualified
+    part = r"[A-Za-z]([A-Za-z0-9_.-]*[A-Za-z0-9])?"
+    rule = re.compile(rf"^{part}/{part}=[A-Za-z0-9]([A-Za-z0-9_.:-]*[A-Za-z0-9])?$")
+    alphabet = "a0_.:-/="
+    for n in range(1, 7):
+        for chars in itertools.product(alphabet, repeat=n):
+            name = "".join(chars)
+            assert is_qualified(name) == bool(rule.match(name)), name
+    for name in ("nvidia.com/gpu=0", "nvidia.com/gpu=GPU-4f3a", "nvidia.com/gpu=1:0", "vendor.example/gpu=all"):
+        assert is_qualified(name)
+    for name in ("nvidia.com/gpu", "gpu0", "nvidia.com/gpu=", "nvidia.com/gpu=0=1", "nvidia.com/g/pu=0",
+                 "nvidia.com/gpu=0\n", "nvidia.com/gpu=é"):
+        assert not is_qualified(name)
