@@ -72,6 +72,9 @@ class SimGpu:
     # False: nvmlDeviceRegisterEvents answers NOT_SUPPORTED, as the device plugin met on
     # older boards (its v0.19.0 "Fix healthchecking on old devices").
     events_supported: bool = True
+    # A GPU passed through to a VM that cannot reset it: a MIG mode change that needs a
+    # reset answers activation status RESET_REQUIRED and waits for a reboot (mig.md 1.5, 4).
+    passthrough: bool = False
 
     def gi(self, gi_id: int) -> GpuInstance | None:
         return next((g for g in self.gis if g.id == gi_id), None)
@@ -184,7 +187,7 @@ class NodeState:
             # Ampere: the driver tries to reset the GPU itself, which fails while driver
             # clients (persistenced, nvidia_drm, monitoring) hold it, as on typical nodes:
             # the mode waits in InfoROM for a GPU reset or a reboot.
-            return N.NVML_ERROR_IN_USE
+            return N.NVML_ERROR_RESET_REQUIRED if gpu.passthrough else N.NVML_ERROR_IN_USE
         if busy:
             return N.NVML_ERROR_IN_USE
         gpu.mig_current = mode

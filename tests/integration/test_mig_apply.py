@@ -172,6 +172,27 @@ def test_skip_reset_leaves_ampere_pending_until_reboot(make_node):
     service.check(host, None, "all-enabled", mode_only=True)
 
 
+def test_reset_required_mode_changes_wait_for_a_reboot(make_node):
+    # VM passthrough: the driver cannot reset the GPU, so the activation status says a
+    # reboot is needed; the apply rolls back, and --mode-only --skip-reset leaves the mode
+    # pending for the reboot the hint asks for.
+    host, store = make_node("dgx-a100")
+    with store.mutate() as s:
+        s.gpus[3].passthrough = True
+    before = layouts(host)
+    with pytest.raises(StateError) as e:
+        service.apply(host, None, "all-balanced")
+    msg = e.value.message
+    assert "GPU 3: the MIG mode change needs a reboot (activation status RESET_REQUIRED" in msg
+    assert "apply with --mode-only --skip-reset, reboot, then apply again" in msg and "rolled back" in msg
+    assert layouts(host) == before
+    service.apply(host, None, "all-balanced", mode_only=True, skip_reset=True)
+    assert (layouts(host)[3].enabled, layouts(host)[3].pending) == (False, True)
+    control.reboot(store)
+    service.apply(host, None, "all-balanced")
+    assert all(l.counts() == {"1g.5gb": 2, "2g.10gb": 1, "3g.20gb": 1} for l in layouts(host).values())
+
+
 def test_in_use_instances_are_not_destroyed_without_force(make_node):
     host, store = make_node("hgx-h100")
     service.apply(host, None, "all-3g.40gb")

@@ -61,6 +61,51 @@ mig-configs:
 """)
 
 
+# A30 (4 slices, Ampere): compute instances sharing a kept GPU instance change, and a
+# second GPU's mode change needs a reset.
+A30 = parse_spec("""
+version: v1
+mig-configs:
+  old:
+    - devices: [0]
+      mig-enabled: true
+      mig-devices: {"1g.6gb": 2, "2g.12gb": 1}
+    - devices: [1]
+      mig-enabled: false
+  new:
+    - devices: [0]
+      mig-enabled: true
+      mig-devices: {"1c.2g.12gb": 2, "2g.12gb": 1}
+    - devices: [1]
+      mig-enabled: true
+      mig-devices: {"4g.24gb": 1}
+""")
+
+# H200 (Hopper, 141 GB names): as HOPPER.
+H200 = parse_spec("""
+version: v1
+mig-configs:
+  old:
+    - devices: [0]
+      mig-enabled: true
+      mig-devices: {"1g.18gb": 2, "2g.35gb": 1, "3g.71gb": 1}
+    - devices: [2]
+      mig-enabled: true
+      mig-devices: {"7g.141gb": 1}
+  new:
+    - devices: [0]
+      mig-enabled: true
+      mig-devices: {"1g.18gb": 2, "2g.35gb": 1, "1c.3g.71gb": 2}
+    - devices: [1]
+      mig-enabled: true
+      mig-devices: {"3g.71gb": 1, "1g.35gb": 2}
+    - devices: [2]
+      mig-enabled: false
+""")
+
+CASES = [("hgx-h100", HOPPER), ("dgx-a100", AMPERE), ("a30x4", A30), ("hgx-h200", H200)]
+
+
 def snapshot(host) -> dict[int, Layout]:
     return {g.index: Layout.of(g) for g in read_inventory(host).gpus}
 
@@ -80,10 +125,10 @@ def consistent(host):
     assert cap_minors(host) == expected_minors(host)
 
 
-@pytest.mark.parametrize("profile, spec", [("hgx-h100", HOPPER), ("dgx-a100", AMPERE)])
+@pytest.mark.parametrize("profile, spec", CASES)
 def test_nvml_error_at_every_step_rolls_back_to_the_old_layout(make_node, profile, spec):
     host, old, new, steps = setup(make_node, profile, spec)
-    assert steps >= (11 if spec is HOPPER else 5)
+    assert steps >= (5 if spec is AMPERE else 8)
     for n in range(steps):
         N.nvmlLib.inject("error", after=n, code=N.NVML_ERROR_UNKNOWN)
         with pytest.raises(MigApplyError) as e:
@@ -119,7 +164,7 @@ def crash_at(host, spec, action: str, n: int) -> bool:
     return True
 
 
-@pytest.mark.parametrize("profile, spec", [("hgx-h100", HOPPER), ("dgx-a100", AMPERE)])
+@pytest.mark.parametrize("profile, spec", CASES)
 @pytest.mark.parametrize("action", ["kill-before", "kill-after"])
 def test_crash_at_every_step_is_recovered_by_the_next_command(make_node, profile, spec, action):
     host, old, new, steps = setup(make_node, profile, spec)

@@ -11,10 +11,12 @@ from hostagent.mig.layout import Layout
 from hostagent.mig.planner import PlanError
 from hostagent.mig.spec import ConfigEntry, MigSpec
 
+from ..unit.mig_records import A30, A100, A100_80, H100, H200
 from ..unit.test_mig_planner_properties import OPS, build, oracle_fits, record
 from .test_mig_apply import CALLS, cap_minors, expected_minors
 
-NODES = {"hgx-h100": "H100-SXM5-80GB", "a30x4": "A30-24GB"}
+# GPU 0 of each simulated MIG node (the mixed node's is an A100-80GB beside a T4).
+NODES = {"dgx-a100": A100, "hgx-h100": H100, "hgx-h200": H200, "a30x4": A30, "mixed": A100_80}
 _nodes: dict = {}
 
 
@@ -28,7 +30,8 @@ def on_gpu0(counts) -> MigSpec:
     return MigSpec({"t": (ConfigEntry((0,), True, tuple(counts.items())),)})
 
 
-SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+# About ten examples per node; each starts from the layout the previous one left.
+SETTINGS = settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 
 @SETTINGS

@@ -21,9 +21,9 @@ from hostagent.mig.spec import ConfigEntry, MigSpec
 from hostagent.sim import catalog
 from hostagent.sim.node import MIG_ENABLE, NodeFacts, NodeState, SimGpu, SimNvmlError
 
-from .mig_records import A30, A100, H100, gpu, inventory
+from .mig_records import A30, A100, A100_80, H100, H200, gpu, inventory
 
-SKUS = (A100, A30, H100)
+SKUS = (A100, A100_80, A30, H100, H200)
 
 
 def model(sku: str) -> tuple[NodeFacts, NodeState]:
