@@ -18,6 +18,7 @@ from ..devices.records import Gpu, Inventory, MigDevice
 from ..errors import NotFoundError, StateError, UsageError
 from ..mig.layout import GiLayout, Layout
 from ..mig.plan import DESTROY_CI, SET_MODE, MigPlan, diff
+from ..mig.quirks import mig_profiles
 from ..mig.solver import Geometry, Infeasible, solve
 
 __all__ = ["Placed", "place_instance", "remove_instance", "affected_devices", "refuse_allocated",
@@ -63,7 +64,7 @@ def _one_more(gpu: Gpu, profile_name: str) -> tuple[Layout, GiLayout] | None:
         request.setdefault(gi.profile_id, []).extend(c.slices for c in gi.cis)
     request.setdefault(profile.id, []).append(profile.slices)
     try:
-        gis = solve(Geometry.of(gpu.mig.profiles), request, before.gis)
+        gis = solve(Geometry.of(mig_profiles(gpu)), request, before.gis)
     except Infeasible:
         return None
     if not set(before.gis) <= set(gis):

@@ -16,6 +16,7 @@ SKU, so a profile name is only ever applied to GPUs that have it.
 from __future__ import annotations
 
 from ..devices.records import Gpu, Inventory
+from .quirks import mig_profiles
 from .solver import Geometry, Infeasible, solve
 from .spec import ConfigEntry, DeviceFilter, MigSpec
 
@@ -25,15 +26,16 @@ _BALANCED = {7: {1: 2, 2: 1, 3: 1}, 4: {1: 2, 2: 1}}
 
 
 def balanced_layout(gpu: Gpu) -> dict[str, int] | None:
-    if not gpu.mig.profiles:        # listed only while MIG is enabled on this driver
+    profiles = mig_profiles(gpu)
+    if not profiles:                 # listed only while MIG is enabled on this driver
         return None
-    geo = Geometry.of(gpu.mig.profiles)
+    geo = Geometry.of(profiles)
     shape = _BALANCED.get(geo.compute_slices)
     if shape is None:
         return None
     chosen = {}
     for g, count in shape.items():
-        plain = [p for p in gpu.mig.profiles if p.slices == g and not any(c in p.name for c in "+-")]
+        plain = [p for p in profiles if p.slices == g and not any(c in p.name for c in "+-")]
         if not plain:
             return None
         best = max(plain, key=lambda p: (p.instances, -p.memory_mib))
@@ -78,7 +80,7 @@ def default_spec(inventory: Inventory) -> MigSpec:
         names += [p.name for p in gpu.mig.profiles if p.name not in names]
     for name in names:
         def one(gpu, name=name):
-            prof = gpu.mig.profile(name)
+            prof = next((p for p in mig_profiles(gpu) if p.name == name), None)
             return (True, {name: prof.instances}) if prof else None
         configs[_config_name(name)] = entries(one)
     balanced = entries(lambda gpu: (True, b) if (b := balanced_layout(gpu)) else None)

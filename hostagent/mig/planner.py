@@ -19,6 +19,7 @@ from ..errors import ConfigError, UsageError
 from .layout import Layout
 from .plan import MigPlan, diff
 from .profiles import ci_shapes, parse_profile
+from .quirks import mig_profiles
 from .solver import Geometry, solve
 from .spec import ConfigEntry, MigSpec
 
@@ -126,7 +127,7 @@ def _target(gpu: Gpu, before: Layout, entry: ConfigEntry, *, mode_only: bool,
     live = before.gis if before.enabled else ()
     if before.enabled and all(gi.cis for gi in live) and before.counts() == counts:
         return Layout(True, True, live)        # already gives the requested devices
-    return Layout(True, True, solve(Geometry.of(gpu.mig.profiles), request, live))
+    return Layout(True, True, solve(Geometry.of(mig_profiles(gpu)), request, live))
 
 
 def plan(inventory: Inventory, spec: MigSpec, config: str | None = None, *,

@@ -38,3 +38,21 @@ def test_mixed_node_gets_one_filtered_entry_per_sku_that_has_the_profile():
 
 def test_node_without_mig_gets_only_all_disabled():
     assert list(default_spec(inventory(gpu(0, T4), gpu(1, T4))).configs) == ["all-disabled"]
+
+
+def test_a30_instance_counts_come_from_the_guide_not_from_nvml():
+    # NVML reports wrong instanceCount values on A30 (mig.md 1.1); whatever it says, the
+    # bundled config and the planner's limits use the true maxima (mig.md 3.4).
+    from dataclasses import replace
+    from hostagent.mig.planner import plan
+    from hostagent.mig.spec import ConfigEntry, MigSpec
+    from .mig_records import profiles
+    wrong = tuple(replace(p, instances={"1g.6gb": 7, "2g.12gb": 1}.get(p.name, 3)) for p in profiles(A30))
+    a30 = gpu(0, A30, enabled=True, table=wrong)
+    spec = default_spec(inventory(a30))
+    assert {n: dict(e[0].mig_devices) for n, e in spec.configs.items() if n.startswith("all-") and
+            e[0].mig_devices} == {"all-1g.6gb": {"1g.6gb": 4}, "all-1g.6gb.me": {"1g.6gb+me": 1},
+                                  "all-2g.12gb": {"2g.12gb": 2}, "all-4g.24gb": {"4g.24gb": 1},
+                                  "all-balanced": {"1g.6gb": 2, "2g.12gb": 1}}
+    two = plan(inventory(a30), MigSpec({"c": (ConfigEntry("all", True, (("2g.12gb", 2),)),)}))
+    assert two.gpus[0].after.counts() == {"2g.12gb": 2}          # NVML's 1 would refuse it
