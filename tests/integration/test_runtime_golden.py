@@ -62,6 +62,8 @@ CASES = {
                      ["--set-as-default"]),
     "crio-no-main-cdi-dirs": ("crio", {}, ["--cdi"]),
     "crio-nvidia-default": ("crio", {CRIO: "crio-nvidia.conf"}, []),
+    # Without --drop-in, the drop-in folder is the one beside --config.
+    "crio-custom-config": ("crio", {"/etc/crio/node/crio.conf": "crio.conf"}, ["--config", "/etc/crio/node/crio.conf"]),
     # The toolkit's drop-in sets its default after ours: fine while ours is not asked to be.
     "crio-nvidia-drop-in-after": ("crio", {CRIO: "crio.conf", "/etc/crio/crio.conf.d/99-nvidia.toml": "crio-99-nvidia.toml"},
                                   []),
