@@ -28,11 +28,12 @@ def checkpoint_guard(host, force: bool):
     """For an apply acting directly (no daemon): refuse, as the daemon does, to take away
     devices its allocations checkpoint records; with --force, go on and say what the
     daemon will drop at its next start. The checkpoint is only read."""
-    from ..daemon import checkpoint
-    from ..daemon.migops import refuse_allocated
-    from ..errors import ConflictError, StateError
-
     def refuse(inventory, plan) -> None:
+        if not plan.changed:
+            return                   # a no-op apply (every boot, usually) reads nothing more
+        from ..daemon import checkpoint
+        from ..daemon.migops import refuse_allocated
+        from ..errors import ConflictError, StateError
         where = str(checkpoint.path(host))
         try:
             allocations = checkpoint.read(host)
