@@ -94,16 +94,16 @@ def _first_plan(inventory: Inventory, spec: MigSpec | None, config: str | None, 
     """The plan to start from. A bundled config made of profile names (``all-balanced``)
     is unknown while a GPU lists no MIG profiles (drivers such as R535, with MIG disabled):
     those GPUs get MIG enabled first and the config is planned after the mode change."""
-    bundled = _spec(spec, inventory)
+    chosen = _spec(spec, inventory)
     unlisted = {g.uuid for g in inventory.gpus if g.mig is not None and not g.mig.profiles}
-    if spec is not None or config is None or config in bundled.configs or not unlisted \
-            or options.get("mode_only"):
-        return make_plan(inventory, bundled, config, **options)
-    enable = make_plan(inventory, bundled, "all-enabled", **options)
-    deferred = tuple(replace(g, deferred=True) for g in enable.gpus if g.uuid in unlisted)
-    why = (f"GPU {', '.join(str(g.index) for g in deferred)} list no MIG profile while MIG is disabled "
+    if spec is not None or config is None or config in chosen.configs or not unlisted:
+        return make_plan(inventory, chosen, config, **options)
+    enable = make_plan(inventory, chosen, "all-enabled", **options)
+    mode_only = options.get("mode_only", False)
+    gpus = tuple(g if mode_only else replace(g, deferred=True) for g in enable.gpus if g.uuid in unlisted)
+    why = (f"GPU {', '.join(str(g.index) for g in gpus)} list no MIG profile while MIG is disabled "
            f"(this driver), so the bundled config '{config}' is planned once MIG is enabled on them")
-    return replace(enable, config=config, gpus=deferred, warnings=(*enable.warnings, why))
+    return replace(enable, config=config, gpus=gpus, warnings=(*enable.warnings, why))
 
 
 def apply(host: HostRoot, spec: MigSpec | None, config: str | None, *, mode_only: bool = False,

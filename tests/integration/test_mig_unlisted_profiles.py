@@ -68,6 +68,8 @@ def test_a_bundled_config_made_of_profile_names_applies_too(make_node):
     host, _ = r535(make_node, "dgx-a100")            # Ampere: the mode change needs a reset
     planned, _ = service.plan(host, None, "all-balanced")
     assert all(g.deferred for g in planned.gpus) and "planned once MIG is enabled" in planned.warnings[-1]
+    mode_only, _ = service.plan(host, None, "all-balanced", mode_only=True)
+    assert all(g.after.pending and not g.deferred for g in mode_only.gpus) and len(mode_only.gpus) == 8
     result = service.apply(host, None, "all-balanced")
     assert result.report.run.resets == list(range(8))
     assert all(l.counts() == {"1g.5gb": 2, "2g.10gb": 1, "3g.20gb": 1} for l in layouts(host).values())
