@@ -4,6 +4,7 @@ minimal disruption, and an all-or-nothing executor with checkpoint, journal and 
     spec       v1 config files (mig-parted's format), validated while parsing
     defaults   the bundled default config, generated from the GPUs present
     profiles   profile-name grammar and compute-instance shapes
+    quirks     corrections for what NVML reports wrongly (A30 instance counts)
     layout     exact layouts (mode, placements): checkpoint, target and recovery records
     solver     exact placement search for one GPU
     planner    (inventory, spec, config) -> MigPlan, and restore plans
