@@ -250,7 +250,8 @@ class Agent:
             view.setdefault("revision", old.get(uuid, {}).get("revision", self.events.revision))
         node = self._node_view()
         if node != self.snapshot.node:
-            self.events.publish("node_changed", {"node": node})
+            # As GET /v1/node shows it: with its revision (the event's).
+            self.events.publish("node_changed", lambda r: {"node": {"revision": r, **node}})
         unreadable = [{"index": u.index, "error": u.error, "nvml_code": u.nvml_code}
                       for u in (self.inventory.unreadable if self.inventory else ())]
         if self._profiles[0] is not self.inventory:

@@ -344,6 +344,7 @@ def test_successes_of_the_mutations_match_their_schemas(agent):
     with agent.client() as c:
         for a in c.allocations():
             c.release(a["id"])
+        start = c.node()["revision"]
     post("planMig", "/v1/mig/plan", {"config": "all-balanced"}, 200)
     post("applyMig", "/v1/mig/apply", {"config": "all-balanced", "dry_run": True}, 200)
     post("applyMig", "/v1/mig/apply", {"config": "all-balanced"}, 200)
@@ -354,4 +355,17 @@ def test_successes_of_the_mutations_match_their_schemas(agent):
     exchange(agent, "getAllocation", "GET", "/v1/allocations/fz-ok")
     exchange(agent, "deleteAllocation", "DELETE", "/v1/allocations/fz-ok")
     post("clearHealth", "/v1/health/clear", {"all": True}, 200)
-    post("refreshInventory", "/v1/inventory/refresh", None, 200)
+    end = post("refreshInventory", "/v1/inventory/refresh", None, 200)["revision"]
+
+    # Every event those made, as the watch schema documents it.
+    event = _validator(documented("watch")["200"]["content"]["application/x-ndjson"]["schema"])
+    types = set()
+    with agent.client() as c:
+        for e in c.watch(since=start):
+            errors = list(event.iter_errors(e))
+            assert not errors, f"{e['type']}: {errors[0].message[:300]} at {list(errors[0].absolute_path)}"
+            types.add(e["type"])
+            if e["revision"] >= end:
+                break
+    assert {"allocation_created", "allocation_deleted", "device_added", "device_removed",
+            "node_changed"} <= types, types
