@@ -32,30 +32,30 @@ def _holder(fd: int) -> str:
     return os.pread(fd, 256, 0).decode(errors="replace").strip() or "another process"
 
 
-def _acquire(fd: int, path, purpose: str, timeout: float | None, on_wait) -> None:
+def _try(fd: int) -> bool:
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        return
+        return True
     except OSError as e:
         if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
             raise
+        return False
+
+
+def _acquire(fd: int, path, purpose: str, timeout: float | None, on_wait) -> None:
+    if _try(fd):
+        return
     if on_wait is not None:
         on_wait(_holder(fd))
     if timeout is None:
         fcntl.flock(fd, fcntl.LOCK_EX)      # as long as it takes; a signal still interrupts it
         return
     deadline = time.monotonic() + timeout
-    while True:
-        time.sleep(0.05)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return
-        except OSError as e:
-            if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
-                raise
+    while not _try(fd):
         if time.monotonic() >= deadline:
             raise StateError(f"the node is locked by {_holder(fd)} (waited {timeout:g} s)", where=str(path),
                              hint=f"wait for it to finish, then retry ({purpose})")
+        time.sleep(0.05)
 
 
 @contextlib.contextmanager
