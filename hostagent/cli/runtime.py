@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 
 from .common import host_from_args
@@ -46,6 +47,8 @@ def register(sub) -> None:
     v.add_argument("--dry-run", action="store_true", help="print the diff, write nothing")
     v.add_argument("--agent-config", metavar="FILE",
                    help="the hostagent config the shim reads (default: /etc/hostagent/config.yaml)")
+    v.add_argument("--cache-dir", metavar="DIR",
+                   help="where the shim keeps its validated copy of that config (default: /run/hostagent)")
     v.set_defaults(run=install_shim)
 
 
@@ -134,8 +137,13 @@ def install_shim(args) -> int:
     config = _agent_config(host, args)
     path = args.path or DEFAULT_SHIM_PATH
     agent_config = args.agent_config or str(host.host(DEFAULT_PATH))
+    cache_dir = args.cache_dir or str(host.run_dir)
+    if not os.path.isabs(cache_dir):
+        from ..errors import UsageError
+        raise UsageError(f"--cache-dir must be an absolute path, not {cache_dir!r}",
+                         hint="engines run the shim from a working directory of their own")
     text = render_front(front_settings(config.runtime, runtime=args.low_level_runtime,
-                                       config=agent_config, cache_dir=str(host.run_dir)))
+                                       config=agent_config, cache_dir=cache_dir))
     current = read_one(host, path)
     if args.dry_run:
         sys.stdout.write(diff([Change(current, text)]) if current.text != text else "no changes\n")

@@ -178,3 +178,28 @@ def test_python_part_without_front(shim):
                            "--", "create", "--bundle", str(b), "c1"], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     assert json.loads((b / "config.json").read_text())["linux"]["devices"]
+
+
+def test_config_cache_goes_to_the_run_dir_or_to_cache_dir(shim, capsys):
+    """The Python part keeps its validated config in the node's /run/hostagent, or in
+    --cache-dir; a relative --cache-dir is refused (engines run the front elsewhere)."""
+    front, tmp_path = shim
+    run_dir = tmp_path / "root/run/hostagent"
+    b = bundle(tmp_path, annotations={"cdi.k8s.io/gpu": "example.com/gpu=0"})
+    assert run(front, "create", "--bundle", str(b), "c1").returncode == 0
+    cached = "config." + str(tmp_path / "config.yaml").replace("/", "_") + ".json"
+    assert [p.name for p in run_dir.glob("config.*.json")] == [cached]
+
+    cache = tmp_path / "cache"
+    args = ["--simulate", str(tmp_path / "root"), "runtime", "install-shim", "--path", "/usr/sbin/other",
+            "--low-level-runtime", str(tmp_path / "bin/runc"), "--agent-config", str(tmp_path / "config.yaml")]
+    assert main([*args, "--cache-dir", "cache"]) == 2
+    assert capsys.readouterr().err.startswith("hostagent: error: --cache-dir must be an absolute path, not 'cache'")
+    assert not (tmp_path / "root/usr/sbin/other").exists()
+    assert main([*args, "--cache-dir", str(cache)]) == 0
+    for p in run_dir.glob("config.*.json"):
+        p.unlink()
+    b = bundle(tmp_path, annotations={"cdi.k8s.io/gpu": "example.com/gpu=0"})
+    assert run(tmp_path / "root/usr/sbin/other", "create", "--bundle", str(b), "c1").returncode == 0
+    assert json.loads((b / "config.json").read_text())["linux"]["devices"]
+    assert [p.name for p in cache.glob("config.*.json")] == [cached] and not list(run_dir.glob("config.*.json"))
