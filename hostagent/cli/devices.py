@@ -1,7 +1,14 @@
 """``hostagent devices``: the node's GPUs and MIG devices, with their health when the
-daemon runs (its API carries the health monitor's view; without it health is ``unknown``)."""
+daemon runs (its API carries the health monitor's view; without it health is ``unknown``).
+
+A lost GPU reads here as an unreadable one and, once the daemon has re-read the inventory,
+is missing from its device list too; its health record stays in ``GET /v1/health`` under
+its UUID, marked ``lost``, and is shown from there: a row of the GPU table saying ``lost``,
+and ``uuid``, ``lost`` and ``health`` on its ``unreadable`` entry in JSON/YAML."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass, field
 
 from .common import daemon_client, host_from_args
 from .output import add_output_flag, emit, table
@@ -31,33 +38,68 @@ def run(args) -> int:
                          "unreadable": inv.unreadable})
         data["gpus"] = [_document(gpu, profiles=args.profiles) for gpu in data["gpus"]]
         for gpu in data["gpus"]:
-            gpu["health"] = health.get(gpu["uuid"], UNKNOWN)
+            gpu["health"] = health.get(gpu["uuid"])
             for dev in (gpu["mig"] or {}).get("devices", ()):
-                dev["health"] = health.get(dev["uuid"], UNKNOWN)
+                dev["health"] = health.get(dev["uuid"])
         for bad in data["unreadable"]:
-            bad["health"] = health.get(f"gpu:{bad['index']}", UNKNOWN)
+            key = health.lost.get(bad["index"])
+            bad["uuid"] = _uuid(key)
+            bad["lost"] = key is not None
+            bad["health"] = health.get(key or f"gpu:{bad['index']}")
         emit(data, args.output, None)
         return 0
     print(render(inv, profiles=args.profiles, health=health))
     return 0
 
 
-def device_health(host) -> dict[str, dict]:
-    """UUID -> the API's health record, from the daemon; {} when none answers. GPUs also
-    under ``gpu:<index>``: one unreadable here (lost) is still known to the daemon."""
+@dataclass
+class DaemonHealth:
+    """What the daemon knows of the devices' health, as its devices carry it ({state,
+    reason, message, since}) by UUID (GPUs also by ``gpu:<index>``); and the GPUs its health
+    monitor holds as lost: index -> the key of their record (the UUID; ``gpu:<index>`` for
+    a GPU lost before the daemon ever read it)."""
+    by_key: dict[str, dict] = field(default_factory=dict)
+    lost: dict[int, str] = field(default_factory=dict)
+
+    def get(self, key: str) -> dict:
+        return self.by_key.get(key, UNKNOWN)
+
+
+def device_health(host) -> DaemonHealth:
+    """Health from the daemon (``GET /v1/devices``, and ``GET /v1/health`` for devices the
+    daemon no longer lists); empty when none answers."""
     client = daemon_client(host, timeout=5.0)
     if client is None:
-        return {}
+        return DaemonHealth()
     from ..client import DaemonNotRunning
     from ..errors import PermissionDenied, UnavailableError
     try:
         with client:
             data = client.devices()
+            records = client.health()
     except (DaemonNotRunning, PermissionDenied, UnavailableError):
-        return {}             # health unknown; the inventory below is still the node's
-    out = {d["uuid"]: d["health"] for d in (*data["gpus"], *data["mig_devices"])}
-    out.update({f"gpu:{g['index']}": g["health"] for g in data["gpus"]})
+        return DaemonHealth()  # health unknown; the inventory below is still the node's
+    out = DaemonHealth()
+    from ..health.statefile import state_from_dict
+    for dev in state_from_dict(records).devices.values():
+        # The API's summary of a record, as the daemon puts it on its devices.
+        out.by_key[dev.key] = _api_health(dev)
+        if dev.lost and not dev.is_mig:
+            out.lost[dev.gpu] = dev.key
+    # The devices' own health wins: it is the daemon's view, "unmonitored" included.
+    out.by_key.update({d["uuid"]: d["health"] for d in (*data["gpus"], *data["mig_devices"])})
+    out.by_key.update({f"gpu:{g['index']}": g["health"] for g in data["gpus"]})
     return out
+
+
+def _uuid(key: str | None) -> str | None:
+    return None if key is None or key.startswith("gpu:") else key
+
+
+def _api_health(dev) -> dict:
+    from ..health.view import describe
+    reason, message = describe(dev)
+    return {"state": dev.state, "reason": reason, "message": message, "since": round(dev.changed_at, 3)}
 
 
 def _document(gpu: dict, *, profiles: bool) -> dict:
@@ -89,18 +131,30 @@ def _mig_mode(gpu) -> str:
     return mode
 
 
-def _state(health: dict, uuid: str) -> str:
-    return health.get(uuid, UNKNOWN)["state"]
+def _state(health: DaemonHealth, uuid: str) -> str:
+    return health.get(uuid)["state"]
 
 
-def render(inv, *, profiles: bool = False, health: dict | None = None) -> str:
-    health = health or {}
-    rows = [[g.index, g.minor, g.uuid, g.name, f"{g.memory_mib} MiB", g.pci_bus_id,
-             g.compute_capability, g.architecture, _mig_mode(g), _state(health, g.uuid)] for g in inv.gpus]
-    out = [table(["GPU", "MINOR", "UUID", "PRODUCT", "MEMORY", "PCI BUS ID", "CC", "ARCH", "MIG", "HEALTH"],
-                 rows)]
+def _gpu_rows(inv, health: DaemonHealth) -> list[list]:
+    """The GPU table's rows by index: each GPU read, and each unreadable one the daemon holds
+    as lost (it knows its UUID and health; NVML here knows nothing more of it)."""
+    rows = {g.index: [g.index, g.minor, g.uuid, g.name, f"{g.memory_mib} MiB", g.pci_bus_id,
+                      g.compute_capability, g.architecture, _mig_mode(g), _state(health, g.uuid)]
+            for g in inv.gpus}
     for bad in inv.unreadable:
-        known = health.get(f"gpu:{bad.index}")
+        key = health.lost.get(bad.index)
+        if key is not None:
+            rows[bad.index] = [bad.index, "-", _uuid(key) or "-", "lost", "-", "-", "-", "-", "-",
+                               _state(health, key)]
+    return [rows[i] for i in sorted(rows)]
+
+
+def render(inv, *, profiles: bool = False, health: DaemonHealth | None = None) -> str:
+    health = health or DaemonHealth()
+    out = [table(["GPU", "MINOR", "UUID", "PRODUCT", "MEMORY", "PCI BUS ID", "CC", "ARCH", "MIG", "HEALTH"],
+                 _gpu_rows(inv, health))]
+    for bad in inv.unreadable:
+        known = health.by_key.get(health.lost.get(bad.index) or f"gpu:{bad.index}")
         out.append(f"GPU {bad.index}: unreadable: {bad.error}" + (f"; health: {known['state']}" if known else ""))
     migs = inv.mig_devices
     if migs:

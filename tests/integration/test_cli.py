@@ -107,6 +107,45 @@ def test_sim_verbs_drive_the_node(node):
     assert failed.returncode == 1 and "kernel driver is not loaded" in failed.stderr
 
 
+def test_devices_show_a_lost_gpu_the_daemon_no_longer_lists():
+    """A lost GPU leaves the daemon's device list at its next inventory read; its health
+    record stays (GET /v1/health, by UUID, ``lost``) and ``hostagent devices`` shows it."""
+    import time
+    from .agentd import AgentProcess, make_root
+    agent = AgentProcess(make_root("t4x2"), {"daemon": {"resync_interval": 0},
+                                             "health": {"wait_timeout_ms": 200}})
+    try:
+        agent.start()
+        with agent.client() as c:
+            uuid = c.device("1")["uuid"]
+            hostagent("sim", "lose", "--gpu", "1", "--root", agent.root)
+            deadline = time.monotonic() + 30
+            while not any(d["key"] == uuid and d["lost"] for d in c.health()["devices"]):
+                assert time.monotonic() < deadline, c.health()
+                time.sleep(0.1)
+            c.refresh()
+            assert [g["index"] for g in c.devices()["gpus"]] == [0]       # gone from the list
+        env = {"HOSTAGENT_SIMULATE": str(agent.root)}
+        out = hostagent("devices", env=env).stdout
+        rows = [line.split() for line in out.splitlines()[1:3]]
+        assert rows[0][:2] == ["0", "0"] and rows[0][-1] == "healthy"
+        assert rows[1] == ["1", "-", uuid, "lost", "-", "-", "-", "-", "-", "unhealthy"]
+        assert "GPU 1: unreadable: GPU is lost; health: unhealthy" in out
+        data = json.loads(hostagent("devices", "-o", "json", env=env).stdout)
+        assert [g["index"] for g in data["gpus"]] == [0]
+        (lost,) = data["unreadable"]
+        assert (lost["index"], lost["uuid"], lost["lost"]) == (1, uuid, True)
+        assert (lost["health"]["state"], lost["health"]["reason"]) == ("unhealthy", "gpu_lost")
+        assert lost["health"]["message"].endswith("; until cleared")
+        assert yaml.safe_load(hostagent("devices", "-o", "yaml", env=env).stdout) == data
+        hostagent("health", "clear", "1", env=env)      # healthy, unmonitored: still lost
+        data = json.loads(hostagent("devices", "-o", "json", env=env).stdout)
+        assert data["unreadable"][0]["lost"] and data["unreadable"][0]["health"]["state"] == "unmonitored"
+    finally:
+        agent.stop()
+        agent.cleanup()
+
+
 def test_demo_runs_on_a_temporary_node():
     out = hostagent("sim", "demo").stdout
     assert out.count("NVIDIA A100-SXM4-40GB") == 8 and "driver 550.90.07" in out
