@@ -1,10 +1,16 @@
 import os
+from pathlib import Path
 
 import pynvml
 import pytest
 
 from hostagent.hostroot import HostRoot
 from hostagent.sim.driverroot import create_node
+
+from . import host_state
+
+_HOST_BEFORE = pytest.StashKey[dict]()
+_HOST_CHANGES = pytest.StashKey[list]()
 
 
 @pytest.fixture
@@ -30,6 +36,37 @@ def _simulated_nvml_is_complete(request):
     if "allow_missing_nvml" not in request.keywords:
         assert not missing, f"simulated NVML lacks functions: {missing}"
     assert not crashes, "simulated NVML crashed:\n" + "\n".join(crashes)
+
+
+@pytest.fixture
+def private_run_dir(monkeypatch, tmp_path_factory):
+    """For commands given real paths (no --simulate), which take the node lock in the
+    host's /run/hostagent: in this process, the real root's run folder is a temporary one."""
+    run = tmp_path_factory.mktemp("run")
+    real = HostRoot.run_dir.fget
+    monkeypatch.setattr(HostRoot, "run_dir",
+                        property(lambda host: run if host.root == Path("/") else real(host)))
+    return run
+
+
+def pytest_sessionstart(session):
+    session.stash[_HOST_BEFORE] = host_state.listing()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """Fail the run if it changed the host's own hostagent folders (what was there before may stay)."""
+    found = host_state.changes(session.stash[_HOST_BEFORE], host_state.listing())
+    session.config.stash[_HOST_CHANGES] = found
+    if found:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    found = config.stash.get(_HOST_CHANGES, [])
+    if found:
+        terminalreporter.write_sep("=", "the tests changed the host's hostagent folders", red=True)
+        for line in found:
+            terminalreporter.write_line(line)
 
 
 def pytest_configure(config):

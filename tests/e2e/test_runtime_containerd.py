@@ -4,7 +4,9 @@ A private containerd (own root, state and socket under tmp, no CRI plugin) runs 
 containers with `ctr run --runc-binary <recorder>`: the recorder keeps config.json as
 containerd wrote it, then execs the installed hostagent-runtime front; the front's
 low-level runtime is a second recorder that keeps config.json as the shim left it, then
-execs runc. The node's CDI spec (a simulated DGX A100, a vendor of its own) is in /etc/cdi.
+execs runc. The node's CDI spec (a simulated DGX A100, a vendor of its own) is in a spec
+folder of the test's own, named in the shim's config; the shim's config cache is under tmp
+too (install-shim --cache-dir).
 """
 
 import json
@@ -54,7 +56,7 @@ def default_configs() -> dict[int, str]:
     return {1: convert.v1(proc.stdout), 2: proc.stdout, 3: convert.v3(proc.stdout)}
 
 
-def test_configured_default_configs_load(tmp_path):
+def test_configured_default_configs_load(tmp_path, private_run_dir):
     """configure on `containerd config default` (v2) and its v1/v3 forms; containerd accepts each."""
     require("containerd")
     for version, text in default_configs().items():
@@ -77,7 +79,12 @@ def test_configured_default_configs_load(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def spec(tmp_path_factory):
+def spec_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("cdi")
+
+
+@pytest.fixture(scope="module")
+def spec(spec_dir, tmp_path_factory):
     from hostagent.hostroot import HostRoot
     from hostagent.sim.driverroot import create_node
     require("containerd", "ctr", "runc", "podman", "busybox")
@@ -85,11 +92,8 @@ def spec(tmp_path_factory):
     create_node(root, "dgx-a100")
     vendor = f"e2e-{uuid.uuid4().hex[:8]}.hostagent.test"
     generated = generate(HostRoot.simulation(root), SpecOptions(vendor=vendor))
-    path = Path("/etc/cdi") / f"{vendor}-gpu.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(render(generated.spec))
-    yield generated.spec
-    path.unlink()
+    (spec_dir / f"{vendor}-gpu.json").write_text(render(generated.spec))
+    return generated.spec
 
 
 @pytest.fixture(scope="module")
@@ -141,7 +145,7 @@ def recorder(path: Path, stage: str, target: str, record: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def shims(spec, tmp_path_factory):
+def shims(spec, spec_dir, tmp_path_factory):
     """Two installed fronts: the default config, and one honouring NVIDIA_VISIBLE_DEVICES for all."""
     d = tmp_path_factory.mktemp("shim")
     record = d / "record"
@@ -151,10 +155,11 @@ def shims(spec, tmp_path_factory):
     out = {}
     for name, extra in (("default", ""), ("env", "  accept_env_unprivileged: true\n")):
         config = d / f"{name}.yaml"
-        config.write_text(f"runtime:\n  default_kind: {kind}\n  log_file: {d}/shim.log\n{extra}")
+        config.write_text(f"runtime:\n  default_kind: {kind}\n  cdi_spec_dirs: [{spec_dir}]\n"
+                          f"  log_file: {d}/shim.log\n{extra}")
         front = d / f"hostagent-runtime-{name}"
         assert main(["runtime", "install-shim", "--path", str(front), "--low-level-runtime", str(runc),
-                     "--agent-config", str(config)]) == 0
+                     "--agent-config", str(config), "--cache-dir", str(d / "cache")]) == 0
         out[name] = recorder(d / f"before-{name}", "before", str(front), record)
     return out, record
 

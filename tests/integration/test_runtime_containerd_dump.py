@@ -4,7 +4,8 @@
 (the root file merged with its imports, over the defaults). Before and after configure it
 must be the same apart from hostagent's runtime (and what the flags ask for). containerd
 1.6 knows the version 2 CRI section only (its dump has no version 3 section to compare).
-Real paths in a temporary directory, no --simulate: containerd resolves the imports.
+Real paths in a temporary directory, no --simulate: containerd resolves the imports (and
+the node lock is taken in a temporary run folder, not the host's).
 """
 
 import shutil
@@ -20,7 +21,8 @@ INPUTS = Path(__file__).parent / "golden" / "runtime" / "inputs"
 CRI = "io.containerd.grpc.v1.cri"
 SHIM = "/usr/local/sbin/hostagent-runtime"
 
-pytestmark = pytest.mark.skipif(not shutil.which("containerd"), reason="containerd is not installed")
+pytestmark = [pytest.mark.skipif(not shutil.which("containerd"), reason="containerd is not installed"),
+              pytest.mark.usefixtures("private_run_dir")]
 
 
 def dump(config: Path) -> dict:

@@ -142,12 +142,11 @@ def test_bad_input_from_a_real_process_exits_1(root, tmp_path):
 def test_read_only_drop_in_directory_changes_nothing(root, tmp_path):
     """The drop-in folder is read-only (for root: a read-only tmpfs in a private mount
     namespace, so no other process sees it); the main file must not get its import."""
-    folder = tmp_path / "ro"
+    folder = root / "etc/containerd/ro"
     folder.mkdir()
-    # Real paths here (no --simulate): a config whose imports name no host file.
     shutil.copyfile(INPUTS / "containerd-default-v2.toml", root / "etc/containerd/config.toml")
-    cmd = [sys.executable, "-m", "hostagent.cli.main", "runtime", "configure", "--runtime", "containerd",
-           "--config", str(root / "etc/containerd/config.toml"), "--drop-in", str(folder / "99-hostagent.toml"),
+    cmd = [sys.executable, "-m", "hostagent.cli.main", "--simulate", str(root), "runtime", "configure",
+           "--runtime", "containerd", "--drop-in", "/etc/containerd/ro/99-hostagent.toml",
            "--backup-dir", str(tmp_path / "b")]
     if os.geteuid() == 0:
         if not shutil.which("unshare"):
