@@ -159,7 +159,7 @@ def record_specs(tmp: Path, run, front_config: Path, annotations: dict[str, list
         if extra:                       # the shim, with the recorder as its low-level runtime
             binary = tmp / f"front-{name}"
             if hostagent(["runtime", "install-shim", "--path", str(binary), "--low-level-runtime", str(script),
-                          "--agent-config", str(front_config)]):
+                          "--agent-config", str(front_config), "--cache-dir", str(tmp / "cache")]):
                 sys.exit("install-shim failed")
         run(binary, extra)
         out[name] = json.loads(spec.read_text())
@@ -171,7 +171,7 @@ def python_part(tmp: Path, kind: str, runs: int) -> list[float]:
     from hostagent.cli.main import main as hostagent
     front = tmp / "front-alone"
     if hostagent(["runtime", "install-shim", "--path", str(front), "--low-level-runtime", shutil.which("true"),
-                  "--agent-config", str(tmp / "config.yaml")]):
+                  "--agent-config", str(tmp / "config.yaml"), "--cache-dir", str(tmp / "cache")]):
         sys.exit("install-shim failed")
     bundle = tmp / "bundle"
     bundle.mkdir()
@@ -212,7 +212,8 @@ def main() -> int:
                         str(tmp / "image.tar")], check=True, capture_output=True)
         (tmp / "config.yaml").write_text(f"runtime:\n  default_kind: {kind}\n")
         front = tmp / "hostagent-runtime"
-        if hostagent(["runtime", "install-shim", "--path", str(front), "--agent-config", str(tmp / "config.yaml")]):
+        if hostagent(["runtime", "install-shim", "--path", str(front), "--agent-config", str(tmp / "config.yaml"),
+                      "--cache-dir", str(tmp / "cache")]):
             sys.exit("install-shim failed")
         runc = shutil.which("runc")
         gpu = ["--annotation", f"cdi.k8s.io/gpu={kind}=0"]
