@@ -95,29 +95,26 @@ def apply_through_daemon(args) -> int | None:
         return None
     from ..client import Client
     from .mig import _progress, hooks_of, print_applied
-    body = {"mode_only": args.mode_only, "skip_reset": args.skip_reset, "force": args.force}
-    if args.selected_config:
-        body["config"] = args.selected_config
-    spec = _document(args.config_file, "MIG config file")
-    if spec is not None:
-        body["spec"] = spec
+    layout = {"config": args.selected_config or None,
+              "spec": _document(args.config_file, "MIG config file")}
+    flags = {"mode_only": args.mode_only, "skip_reset": args.skip_reset, "force": args.force}
     hooks, env = hooks_of(args)      # a bad hooks file fails here, before anything runs
     print(f"hostagent: applying through the daemon ({socket_path})", file=sys.stderr)
+    # No timeout: an apply with GPU resets takes minutes.
     with Client(socket_path=socket_path, timeout=None) as client:
         if hooks is None:
-            result = client.request("POST", "/v1/mig/apply", body).json()
+            result = client.mig_apply(**layout, **flags)
         else:
-            result = _apply_with_hooks(client, body, hooks, env)
+            result = _apply_with_hooks(client, layout, flags, hooks, env)
     for p in result.get("progress", []):
         _progress(p["gpu"], p["message"])
     print_applied(result)
     return 0
 
 
-def _apply_with_hooks(client, body: dict, hooks, env: dict) -> dict:
+def _apply_with_hooks(client, layout: dict, flags: dict, hooks, env: dict) -> dict:
     from ..mig.hooks import around_apply
-    planned = client.request("POST", "/v1/mig/plan", {k: v for k, v in body.items()
-                                                      if k in ("config", "spec", "mode_only")}).json()["plan"]
+    planned = client.mig_plan(**layout, mode_only=flags["mode_only"])["plan"]
     env = {**env, "MIG_PARTED_SELECTED_CONFIG": planned["config"]}
     with around_apply(hooks, env):
         # Both before the daemon's apply: a failing pre-apply-config then leaves the node
@@ -126,4 +123,4 @@ def _apply_with_hooks(client, body: dict, hooks, env: dict) -> dict:
             hooks.run("pre-apply-mode", env)
         if planned["config_changes"]:
             hooks.run("pre-apply-config", env)
-        return client.request("POST", "/v1/mig/apply", body).json()
+        return client.mig_apply(**layout, **flags)

@@ -171,6 +171,22 @@ def test_cli_goes_through_the_daemon(agent, tmp_path):
         post(c, "/v1/mig/apply", {"config": "none", "spec": SPEC})
 
 
+def test_cli_without_hooks_goes_through_the_daemon_with_its_flags(agent, tmp_path):
+    spec = tmp_path / "mig.yaml"
+    spec.write_text(json.dumps(SPEC))
+    cli = [sys.executable, "-m", "hostagent.cli.main", "--simulate", str(agent.root), "mig", "apply",
+           "-f", str(spec)]
+    done = subprocess.run(cli + ["-c", "two", "--mode-only"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and "applying through the daemon" in done.stderr, done.stderr
+    with agent.client() as c:
+        assert [g["mig"]["enabled"] for g in c.mig()["gpus"]][:3] == [True, True, False]
+        assert c.devices(type="mig")["mig_devices"] == []          # modes only
+    done = subprocess.run(cli + ["-c", "none"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "MIG configuration 'none' applied successfully: 2 GPU(s) changed" in done.stdout
+    assert layouts(agent) == ["MIG disabled"] * 8
+
+
 def test_cli_hooks_failing_before_the_daemon_apply_change_nothing(agent, tmp_path):
     spec = tmp_path / "mig.yaml"
     spec.write_text(json.dumps(SPEC))
