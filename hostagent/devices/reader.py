@@ -207,10 +207,16 @@ def _gi_placements(h, profile_id: int) -> tuple[Placement, ...]:
 
 
 def _read_gpu_instances(h, profiles) -> tuple[GpuInstance, ...]:
+    # NVML fills a buffer the caller sizes from the profile's instanceCount and never learns
+    # its size (*count is output only). A30's instanceCount values are wrong (mig-parted
+    # hardcodes its profiles for that): one too small would have NVML write past the buffer.
+    # A profile's instances never share a memory slice, so the GPU's memory slices bound
+    # them whatever NVML reports.
+    memory_slices = max((pl.start + pl.size for prof in profiles for pl in prof.placements), default=0)
     out = []
     for prof in profiles:
-        count = N.c_uint(0)             # output only: the buffer holds instanceCount entries
-        array = (N.c_nvmlGpuInstance_t * prof.instances)()
+        count = N.c_uint(0)
+        array = (N.c_nvmlGpuInstance_t * max(prof.instances, memory_slices))()
         N.nvmlDeviceGetGpuInstances(h, prof.id, array, N.byref(count))
         for gi in array[:count.value]:
             info = N.nvmlGpuInstanceGetInfo(gi)

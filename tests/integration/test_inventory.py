@@ -115,6 +115,31 @@ def test_instance_lists_write_count_and_fill_a_buffer_of_instance_count(make_nod
         assert fn(h, 19, None, ctypes.byref(count)) == N.NVML_ERROR_INVALID_ARGUMENT
 
 
+def test_gpu_instances_are_all_read_when_nvml_reports_too_small_an_instance_count(make_node):
+    """A30's NVML reports wrong instanceCount values; a list buffer sized from one too small
+    would be overrun (NVML never learns its size). Four 1g.6gb instances exist, then the
+    node's facts make NVML report an instanceCount of 1 for that profile."""
+    import json
+    host, store = make_node("a30x4")
+    enable_mig(store, 0)
+    with store.mutate() as s:
+        for start in range(4):
+            gi = s.create_gi(store.facts, 0, 14, (start, 1))
+            s.create_ci(store.facts, 0, gi.id, 0)
+    facts = json.loads((store.dir / "node.json").read_text())
+    (prof,) = [p for p in facts["skus"]["A30-24GB"]["mig"]["gpu_instance_profiles"] if p["id"] == 14]
+    prof["instances"] = 1
+    (store.dir / "node.json").write_text(json.dumps(facts))
+    # Another process reads the edited facts; an overrun there cannot corrupt this one.
+    done = subprocess.run([sys.executable, "-m", "hostagent.cli.main", "--simulate", str(host.root),
+                           "devices", "--profiles", "-o", "json"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    (gpu0, *_) = json.loads(done.stdout)["gpus"]
+    assert [p["instances"] for p in gpu0["mig"]["profiles"] if p["id"] == 14] == [1]   # as NVML says
+    assert [g["placement"]["start"] for g in gpu0["mig"]["gpu_instances"]] == [0, 1, 2, 3]
+    assert len(gpu0["mig"]["devices"]) == 4
+
+
 @pytest.mark.parametrize("sku, gi_profile, expected", [
     # CIs of C < G slices have the plain C-slice GPU instance's SMs (mig.md 3.2, 3.5).
     ("hgx-h100", "7g.80gb", {"1c.7g.80gb": 16, "2c.7g.80gb": 32, "3c.7g.80gb": 60,
