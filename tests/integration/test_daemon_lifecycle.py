@@ -204,11 +204,23 @@ def test_unreadable_inventory_at_start_then_recovery(root):
             while {g["health"]["state"] for g in c.devices()["gpus"]} != {"healthy"}:
                 assert time.monotonic() < deadline, c.devices()["gpus"][0]["health"]
                 time.sleep(0.1)
-            assert c.health()["running"] and "DCGM_FI_DEV_GPU_TEMP{" in c.metrics()
+            assert c.health()["running"]
+            # The sampler starts after the monitor and takes its first sample on its own
+            # thread: /metrics may be unavailable, then without GPU series, for a moment.
+            while "DCGM_FI_DEV_GPU_TEMP{" not in (text := _metrics_or_why_not(c)):
+                assert time.monotonic() < deadline, text
+                time.sleep(0.1)
             assert c.labels()["labels"]["nvidia.com/gpu.count"] == "8"
     finally:
         agent.stop()
         agent.cleanup()
+
+
+def _metrics_or_why_not(c) -> str:
+    try:
+        return c.metrics()
+    except UnavailableError as e:
+        return f"unavailable: {e}"
 
 
 def _notified(agent_env_name: str):
