@@ -41,7 +41,8 @@ def container_root(state: dict) -> str:
 
 def read_bundle(state: dict) -> tuple[str, dict]:
     """(root path, the bundle's config.json). The root is crun's non-standard ``root``
-    field, else ``root.path`` from config.json (relative to the bundle when not absolute)."""
+    field, else ``root.path`` from config.json; either is relative to the bundle when not
+    absolute (crun 1.8 passes root.path as config.json has it, often ``rootfs``)."""
     bundle = state.get("bundle")
     if not isinstance(bundle, str) or not bundle:
         raise HookError("OCI state has no bundle path")
@@ -54,8 +55,8 @@ def read_bundle(state: dict) -> tuple[str, dict]:
         root = spec_root.get("path") if isinstance(spec_root, dict) else None
         if not isinstance(root, str) or not root:
             raise HookError(f"{bundle}/config.json has no root.path")
-        if "\0" not in root:
-            root = os.path.join(bundle, root)     # no-op when root is absolute
+    if isinstance(root, str) and root and "\0" not in root:
+        root = os.path.join(bundle, root)         # no-op when root is absolute
     if not isinstance(root, str) or not root.startswith("/") or "\0" in root:
         raise HookError(f"container root {root!r} is not an absolute path")
     return root, config

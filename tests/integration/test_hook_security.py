@@ -416,10 +416,11 @@ def test_the_per_mount_remount_fallback_confines_as_well(world):
 
 # -- 7. Mounts never leak to the host ---------------------------------------------------
 
-def mount_table() -> dict[str, tuple[str, str, str]]:
-    """mount id -> (mount point, per-mount options, fs type) of the host's namespace."""
+def mount_table(mountinfo: str | Path = "/proc/self/mountinfo") -> dict[str, tuple[str, str, str]]:
+    """mount id -> (mount point, per-mount options, fs type) of the host's namespace (or of
+    the namespace whose mountinfo was saved in ``mountinfo``), in mount order."""
     table = {}
-    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+    for line in Path(mountinfo).read_text().splitlines():
         fields = line.split(" ")
         table[fields[0]] = (fields[4], fields[5], fields[fields.index("-", 6) + 1])
     return table
@@ -453,7 +454,7 @@ def test_no_mount_leaks_with_shared_propagation(world):
 
 # -- 9. Broken OCI input ----------------------------------------------------------------
 
-@pytest.mark.parametrize("case", ["root-is-slash", "root-links-to-slash", "relative-crun-root", "missing-bundle",
+@pytest.mark.parametrize("case", ["root-is-slash", "root-links-to-slash", "crun-root-links-to-slash", "missing-bundle",
                                   "garbage", "empty", "not-an-object", "deep"])
 def test_broken_oci_input_is_refused_and_nothing_is_written(world, case):
     probe = f"/tmp/hostagent-hook-refused-{uuid.uuid4().hex}"
@@ -464,8 +465,9 @@ def test_broken_oci_input_is_refused_and_nothing_is_written(world, case):
     elif case == "root-links-to-slash":
         (world.bundle / "slash").symlink_to("/")
         config.write_text(json.dumps({"root": {"path": "slash"}}))
-    elif case == "relative-crun-root":
-        stdin = world.state(root="rootfs")
+    elif case == "crun-root-links-to-slash":          # crun's root field, relative to the bundle
+        (world.bundle / "slash").symlink_to("/")
+        stdin = world.state(root="slash")
     elif case == "missing-bundle":
         stdin = world.state(bundle=str(world.tmp / "gone"))
     else:

@@ -115,9 +115,15 @@ def test_bad_configs_are_refused(bundle, config, message):
         ocistate.container_root({"bundle": str(bundle)})
 
 
-def test_relative_crun_root_is_refused(bundle):
+def test_relative_crun_root_is_joined_to_the_bundle(bundle):
+    """crun 1.8 passes config.json's root.path as written, relative to the bundle."""
+    assert ocistate.container_root({"bundle": str(bundle), "root": "rootfs"}) == str(bundle / "rootfs")
+
+
+@pytest.mark.parametrize("root", ["", 7, "root\0fs"])
+def test_bad_crun_roots_are_refused(bundle, root):
     with pytest.raises(HookError, match="not an absolute path"):
-        ocistate.container_root({"bundle": str(bundle), "root": "rootfs"})
+        ocistate.container_root({"bundle": str(bundle), "root": root})
 
 
 def test_a_fifo_config_is_refused_without_hanging(bundle):
