@@ -29,6 +29,18 @@ LINKS = (f"libcuda.so.550.54.15::{LIB}/libcuda.so.1", f"libcuda.so.1::{LIB}/libc
          f"libnvidia-ml.so.550.54.15::{LIB}/libnvidia-ml.so.1")
 PROBE = (f"ldconfig -p; for f in {LIB}/*; do echo \"lib $f -> $(readlink $f)\"; done; "
          "cat /etc/ld.so.conf /etc/ld.so.conf.d/00-hostagent.conf")
+CGROUP2_SETUP_FAILED = "cannot mount cgroup2 on /sys/fs/cgroup in a private mount namespace"
+# sh -c SCRIPT sh MOUNTS COMMAND...: the namespace's mount table is saved around COMMAND
+# (as MOUNTS.before and MOUNTS.after) so that what the hook mounts there is checked as it
+# is on the host; without MOUNTS, nothing is saved.
+IN_CGROUP2_NAMESPACE = f"""mounts=$1; shift
+mount --make-rprivate / && mount -t cgroup2 none /sys/fs/cgroup || {{ echo '{CGROUP2_SETUP_FAILED}' >&2; exit 125; }}
+[ -z "$mounts" ] || cat /proc/self/mountinfo > "$mounts.before"
+"$@"
+status=$?
+[ -z "$mounts" ] || cat /proc/self/mountinfo > "$mounts.after"
+exit $status
+"""
 
 
 def require(runtime: str) -> str:
@@ -45,6 +57,27 @@ def require(runtime: str) -> str:
     except Exception as e:
         pytest.skip(f"the host has no static ldconfig for the image: {e}")
     return exe
+
+
+def fs_type(path: str) -> str | None:
+    """The type of the file system mounted last (on top) at ``path``, if any."""
+    types = [fstype for point, _, fstype in mount_table().values() if point == path]
+    return types[-1] if types else None
+
+
+def hybrid_cgroups() -> bool:
+    """systemd's hybrid layout: v1 hierarchies on /sys/fs/cgroup, v2 on its unified/."""
+    return fs_type("/sys/fs/cgroup") != "cgroup2" and fs_type("/sys/fs/cgroup/unified") == "cgroup2"
+
+
+def in_cgroup2_namespace(argv: list[str], mounts: Path | None = None) -> list[str]:
+    """``argv`` in a private mount namespace whose /sys/fs/cgroup is the v2 hierarchy.
+
+    crun 1.8 refuses the hybrid layout ("cgroups in hybrid mode not supported"), even with
+    --cgroup-manager=disabled; there it sees a plain v2 host. The namespace is private
+    (rprivate before the mount), so neither the cgroup2 mount nor any other reaches the host.
+    """
+    return ["unshare", "-m", "sh", "-c", IN_CGROUP2_NAMESPACE, "sh", str(mounts or ""), *argv]
 
 
 def build(tmp: Path, runtime: str) -> tuple[Path, Path]:
@@ -110,17 +143,26 @@ def test_container_start_runs_the_hook_and_the_cache_resolves(tmp_path, runtime)
     escape = outside / "libdir" / "libescape.so.1"
     os.utime(escape, ns=(10**9, escape.stat().st_mtime_ns))
     mounts = mount_table()
-    state_dir = tmp_path / "state"
+    cli = [exe, "--root", str(tmp_path / "state")]
+    if runtime == "crun":
+        cli.append("--cgroup-manager=disabled")                     # cgroups are beside the point here
+    private = runtime == "crun" and hybrid_cgroups()
+    if private and not shutil.which("unshare"):
+        pytest.skip("crun needs unshare(1) on this host's hybrid cgroup v1/v2 layout")
+
+    def command(argv, saved=None):
+        return in_cgroup2_namespace(argv, saved) if private else argv
+
     name = f"hostagent-hook-{uuid.uuid4().hex[:8]}"
+    inside = tmp_path / "namespace-mounts"                          # .before and .after, when private
     try:
-        # crun cannot drive this machine's hybrid cgroup setup; cgroups are beside the point here.
-        extra = ["--cgroup-manager=disabled"] if runtime == "crun" else []
-        proc = subprocess.run([exe, "--root", str(state_dir), *extra, "run", "--bundle", str(bundle), name],
+        proc = subprocess.run(command([*cli, "run", "--bundle", str(bundle), name], inside),
                               capture_output=True, text=True, timeout=120)
-    finally:
-        subprocess.run([exe, "--root", str(state_dir), "delete", "--force", name], capture_output=True)
-    if runtime == "crun" and "cgroups in hybrid mode not supported" in proc.stderr:
-        pytest.skip("crun cannot start containers on this host's hybrid cgroup v1/v2 layout")
+    finally:                                                        # same --root, same kind of namespace
+        subprocess.run(command([*cli, "delete", "--force", name]), capture_output=True, timeout=60)
+    if private and (CGROUP2_SETUP_FAILED in proc.stderr or "cgroups in hybrid mode not supported" in proc.stderr):
+        pytest.skip(f"crun cannot start containers on this host's hybrid cgroup v1/v2 layout, even in a "
+                    f"private mount namespace with cgroup2 on /sys/fs/cgroup: {proc.stderr.strip()}")
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
     for soname in ("libcuda.so.1", "libnvidia-ml.so.1"):
@@ -133,4 +175,8 @@ def test_container_start_runs_the_hook_and_the_cache_resolves(tmp_path, runtime)
     assert "libescape" not in out
     assert escape.stat().st_atime_ns == 10**9, "ldconfig read the host's library"
     assert not list((tmp_path / "markers").iterdir()), "the image's LD_PRELOAD ran in the hook"
-    assert_no_mount_leak(mounts, mount_table(), tmp_path)
+    after = mount_table()
+    assert_no_mount_leak(mounts, after, tmp_path)
+    assert_no_mount_leak(mounts, after, Path("/sys/fs/cgroup"))        # no cgroup2 mount from the namespace
+    if private:                                                       # and none in the namespace crun ran in
+        assert_no_mount_leak(mount_table(f"{inside}.before"), mount_table(f"{inside}.after"), tmp_path)
