@@ -232,6 +232,7 @@ def test_metrics_on_the_socket_and_the_tcp_port(node):
         node.sim("xid", "--gpu", 2, "--xid", 31)                # ignored: recorded as the last XID
         w.until(lambda ev: health_events(ev))
         w.close()
+        c.device("0")                                           # counted: GET /v1/devices/{device} 200
         response = c.request("GET", "/metrics")
         assert response.headers["content-type"].startswith("text/plain; version=0.0.4")
         first = parse(response.body.decode())
