@@ -1,25 +1,46 @@
 """``hostagent`` entry point: registers the verbs and maps errors to exit codes.
 
-Start-up stays lean: command modules import heavy dependencies (pynvml, yaml) inside the
-functions that use them.
+Start-up stays lean: only the command being run has its module imported and its parser
+built (all of them for top-level help or an unknown word), and command modules import heavy
+dependencies (pynvml, yaml) inside the functions that use them.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import sys
 
 from .. import __version__
 from ..errors import HostagentError
-from . import cdi, devices, health, labels, mig, node, runtime, serve, sim
 
 __all__ = ["main", "build_parser"]
 
-COMMANDS = (devices, health, node, cdi, labels, mig, runtime, sim, serve)
+# Each command is the module of the same name in this package, registered in this order.
+COMMANDS = ("devices", "health", "node", "cdi", "labels", "mig", "runtime", "sim", "serve")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _command_word(argv: list[str]) -> str | None:
+    """The command ``argv`` names, if it names one: its first word that is not a global
+    option or the value of one."""
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "--simulate":
+            i += 2
+            continue
+        if not arg.startswith("-"):
+            return arg if arg in COMMANDS else None
+        if arg == "--":
+            return None
+        i += 1
+    return None
+
+
+def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
+    """The parser for ``argv``: only its command's subparser when it names one, none for
+    ``--version``, all of them otherwise (top-level help, an unknown word)."""
     parser = argparse.ArgumentParser(
         prog="hostagent", description="Node agent for GPU hosts.",
         epilog="Run 'hostagent COMMAND --help' for a command's options.")
@@ -28,8 +49,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="run against the simulated node in DIR (also: HOSTAGENT_SIMULATE)")
     parser.add_argument("-v", "--verbose", action="store_true", help="log debug detail to stderr")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for module in COMMANDS:
-        module.register(sub)
+    word = _command_word(argv) if argv is not None else None
+    names = (word,) if word else () if argv is not None and "--version" in argv else COMMANDS
+    for name in names:
+        importlib.import_module(f"{__package__}.{name}").register(sub)
     return parser
 
 
@@ -43,7 +66,8 @@ def _os_error(e: OSError) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else argv
+    parser = build_parser(argv)
     args = parser.parse_args(argv)
     if args.simulate is not None and not args.simulate.strip():
         parser.error("--simulate needs a directory (an empty one would mean the real host)")

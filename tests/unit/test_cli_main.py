@@ -1,0 +1,45 @@
+"""The CLI builds only the parser of the command it runs."""
+
+import subprocess
+import sys
+
+import pytest
+
+from hostagent.cli.main import COMMANDS, _command_word, build_parser
+
+
+@pytest.mark.parametrize("argv, word", [
+    (["devices", "-o", "json"], "devices"),
+    (["--simulate", "devices", "node"], "node"),        # the option's value is not the command
+    (["--simulate=/x", "-v", "mig", "status"], "mig"),
+    (["-v", "bogus", "devices"], None),                   # an unknown word: no command
+    (["--", "devices"], None),
+    (["--version"], None),
+    ([], None),
+])
+def test_command_word(argv, word):
+    assert _command_word(argv) == word
+
+
+def _commands(parser):
+    return set(parser._subparsers._group_actions[0].choices)
+
+
+def test_each_command_parses_with_only_its_own_parser():
+    for name in COMMANDS:
+        assert _commands(build_parser([name, "--help"])) == {name}
+    assert _commands(build_parser(["--help"])) == set(COMMANDS)
+    assert _commands(build_parser(["bogus"])) == set(COMMANDS)    # the error lists every choice
+    assert _commands(build_parser(["--version"])) == set()
+
+
+def test_version_and_a_command_import_no_other_command_module():
+    code = ("import sys; from hostagent.cli.main import main\n"
+            "try:\n    main(sys.argv[1:])\nexcept SystemExit:\n    pass\n"
+            "print(sorted(m for m in sys.modules if m.startswith('hostagent.cli.')))")
+    run = lambda *argv: subprocess.run([sys.executable, "-c", code, *argv], capture_output=True,
+                                       text=True, check=True).stdout.splitlines()[-1]
+    assert "hostagent.cli.devices" not in run("--version")
+    loaded = run("node", "--help")
+    assert "hostagent.cli.node" in loaded
+    assert not [m for m in COMMANDS if m != "node" and f"hostagent.cli.{m}'" in loaded]
