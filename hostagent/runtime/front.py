@@ -73,12 +73,19 @@ def render_front(s: FrontSettings) -> str:
     bootstrap = (f"import sys; sys.path[:0] = {list(s.sys_path)!r}; "
                  "from hostagent.runtime.shim import main; main()")
     grep = q(s.grep)
-    # CUDA images carry NVIDIA_VISIBLE_DEVICES=all; when only privileged containers may use
-    # it, an unprivileged one with nothing else must not cost a Python start.
-    tests = [f'{grep} -qsF {" ".join(f"-e {q(m)}" for m in s.markers)} -- "$config"'] if s.markers else []
+
+    def grep_any(*patterns):
+        return f'{grep} -qsF {" ".join(f"-e {q(p)}" for p in patterns)} -- "$config"'
     if s.env_needs_privilege:
-        tests.append(f'{{ {grep} -qsF {q(ENV_NAME + "=")} -- "$config" && {grep} -qsF CAP_SYS_ADMIN -- "$config"; }}')
-    test = " ||\n        ".join(tests) or "false"
+        # CUDA images carry NVIDIA_VISIBLE_DEVICES=all; when only privileged containers may
+        # use it, an unprivileged one with nothing else must not cost a Python start. The
+        # test is (marker or env) and (marker or CAP_SYS_ADMIN): one grep for a container
+        # that mentions neither, the common case.
+        strict = f"{grep_any(*s.markers)} || " if s.markers else ""
+        test = (f"{grep_any(*s.markers, ENV_NAME + '=')} &&\n"
+                f"        {{ {strict}{grep_any('CAP_SYS_ADMIN')}; }}")
+    else:
+        test = grep_any(*s.markers) if s.markers else "false"
     value_opts = "|".join(sorted(VALUE_OPTIONS))
     return f"""#!/bin/sh
 # hostagent-runtime: OCI runtime shim front, written by 'hostagent runtime install-shim'.
