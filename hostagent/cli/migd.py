@@ -7,20 +7,19 @@ from __future__ import annotations
 
 import sys
 
+from . import common
 from .common import host_from_args
 
 __all__ = ["apply_through_daemon", "daemon_socket", "checkpoint_guard"]
 
 
 def daemon_socket(host):
-    """The socket of this node's daemon, if one accepts connections."""
+    """The socket of this node's daemon, if one accepts connections (without a socket
+    file, one stat and no client import)."""
+    socket_path = common.daemon_socket(host)
+    if socket_path is None:
+        return None
     from ..client import daemon_running
-    from ..config import load_config_cached
-    try:
-        path = load_config_cached(host.config_file, host.run_dir).section("api")["socket"]
-    except Exception:          # an unreadable config: the default place
-        path = "/run/hostagent/hostagent.sock"
-    socket_path = host.host(path)
     return socket_path if daemon_running(socket_path) else None
 
 

@@ -22,11 +22,19 @@ def post(c, path, body):
 
 
 @pytest.fixture(scope="module")
-def agent():
+def module_agent():
     proc = AgentProcess(make_root()).start()
     yield proc
     proc.stop()
     proc.cleanup()
+
+
+@pytest.fixture
+def agent(module_agent):
+    """The module's daemon with every GPU's MIG mode off, whatever ran before."""
+    with module_agent.client() as c:
+        post(c, "/v1/mig/apply", {"config": "none", "spec": SPEC})
+    return module_agent
 
 
 def test_plan_dry_run_apply_and_watch(agent):
