@@ -171,8 +171,18 @@ def test_watch_heartbeat(agent):
         stream.close()
 
 
-def test_mig_change_behind_the_agents_back(agent):
+@pytest.fixture
+def own_agent():
+    """A daemon of its own, for a test that changes the node's MIG layout."""
+    proc = AgentProcess(make_root()).start()
+    yield proc
+    proc.stop()
+    proc.cleanup()
+
+
+def test_mig_change_behind_the_agents_back(own_agent):
     """nvidia-smi makes MIG devices; a refresh (admin) publishes them with CDI names."""
+    agent = own_agent
     smi(agent, "-i", "7", "-mig", "1")
     smi(agent, "-r", "-i", "7")
     smi(agent, "mig", "-i", "7", "-cgi", "1g.5gb,3g.20gb", "-C")

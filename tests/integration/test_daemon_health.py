@@ -4,9 +4,10 @@ its API (watch stream, devices, allocations, /v1/health, /metrics) and its files
 
 One daemon for the module (start-up and the MIG apply cost seconds): GPU 0 is split into
 seven 1g.5gb, GPU 1 into two 3g.20gb, one allocation holds a MIG device of GPU 0. The
-test that loses a GPU comes last: nothing recovers a lost GPU but a clear.
+test that loses a GPU (and reboots the node to get it back) has a node of its own.
 """
 
+import contextlib
 import json
 import re
 import socket
@@ -61,8 +62,8 @@ class Node:
         return self.agent.client()
 
 
-@pytest.fixture(scope="module")
-def node():
+@contextlib.contextmanager
+def health_node():
     port = free_port()
     agent = AgentProcess(make_root(), {
         "api": {"watch_heartbeat": 2}, "daemon": {"resync_interval": 0},
@@ -85,6 +86,19 @@ def node():
     finally:
         agent.stop()
         agent.cleanup()
+
+
+@pytest.fixture(scope="module")
+def node():
+    with health_node() as n:
+        yield n
+
+
+@pytest.fixture
+def own_node():
+    """A node of its own, for a test that leaves it changed for good."""
+    with health_node() as n:
+        yield n
 
 
 class Watch:
@@ -283,10 +297,13 @@ def test_devices_command_shows_health(node):
     data = json.loads(node.cli("devices", "-o", "json").stdout)
     assert data["gpus"][3]["health"]["state"] == "unhealthy" and data["gpus"][3]["health"]["reason"] == "ecc_dbe"
     assert {d["health"]["state"] for d in data["gpus"][0]["mig"]["devices"]} == {"healthy"}
+    with node.client() as c:                                   # leave the node healthy for others
+        c.clear_health(["3"])
+        assert c.device("3")["health"]["state"] == "healthy"
 
 
-def test_lost_gpu_marks_its_devices_until_cleared(node):
-    """Last: the GPU stays lost."""
+def test_lost_gpu_marks_its_devices_until_cleared(own_node):
+    node = own_node
     gpu1 = node.gpus[1]
     mig1 = {m["uuid"] for m in node.migs if m["parent_index"] == 1}
     with node.client() as c:
