@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -34,6 +35,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--runs", type=int, default=15)
     args = ap.parse_args()
+    # A SIGTERM (timeout, a CI runner) unwinds like Ctrl-C: the specs in /etc/cdi are removed.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     from hostagent.cdi.refresh import generate
     from hostagent.cdi.render import render
     from hostagent.cdi.spec import SpecOptions

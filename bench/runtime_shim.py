@@ -104,8 +104,9 @@ def start_containerd(d: Path) -> tuple[subprocess.Popen, Path]:
     return proc, sock
 
 
-def write_specs(node_root: Path) -> tuple[list[Path], str, str]:
-    """The simulated node's spec under a unique vendor in /etc/cdi, and a copy without hooks."""
+def write_specs(node_root: Path, paths: list[Path]) -> tuple[str, str]:
+    """The simulated node's spec under a unique vendor in /etc/cdi, and a copy without hooks;
+    each file is added to ``paths`` before it is written, for the caller to remove."""
     from hostagent.cdi.refresh import generate
     from hostagent.cdi.render import render
     from hostagent.cdi.spec import SpecOptions
@@ -113,7 +114,7 @@ def write_specs(node_root: Path) -> tuple[list[Path], str, str]:
     from hostagent.sim.driverroot import create_node
     create_node(node_root, "dgx-a100")
     tag = uuid.uuid4().hex[:8]
-    kinds, paths = [], []
+    kinds = []
     for suffix, strip in (("", False), ("-nohooks", True)):
         vendor = f"bench-{tag}{suffix}.hostagent.test"
         spec = generate(HostRoot.simulation(node_root), SpecOptions(vendor=vendor)).spec
@@ -122,10 +123,10 @@ def write_specs(node_root: Path) -> tuple[list[Path], str, str]:
                 edits.pop("hooks", None)
         path = Path("/etc/cdi") / f"{vendor}-gpu.json"
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(render(spec))
         paths.append(path)
+        path.write_text(render(spec))
         kinds.append(spec["kind"])
-    return paths, kinds[0], kinds[1]
+    return kinds[0], kinds[1]
 
 
 RECORDER = """#!/bin/sh
@@ -191,6 +192,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--runs", type=int, default=20)
     args = ap.parse_args()
+    # A SIGTERM (timeout, a CI runner) unwinds like Ctrl-C: the specs in /etc/cdi are removed.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     if os.geteuid() != 0:
         sys.exit("needs root (containerd, runc)")
     missing = [t for t in ("containerd", "ctr", "runc") if not shutil.which(t)]
@@ -201,7 +204,7 @@ def main() -> int:
     tmp = Path(tempfile.mkdtemp(prefix="hostagent-bench-"))
     spec_files, proc = [], None
     try:
-        spec_files, kind, kind_nohooks = write_specs(tmp / "node")
+        kind, kind_nohooks = write_specs(tmp / "node", spec_files)
         proc, sock = start_containerd(tmp / "containerd")
         layer = image_layer()
         docker_archive(tmp / "image.tar", layer)
