@@ -13,6 +13,7 @@ import asyncio
 import logging
 import os
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -38,6 +39,9 @@ class Agent:
         self.host = host
         self.settings = settings
         self.started = time.time()
+        # Set at SIGTERM (from the loop's thread): a MIG apply under way on the worker thread
+        # rolls back before its next GPU instead of running to the end.
+        self.stop_requested = threading.Event()
         self.events = EventLog(RevisionClock(host.state_dir / "revision"), settings.api.watch_buffer)
         self.default_health = unmonitored(self.started)
         self.health: dict[str, Health] = {}

@@ -119,7 +119,7 @@ class Daemon:
         loop = asyncio.get_running_loop()
         self._stop = asyncio.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, self._stop.set)
+            loop.add_signal_handler(sig, self._request_stop)
         # Until start-up is done a SIGHUP is only noted (reload needs the agent, the features
         # and the server); one that came before the loop existed was noted by hold_hangups.
         loop.add_signal_handler(signal.SIGHUP, self._hangup)
@@ -127,13 +127,20 @@ class Daemon:
 
         self.notifier.status("starting: reading the inventory")
         self.agent = Agent(self.host, self.settings)
+        if self._stop.is_set():
+            self.agent.stop_requested.set()
         self.agent.publish_listeners.append(self._status_changed)
         await self.agent.start()
+        if self._stop.is_set():
+            return self._stop_during_start()
         self.notifier.status("starting: health monitor and metrics")
         self.features = Features(self.agent, self._spawn)
         self.features.make(self.settings)
         self.agent.inventory_listeners.append(self.features.inventory_changed)
         await self.features.start()
+        if self._stop.is_set():
+            await self.features.stop(exiting=True)
+            return self._stop_during_start()
         api = self.settings.api
         sock, gid = bind_socket(self.socket_path, api.group, api.mode)
         inode = os.stat(self.socket_path).st_ino
@@ -170,6 +177,21 @@ class Daemon:
         except OSError:
             pass
         sock.close()
+        self.agent.close()
+        return 0
+
+    def _request_stop(self) -> None:
+        """SIGTERM or SIGINT: stop; a MIG apply under way (the start-up layout or an API
+        request) is interrupted before its next GPU and rolled back, not run to the end."""
+        self._stop.set()
+        if self.agent is not None:
+            self.agent.stop_requested.set()
+
+    def _stop_during_start(self) -> int:
+        """Stopped before serving: the step under way finished (an interrupted MIG apply
+        rolled back), no socket was bound."""
+        log.info("stopping: asked to stop during start-up")
+        self.notifier.stopping()
         self.agent.close()
         return 0
 

@@ -128,7 +128,7 @@ class MigOps:
                              skip_reset=body.get("skip_reset", False), force=body.get("force", False),
                              dry_run=body.get("dry_run", False), hooks=hooks, hook_env=env, refuse=refuse,
                              progress=note, on_layout_changed=lambda host: self._refresh_spec(host, note),
-                             lock_timeout=60.0)
+                             lock_timeout=60.0, stop_requested=self.agent.stop_requested.is_set)
 
     async def apply(self, body: dict) -> dict:
         async with self.agent.mutex:
@@ -208,7 +208,8 @@ class MigOps:
             return notes, None
         spec = load_spec(settings.config_file) if settings.config_file else None
         result = service.apply(self.host, spec, settings.config, refuse=self._refuse_busy,
-                               on_layout_changed=self._refresh_spec, lock_timeout=60.0)
+                               on_layout_changed=self._refresh_spec, lock_timeout=60.0,
+                               stop_requested=self.agent.stop_requested.is_set)
         return notes + result.notes, result
 
     async def reconcile(self, settings, reason: str) -> None:

@@ -38,8 +38,8 @@ class MigInUse(MigApplyError):
 
 
 class MigInterrupted(MigApplyError):
-    """SIGTERM (systemd's start timeout) or Ctrl-C: rolled back, and the message says how
-    the rollback ended."""
+    """SIGTERM (systemd's start timeout) or Ctrl-C, or the daemon stopping: rolled back, and
+    the message says how the rollback ended."""
     code = "mig_apply_interrupted"
     exit_code = 130
 

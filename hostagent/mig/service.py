@@ -111,12 +111,15 @@ def apply(host: HostRoot, spec: MigSpec | None, config: str | None, *, mode_only
           hooks=None, hook_env: dict[str, str] | None = None, progress: Progress = _quiet,
           on_layout_changed: Callable[[HostRoot], None] = _no_hook,
           lock_timeout: float | None = None, on_lock_wait: Callable[[str], None] | None = None,
-          refuse: Callable[[Inventory, MigPlan], None] | None = None) -> ApplyResult:
+          refuse: Callable[[Inventory, MigPlan], None] | None = None,
+          stop_requested: Callable[[], bool] | None = None) -> ApplyResult:
     """Apply ``config`` of ``spec`` (None: the bundled default), with mig-parted's hooks
     (a ``hooks.Hooks``; None for none). Another apply in progress is waited for (GPU resets
     take minutes): as long as it takes, or ``lock_timeout`` seconds. ``refuse(inventory,
     plan)`` may raise to stop the apply before anything (hooks included) runs: devices of
-    allocations are protected that way."""
+    allocations are protected that way. Once ``stop_requested()`` is true the apply is
+    interrupted before its next GPU's change (or reset) and rolled back (MigInterrupted),
+    as Ctrl-C does."""
     with node_lock(host, f"mig apply {config or ''}".strip(), timeout=lock_timeout, on_wait=on_lock_wait):
         notes = []
         recovered = _recover(host, progress, on_layout_changed)
@@ -138,12 +141,29 @@ def apply(host: HostRoot, spec: MigSpec | None, config: str | None, *, mode_only
             if result.plan.changed:
                 from .executor import execute
                 result.report = execute(
-                    host, inventory, result.plan, skip_reset=skip_reset, force=force, progress=progress,
+                    host, inventory, result.plan, skip_reset=skip_reset, force=force,
+                    progress=_interruptible(progress, stop_requested) if stop_requested else progress,
                     before_phase=lambda phase: hooks.run(f"pre-apply-{phase}", env),
                     on_layout_changed=on_layout_changed,
                     replan=lambda now: _replan(now, spec, config, skip_reset, refuse))
                 result.plan = result.report.plan       # with deferred layouts filled in
         return result
+
+
+def _interruptible(progress: Progress, stop_requested: Callable[[], bool]) -> Progress:
+    """``progress`` that raises KeyboardInterrupt once a stop is requested: the executor
+    reports each GPU's change and each reset before it makes it, and rolls back on the
+    interrupt. Once only, so
+    the rollback's own progress goes through."""
+    raised = False
+
+    def report(gpu, message) -> None:
+        nonlocal raised
+        if not raised and stop_requested():
+            raised = True
+            raise KeyboardInterrupt
+        progress(gpu, message)
+    return report
 
 
 def _replan(inventory: Inventory, spec: MigSpec | None, config: str | None, skip_reset: bool, refuse) -> MigPlan:

@@ -280,3 +280,57 @@ def test_a_driver_loaded_after_the_daemon_started_gets_the_configured_layout():
     finally:
         agent.stop()
         agent.cleanup()
+
+
+def signalling_reset(root, note):
+    """Wrap the node's nvidia-smi: a reset first sends SIGTERM to its caller (the daemon),
+    as systemd does when a stop comes in the middle of an apply, and records that it did."""
+    smi = root / "usr/bin/nvidia-smi"
+    smi.rename(smi.with_name("nvidia-smi.real"))
+    smi.write_text(f'#!/bin/sh\ncase " $* " in *" -r "*) echo reset >> {note}; kill -TERM $PPID; sleep 0.5;; esac\n'
+                   f'exec {smi.with_name("nvidia-smi.real")} "$@"\n')
+    smi.chmod(0o755)
+
+
+def test_sigterm_during_the_start_up_apply_rolls_it_back_and_stops():
+    """systemd stopping the daemon while its start-up layout is applied: the apply stops
+    before its next GPU and rolls back, the daemon exits 0 without serving, no journal left."""
+    root = make_root()
+    resets = root / "resets"
+    signalling_reset(root, resets)
+    agent = AgentProcess(root, {"mig": {"config": "all-1g.5gb"}}).start(wait=False)
+    try:
+        assert agent.proc.wait(60) == 0, agent.log()
+        log = agent.log()
+        assert "was interrupted after" in log and "rolled back to the previous layout" in log, log
+        assert "stopping: asked to stop during start-up" in log
+        assert resets.read_text().count("reset") == 2        # the apply's, the rollback's
+        assert not (root / "var/lib/hostagent/mig/journal.json").exists()
+        assert not agent.socket.exists()
+        out = subprocess.run([sys.executable, "-m", "hostagent.cli.main", "--simulate", str(root),
+                              "devices", "-o", "json"], capture_output=True, text=True, check=True)
+        gpus = json.loads(out.stdout)["gpus"]
+        assert [(g["mig"]["enabled"], g["mig"]["pending"]) for g in gpus] == [(False, False)] * 8
+    finally:
+        agent.cleanup()
+
+
+def test_sigterm_during_an_api_apply_rolls_it_back():
+    root = make_root()
+    resets = root / "resets"
+    agent = AgentProcess(root).start()
+    try:
+        signalling_reset(root, resets)
+        before = layouts(agent)
+        with agent.client(timeout=60) as c:
+            with pytest.raises(HostagentError) as e:
+                post(c, "/v1/mig/apply", {"config": "two", "spec": SPEC})
+        assert e.value.code == "mig_apply_interrupted" and e.value.status == 409, e.value
+        assert "rolled back to the previous layout" in str(e.value)
+        assert agent.proc.wait(30) == 0, agent.log()
+        assert not (root / "var/lib/hostagent/mig/journal.json").exists()
+        agent.start()
+        assert layouts(agent) == before
+    finally:
+        agent.stop()
+        agent.cleanup()
