@@ -153,8 +153,7 @@ def apply(host: HostRoot, spec: MigSpec | None, config: str | None, *, mode_only
 def _interruptible(progress: Progress, stop_requested: Callable[[], bool]) -> Progress:
     """``progress`` that raises KeyboardInterrupt once a stop is requested: the executor
     reports each GPU's change and each reset before it makes it, and rolls back on the
-    interrupt. Once only, so
-    the rollback's own progress goes through."""
+    interrupt. Once only, so the rollback's own progress goes through."""
     raised = False
 
     def report(gpu, message) -> None:
