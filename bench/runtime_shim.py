@@ -104,27 +104,24 @@ def start_containerd(d: Path) -> tuple[subprocess.Popen, Path]:
     return proc, sock
 
 
-def write_specs(node_root: Path, paths: list[Path]) -> tuple[str, str]:
-    """The simulated node's spec under a unique vendor in /etc/cdi, and a copy without hooks;
-    each file is added to ``paths`` before it is written, for the caller to remove."""
+def write_specs(node_root: Path, spec_dir: Path) -> tuple[str, str]:
+    """The simulated node's spec in ``spec_dir`` (only the shim reads it, through the bench's
+    runtime.cdi_spec_dirs), and a copy without hooks under another vendor."""
     from hostagent.cdi.refresh import generate
     from hostagent.cdi.render import render
     from hostagent.cdi.spec import SpecOptions
     from hostagent.hostroot import HostRoot
     from hostagent.sim.driverroot import create_node
     create_node(node_root, "dgx-a100")
-    tag = uuid.uuid4().hex[:8]
+    spec_dir.mkdir()
     kinds = []
     for suffix, strip in (("", False), ("-nohooks", True)):
-        vendor = f"bench-{tag}{suffix}.hostagent.test"
+        vendor = f"bench{suffix}.hostagent.test"
         spec = generate(HostRoot.simulation(node_root), SpecOptions(vendor=vendor)).spec
         if strip:
             for edits in [spec["containerEdits"]] + [d["containerEdits"] for d in spec["devices"]]:
                 edits.pop("hooks", None)
-        path = Path("/etc/cdi") / f"{vendor}-gpu.json"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        paths.append(path)
-        path.write_text(render(spec))
+        (spec_dir / f"{vendor}-gpu.json").write_text(render(spec))
         kinds.append(spec["kind"])
     return kinds[0], kinds[1]
 
@@ -192,7 +189,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--runs", type=int, default=20)
     args = ap.parse_args()
-    # A SIGTERM (timeout, a CI runner) unwinds like Ctrl-C: the specs in /etc/cdi are removed.
+    # A SIGTERM (timeout, a CI runner) unwinds like Ctrl-C: containerd is stopped and the
+    # temporary directory removed.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     if os.geteuid() != 0:
         sys.exit("needs root (containerd, runc)")
@@ -202,9 +200,9 @@ def main() -> int:
 
     from hostagent.cli.main import main as hostagent
     tmp = Path(tempfile.mkdtemp(prefix="hostagent-bench-"))
-    spec_files, proc = [], None
+    proc = None
     try:
-        kind, kind_nohooks = write_specs(tmp / "node", spec_files)
+        kind, kind_nohooks = write_specs(tmp / "node", tmp / "cdi")
         proc, sock = start_containerd(tmp / "containerd")
         layer = image_layer()
         docker_archive(tmp / "image.tar", layer)
@@ -213,7 +211,7 @@ def main() -> int:
             tar.extractall(rootfs)
         subprocess.run(["ctr", "-a", str(sock), "-n", NS, "images", "import", "--snapshotter", "native",
                         str(tmp / "image.tar")], check=True, capture_output=True)
-        (tmp / "config.yaml").write_text(f"runtime:\n  default_kind: {kind}\n")
+        (tmp / "config.yaml").write_text(f"runtime:\n  cdi_spec_dirs: [{tmp / 'cdi'}]\n  default_kind: {kind}\n")
         front = tmp / "hostagent-runtime"
         if hostagent(["runtime", "install-shim", "--path", str(front), "--agent-config", str(tmp / "config.yaml"),
                       "--cache-dir", str(tmp / "cache")]):
@@ -268,8 +266,6 @@ def main() -> int:
             for name in order:
                 samples[name].append(run(*variants[name]))
     finally:
-        for path in spec_files:
-            path.unlink(missing_ok=True)
         if proc is not None:
             proc.send_signal(signal.SIGTERM)
             try:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import sys
 
 from .common import host_from_args
@@ -131,17 +130,15 @@ def revert(args) -> int:
 def install_shim(args) -> int:
     from ..config import DEFAULT_PATH
     from ..fileio import write_atomic
+    from ..runtime.configure import absolute_path
     from ..runtime.files import Change, diff, read_one
     from ..runtime.front import DEFAULT_SHIM_PATH, front_settings, render_front
     host = host_from_args(args)
     config = _agent_config(host, args)
     path = args.path or DEFAULT_SHIM_PATH
     agent_config = args.agent_config or str(host.host(DEFAULT_PATH))
-    cache_dir = args.cache_dir or str(host.run_dir)
-    if not os.path.isabs(cache_dir):
-        from ..errors import UsageError
-        raise UsageError(f"--cache-dir must be an absolute path, not {cache_dir!r}",
-                         hint="engines run the shim from a working directory of their own")
+    cache_dir = absolute_path(args.cache_dir or str(host.run_dir), "--cache-dir",
+                              hint="engines run the shim from a working directory of their own")
     text = render_front(front_settings(config.runtime, runtime=args.low_level_runtime,
                                        config=agent_config, cache_dir=cache_dir))
     current = read_one(host, path)

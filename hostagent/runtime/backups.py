@@ -88,8 +88,9 @@ def record(folder: Path, items: list[Change]) -> tuple[list[str], object]:
     """Keep what ``items`` are about to replace (the first time hostagent changes each
     file) and the hash of their new texts. Returns notes for the user and an ``undo`` that
     puts the backup back as it was (when the writes then fail)."""
-    existed = (folder / MANIFEST).exists()
-    manifest = load(folder) or {"version": 2, "files": [], "created_dirs": []}
+    manifest = load(folder)
+    existed = manifest is not None
+    manifest = manifest or {"version": 2, "files": [], "created_dirs": []}
     previous = json.dumps(manifest, indent=2) + "\n"
     by_path = {e["path"]: e for e in manifest["files"]}
     written: list[Path] = []

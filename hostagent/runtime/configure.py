@@ -16,7 +16,8 @@ from ..errors import UsageError
 from . import backups, files
 from .engine import ENGINES, Settings, configure
 
-__all__ = ["DEFAULT", "Plan", "plan_configure", "apply_plan", "plan_revert", "apply_revert", "backup_folder"]
+__all__ = ["DEFAULT", "Plan", "plan_configure", "apply_plan", "plan_revert", "apply_revert", "backup_folder",
+           "absolute_path"]
 
 DEFAULT = "default"     # --drop-in not given: the engine's default drop-in (if it has any)
 
@@ -32,10 +33,16 @@ class Plan:
     created_dirs: list[str] = field(default_factory=list)    # revert: folders configure made
 
 
-def _absolute(path: str, flag: str) -> str:
+def absolute_path(path: str, flag: str, hint: str | None = None) -> str:
+    """``path``, normalized; UsageError naming ``flag`` when it is relative."""
     if not posixpath.isabs(path):
-        raise UsageError(f"{flag} must be an absolute path, not {path!r}")
+        raise UsageError(f"{flag} must be an absolute path, not {path!r}", hint=hint)
     return posixpath.normpath(path)
+
+
+def _default_drop_in(mod, config: str) -> str | None:
+    """The engine module's drop-in beside the main file ``config``; None if it has none."""
+    return posixpath.join(posixpath.dirname(config), mod.DROP_IN_NAME) if mod.DROP_IN_NAME else None
 
 
 def plan_configure(host, runtime: str, settings: Settings, *, config: str | None = None,
@@ -43,12 +50,12 @@ def plan_configure(host, runtime: str, settings: Settings, *, config: str | None
     if runtime not in ENGINES:
         raise UsageError(f"unknown runtime {runtime!r}", hint=f"one of {', '.join(ENGINES)}")
     mod = ENGINES[runtime]()
-    config = _absolute(config or mod.DEFAULT_CONFIG, "--config")
+    config = absolute_path(config or mod.DEFAULT_CONFIG, "--config")
     explicit = drop_in != DEFAULT
     if not explicit:
-        drop_in = mod.default_drop_in(config)     # beside the main file, or None
+        drop_in = _default_drop_in(mod, config)
     if drop_in:
-        drop_in = _absolute(drop_in, "--drop-in")
+        drop_in = absolute_path(drop_in, "--drop-in")
     reader = files.Reader(host)
     engine = mod.build(reader, config, drop_in, explicit=explicit)
     rendered = configure(engine, settings)

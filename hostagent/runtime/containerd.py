@@ -27,7 +27,7 @@ from ..errors import ConfigError, UsageError
 from . import containerd_imports as imports
 from . import tomledit as t
 
-__all__ = ["Containerd", "build", "default_drop_in", "DEFAULT_CONFIG", "SERVICE", "CRI_KEYS", "detect_version"]
+__all__ = ["Containerd", "build", "DEFAULT_CONFIG", "DROP_IN_NAME", "SERVICE", "CRI_KEYS", "detect_version"]
 
 DEFAULT_CONFIG = "/etc/containerd/config.toml"
 DROP_IN_NAME = "conf.d/99-hostagent.toml"     # beside the main file
@@ -51,11 +51,6 @@ def detect_version(doc, text: str, where: str) -> int:
         raise ConfigError(f"unknown containerd config version {version!r}", where=where,
                           hint="hostagent knows versions 1, 2 and 3")
     return version
-
-
-def default_drop_in(config: str) -> str:
-    """``conf.d/99-hostagent.toml`` in the main file's folder."""
-    return posixpath.join(posixpath.dirname(config), DROP_IN_NAME)
 
 
 def build(reader, config: str, drop_in: str | None, *, explicit: bool = True) -> "Containerd":
@@ -90,7 +85,6 @@ class Containerd:
         self._refuse_later(loaded[at + 1:], ours)
         self.source = config          # the file the CRI section comes from (for errors)
         self.target = self._drop_in_document(loaded[:at]) if drop_in else self.root
-        t.get_table(self.target, ["plugins", self.cri_key], self.source)    # a non-table is an error
 
     def _refuse_later(self, later, ours: str) -> None:
         found = imports.first_with_section(later, self.cri_key)
@@ -132,7 +126,7 @@ class Containerd:
 
     def add_runtime(self, name: str, binary: str) -> None:
         cri = self._cri()
-        runtimes = t.ensure_table(cri, ["containerd", "runtimes"], self.source)
+        runtimes = t.ensure_table(cri, ["containerd", "runtimes"], self.source, ("plugins", self.cri_key))
         default = t.unwrap(t.get_table(cri, ["containerd"]).get("default_runtime_name", ""))
         if not isinstance(default, str):
             raise ConfigError(f"default_runtime_name is a {type(default).__name__}, not a string", where=self.source)

@@ -21,18 +21,13 @@ from ..errors import ConfigError, UsageError
 from . import tomledit as t
 from .engine import DEFAULT_CDI_DIRS
 
-__all__ = ["Crio", "build", "default_drop_in", "DEFAULT_CONFIG", "SERVICE"]
+__all__ = ["Crio", "build", "DEFAULT_CONFIG", "DROP_IN_NAME", "SERVICE"]
 
 DEFAULT_CONFIG = "/etc/crio/crio.conf"
 DROP_IN_NAME = "crio.conf.d/99-hostagent.toml"     # beside the main file
 SERVICE = "crio"
 HEADER = ("Written by 'hostagent runtime configure'; 'hostagent runtime revert' undoes it.",
           "CRI-O reads this after {config} and the drop-ins named before it.")
-
-
-def default_drop_in(config: str) -> str:
-    """``crio.conf.d/99-hostagent.toml`` in the main file's folder."""
-    return posixpath.join(posixpath.dirname(config), DROP_IN_NAME)
 
 
 def build(reader, config: str, drop_in: str | None, *, explicit: bool = True) -> "Crio":

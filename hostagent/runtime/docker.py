@@ -14,14 +14,11 @@ import re
 from ..errors import ConfigError, UsageError
 from .engine import DEFAULT_CDI_DIRS
 
-__all__ = ["Docker", "build", "default_drop_in", "DEFAULT_CONFIG", "SERVICE"]
+__all__ = ["Docker", "build", "DEFAULT_CONFIG", "DROP_IN_NAME", "SERVICE"]
 
 DEFAULT_CONFIG = "/etc/docker/daemon.json"
+DROP_IN_NAME = None     # dockerd reads daemon.json only
 SERVICE = "docker"
-
-
-def default_drop_in(config: str) -> None:
-    return None
 
 
 def build(reader, config: str, drop_in: str | None, *, explicit: bool = True) -> "Docker":

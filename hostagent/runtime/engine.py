@@ -67,6 +67,6 @@ def _docker():
     return docker
 
 
-# name -> module with DEFAULT_CONFIG, SERVICE, default_drop_in(config) (None: no drop-ins)
-# and build(reader, config, drop_in, explicit=...) -> Engine
+# name -> module with DEFAULT_CONFIG, SERVICE, DROP_IN_NAME (the default drop-in, relative to
+# the main file's folder; None: no drop-ins) and build(reader, config, drop_in, explicit=...) -> Engine
 ENGINES = {"containerd": _containerd, "crio": _crio, "docker": _docker}

@@ -2,9 +2,9 @@
 
 A write of several files is all or nothing, and never overwrites another admin's edit:
 
-1. every new text is written to a temporary file beside its target (a read-only or
+1. (by the caller, before this) what ``revert`` needs is recorded (``backups``);
+2. every new text is written to a temporary file beside its target (a read-only or
    missing directory fails here, before any target changed);
-2. (by the caller, before this) what ``revert`` needs is recorded (``backups``);
 3. right before each rename, the target is compared with what was read (existence,
    then size/mtime/inode, then content); any difference aborts the run and undoes the
    renames already done.

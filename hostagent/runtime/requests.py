@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections import namedtuple
 
+from ..cdi.validate import CLASS_RE, DEVICE_RE, VENDOR_RE
 from ..errors import UsageError
 
 __all__ = ["RuntimeCall", "Requests", "parse_call", "gpu_requests", "is_privileged", "is_qualified", "MARKER_DIR",
@@ -25,12 +26,6 @@ ENV_NAME = "NVIDIA_VISIBLE_DEVICES"
 # Global options of runc and crun that take a value (``--opt value``; ``--opt=value`` too).
 VALUE_OPTIONS = {"--root", "--log", "--log-format", "--log-level", "--criu", "--rootless",
                   "--cgroup-manager"}
-# CDI's name rules, checked with sets rather than a regular expression: importing re
-# (and the enum and functools it pulls in) would cost the shim's create ~10 ms.
-_LETTERS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
-_ALNUM = _LETTERS | frozenset("0123456789")
-_KIND_INNER = _ALNUM | frozenset("_.-")
-_DEVICE_INNER = _KIND_INNER | frozenset(":")
 
 
 # Records are namedtuples, not dataclasses: this runs at every GPU container's create, and
@@ -82,19 +77,12 @@ def is_privileged(config: dict) -> bool:
     return "CAP_SYS_ADMIN" in caps
 
 
-def _part_ok(part: str, first: frozenset, inner: frozenset) -> bool:
-    """``first``, then ``inner`` characters, ending in a letter or digit."""
-    return bool(part) and part[0] in first and part[-1] in _ALNUM and all(c in inner for c in part[1:-1])
-
-
 def is_qualified(name: str) -> bool:
-    """``vendor/class=device`` as CDI's parser accepts it: vendor and class start with a
-    letter, the device with a letter or digit; all end with one; '_', '.', '-' (and ':' in
-    the device) between."""
+    """``vendor/class=device`` as CDI's parser accepts it, by ``cdi.validate``'s name rules
+    (which use no re; the shim loads that module at every create anyway)."""
     kind, _, device = name.partition("=")
     vendor, _, cls = kind.partition("/")
-    return (_part_ok(vendor, _LETTERS, _KIND_INNER) and _part_ok(cls, _LETTERS, _KIND_INNER)
-            and _part_ok(device, _ALNUM, _DEVICE_INNER))
+    return VENDOR_RE.match(vendor) and CLASS_RE.match(cls) and DEVICE_RE.match(device)
 
 
 def _qualified(name: str, where: str) -> str:

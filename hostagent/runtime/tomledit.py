@@ -62,15 +62,16 @@ def get_table(container, keys, where: str | None = None, prefix=()):
     return container
 
 
-def ensure_table(container, keys, where: str = "config"):
+def ensure_table(container, keys, where: str = "config", prefix=()):
     """The table at ``keys``, creating missing ones as super tables (no empty headers; a
-    super table becomes a plain one when a key is set in it)."""
+    super table becomes a plain one when a key is set in it). A part that is not a table
+    is an error, named as in ``get_table``."""
     import tomlkit
     for i, key in enumerate(keys):
         if key not in container:
             container[key] = tomlkit.table(is_super_table=True)
         elif not is_table(container[key]):
-            raise ConfigError(f"{'.'.join(keys[:i + 1])} is a {type(unwrap(container[key])).__name__}, "
+            raise ConfigError(f"{dotted([*prefix, *keys[:i + 1]])} is a {type(unwrap(container[key])).__name__}, "
                               "not a table", where=where)
         container = container[key]
     return container

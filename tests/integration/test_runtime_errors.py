@@ -46,6 +46,7 @@ def write(root, path, text):
 
 CONF_D = 'version = 2\nimports = ["/etc/containerd/conf.d/*.toml"]\n'
 CRI = '[plugins."io.containerd.grpc.v1.cri"]\n  max_concurrent_downloads = 7\n'
+CRI_V2 = 'version = 2\n[plugins."io.containerd.grpc.v1.cri"]\n'
 
 
 def toolkit_drop_in_after_ours(r):
@@ -68,6 +69,18 @@ def nested_import_after_ours(r):
      ["--runtime", "containerd"], 1, "unknown containerd config version '2'"),
     (lambda r: write(r, "etc/containerd/config.toml", "version = 2\nplugins = 3\n"),
      ["--runtime", "containerd"], 1, "plugins is a int, not a table"),
+    (lambda r: write(r, "etc/containerd/config.toml", "version = 2\nplugins = 3\n"),
+     ["--runtime", "containerd", "--no-drop-in"], 1, "config.toml: plugins is a int, not a table"),
+    (lambda r: write(r, "etc/containerd/config.toml", 'version = 2\n[plugins]\n"io.containerd.grpc.v1.cri" = 3\n'),
+     ["--runtime", "containerd"], 1, 'config.toml: plugins."io.containerd.grpc.v1.cri" is a int, not a table'),
+    (lambda r: write(r, "etc/containerd/config.toml", 'version = 2\n[plugins]\n"io.containerd.grpc.v1.cri" = 3\n'),
+     ["--runtime", "containerd", "--no-drop-in"], 1,
+     'config.toml: plugins."io.containerd.grpc.v1.cri" is a int, not a table'),
+    (lambda r: write(r, "etc/containerd/config.toml", '[plugins]\ncri = 3\n'),     # version 1: in place
+     ["--runtime", "containerd"], 1, "config.toml: plugins.cri is a int, not a table"),
+    (lambda r: write(r, "etc/containerd/config.toml", CRI_V2 + "containerd = 3\n"),
+     ["--runtime", "containerd", "--no-drop-in"], 1,
+     'config.toml: plugins."io.containerd.grpc.v1.cri".containerd is a int, not a table'),
     (lambda r: write(r, "etc/containerd/config.toml", 'version = 2\nimports = "/etc/x.toml"\n'),
      ["--runtime", "containerd"], 1, "imports is not a list of paths"),
     (lambda r: write(r, "etc/containerd/config.toml",

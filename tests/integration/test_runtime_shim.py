@@ -144,6 +144,27 @@ def test_baked_in_env_of_an_unprivileged_image_costs_no_python(shim):
     assert run(front, "create", "--bundle", str(b), "c1").returncode != 0     # privileged: Python (broken here)
 
 
+def test_gpu_create_imports_no_heavy_modules(shim):
+    """The shim's promise (docs/runtime.md): once the config is cached, a GPU create loads
+    none of json, re, dataclasses, pathlib, yaml or jsonschema."""
+    front, tmp_path = shim
+    b = bundle(tmp_path, annotations={"cdi.k8s.io/gpu": "example.com/gpu=0"})
+    assert run(front, "create", "--bundle", str(b), "c1").returncode == 0     # caches the config
+    text = front.read_text()
+    assert text.count(" -I -S -c ") == 1
+    timed = tmp_path / "front-importtime"
+    timed.write_text(text.replace(" -I -S -c ", " -X importtime -I -S -c "))
+    timed.chmod(0o755)
+    b = bundle(tmp_path, annotations={"cdi.k8s.io/gpu": "example.com/gpu=0"})
+    proc = run(timed, "create", "--bundle", str(b), "c1")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads((b / "config.json").read_text())["linux"]["devices"]
+    imported = {line.rsplit("|", 1)[1].strip() for line in proc.stderr.splitlines()
+                if line.startswith("import time:") and "|" in line}
+    assert {"hostagent.runtime.shim", "hostagent.cdi.inject"} <= imported     # the report is complete
+    heavy = {"json", "re", "dataclasses", "pathlib", "yaml", "jsonschema"}
+    assert not {name for name in imported if name.split(".")[0] in heavy}
+
 def test_missing_device_fails_naming_it_and_touches_nothing(shim):
     front, tmp_path = shim
     b = bundle(tmp_path, annotations={"cdi.k8s.io/gpu": "example.com/gpu=0,example.com/gpu=7"})
