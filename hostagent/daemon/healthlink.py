@@ -10,7 +10,7 @@ before such a sync is then skipped by revision, and only its event is published.
 A monitor that dies is logged, its devices are marked unmonitored, and it is restarted by
 ``check()`` (the daemon calls it periodically): health monitoring never silently stops.
 A monitor started after another (a restart, or a reload's new link given ``carried``)
-starts from the previous one's handover: an unhealthy device stays unhealthy, a lost GPU
+starts from the previous one's state: an unhealthy device stays unhealthy, a lost GPU
 lost, the last XIDs stay.
 """
 
@@ -49,7 +49,7 @@ class HealthLink:
         self.agent = agent
         self.options = options               # HealthOptions (state file off: the API serves it)
         self.monitor = None
-        self.carried = None                  # the last monitor's Handover, for the next one
+        self.carried = None                  # the last monitor's HealthState, for the next one
         self._synced = -1                    # the monitor revision agent.health reflects
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopping = False
@@ -101,7 +101,7 @@ class HealthLink:
         monitor, self.monitor = self.monitor, None
         if monitor is not None:
             await asyncio.to_thread(monitor.stop, wait)
-            self.carried = monitor.handover()
+            self.carried = monitor.state
 
     async def check(self) -> None:
         """Restart a monitor whose thread ended without being stopped."""
@@ -110,10 +110,8 @@ class HealthLink:
             return
         log.error("the health monitor stopped unexpectedly; its devices are unmonitored until it "
                   "is restarted")
-        self.monitor = None
         self.mark_unmonitored("the health monitor stopped unexpectedly; restarting it")
-        await asyncio.to_thread(monitor.stop, 1.0)
-        self.carried = monitor.handover()
+        await self.stop(1.0)                 # keeps its state for the restart
         await self.start(self.agent.inventory)
 
     def mark_unmonitored(self, why: str) -> None:

@@ -41,20 +41,23 @@ class DeviceIndex:
     children: dict            # index -> tuple[DeviceRef, ...] (its MIG devices)
 
     @classmethod
-    def from_inventory(cls, inventory, known: "DeviceIndex | None" = None) -> "DeviceIndex":
+    def from_inventory(cls, inventory, known: Iterable = ()) -> "DeviceIndex":
         """The devices of ``inventory``. A GPU NVML lists but cannot read (a lost GPU reads
-        as nothing but an error) keeps what ``known`` (the index before) had at its index:
-        its UUID and MIG devices, so its health stays under the keys it had; only a GPU
-        never read is ``gpu:<index>``."""
+        as nothing but an error) keeps what ``known`` had at its index: its UUID and MIG
+        devices, so its health stays under the keys it had; only a GPU never read is
+        ``gpu:<index>``. ``known``: the devices before, as records with key, name, gpu, gi
+        and ci (``DeviceRef``s, or the ``DeviceHealth`` records of a health state)."""
+        known = [DeviceRef(r.key, r.name, r.gpu, r.gi, r.ci) for r in known or ()]
         gpus, children = {}, {}
         for gpu in inventory.gpus:
             gpus[gpu.index] = DeviceRef(gpu.uuid, str(gpu.index), gpu.index)
             children[gpu.index] = tuple(DeviceRef(d.uuid, d.name, gpu.index, d.gi, d.ci)
                                         for d in (gpu.mig.devices if gpu.mig else ()))
         for bad in inventory.unreadable:
-            before = known.gpus.get(bad.index) if known is not None else None
+            before = next((r for r in known if r.gpu == bad.index and r.gi is None), None)
             if before is not None and before.uuid is not None:
-                gpus[bad.index], children[bad.index] = before, known.children[bad.index]
+                gpus[bad.index] = before
+                children[bad.index] = tuple(r for r in known if r.gpu == bad.index and r.gi is not None)
             else:
                 gpus[bad.index] = DeviceRef(f"gpu:{bad.index}", str(bad.index), bad.index)
                 children[bad.index] = ()

@@ -12,8 +12,9 @@ monitor retries with a growing pause; it never reports health it does not watch.
 are retried every ``LOST_RETRY`` seconds and watched again once NVML reads them.
 
 A monitor that replaces another (a reload with new settings, a restart after a failure)
-starts from its ``handover()``: health, last XIDs and the identity of lost GPUs carry over,
-re-evaluated under the new XID policy and quiet period (``state.rebase``).
+starts from its ``state``: health, last XIDs and the identity of lost GPUs (their records
+keep their UUIDs) carry over, re-evaluated under the new XID policy and quiet period
+(``state.rebase``).
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import dataclass
 from typing import Callable
 
 from ..errors import HostagentError
@@ -32,7 +32,7 @@ from .fanout import AllocationLookup, DeviceIndex, to_health_event
 from .options import HealthOptions
 from .records import UNMONITORED, HealthEvent, HealthUpdate
 
-__all__ = ["HealthMonitor", "Subscriber", "Handover", "LOST_RETRY"]
+__all__ = ["HealthMonitor", "Subscriber", "LOST_RETRY"]
 
 log = logging.getLogger("hostagent.health")
 
@@ -41,27 +41,20 @@ _RETRY_MAX = 30.0
 LOST_RETRY = 5.0            # seconds between attempts to register lost GPUs again
 
 
-@dataclass(frozen=True)
-class Handover:
-    """What a monitor leaves to the next: its state and device index (which remembers the
-    UUIDs of GPUs that can no longer be read)."""
-    state: S.HealthState
-    index: DeviceIndex
-
-
 class HealthMonitor:
     """Watches the GPUs of ``inventory`` until ``stop()``.
 
     ``allocations`` maps a device UUID to the allocations using it (the daemon's allocation
     store); ``metrics`` (an ``AgentMetrics``) counts events. Subscribers run on the thread
     that made the change (the monitor's, or the caller of ``clear``) under the monitor's
-    lock: they must be quick and must not call ``stop``. ``previous``: the ``handover()``
-    of the monitor this one replaces; without it every device starts healthy.
+    lock: they must be quick and must not call ``stop``. ``previous``: the ``state`` of the
+    monitor this one replaces (taken after its ``stop()``); without it every device starts
+    healthy.
     """
 
     def __init__(self, host: HostRoot, inventory, options: HealthOptions | None = None, *,
                  allocations: AllocationLookup | None = None, metrics=None, clock=time.time,
-                 previous: Handover | None = None):
+                 previous: S.HealthState | None = None):
         self.host = host
         self.options = options or HealthOptions()
         self.policy = self.options.policy
@@ -73,8 +66,9 @@ class HealthMonitor:
             self._index = DeviceIndex.from_inventory(inventory)
             self._state = S.initial(self._index, now)
         else:
-            self._index = DeviceIndex.from_inventory(inventory, previous.index)
-            state, _ = S.reconcile(previous.state, self._index, now)
+            # its records are the devices it knew: a lost GPU keeps its UUID and MIG devices
+            self._index = DeviceIndex.from_inventory(inventory, previous.devices.values())
+            state, _ = S.reconcile(previous, self._index, now)
             self._state, _ = S.rebase(state, self.policy, self.options.quiet_period, now)
         self._lock = threading.RLock()
         self._subscribers: list[Subscriber] = []
@@ -124,11 +118,6 @@ class HealthMonitor:
         with self._lock:
             return self._state
 
-    def handover(self) -> Handover:
-        """The state to start a replacing monitor from (take it after ``stop()``)."""
-        with self._lock:
-            return Handover(self._state, self._index)
-
     def last_xids(self) -> dict[str, int]:
         """Device key -> last XID seen (ignored ones included), for DCGM_FI_DEV_XID_ERRORS."""
         return {k: d.last_xid for k, d in self.state.devices.items() if d.last_xid is not None}
@@ -143,7 +132,7 @@ class HealthMonitor:
         """After a MIG change: follow the new devices (GPU-wide problems carry over to new
         MIG devices of an unhealthy GPU)."""
         with self._lock:
-            self._index = DeviceIndex.from_inventory(inventory, self._index)
+            self._index = DeviceIndex.from_inventory(inventory, self._state.devices.values())
             self._change("inventory", lambda st, now: S.reconcile(st, self._index, now))
 
     # ---- state changes ---------------------------------------------------------------

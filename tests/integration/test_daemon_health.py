@@ -22,6 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from hostagent.errors import PermissionDenied, UsageError
 from hostagent.health.monitor import LOST_RETRY
 from hostagent.labels import FEATURES_FILE
+from hostagent.labels import parse as parse_labels
 
 from .agentd import AgentProcess, make_root
 
@@ -40,8 +41,7 @@ def free_port() -> int:
 
 
 def labels_file(agent) -> dict:
-    text = agent.host.host(FEATURES_FILE).read_text()
-    return dict(line.split("=", 1) for line in text.splitlines())
+    return parse_labels(agent.host.host(FEATURES_FILE).read_text())
 
 
 class Node:
@@ -144,7 +144,13 @@ def test_labels_at_start_and_after_a_mig_change(node):
     assert now["nvidia.com/mig-1g.5gb.product"] == "NVIDIA-A100-SXM4-40GB-MIG-1g.5gb"
     # gfd.timestamp: when the labels last changed (the file is rewritten only then)
     assert int(now["nvidia.com/gfd.timestamp"]) >= int(start["nvidia.com/gfd.timestamp"])
+    path = node.agent.host.host(FEATURES_FILE)
+    written = path.stat()
     with node.client() as c:
+        c.refresh()                                             # labels unchanged: not rewritten
+        assert labels_file(node.agent) == now
+        after = path.stat()
+        assert (after.st_ino, after.st_mtime_ns) == (written.st_ino, written.st_mtime_ns)
         served = c.labels()
     assert served["labels"] == now and served["file"]["error"] is None
     assert served["file"]["path"].endswith(FEATURES_FILE)

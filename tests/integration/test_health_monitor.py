@@ -221,17 +221,17 @@ def test_a_replacing_monitor_carries_health_over(make_node):
         w.event("gpu_lost")
     finally:
         first.stop()
-    before = first.handover()
+    before = first.state
     second, w = monitor(before, quiet_period=None)             # same settings
     try:
-        assert second.state.devices == before.state.devices   # nothing changed, nothing re-reported
+        assert second.state.devices == before.devices         # nothing changed, nothing re-reported
         assert second.last_xids() == {uuids[0]: 48, uuids[1]: 79}
         assert second.state.get(uuids[1]).lost
         with pytest.raises(queue.Empty):
             w.next(timeout=0.5, cause="event")                # the lost GPU is not "lost again"
     finally:
         second.stop()
-    third, w = monitor(second.handover(), quiet_period=None, disable_xids=(48,))
+    third, w = monitor(second.state, quiet_period=None, disable_xids=(48,))
     try:
         gpu0 = third.state.get(uuids[0])
         assert gpu0.state == "healthy" and gpu0.last_xid == 48   # 48 is ignored now

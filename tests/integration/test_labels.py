@@ -2,6 +2,7 @@
 
 import os
 import re
+import socket
 import subprocess
 import sys
 
@@ -17,16 +18,20 @@ from hostagent.sim.node import MIG_DISABLE, MIG_ENABLE
 P = "nvidia.com/"
 
 
-def layout(store, gpus, profiles):
-    """Enable MIG on ``gpus`` and create one GI+full CI per profile id in ``profiles``."""
+def layout(store, gpus, profiles, split=False):
+    """Enable MIG on ``gpus`` and create one GI per profile id in ``profiles``, each with one
+    full compute instance, or (``split``) as many of the smallest compute-instance profile
+    as fit."""
     with store.mutate() as s:
         for g in gpus:
             s.set_mig_mode(store.facts, g, MIG_ENABLE)
             s.reset_gpu(g)
             for pid in profiles:
                 gi = s.create_gi(store.facts, g, pid)
-                prof = store.facts.skus[s.gpus[g].sku].mig.by_id(pid)
-                s.create_ci(store.facts, g, gi.id, max(prof.ci_profiles, key=lambda c: c.slices).id)
+                cis = store.facts.skus[s.gpus[g].sku].mig.by_id(pid).ci_profiles
+                ci = (min if split else max)(cis, key=lambda c: c.slices)
+                for _ in range(ci.instances if split else 1):
+                    s.create_ci(store.facts, g, gi.id, ci.id)
 
 
 # Kubernetes label syntax (the API server rejects anything else): an optional DNS-subdomain
@@ -42,19 +47,6 @@ def assert_kubernetes_labels(labels):
         assert value == "" or re.fullmatch(_NAME, value), (key, value)
 
 
-def one_gi(store, gpu, profile_id, split=False):
-    """GPU ``gpu`` MIG-enabled with one GI of ``profile_id``: one full compute instance, or
-    (``split``) as many of the smallest compute-instance profile as fit."""
-    with store.mutate() as s:
-        s.set_mig_mode(store.facts, gpu, MIG_ENABLE)
-        s.reset_gpu(gpu)
-        gi = s.create_gi(store.facts, gpu, profile_id)
-        prof = store.facts.skus[s.gpus[gpu].sku].mig.by_id(profile_id)
-        ci = min(prof.ci_profiles, key=lambda c: c.slices) if split else max(prof.ci_profiles, key=lambda c: c.slices)
-        for _ in range(ci.instances if split else 1):
-            s.create_ci(store.facts, gpu, gi.id, ci.id)
-
-
 @pytest.mark.parametrize("profile", ["dgx-a100", "hgx-h100", "hgx-h200", "a30x4", "mixed", "t4x2"])
 def test_every_label_is_valid_for_kubernetes(make_node, profile):
     """Every simulated node, whole and with every MIG profile of its GPUs (full and split
@@ -68,7 +60,8 @@ def test_every_label_is_valid_for_kubernetes(make_node, profile):
     seen = set()
     for case in cases:
         if case is not None:
-            one_gi(store, 0, *case)
+            pid, split = case
+            layout(store, [0], [pid], split)
         inv = read_inventory(host)
         seen |= {d.profile for d in inv.mig_devices}
         for strategy in ("none", "single", "mixed"):
@@ -82,15 +75,14 @@ def test_every_label_is_valid_for_kubernetes(make_node, profile):
 
 def test_me_profiles_are_named_as_gfd_names_them(make_node):
     host, store = make_node("dgx-a100")
-    one_gi(store, 0, 20)                                     # 1g.5gb+me
+    layout(store, [0], [20])                                 # 1g.5gb+me
     inv = read_inventory(host)
     assert [d.profile for d in inv.mig_devices] == ["1g.5gb+me"]
     mixed = node_labels(inv, mig_strategy="mixed")
     assert mixed[P + "mig-1g.5gb.me.count"] == "1"
     assert mixed[P + "mig-1g.5gb.me.product"] == "NVIDIA-A100-SXM4-40GB-MIG-1g.5gb.me"
     assert not any("+" in k + v for k, v in mixed.items())
-    for g in range(1, 8):
-        one_gi(store, g, 20)
+    layout(store, range(1, 8), [20])
     single = node_labels(read_inventory(host), mig_strategy="single")
     assert single[P + "gpu.product"] == "NVIDIA-A100-SXM4-40GB-MIG-1g.5gb.me" and single[P + "gpu.count"] == "8"
 
@@ -202,6 +194,27 @@ def test_cli(make_node):
     assert out.returncode == 0 and '"nvidia.com/gpu.product": "Tesla-T4-SHARED"' in out.stdout
     assert run("--write").returncode == 0
     assert re.fullmatch(r"\d{10}", read_labels(host)[TIMESTAMP])
+
+
+def test_cli_with_a_stale_daemon_socket(make_node, monkeypatch):
+    """The socket file of a daemon that is gone: labels are computed and written here, with
+    no note about the daemon's labels."""
+    host, _ = make_node("t4x2")
+    run_dir = host.host("/run/hostagent")
+    os.makedirs(run_dir, exist_ok=True)
+    monkeypatch.chdir(run_dir)                 # a relative bind: the full path may be too long
+    with socket.socket(socket.AF_UNIX) as stale:
+        stale.bind("hostagent.sock")
+    assert os.path.exists(host.host("/run/hostagent/hostagent.sock"))
+    run = lambda *a: subprocess.run([sys.executable, "-m", "hostagent.cli.main", "--simulate", str(host.root),
+                                     "labels", *a], capture_output=True, text=True)
+    for args in [(), ("--mig-strategy", "mixed")]:
+        out = run(*args)
+        assert out.returncode == 0 and out.stderr == "", (args, out.stderr)
+        assert "nvidia.com/gpu.product=Tesla-T4\n" in out.stdout
+    out = run("--write")
+    assert out.returncode == 0 and out.stderr == "", out.stderr
+    assert read_labels(host)[P + "gpu.product"] == "Tesla-T4"
 
 
 def gpu_labels(labels):

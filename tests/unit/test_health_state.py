@@ -136,9 +136,8 @@ def test_lost_gpu_keeps_its_identity_across_inventory_reads():
     st = S.initial(INDEX, 0.0)
     st, _ = S.apply_event(st, event(kind="gpu_lost", at=1.0), quiet_period=10, now=1.0)
     lost = inventory(gpu(1), unreadable=[UnreadableGpu(index=0, error="GPU is lost", nvml_code=15)])
-    index = INDEX
-    for now in (2.0, 3.0, 4.0):                           # re-reads, each from the index before
-        index = DeviceIndex.from_inventory(lost, index)
+    for now in (2.0, 3.0, 4.0):                           # re-reads, each from the records before
+        index = DeviceIndex.from_inventory(lost, st.devices.values())
         st, changed = S.reconcile(st, index, now=now)
         assert changed == ()
     assert list(st.devices) == [*ALL0, "GPU-1"]
@@ -147,7 +146,7 @@ def test_lost_gpu_keeps_its_identity_across_inventory_reads():
     ev = to_health_event(RawEvent("gpu_lost", 0, None, 5.0), index, XidPolicy())
     assert ev.devices == ALL0 and ev.gpu_uuid == "GPU-0"
     # read again (after a reset) with another layout: the inventory's devices are followed
-    back = DeviceIndex.from_inventory(inventory(gpu(0), gpu(1)), index)
+    back = DeviceIndex.from_inventory(inventory(gpu(0), gpu(1)), st.devices.values())
     assert [r.key for r in back.refs()] == ["GPU-0", "GPU-1"]
 
 
