@@ -31,21 +31,20 @@ def run(args) -> int:
     from ..devices import read_inventory
     host = host_from_args(args)
     inv = read_inventory(host)
-    health = device_health(host)
+    health = device_health(host, lost=bool(inv.unreadable))
     if args.output != "table":
         from .output import to_plain
-        data = to_plain({"gpus": inv.gpus if args.profiles else [_without_profiles(g) for g in inv.gpus],
-                         "unreadable": inv.unreadable})
+        data = to_plain({"gpus": inv.gpus, "unreadable": inv.unreadable})
         data["gpus"] = [_document(gpu, profiles=args.profiles) for gpu in data["gpus"]]
         for gpu in data["gpus"]:
             gpu["health"] = health.get(gpu["uuid"])
             for dev in (gpu["mig"] or {}).get("devices", ()):
                 dev["health"] = health.get(dev["uuid"])
         for bad in data["unreadable"]:
-            key = health.lost.get(bad["index"])
+            key = health.key_for(bad["index"])
             bad["uuid"] = _uuid(key)
-            bad["lost"] = key is not None
-            bad["health"] = health.get(key or f"gpu:{bad['index']}")
+            bad["lost"] = bad["index"] in health.lost
+            bad["health"] = health.get(key)
         emit(data, args.output, None)
         return 0
     print(render(inv, profiles=args.profiles, health=health))
@@ -64,10 +63,15 @@ class DaemonHealth:
     def get(self, key: str) -> dict:
         return self.by_key.get(key, UNKNOWN)
 
+    def key_for(self, index: int) -> str:
+        """The key of GPU ``index``'s record: its UUID when the daemon holds it as lost."""
+        return self.lost.get(index) or f"gpu:{index}"
 
-def device_health(host) -> DaemonHealth:
-    """Health from the daemon (``GET /v1/devices``, and ``GET /v1/health`` for devices the
-    daemon no longer lists); empty when none answers."""
+
+def device_health(host, *, lost: bool = False) -> DaemonHealth:
+    """Health from the daemon (``GET /v1/devices``; with ``lost``, for GPUs NVML could not
+    read here, also ``GET /v1/health``: the daemon no longer lists a lost GPU, only keeps
+    its record); empty when none answers."""
     client = daemon_client(host, timeout=5.0)
     if client is None:
         return DaemonHealth()
@@ -76,24 +80,25 @@ def device_health(host) -> DaemonHealth:
     try:
         with client:
             data = client.devices()
-            records = client.health()
+            records = client.health() if lost else None
     except (DaemonNotRunning, PermissionDenied, UnavailableError):
         return DaemonHealth()  # health unknown; the inventory below is still the node's
     out = DaemonHealth()
-    from ..health.statefile import state_from_dict
-    for dev in state_from_dict(records).devices.values():
-        # The API's summary of a record, as the daemon puts it on its devices.
-        out.by_key[dev.key] = _api_health(dev)
-        if dev.lost and not dev.is_mig:
-            out.lost[dev.gpu] = dev.key
+    if records is not None:
+        from ..health.statefile import state_from_dict
+        for dev in state_from_dict(records).devices.values():
+            # The API's summary of a record, as the daemon puts it on its devices.
+            out.by_key[dev.key] = _api_health(dev)
+            if dev.lost and not dev.is_mig:
+                out.lost[dev.gpu] = dev.key
     # The devices' own health wins: it is the daemon's view, "unmonitored" included.
     out.by_key.update({d["uuid"]: d["health"] for d in (*data["gpus"], *data["mig_devices"])})
     out.by_key.update({f"gpu:{g['index']}": g["health"] for g in data["gpus"]})
     return out
 
 
-def _uuid(key: str | None) -> str | None:
-    return None if key is None or key.startswith("gpu:") else key
+def _uuid(key: str) -> str | None:
+    return None if key.startswith("gpu:") else key
 
 
 def _api_health(dev) -> dict:
@@ -113,13 +118,6 @@ def _document(gpu: dict, *, profiles: bool) -> dict:
                 value = {k: v for k, v in value.items() if k != "profiles"}
         out[key] = value
     return out
-
-
-def _without_profiles(gpu):
-    import dataclasses
-    if gpu.mig is None:
-        return gpu
-    return dataclasses.replace(gpu, mig=dataclasses.replace(gpu.mig, profiles=()))
 
 
 def _mig_mode(gpu) -> str:
@@ -154,7 +152,7 @@ def render(inv, *, profiles: bool = False, health: DaemonHealth | None = None) -
     out = [table(["GPU", "MINOR", "UUID", "PRODUCT", "MEMORY", "PCI BUS ID", "CC", "ARCH", "MIG", "HEALTH"],
                  _gpu_rows(inv, health))]
     for bad in inv.unreadable:
-        known = health.by_key.get(health.lost.get(bad.index) or f"gpu:{bad.index}")
+        known = health.by_key.get(health.key_for(bad.index))
         out.append(f"GPU {bad.index}: unreadable: {bad.error}" + (f"; health: {known['state']}" if known else ""))
     migs = inv.mig_devices
     if migs:

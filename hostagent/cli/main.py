@@ -27,8 +27,8 @@ def _command_word(argv: list[str]) -> str | None:
     i = 0
     while i < len(argv):
         arg = argv[i]
-        if arg == "--simulate":
-            i += 2
+        if len(arg) > 2 and "--simulate".startswith(arg):
+            i += 2            # --simulate DIR, or an abbreviation argparse accepts: --sim DIR
             continue
         if not arg.startswith("-"):
             return arg if arg in COMMANDS else None

@@ -16,7 +16,7 @@ import pynvml as N
 from ..errors import DriverNotLoaded, NvmlError, NvmlLibraryMissing
 from ..hostroot import HostRoot
 from .records import (ComputeInstance, Gpu, GpuInstance, Inventory, MigDevice, MigProfile,
-                      MigState, Placement, UnreadableGpu)
+                      MigState, Placement, UnreadableGpu, sysfs_bus_id)
 
 __all__ = ["nvml_session", "read_inventory", "mig_profile_name"]
 
@@ -33,18 +33,17 @@ _SKIP_PROFILE = (N.NVML_ERROR_NOT_SUPPORTED, N.NVML_ERROR_INVALID_ARGUMENT)
 _NOT_APPLICABLE = 0xFFFFFFFF
 
 _sim_lock = threading.Lock()
-_sim_root = None
 
 
 def _install_simulator(host: HostRoot) -> None:
-    global _sim_root
     with _sim_lock:
+        # Whatever library is beneath pynvml now (another node's fake included) is the one
+        # to check: anyone may have installed one since this process last did.
         lib = N.nvmlLib
-        if _sim_root != host.root or getattr(lib, "store", None) is None:
+        if getattr(lib, "store", None) is None or lib.store.root != host.root:
             from ..sim import fakenvml   # only simulated runs pay for the simulator
             lib = fakenvml.install(host.root)
             lib.store.check()
-            _sim_root = host.root
     # A node whose files are unreadable is reported as such, naming the file, rather than
     # as a vague nvmlInit failure (cheap: the state is cached until it changes).
     lib.store.facts
@@ -132,9 +131,8 @@ def _numa_node(host: HostRoot, nvml_bus_id: str) -> int | None:
     """The GPU's NUMA node as the kernel reports it (what the device plugin reads for
     topology); None where it reports none: -1, as on single-node or firmware without
     affinity information, or no file."""
-    domain, rest = nvml_bus_id.split(":", 1)
     try:
-        text = host.sys(f"bus/pci/devices/{int(domain, 16):04x}:{rest.lower()}/numa_node").read_text()
+        text = host.sys(f"bus/pci/devices/{sysfs_bus_id(nvml_bus_id)}/numa_node").read_text()
         node = int(text.strip())
     except (OSError, ValueError):
         return None

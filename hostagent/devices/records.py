@@ -8,7 +8,13 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 __all__ = ["Placement", "MigProfile", "ComputeInstance", "GpuInstance", "MigDevice",
-           "MigState", "Gpu", "UnreadableGpu", "Inventory", "GpuProcess"]
+           "MigState", "Gpu", "UnreadableGpu", "Inventory", "GpuProcess", "sysfs_bus_id"]
+
+
+def sysfs_bus_id(nvml_bus_id: str) -> str:
+    """NVML's bus id ("00000000:07:00.0") as /sys and /proc spell it: "0000:07:00.0"."""
+    domain, rest = nvml_bus_id.split(":", 1)
+    return f"{int(domain, 16):04x}:{rest.lower()}"
 
 
 @dataclass(frozen=True, order=True)
@@ -139,8 +145,7 @@ class Gpu:
     @property
     def sysfs_bus_id(self) -> str:
         """The bus id as /sys and /proc spell it: "0000:07:00.0"."""
-        domain, rest = self.pci_bus_id.split(":", 1)
-        return f"{int(domain, 16):04x}:{rest.lower()}"
+        return sysfs_bus_id(self.pci_bus_id)
 
 
 # hostagent.devices.migctl.MigControl.processes()

@@ -46,8 +46,8 @@ class GiProfileSpec:
     jpegs: int
     ofas: int
     placements: tuple[int, ...]
-    # SMs of a compute instance of C slices, by C (see ci_multiprocessors below).
-    ci_sms: tuple[tuple[int, int], ...] = ()
+    # SMs of a compute instance of C slices, by C, for each C it offers (see ci_multiprocessors).
+    ci_sms: tuple[tuple[int, int], ...]
 
     @property
     def all_media(self) -> bool:
@@ -70,7 +70,7 @@ class GiProfileSpec:
                 n = self.slices // c
                 out.append(CiProfileSpec(
                     id=ci_profile_index(c), slices=c, instances=n,
-                    multiprocessors=dict(self.ci_sms).get(c, self.multiprocessors * c // self.slices),
+                    multiprocessors=dict(self.ci_sms)[c],
                     placements=tuple(k * c for k in range(n))))
         return tuple(out)
 

@@ -107,6 +107,13 @@ def test_sim_verbs_drive_the_node(node):
     assert failed.returncode == 1 and "kernel driver is not loaded" in failed.stderr
 
 
+def health_requests(client) -> float:
+    """How many GET /v1/health the daemon has answered, from its own request counter."""
+    from prometheus_client.parser import text_string_to_metric_families
+    return sum(s.value for f in text_string_to_metric_families(client.metrics()) for s in f.samples
+               if s.name == "hostagent_api_requests_total" and s.labels.get("route") == "/v1/health")
+
+
 def test_devices_show_a_lost_gpu_the_daemon_no_longer_lists():
     """A lost GPU leaves the daemon's device list at its next inventory read; its health
     record stays (GET /v1/health, by UUID, ``lost``) and ``hostagent devices`` shows it."""
@@ -114,9 +121,14 @@ def test_devices_show_a_lost_gpu_the_daemon_no_longer_lists():
     from .agentd import AgentProcess, make_root
     agent = AgentProcess(make_root("t4x2"), {"daemon": {"resync_interval": 0},
                                              "health": {"wait_timeout_ms": 200}})
+    env = {"HOSTAGENT_SIMULATE": str(agent.root)}
     try:
         agent.start()
         with agent.client() as c:
+            # Every GPU readable: GET /v1/devices carries all health, GET /v1/health is not asked.
+            before = health_requests(c)
+            hostagent("devices", env=env)
+            assert health_requests(c) == before
             uuid = c.device("1")["uuid"]
             hostagent("sim", "lose", "--gpu", "1", "--root", agent.root)
             deadline = time.monotonic() + 30
@@ -125,8 +137,10 @@ def test_devices_show_a_lost_gpu_the_daemon_no_longer_lists():
                 time.sleep(0.1)
             c.refresh()
             assert [g["index"] for g in c.devices()["gpus"]] == [0]       # gone from the list
-        env = {"HOSTAGENT_SIMULATE": str(agent.root)}
+            before = health_requests(c)
         out = hostagent("devices", env=env).stdout
+        with agent.client() as c:
+            assert health_requests(c) == before + 1                      # for the lost GPU
         rows = [line.split() for line in out.splitlines()[1:3]]
         assert rows[0][:2] == ["0", "0"] and rows[0][-1] == "healthy"
         assert rows[1] == ["1", "-", uuid, "lost", "-", "-", "-", "-", "-", "unhealthy"]
@@ -144,6 +158,17 @@ def test_devices_show_a_lost_gpu_the_daemon_no_longer_lists():
     finally:
         agent.stop()
         agent.cleanup()
+
+
+def test_sim_driver_unload_is_refused_while_a_gpu_is_held(node):
+    from hostagent.sim.store import SimStore
+    hostagent("sim", "hold", "0", "--root", node)
+    refused = hostagent("sim", "driver", "unload", "--root", node, check=False)
+    assert refused.returncode == 1 and "in use" in refused.stderr
+    assert SimStore(node).read().driver_loaded
+    hostagent("sim", "release", "--root", node)
+    hostagent("sim", "driver", "unload", "--root", node)
+    assert not SimStore(node).read().driver_loaded
 
 
 def test_demo_runs_on_a_temporary_node():

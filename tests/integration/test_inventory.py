@@ -240,6 +240,16 @@ def test_lost_gpu_is_reported_not_hidden(make_node):
     assert len(read_inventory(host).gpus) == 8
 
 
+def test_inventory_reads_its_own_node_after_another_node_installs_its_library(make_node):
+    from hostagent.sim import fakenvml
+    host_a, _ = make_node("t4x2")
+    host_b, _ = make_node("hgx-h100")
+    assert len(read_inventory(host_a).gpus) == 2
+    fakenvml.install(host_b.root)          # e.g. a test or a tool working on another node
+    assert len(read_inventory(host_a).gpus) == 2
+    assert N.nvmlLib.store.root == host_a.root
+
+
 def test_driver_not_loaded_is_a_clear_error(make_node):
     host, store = make_node("t4x2")
     control.set_driver_loaded(store, False)

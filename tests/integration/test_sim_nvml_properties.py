@@ -52,12 +52,15 @@ def read_back(h, mig):
     return sorted(out, key=lambda g: g[1].id)
 
 
+def described(gis):
+    """What ``read_back`` found, in the form the oracle takes."""
+    return [(info.id, info.profileId, info.placement.start, info.placement.size,
+             [(c.id, c.profileId, c.placement.start, c.placement.size) for _, c in cis])
+            for _, info, cis in gis]
+
+
 def signature(gis):
-    out = set()
-    for _, info, cis in gis:
-        out.add(("gi", info.profileId, info.placement.start, info.placement.size))
-        out.update(("ci", info.id, c.profileId, c.placement.start, c.placement.size) for _, c in cis)
-    return out
+    return oracle.instances(described(gis))
 
 
 def code_of(call):
@@ -86,9 +89,8 @@ def test_random_nvml_call_sequences_do_what_the_rules_say(nodes, profile, index,
         for op, a, b, c in ops:
             gis = read_back(h, mig)
             now = signature(gis)
-            gi = gis[b % len(gis)] if gis else None
-            busy = {(p.gi, p.ci) for p in store.read().processes}
-            if op == "hold" and gi and gi[2]:
+            if op == "hold" and gis and gis[b % len(gis)][2]:
+                gi = gis[b % len(gis)]
                 control.hold(store, N.nvmlDeviceGetUUID(
                     N.nvmlDeviceGetMigDeviceHandleByIndex(h, gi[1].placement.start + gi[2][0][1].placement.start)),
                     pid=os.getpid())
@@ -96,48 +98,30 @@ def test_random_nvml_call_sequences_do_what_the_rules_say(nodes, profile, index,
             if op == "free":
                 control.release(store)
                 continue
-            if op in ("gi", "gi_at"):
-                prof = mig.gi_profiles[a % len(mig.gi_profiles)]
-                placement = None
-                if op == "gi_at":
-                    placement = ((prof.placements[b % len(prof.placements)], prof.memory_slices)
-                                 if c % 4 else (b, c))
-                want, start = oracle.gi_create(mig, [(g.profileId, g.placement.start) for _, g, _ in gis],
-                                               prof.id, placement)
-                after = now | {("gi", prof.id, start, prof.memory_slices)}
-                if placement is None:
-                    call = lambda: N.nvmlDeviceCreateGpuInstance(h, prof.id)
-                else:
-                    pl = N.c_nvmlGpuInstancePlacement_t(*placement)
-                    call = lambda: N.nvmlDeviceCreateGpuInstanceWithPlacement(h, prof.id, ctypes.byref(pl))
-            elif gi is None:
+            busy = {(p.gi, p.ci) for p in store.read().processes if p.gpu == index}
+            e = oracle.expect(mig, described(gis), busy, op, a, b, c)
+            if e is None:
                 continue
-            elif op in ("ci", "ci_at"):
-                pid = a % N.NVML_COMPUTE_INSTANCE_PROFILE_COUNT
-                size = oracle.CI_SLICES.get(pid, 1)
-                placement = ((size * (c % 7), size) if c % 4 else (c, b)) if op == "ci_at" else None
-                gslices = next(p.slices for p in mig.gi_profiles if p.id == gi[1].profileId)
-                want, start = oracle.ci_create(gslices, [(ci.profileId, ci.placement.start) for _, ci in gi[2]],
-                                               pid, placement)
-                after = now | {("ci", gi[1].id, pid, start, size)}
-                if placement is None:
-                    call = lambda: N.nvmlGpuInstanceCreateComputeInstance(gi[0], pid)
+            gi = gis[e.gi][0] if e.gi is not None else None
+            if e.kind == "gi":
+                if e.placement is None:
+                    call = lambda: N.nvmlDeviceCreateGpuInstance(h, e.profile)
                 else:
-                    pl = N.c_nvmlComputeInstancePlacement_t(*placement)
-                    call = lambda: N.nvmlGpuInstanceCreateComputeInstanceWithPlacement(gi[0], pid, ctypes.byref(pl))
-            elif op == "dgi":
-                want = oracle.destroy(bool(gi[2]), any(g == gi[1].id for g, _ in busy))
-                after = now - {("gi", gi[1].profileId, gi[1].placement.start, gi[1].placement.size)}
-                call = lambda: N.nvmlGpuInstanceDestroy(gi[0])
-            elif op == "dci" and gi[2]:
-                ci, info = gi[2][c % len(gi[2])]
-                want = oracle.destroy(False, (gi[1].id, info.id) in busy)
-                after = now - {("ci", gi[1].id, info.profileId, info.placement.start, info.placement.size)}
-                call = lambda: N.nvmlComputeInstanceDestroy(ci)
+                    pl = N.c_nvmlGpuInstancePlacement_t(*e.placement)
+                    call = lambda: N.nvmlDeviceCreateGpuInstanceWithPlacement(h, e.profile, ctypes.byref(pl))
+            elif e.kind == "ci":
+                if e.placement is None:
+                    call = lambda: N.nvmlGpuInstanceCreateComputeInstance(gi, e.profile)
+                else:
+                    pl = N.c_nvmlComputeInstancePlacement_t(*e.placement)
+                    call = lambda: N.nvmlGpuInstanceCreateComputeInstanceWithPlacement(gi, e.profile, ctypes.byref(pl))
+            elif e.kind == "dgi":
+                call = lambda: N.nvmlGpuInstanceDestroy(gi)
             else:
-                continue
+                ci = gis[e.gi][2][e.ci][0]
+                call = lambda: N.nvmlComputeInstanceDestroy(ci)
             got = code_of(call)
-            assert got == want, f"{op} {a, b, c}: NVML code {got}, the rules say {want}"
-            assert signature(read_back(h, mig)) == (after if got == N.NVML_SUCCESS else now)
+            assert got == e.want, f"{op} {a, b, c}: NVML code {got}, the rules say {e.want}"
+            assert signature(read_back(h, mig)) == (e.after if got == N.NVML_SUCCESS else now)
     finally:
         N.nvmlShutdown()

@@ -9,6 +9,8 @@ would have to be made twice, differently.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import pynvml as N
 
 SUCCESS = N.NVML_SUCCESS
@@ -84,3 +86,68 @@ def ci_create(gi_slices, existing, profile_id, placement=None):
 def destroy(has_compute_instances: bool, has_processes: bool):
     """GPU instances: IN_USE while CIs or processes exist; CIs: while processes exist."""
     return IN_USE if has_compute_instances or has_processes else SUCCESS
+
+
+# ---- the property tests' random ops, decoded once for both ------------------------------
+#
+# A GPU's instances as the tests read them (from the node model, or back through NVML):
+# GPU instances as (id, profile id, start, size, CIs), CIs as (id, profile id, start, size).
+
+class Expected(NamedTuple):
+    """What an op stands for and what the rules say it must do. ``kind``: "gi" or "ci"
+    (create, with ``profile`` and ``placement``), "dgi" or "dci" (destroy); ``gi`` and ``ci``
+    are positions in the list of instances given (the GI created in, or destroyed; the CI
+    destroyed). ``after``: the instances once it succeeds, as ``instances`` gives them."""
+    kind: str
+    profile: int | None
+    placement: tuple[int, int] | None
+    gi: int | None
+    ci: int | None
+    want: int
+    after: set
+
+
+def instances(gis) -> set:
+    """The instances without the GPU instances' handles or order: ("gi", profile, start,
+    size) and ("ci", gi id, profile, start, size)."""
+    out = set()
+    for gi_id, profile_id, start, size, cis in gis:
+        out.add(("gi", profile_id, start, size))
+        out.update(("ci", gi_id, *ci[1:]) for ci in cis)
+    return out
+
+
+def expect(mig, gis, busy, op, a, b, c) -> Expected | None:
+    """The call random op ``(op, a, b, c)`` stands for on a GPU with GPU instances ``gis``
+    and processes in the (gi, ci) pairs ``busy``; None when it stands for none ("hold" and
+    "free" are the tests' own, as is any op on instances that do not exist)."""
+    now = instances(gis)
+    if op in ("gi", "gi_at"):
+        prof = mig.gi_profiles[a % len(mig.gi_profiles)]
+        placement = None
+        if op == "gi_at":     # mostly a placement the profile lists, sometimes any numbers
+            placement = ((prof.placements[b % len(prof.placements)], prof.memory_slices)
+                         if c % 4 else (b, c))
+        want, start = gi_create(mig, [(g[1], g[2]) for g in gis], prof.id, placement)
+        return Expected("gi", prof.id, placement, None, None, want,
+                        now | {("gi", prof.id, start, prof.memory_slices)})
+    if not gis:
+        return None
+    at = b % len(gis)
+    gi_id, gi_profile, gi_start, gi_size, cis = gis[at]
+    if op in ("ci", "ci_at"):
+        pid = a % N.NVML_COMPUTE_INSTANCE_PROFILE_COUNT    # every id, those that cannot fit too
+        size = CI_SLICES.get(pid, 1)
+        placement = ((size * (c % 7), size) if c % 4 else (c, b)) if op == "ci_at" else None
+        gi_slices = next(p.slices for p in mig.gi_profiles if p.id == gi_profile)
+        want, start = ci_create(gi_slices, [(ci[1], ci[2]) for ci in cis], pid, placement)
+        return Expected("ci", pid, placement, at, None, want, now | {("ci", gi_id, pid, start, size)})
+    if op == "dgi":
+        want = destroy(bool(cis), any(g == gi_id for g, _ in busy))
+        return Expected("dgi", None, None, at, None, want, now - {("gi", gi_profile, gi_start, gi_size)})
+    if op == "dci" and cis:
+        ci_at = c % len(cis)
+        ci_id, *ci_rest = cis[ci_at]
+        want = destroy(False, (gi_id, ci_id) in busy)
+        return Expected("dci", None, None, at, ci_at, want, now - {("ci", gi_id, *ci_rest)})
+    return None

@@ -12,6 +12,9 @@ from hostagent.cli.main import COMMANDS, _command_word, build_parser
     (["devices", "-o", "json"], "devices"),
     (["--simulate", "devices", "node"], "node"),        # the option's value is not the command
     (["--simulate=/x", "-v", "mig", "status"], "mig"),
+    (["--sim", "node", "devices"], "devices"),          # argparse's abbreviations take a value too
+    (["--s", "node", "devices"], "devices"),
+    (["--sim=node", "devices"], "devices"),
     (["-v", "bogus", "devices"], None),                   # an unknown word: no command
     (["--", "devices"], None),
     (["--version"], None),

@@ -235,50 +235,33 @@ def check_invariants(facts, state):
         assert len(slots) == sum(len(g.cis) for g in gpu.gis) and max(slots, default=0) < mig.compute_slices
 
 
+def gis_of(state):
+    """GPU 0's instances in the form the oracle takes."""
+    return [(gi.id, gi.profile_id, gi.start, gi.size,
+             [(ci.id, ci.profile_id, ci.start, ci.size) for ci in gi.cis]) for gi in state.gpus[0].gis]
+
+
 def instances(state):
-    """Every GI and CI of GPU 0, without their own ids (checked by the invariants):
-    ("gi", profile, start, size) and ("ci", gi id, profile, start, size)."""
-    out = set()
-    for gi in state.gpus[0].gis:
-        out.add(("gi", gi.profile_id, gi.start, gi.size))
-        out.update(("ci", gi.id, ci.profile_id, ci.start, ci.size) for ci in gi.cis)
-    return out
+    """Every GI and CI of GPU 0, without their own ids (checked by the invariants)."""
+    return oracle.instances(gis_of(state))
 
 
 def step(facts, state, op, a, b, c):
     """The call an op stands for, and what the rules say it must do:
     (function, args, expected code, instances after it if it succeeds); None for no call."""
-    mig = facts.skus[state.gpus[0].sku].mig
     gpu = state.gpus[0]
-    now = instances(state)
-    gi = gpu.gis[b % len(gpu.gis)] if gpu.gis else None
-    if op in ("gi", "gi_at"):
-        prof = mig.gi_profiles[a % len(mig.gi_profiles)]
-        placement = None
-        if op == "gi_at":     # mostly a placement the profile lists, sometimes any numbers
-            placement = ((prof.placements[b % len(prof.placements)], prof.memory_slices)
-                         if c % 4 else (b, c))
-        want, start = oracle.gi_create(mig, [(g.profile_id, g.start) for g in gpu.gis], prof.id, placement)
-        return (state.create_gi, (facts, 0, prof.id, placement), want,
-                now | {("gi", prof.id, start, prof.memory_slices)})
-    if gi is None:
+    busy = {(p.gi, p.ci) for p in state.processes_on(0)}
+    e = oracle.expect(facts.skus[gpu.sku].mig, gis_of(state), busy, op, a, b, c)
+    if e is None:
         return None
-    if op in ("ci", "ci_at"):
-        pid = a % N.NVML_COMPUTE_INSTANCE_PROFILE_COUNT    # every id, those that cannot fit too
-        size = oracle.CI_SLICES.get(pid, 1)
-        placement = ((size * (c % 7), size) if c % 4 else (c, b)) if op == "ci_at" else None
-        want, start = oracle.ci_create(mig.by_id(gi.profile_id).slices,
-                                       [(ci.profile_id, ci.start) for ci in gi.cis], pid, placement)
-        return (state.create_ci, (facts, 0, gi.id, pid, placement), want,
-                now | {("ci", gi.id, pid, start, size)})
-    if op == "dgi":
-        want = oracle.destroy(bool(gi.cis), bool(state.processes_on(0, gi.id)))
-        return state.destroy_gi, (0, gi.id), want, now - {("gi", gi.profile_id, gi.start, gi.size)}
-    if op == "dci" and gi.cis:
-        ci = gi.cis[c % len(gi.cis)]
-        want = oracle.destroy(False, bool(state.processes_on(0, gi.id, ci.id)))
-        return state.destroy_ci, (0, gi.id, ci.id), want, now - {("ci", gi.id, ci.profile_id, ci.start, ci.size)}
-    return None
+    gi = gpu.gis[e.gi] if e.gi is not None else None
+    if e.kind == "gi":
+        return state.create_gi, (facts, 0, e.profile, e.placement), e.want, e.after
+    if e.kind == "ci":
+        return state.create_ci, (facts, 0, gi.id, e.profile, e.placement), e.want, e.after
+    if e.kind == "dgi":
+        return state.destroy_gi, (0, gi.id), e.want, e.after
+    return state.destroy_ci, (0, gi.id, gi.cis[e.ci].id), e.want, e.after
 
 
 @pytest.mark.parametrize("sku", SKUS)
