@@ -218,8 +218,8 @@ def start_daemon(root: Path, config: dict) -> subprocess.Popen:
 
 
 def allocation_cost(root: Path, sock: str, count: int) -> None:
-    """Each allocation writes its spec and rewrites the checkpoint (both fsynced): its cost
-    should not grow with the number of allocations already made."""
+    """Each allocation writes its spec and rewrites the checkpoint (both fsynced): how its
+    cost grows with the number of allocations already made."""
     from hostagent.client import Client
     times = []
     with Client(socket_path=sock) as c:
@@ -250,9 +250,8 @@ def main() -> int:
     root = Path(tempfile.mkdtemp(prefix="hostagent-bench-"))
     create_node(root, "dgx-a100")
     sock = str(root / "run/hostagent/hostagent.sock")
-    per_device = max(32, -(-args.allocations // 8))
-    daemon = start_daemon(root, {"daemon": {"resync_interval": 60},
-                                 "allocations": {"max_per_device": per_device}})
+    limits = {"max_per_device": max(32, -(-args.allocations // 8)), "max_total": max(1024, args.allocations)}
+    daemon = start_daemon(root, {"daemon": {"resync_interval": 60}, "allocations": limits})
     trivial_sock = str(root / "trivial.sock")
     trivial = None
     try:

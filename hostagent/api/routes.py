@@ -18,7 +18,7 @@ from .http import Request
 from .peercred import allows
 from .schema import document_bytes, parse_json, validate_body
 from .server import Response, StreamResponse, error_response
-from .watch import watch_stream
+from .watch import WatchStream
 
 __all__ = ["App", "status_for"]
 
@@ -223,7 +223,7 @@ class App:
             since = int(since)
         if request.method == "HEAD":
             return Response(200, b"", content_type="application/x-ndjson")
-        producer = watch_stream(self.agent, since)
+        producer = WatchStream(self.agent, since)
         # Clients size their read timeout from it (silence between heartbeats is normal).
         heartbeat = (("Hostagent-Heartbeat", f"{self.agent.settings.api.watch_heartbeat:g}"),)
         return _stream(producer, producer.farewell, heartbeat)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 
-__all__ = ["watch_stream", "WatchStream", "snapshot_line"]
+__all__ = ["WatchStream", "snapshot_line"]
 
 
 def snapshot_line(agent, reason: str) -> tuple[int, bytes]:
@@ -40,8 +40,7 @@ class WatchStream:
 
     def __init__(self, agent, since: int | None):
         self.agent = agent
-        self.since = since
-        self.position = since        # the last revision sent
+        self.position = since        # the last revision the client has (None: a snapshot first)
 
     def farewell(self) -> bytes:
         return _marker("stopping", self.position or 0)
@@ -50,7 +49,7 @@ class WatchStream:
         agent = self.agent
         events = agent.events
         heartbeat = agent.settings.api.watch_heartbeat
-        if self.since is None:
+        if self.position is None:
             self.position, line = snapshot_line(agent, "initial")
             await stream.send(line)
         while not stream.closed:
@@ -68,7 +67,3 @@ class WatchStream:
                     await asyncio.shield(events.changed())
             except TimeoutError:
                 await stream.send(_marker("heartbeat", self.position))
-
-
-def watch_stream(agent, since: int | None) -> WatchStream:
-    return WatchStream(agent, since)

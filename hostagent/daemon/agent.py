@@ -51,8 +51,8 @@ class Agent:
         self.spec_options = None
         self.cdi_names: dict[str, tuple[str, ...]] = {}
         self._allocations: dict[str, alloc_rules.Allocation] = {}
-        self._users = None                # users() and the views' ids, until allocations change
-        self._profiles = (None, {})       # (inventory, its MIG profile views)
+        self.profiles: dict[str, list[dict]] = {}   # GPU uuid -> its MIG profile views
+        self._users = None                # users(), until the allocations change
         self.snapshot = Snapshot(self.events.revision, {}, {}, [], {}, {})
         self._restore_pending = False     # checkpoint loaded, not yet checked against the inventory
         self.labels = None                # nodelabels.LabelResult of the last inventory read
@@ -151,8 +151,11 @@ class Agent:
         self.labels = labels
         previous, self.inventory, self.spec, self.spec_options = self.inventory, inventory, generated, options
         self.cdi_names = self._cdi_names(inventory, generated, options)
+        self.profiles = {g.uuid: [profile_view(p) for p in g.mig.profiles] for g in inventory.gpus if g.mig}
         if inventory != previous:
-            for listener in self.inventory_listeners:
+            # A copy: a listener may remove itself (the deferred MIG reconcile, once the driver
+            # is there).
+            for listener in list(self.inventory_listeners):
                 try:
                     listener(inventory)
                 except Exception:       # a feature's failure never stops the inventory
@@ -164,7 +167,7 @@ class Agent:
 
     # ---- publishing ---------------------------------------------------------------
 
-    # The allocations change through these (the device index below follows them).
+    # The allocations change through these (they drop the device index below).
 
     @property
     def allocations(self) -> dict[str, alloc_rules.Allocation]:
@@ -177,36 +180,22 @@ class Agent:
 
     def add_allocation(self, alloc: alloc_rules.Allocation) -> None:
         self._allocations[alloc.id] = alloc
-        if self._users is not None:
-            users, ids = self._users
-            for uuid in alloc.devices:
-                users.setdefault(uuid, []).append((alloc.id, alloc.strategy))
-                ids.setdefault(uuid, []).append(alloc.id)
+        self._users = None
 
     def remove_allocation(self, alloc_id: str) -> None:
-        alloc = self._allocations.pop(alloc_id)
-        if self._users is not None:
-            users, ids = self._users
-            for uuid in alloc.devices:
-                left = [u for u in users[uuid] if u[0] != alloc_id]
-                if left:
-                    users[uuid], ids[uuid] = left, [a for a, _ in left]
-                else:
-                    del users[uuid], ids[uuid]
+        del self._allocations[alloc_id]
+        self._users = None
 
-    def _index(self):
-        """uuid -> [(allocation id, strategy)] and uuid -> [allocation id], built once per
-        change of the allocations, not at every allocation and publish."""
+    def users(self) -> dict[str, list[tuple[str, str]]]:
+        """uuid -> [(allocation id, strategy)], built once per change of the allocations
+        (the allocation and the publish that follows it both read it)."""
         if self._users is None:
             users: dict[str, list[tuple[str, str]]] = {}
             for a in self._allocations.values():
                 for uuid in a.devices:
                     users.setdefault(uuid, []).append((a.id, a.strategy))
-            self._users = users, {u: [a for a, _ in lst] for u, lst in users.items()}
+            self._users = users
         return self._users
-
-    def users(self) -> dict[str, list[tuple[str, str]]]:
-        return self._index()[0]
 
     def _node_view(self) -> dict:
         inv = self.inventory
@@ -241,7 +230,7 @@ class Agent:
         snapshot; build the next snapshot. Loop thread only."""
         for type_, payload in before:
             self.events.publish(type_, payload)
-        views = device_views(self.inventory, self.cdi_names, self.health, self._index()[1], self.default_health)
+        views = device_views(self.inventory, self.cdi_names, self.health, self.users(), self.default_health)
         old = self.snapshot.devices
         for type_, uuid, changed in diff_devices(old, views):
             if type_ == "device_removed":
@@ -258,12 +247,8 @@ class Agent:
             self.events.publish("node_changed", lambda r: {"node": {"revision": r, **node}})
         unreadable = [{"index": u.index, "error": u.error, "nvml_code": u.nvml_code}
                       for u in (self.inventory.unreadable if self.inventory else ())]
-        if self._profiles[0] is not self.inventory:
-            self._profiles = (self.inventory, {g.uuid: [profile_view(p) for p in g.mig.profiles]
-                                               for g in (self.inventory.gpus if self.inventory else ()) if g.mig})
-        profiles = self._profiles[1]
         self.snapshot = Snapshot(self.events.revision, node, views, unreadable,
-                                 dict(self.allocations), lookup_table(views), profiles,
+                                 dict(self.allocations), lookup_table(views), self.profiles,
                                  labels=self.labels)
         for listener in self.publish_listeners:
             listener()

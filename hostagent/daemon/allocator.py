@@ -28,14 +28,6 @@ class Allocator:
     def __init__(self, agent):
         self.agent = agent
         self.host = agent.host
-        self._safe_ids: dict[str, str] = {}     # allocation id -> its spec file's id, memoised
-                                                # for the allocations that exist
-
-    def _safe_id(self, alloc_id: str) -> str:
-        sid = self._safe_ids.get(alloc_id)
-        if sid is None:
-            sid = self._safe_ids[alloc_id] = transient.safe_id(alloc_id)
-        return sid
 
     def _same_request(self, existing: dict, request: dict) -> bool:
         """The same request, devices named by index, UUID, MIG or CDI name alike: a plugin
@@ -114,8 +106,8 @@ class Allocator:
                 raise alloc_rules.AllocationConflict(
                     f"allocation {request['id']!r} exists with a different request",
                     hint="release it first, or use another id", id=request["id"])
-            sid = transient.safe_id(request["id"])     # not memoised: it may never be made
-            clash = next((a for a in self.agent.allocations if self._safe_id(a) == sid), None)
+            sid = transient.safe_id(request["id"])
+            clash = next((a for a in self.agent.allocations if transient.safe_id(a) == sid), None)
             if clash is not None:
                 raise alloc_rules.AllocationConflict(
                     f"allocation id {request['id']!r} names the same spec file as {clash!r}",
@@ -165,7 +157,6 @@ class Allocator:
             others = [a for a in self.agent.allocations.values() if a.id != alloc_id]
             await self.agent.blocking(self._commit_release, alloc, others)
             self.agent.remove_allocation(alloc_id)
-            self._safe_ids.pop(alloc_id, None)
             log.info("allocation %s released", alloc_id, extra={"fields": {"allocation_id": alloc_id}})
             self.agent.publish([("allocation_deleted", {"allocation": allocation_view(alloc), "reason": "released"})])
             return alloc

@@ -60,9 +60,7 @@ def save(host: HostRoot, allocations) -> None:
     joins strings, it does not re-encode every allocation."""
     ensure_dir(host.state_dir, 0o700)
     entries = ",\n".join(a.checkpoint_json for a in allocations)
-    text = f'{{"version":{VERSION},"allocations":[\n{entries}\n]}}\n' if entries else \
-        f'{{"version":{VERSION},"allocations":[]}}\n'
-    write_atomic(path(host), text, mode=0o600)
+    write_atomic(path(host), f'{{"version":{VERSION},"allocations":[\n{entries}\n]}}\n', mode=0o600)
 
 
 def stray_temporaries(host: HostRoot) -> list[Path]:

@@ -33,9 +33,9 @@ def _remember_hangup(signum, frame) -> None:
 
 def hold_hangups() -> None:
     """From here on a SIGHUP is remembered, not fatal (its default action ends the process),
-    and the daemon reloads once it has started. Called first thing: a ``systemctl reload``
-    or ``kill -HUP`` may come at any time during a start-up that can take minutes (a MIG
-    apply)."""
+    and the daemon reloads once it has started. Called first thing in ``run``, where
+    ``hostagentd`` and ``hostagent serve`` both land: a ``systemctl reload`` or ``kill -HUP``
+    may come at any time during a start-up that can take minutes (a MIG apply)."""
     signal.signal(signal.SIGHUP, _remember_hangup)
 
 
@@ -118,6 +118,9 @@ class Daemon:
         from .notify import watchdog_interval
         loop = asyncio.get_running_loop()
         self._stop = asyncio.Event()
+        # Made before the signal handlers, which tell it of a stop (making it only reads the
+        # revision file).
+        self.agent = Agent(self.host, self.settings)
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._request_stop)
         # Until start-up is done a SIGHUP is only noted (reload needs the agent, the features
@@ -126,9 +129,6 @@ class Daemon:
         self._reload_wanted = _take_early_hangup()
 
         self.notifier.status("starting: reading the inventory")
-        self.agent = Agent(self.host, self.settings)
-        if self._stop.is_set():
-            self.agent.stop_requested.set()
         self.agent.publish_listeners.append(self._status_changed)
         await self.agent.start()
         if self._stop.is_set():
@@ -184,8 +184,7 @@ class Daemon:
         """SIGTERM or SIGINT: stop; a MIG apply under way (the start-up layout or an API
         request) is interrupted before its next GPU and rolled back, not run to the end."""
         self._stop.set()
-        if self.agent is not None:
-            self.agent.stop_requested.set()
+        self.agent.stop_requested.set()
 
     def _stop_during_start(self) -> int:
         """Stopped before serving: the step under way finished (an interrupted MIG apply
@@ -243,7 +242,6 @@ class Daemon:
         """Validate the new configuration; keep the old one if it is bad."""
         from .logs import set_level
         from .settings import load_settings
-        self._status_sent = None
         self.notifier.reloading()
         try:
             new = load_settings(self.host, self.config_path)
@@ -295,7 +293,6 @@ def run(host: HostRoot, config_path=None, log_level: str | None = None) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """``hostagentd``: the daemon alone, for the systemd unit."""
-    hold_hangups()
     from .. import __version__
     from .args import add_arguments
     parser = argparse.ArgumentParser(prog="hostagentd", description="The hostagent daemon.")

@@ -45,7 +45,7 @@ def mig_view(dev: MigDevice, parent: Gpu) -> dict:
 
 
 def device_views(inventory: Inventory | None, cdi_names: dict[str, tuple[str, ...]],
-                 health: dict, users: dict[str, list[str]], default_health) -> dict[str, dict]:
+                 health: dict, users: dict[str, list[tuple[str, str]]], default_health) -> dict[str, dict]:
     """uuid -> view (without its revision), GPUs then MIG devices, in index order.
 
     A device is allocatable when the node spec describes it (a GPU with MIG enabled is
@@ -67,7 +67,7 @@ def device_views(inventory: Inventory | None, cdi_names: dict[str, tuple[str, ..
         view["cdi_devices"] = names
         view["health"] = h.to_dict()
         view["allocatable"] = bool(names) and h.allocatable
-        view["allocations"] = sorted(users.get(uuid, ()))
+        view["allocations"] = sorted(a for a, _ in users.get(uuid, ()))
     return out
 
 

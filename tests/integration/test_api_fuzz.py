@@ -47,9 +47,11 @@ def agent():
                                       "daemon": {"resync_interval": 0},
                                       "mig": {"config": "all-balanced"}}).start()
     yield proc
-    assert proc.proc.poll() is None, proc.log()
-    proc.stop()
-    proc.cleanup()
+    try:
+        assert proc.proc.poll() is None, proc.log()
+        assert proc.stop() == 0, proc.log()
+    finally:
+        proc.cleanup()
 
 
 def _resolve(item: dict) -> dict:
@@ -95,11 +97,6 @@ def check(response, operation_id: str | None, method: str = "GET", first_line: b
     data = body.decode() if content_type.startswith("text/plain") else json.loads(body)
     errors = sorted(_validator(content[content_type]["schema"]).iter_errors(data), key=str)
     assert not errors, f"{operation_id} {response.status}: {errors[0].message[:500]} at {list(errors[0].absolute_path)}"
-
-
-def send(agent, method, path, body=None, headers=None):
-    with agent.client() as c:
-        return c.transport.handle_request(Request(method, path, body, headers or {}))
 
 
 def exchange(agent, operation_id, method, path, body=None, headers=None):
@@ -322,7 +319,9 @@ def test_raw_bytes(agent, data):
         except (socket.timeout, ConnectionResetError):
             pass
     listed = set.intersection(*(set(op["responses"]) for _, _, op in OPERATIONS.values())) | set(UNMATCHED)
-    for status in re.findall(rb"HTTP/1\.1 (\d{3}) ", out):
+    statuses = re.findall(rb"HTTP/1\.1 (\d{3}) ", out)
+    assert statuses, f"no answer to {data[:100]!r}"
+    for status in statuses:
         status = status.decode()
         assert status == "505" or int(status) < 500, out[:500]
         assert status in listed or status in ("200", "201", "304"), out[:500]
