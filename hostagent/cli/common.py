@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["host_from_args", "daemon_socket", "daemon_client"]
+__all__ = ["host_from_args", "daemon_socket", "running_daemon_socket", "daemon_client"]
 
 DEFAULT_SOCKET = "/run/hostagent/hostagent.sock"
 
@@ -29,6 +29,16 @@ def daemon_socket(host):
     except Exception:          # an unreadable config: the daemon would not start with it either
         return None
     return path if path != default and os.path.exists(path) else None
+
+
+def running_daemon_socket(host):
+    """The socket of this node's daemon, if one accepts connections (without a socket
+    file, one stat and no client import)."""
+    path = daemon_socket(host)
+    if path is None:
+        return None
+    from ..client import daemon_running
+    return path if daemon_running(path) else None
 
 
 def daemon_client(host, timeout: float = 10.0):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 import time
 
-from .common import daemon_client, daemon_socket, host_from_args
+from .common import daemon_client, host_from_args, running_daemon_socket
 
 __all__ = ["register"]
 
@@ -53,50 +53,46 @@ def _from_daemon(host) -> dict | None:
 def _refuse_write(host) -> None:
     from ..errors import ConflictError
     from ..labels import FEATURES_FILE
-    path = daemon_socket(host)
-    if path is None:
-        return
-    from ..client import daemon_running
-    if daemon_running(path):
+    if running_daemon_socket(host) is not None:
         raise ConflictError("the hostagent daemon keeps the features file and would undo this write",
                             where=str(host.host(FEATURES_FILE)),
                             hint="set the labels: section of the daemon's config file and reload it "
                                  "(systemctl reload hostagent), or stop the daemon first")
 
 
-def _compute(host, args, *, timestamp: bool) -> dict:
+def _compute(host, mig_strategy: str, sharing, *, timestamp: bool) -> dict:
     from ..devices import read_inventory
-    from ..labels import Sharing, node_labels
+    from ..labels import node_labels
     from ..labels.hostfacts import gpu_mode, machine_type
     inv = read_inventory(host)
-    sharing = Sharing(args.sharing_strategy or "none", args.replicas or 1)
-    return node_labels(inv, mig_strategy=args.mig_strategy or "none", sharing=sharing,
+    return node_labels(inv, mig_strategy=mig_strategy, sharing=sharing,
                        machine=machine_type(host), gpu_mode=gpu_mode(host, inv),
                        timestamp=int(time.time()) if timestamp else None)
 
 
 def run(args) -> int:
     from ..errors import UsageError
-    from ..labels import FEATURES_FILE, TIMESTAMP, render, write_labels
+    from ..labels import FEATURES_FILE, TIMESTAMP, Sharing, render, write_labels
     from .output import emit
-    replicas = 1 if args.replicas is None else args.replicas
-    if replicas < 1 or ((args.sharing_strategy or "none") != "none" and replicas < 2):
+    mig_strategy = args.mig_strategy or "none"          # GFD's defaults
+    sharing = Sharing(args.sharing_strategy or "none", 1 if args.replicas is None else args.replicas)
+    if sharing.replicas < 1 or (sharing.strategy != "none" and sharing.replicas < 2):
         raise UsageError("--replicas must be at least 2 for a sharing strategy, 1 without")
     host = host_from_args(args)
     if args.write:
         _refuse_write(host)
-        labels = _compute(host, args, timestamp=False)
+        labels = _compute(host, mig_strategy, sharing, timestamp=False)
         written, _ = write_labels(host, labels, timestamp=None if args.no_timestamp else int(time.time()))
         print(f"{host.host(FEATURES_FILE)}: {'written' if written else 'unchanged'}")
         return 0
     labels = None
     if not any(getattr(args, name) is not None for name in _COMPUTE):
         labels = _from_daemon(host)
-    elif daemon_socket(host) is not None:
+    elif running_daemon_socket(host) is not None:
         print("hostagent: note: computed here with the options given; the daemon's labels follow "
               "its config (run without them to see those)", file=sys.stderr)
     if labels is None:
-        labels = _compute(host, args, timestamp=not args.no_timestamp)
+        labels = _compute(host, mig_strategy, sharing, timestamp=not args.no_timestamp)
     elif args.no_timestamp:
         labels.pop(TIMESTAMP, None)
     if args.output == "nfd":

@@ -95,9 +95,8 @@ def hooks_of(args):
     if not args.hooks:
         return None, {}
     from ..mig.hooks import flag_env, load_hooks
-    return load_hooks(args.hooks), flag_env(
-        selected_config=args.selected_config or "", config_file=args.config_file, hooks_file=args.hooks,
-        skip_reset=args.skip_reset, mode_only=args.mode_only)
+    return load_hooks(args.hooks), flag_env(config_file=args.config_file, hooks_file=args.hooks,
+                                            skip_reset=args.skip_reset, mode_only=args.mode_only)
 
 
 def _seconds(text: str) -> float:

@@ -7,20 +7,9 @@ from __future__ import annotations
 
 import sys
 
-from . import common
-from .common import host_from_args
+from .common import host_from_args, running_daemon_socket
 
-__all__ = ["apply_through_daemon", "daemon_socket", "checkpoint_guard"]
-
-
-def daemon_socket(host):
-    """The socket of this node's daemon, if one accepts connections (without a socket
-    file, one stat and no client import)."""
-    socket_path = common.daemon_socket(host)
-    if socket_path is None:
-        return None
-    from ..client import daemon_running
-    return socket_path if daemon_running(socket_path) else None
+__all__ = ["apply_through_daemon", "checkpoint_guard"]
 
 
 def checkpoint_guard(host, force: bool):
@@ -45,12 +34,8 @@ def checkpoint_guard(host, force: bool):
                              "protects are unknown", where=where,
                              hint="start the daemon (it sets an unreadable checkpoint aside), or "
                                   "pass --force") from None
-        users: dict[str, list[str]] = {}
-        for a in allocations:
-            for uuid in a.devices:
-                users.setdefault(uuid, []).append(a.id)
         try:
-            refuse_allocated(inventory, plan, users,
+            refuse_allocated(inventory, plan, allocations,
                              hint=f"release their allocations first (recorded in {where}), or pass --force")
         except ConflictError as e:
             if not force:
@@ -89,7 +74,7 @@ def apply_through_daemon(args) -> int | None:
     if args.dry_run:
         return None
     host = host_from_args(args)
-    socket_path = daemon_socket(host)
+    socket_path = running_daemon_socket(host)
     if socket_path is None:
         return None
     from ..client import Client

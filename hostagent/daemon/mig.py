@@ -46,15 +46,9 @@ class MigOps:
 
     # ---- helpers ------------------------------------------------------------------
 
-    def _allocated(self) -> dict[str, list[str]]:
-        users: dict[str, list[str]] = {}
-        for a in self.agent.allocations.values():
-            for u in a.devices:
-                users.setdefault(u, []).append(a.id)
-        return users
-
     def _refuse_busy(self, inventory, plan) -> None:
-        refuse_allocated(inventory, plan, self._allocated())
+        """Worker thread, while the loop holds the agent's mutex: the allocations stay put."""
+        refuse_allocated(inventory, plan, list(self.agent.allocations.values()))
 
     async def _after(self, reason: str) -> None:
         await self.agent.refresh_locked(reason)
@@ -114,9 +108,7 @@ class MigOps:
         from ..mig import service
         from ..mig.hooks import flag_env
         spec, hooks = _spec(body), _hooks(body)
-        env = flag_env(selected_config=body.get("config", ""), config_file=body.get("config_file"),
-                       hooks_file=body.get("hooks_file"), skip_reset=body.get("skip_reset", False),
-                       mode_only=body.get("mode_only", False))
+        env = flag_env(skip_reset=body.get("skip_reset", False), mode_only=body.get("mode_only", False))
 
         def refuse(inventory, plan):
             self._refuse_busy(inventory, plan)

@@ -149,15 +149,17 @@ def affected_devices(inventory: Inventory, plan: MigPlan) -> set[str]:
     return out
 
 
-def refuse_allocated(inventory: Inventory, plan: MigPlan, users: dict[str, list[str]], *,
+def refuse_allocated(inventory: Inventory, plan: MigPlan, allocations, *,
                      hint: str = "release their allocations first") -> None:
-    """DeviceBusy if ``plan`` would take away a device of an allocation (``users``: device
-    UUID -> allocation ids)."""
+    """DeviceBusy if ``plan`` would take away a device of one of ``allocations`` (objects
+    with ``id`` and ``devices``, the device UUIDs)."""
     from .allocations import DeviceBusy
-    busy = sorted(u for u in affected_devices(inventory, plan) if u in users)
-    if busy:
+    affected = affected_devices(inventory, plan)
+    holders = [a for a in allocations if affected.intersection(a.devices)]
+    if holders:
+        busy = sorted({u for a in holders for u in a.devices if u in affected})
         raise DeviceBusy(f"the change would take away allocated device(s) {', '.join(busy)}",
-                         hint=hint, devices=busy, allocations=sorted({a for u in busy for a in users[u]}))
+                         hint=hint, devices=busy, allocations=sorted({a.id for a in holders}))
 
 
 def created_instance(inventory: Inventory, gpu_index: int, gi: GiLayout) -> MigDevice | None:

@@ -90,17 +90,32 @@ def _roll_back(host: HostRoot, journal: Journal, why: str, progress: Progress,
     return f"rolled back to the previous layout ({len(report.steps)} steps)"
 
 
+def _interruptible(progress: Progress, stop_requested: Callable[[], bool]) -> Progress:
+    """``progress`` that raises KeyboardInterrupt once a stop is requested: the run reports
+    each GPU's change and each reset before it makes it, so the apply stops there and rolls
+    back. Only the forward run gets it: a rollback is never interrupted."""
+    def report(gpu, message) -> None:
+        if stop_requested():
+            raise KeyboardInterrupt
+        progress(gpu, message)
+    return report
+
+
 def execute(host: HostRoot, inventory: Inventory, plan: MigPlan, *, skip_reset: bool = False,
             force: bool = False, before_phase: Callable[[str], None] = lambda phase: None,
             progress: Progress = quiet,
             on_layout_changed: Callable[[HostRoot], None] = no_hook,
-            replan: Callable[[Inventory], MigPlan] | None = None) -> ApplyReport:
+            replan: Callable[[Inventory], MigPlan] | None = None,
+            stop_requested: Callable[[], bool] | None = None) -> ApplyReport:
     """Apply ``plan`` (made from ``inventory``, read under the same lock). GPUs whose layout
     the plan defers (profiles listed only while MIG is enabled) are planned by
-    ``replan(inventory)`` after the mode change and applied in the same transaction."""
+    ``replan(inventory)`` after the mode change and applied in the same transaction. Once
+    ``stop_requested()`` is true the apply stops before its next GPU's change (or reset)
+    and rolls back (MigInterrupted), as Ctrl-C does."""
     report = ApplyReport(plan)
     if not plan.changed:
         return report
+    forward = _interruptible(progress, stop_requested) if stop_requested else progress
     phases_run: set[str] = set()
 
     def phase_once(phase: str) -> None:          # the second pass must not rerun a hook
@@ -110,11 +125,11 @@ def execute(host: HostRoot, inventory: Inventory, plan: MigPlan, *, skip_reset: 
     journal = Journal.begin(host, inventory, plan, skip_reset=skip_reset)
     try:
         run_plan(host, plan, report.run, skip_reset=skip_reset, force=force,
-                 before_phase=phase_once, progress=progress)
+                 before_phase=phase_once, progress=forward)
         checked = verify(host, journal.record.after, journal.record.indices)
         if plan.deferred:
             checked = _apply_deferred(host, plan, replan(checked), journal, report, skip_reset=skip_reset,
-                                      force=force, before_phase=phase_once, progress=progress)
+                                      force=force, before_phase=phase_once, progress=forward)
         # Before the journal goes: a crash here is finished by recovery, nodes included.
         report.nodes = sync_cap_nodes(host, checked)
     except BaseException as e:

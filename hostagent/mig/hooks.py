@@ -71,11 +71,13 @@ class Hooks:
 NO_HOOKS = Hooks()
 
 
-def flag_env(*, selected_config: str, config_file: str | None = None, hooks_file: str | None = None,
+def flag_env(*, config_file: str | None = None, hooks_file: str | None = None,
              skip_reset: bool = False, mode_only: bool = False) -> dict[str, str]:
-    """The apply's flags as mig-parted hands them to hooks (its CLI flags' variables)."""
-    return {"MIG_PARTED_CONFIG_FILE": config_file or "", "MIG_PARTED_SELECTED_CONFIG": selected_config,
-            "MIG_PARTED_HOOKS_FILE": hooks_file or "", "MIG_PARTED_SKIP_RESET": str(skip_reset).lower(),
+    """The apply's flags as mig-parted hands them to hooks (its CLI flags' variables; a
+    file's is empty without one, as for inline documents). MIG_PARTED_SELECTED_CONFIG is
+    added by whoever runs the hooks: the config's name is known once it is planned."""
+    return {"MIG_PARTED_CONFIG_FILE": config_file or "", "MIG_PARTED_HOOKS_FILE": hooks_file or "",
+            "MIG_PARTED_SKIP_RESET": str(skip_reset).lower(),
             "MIG_PARTED_MODE_CHANGE_ONLY": str(mode_only).lower()}
 
 

@@ -54,18 +54,23 @@ def _name(pid: int) -> str | None:
         return None
 
 
-def _who(pid: int) -> str:
-    name = _name(pid)
-    return f"{pid} ({name})" if name else str(pid)
+def _names(busy: list) -> dict[int, str | None]:
+    """Each busy process's name, looked up once per pid."""
+    return {pid: _name(pid) for pid in {p.pid for p in busy}}
+
+
+def _who(pid: int, names: dict[int, str | None]) -> str:
+    return f"{pid} ({names[pid]})" if names[pid] else str(pid)
 
 
 def _in_use(what: str, busy: list, hint: str) -> InUse:
+    names = _names(busy)
     where = "; ".join(f"GPU {p.gpu}" + (f" GI {p.gi} CI {p.ci}" if p.gi is not None else "")
-                      + f" by pid {_who(p.pid)}" for p in busy)
+                      + f" by pid {_who(p.pid, names)}" for p in busy)
     return InUse(f"{what} in use: {where}", hint=hint,
                  devices=[dict(t) for t in dict.fromkeys(
                      (("gpu", p.gpu), ("gpu_instance", p.gi), ("compute_instance", p.ci)) for p in busy)],
-                 processes=[{"pid": p.pid, "name": _name(p.pid), "gpu": p.gpu, "gpu_instance": p.gi,
+                 processes=[{"pid": p.pid, "name": names[p.pid], "gpu": p.gpu, "gpu_instance": p.gi,
                              "compute_instance": p.ci} for p in busy])
 
 
@@ -108,8 +113,10 @@ def _ensure_idle(ctl: MigControl, targets: dict[int, set | None], what: str, *, 
         return
     if not force:
         raise _in_use(what, busy, "stop those processes, or pass --force to terminate them")
-    progress(None, f"terminating processes in the way (--force): {', '.join(_who(p.pid) for p in busy)}")
-    report.terminated += [_who(p.pid) for p in busy]
+    names = _names(busy)
+    who = [_who(p.pid, names) for p in busy]
+    progress(None, f"terminating processes in the way (--force): {', '.join(who)}")
+    report.terminated += who
     _terminate(sorted({p.pid for p in busy}))
     still = _busy(ctl, targets)
     if still:

@@ -142,27 +142,11 @@ def apply(host: HostRoot, spec: MigSpec | None, config: str | None, *, mode_only
                 from .executor import execute
                 result.report = execute(
                     host, inventory, result.plan, skip_reset=skip_reset, force=force,
-                    progress=_interruptible(progress, stop_requested) if stop_requested else progress,
-                    before_phase=lambda phase: hooks.run(f"pre-apply-{phase}", env),
-                    on_layout_changed=on_layout_changed,
+                    progress=progress, before_phase=lambda phase: hooks.run(f"pre-apply-{phase}", env),
+                    on_layout_changed=on_layout_changed, stop_requested=stop_requested,
                     replan=lambda now: _replan(now, spec, config, skip_reset, refuse))
                 result.plan = result.report.plan       # with deferred layouts filled in
         return result
-
-
-def _interruptible(progress: Progress, stop_requested: Callable[[], bool]) -> Progress:
-    """``progress`` that raises KeyboardInterrupt once a stop is requested: the executor
-    reports each GPU's change and each reset before it makes it, and rolls back on the
-    interrupt. Once only, so the rollback's own progress goes through."""
-    raised = False
-
-    def report(gpu, message) -> None:
-        nonlocal raised
-        if not raised and stop_requested():
-            raised = True
-            raise KeyboardInterrupt
-        progress(gpu, message)
-    return report
 
 
 def _replan(inventory: Inventory, spec: MigSpec | None, config: str | None, skip_reset: bool, refuse) -> MigPlan:
@@ -181,10 +165,9 @@ def plan(host: HostRoot, spec: MigSpec | None, config: str | None, *, mode_only:
     return _first_plan(inventory, spec, config, mode_only=mode_only), [note] if note else []
 
 
-def check(host: HostRoot, spec: MigSpec | None, config: str | None, *, mode_only: bool = False,
-          on_layout_changed: Callable[[HostRoot], None] = _no_hook) -> MigPlan:
+def check(host: HostRoot, spec: MigSpec | None, config: str | None, *, mode_only: bool = False) -> MigPlan:
     """mig-parted's ``assert``: raises NotApplied unless nothing would change."""
-    result, _ = plan(host, spec, config, mode_only=mode_only, on_layout_changed=on_layout_changed)
+    result, _ = plan(host, spec, config, mode_only=mode_only)
     require_applied(result)
     return result
 

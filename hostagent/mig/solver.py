@@ -46,9 +46,8 @@ class Geometry:
 
     @classmethod
     def of(cls, profiles: tuple[MigProfile, ...]) -> "Geometry":
-        if not profiles:
-            raise Infeasible("the GPU lists no MIG profile (some drivers list them only while "
-                             "MIG is enabled)")
+        """``profiles`` is not empty: callers handle a GPU that lists none (some drivers list
+        them only while MIG is enabled) before solving."""
         full = max(profiles, key=lambda p: (p.memory_slices, p.slices))
         memory = max(pl.start + pl.size for p in profiles for pl in p.placements)
         return cls(memory, full.slices, tuple(getattr(full, e) for e in ENGINES), tuple(profiles))

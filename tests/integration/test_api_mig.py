@@ -139,6 +139,21 @@ def test_bad_layouts(agent):
             post(c, "/v1/mig/apply", {"config": "two", "colour": 1})
 
 
+def test_inline_hooks_run_in_the_daemon_with_mig_parteds_variables(agent, tmp_path):
+    """No files name the request's documents: their variables are empty, as mig-parted's
+    are without the flags; the selected config is the one planned."""
+    log = tmp_path / "hooks.log"
+    record = (f'echo "$0 $MIG_PARTED_SELECTED_CONFIG [$MIG_PARTED_CONFIG_FILE] [$MIG_PARTED_HOOKS_FILE] '
+              f'$MIG_PARTED_SKIP_RESET $MIG_PARTED_MODE_CHANGE_ONLY" >> {log}')
+    hooks = {"version": "v1", "hooks": {name: [{"command": "/bin/sh", "args": ["-c", record, name]}]
+                                        for name in ("apply-start", "pre-apply-mode", "apply-exit")}}
+    with agent.client() as c:
+        done = post(c, "/v1/mig/apply", {"config": "two", "spec": SPEC, "hooks": hooks, "mode_only": True})
+    assert done["changed"] == [0, 1]
+    assert log.read_text().splitlines() == [f"{name} two [] [] false true"
+                                            for name in ("apply-start", "pre-apply-mode", "apply-exit")]
+
+
 def test_cli_goes_through_the_daemon(agent, tmp_path):
     spec = tmp_path / "mig.yaml"
     spec.write_text(json.dumps(SPEC))

@@ -17,8 +17,8 @@ import pytest
 from hostagent.cdi.refresh import configured_options, refresh
 from hostagent.devices import read_inventory
 from hostagent.mig import service
-from hostagent.mig.executor import MigApplyError
-from hostagent.mig.journal import Journal, read_checkpoint
+from hostagent.mig.executor import MigApplyError, MigInterrupted
+from hostagent.mig.journal import APPLYING, ROLLING_BACK, Journal, read_checkpoint
 from hostagent.mig.layout import Layout
 from hostagent.mig.spec import parse_spec
 from hostagent.sim.fakenvml import FAULT_ENV
@@ -199,6 +199,40 @@ def test_a_failed_rollback_keeps_the_journal_for_the_next_command(make_node):
     assert snapshot(host) not in (old, new)
     status = service.status(host)             # any mig command finishes the rollback
     assert "rolled back" in status["notes"][0] and status["apply_in_progress"] is None
+    assert snapshot(host) == old
+    consistent(host)
+
+
+def test_a_stop_request_interrupts_the_apply_before_its_next_gpu(make_node):
+    host, old, new, steps = setup(make_node, "hgx-h100", HOPPER)
+    asked = []
+
+    def stop_after_the_first_gpu() -> bool:
+        asked.append(True)
+        return len(asked) > 1
+    with pytest.raises(MigInterrupted, match="interrupted after [1-9].*rolled back to the previous layout"):
+        service.apply(host, HOPPER, "new", stop_requested=stop_after_the_first_gpu)
+    assert snapshot(host) == old
+    consistent(host)
+
+
+def test_a_stop_requested_while_a_failed_apply_rolls_back_does_not_stop_the_rollback(make_node):
+    """The daemon asked to stop while it rolls back an apply that failed (an NVML error):
+    the rollback finishes and the apply's own failure is reported."""
+    host, old, new, steps = setup(make_node, "hgx-h100", HOPPER)
+    asked = []
+
+    def stop_once_rolling_back() -> bool:
+        journal = Journal.load(host)
+        asked.append(journal and journal.record.status)
+        return journal is not None and journal.record.status == ROLLING_BACK
+    N.nvmlLib.inject("error", after=4)
+    with pytest.raises(BaseException) as e:        # BaseException: a raw KeyboardInterrupt too
+        service.apply(host, HOPPER, "new", stop_requested=stop_once_rolling_back)
+    assert type(e.value) is MigApplyError, repr(e.value)
+    assert f"failed after 4 of {steps} steps" in e.value.message
+    assert "rolled back to the previous layout" in e.value.message
+    assert APPLYING in asked                        # the forward run did ask
     assert snapshot(host) == old
     consistent(host)
 
