@@ -85,10 +85,11 @@ def device_health(host, *, lost: bool = False) -> DaemonHealth:
         return DaemonHealth()  # health unknown; the inventory below is still the node's
     out = DaemonHealth()
     if records is not None:
+        from ..daemon.health import api_health
         from ..health.statefile import state_from_dict
         for dev in state_from_dict(records).devices.values():
             # The API's summary of a record, as the daemon puts it on its devices.
-            out.by_key[dev.key] = _api_health(dev)
+            out.by_key[dev.key] = api_health(dev).to_dict()
             if dev.lost and not dev.is_mig:
                 out.lost[dev.gpu] = dev.key
     # The devices' own health wins: it is the daemon's view, "unmonitored" included.
@@ -99,12 +100,6 @@ def device_health(host, *, lost: bool = False) -> DaemonHealth:
 
 def _uuid(key: str) -> str | None:
     return None if key.startswith("gpu:") else key
-
-
-def _api_health(dev) -> dict:
-    from ..health.view import describe
-    reason, message = describe(dev)
-    return {"state": dev.state, "reason": reason, "message": message, "since": round(dev.changed_at, 3)}
 
 
 def _document(gpu: dict, *, profiles: bool) -> dict:

@@ -91,22 +91,28 @@ class Agent:
     def _read(self):
         """Worker: read the inventory, refresh the node spec and the node labels (each file
         written only if its content changed)."""
-        from ..cdi import refresh
-        from ..cdi.spec import SpecOptions
         from ..devices import read_inventory
         from .nodelabels import LabelSettings, compute_and_write
-        options = SpecOptions(hook_interpreter=self.interpreter())
         inventory = read_inventory(self.host)
         # Always regenerated (a few ms): the file is rewritten only when its content differs,
         # which also restores a spec (or a labels file) someone deleted.
+        options, change, generated = self.refresh_cdi(inventory)
+        labels = compute_and_write(self.host, inventory, LabelSettings.from_sections(self.settings.sections))
+        return inventory, generated, options, change, labels
+
+    def refresh_cdi(self, inventory=None):
+        """Worker: regenerate the node's CDI spec (written only if it changed), counted in
+        the metrics; (options, change, generated)."""
+        from ..cdi import refresh
+        from ..cdi.spec import SpecOptions
+        options = SpecOptions(hook_interpreter=self.interpreter())
         try:
             change, generated = refresh.refresh(self.host, options, inventory=inventory)
         except HostagentError:
             self.metrics.cdi_refresh("failed")
             raise
         self.metrics.cdi_refresh("written" if change.written else "unchanged")
-        labels = compute_and_write(self.host, inventory, LabelSettings.from_sections(self.settings.sections))
-        return inventory, generated, options, change, labels
+        return options, change, generated
 
     def _cdi_names(self, inventory, generated, options) -> dict[str, tuple[str, ...]]:
         from ..cdi.naming import device_name

@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from dataclasses import asdict, dataclass
 
-__all__ = ["Health", "STATES", "unmonitored"]
+__all__ = ["Health", "STATES", "unmonitored", "api_health"]
 
 STATES = ("healthy", "unhealthy", "unmonitored")
 
@@ -37,3 +37,10 @@ class Health:
 def unmonitored(now: float | None = None) -> Health:
     return Health("unmonitored", "unmonitored", "health monitoring is not running",
                   time.time() if now is None else now)
+
+
+def api_health(dev) -> Health:
+    """A monitor record (``DeviceHealth``) as the API's ``Health``."""
+    from ..health.view import describe
+    reason, message = describe(dev)
+    return Health(dev.state, reason, message, dev.changed_at)

@@ -21,18 +21,11 @@ import logging
 import time
 
 from ..errors import NotFoundError, UnavailableError
-from .health import Health
+from .health import Health, api_health
 
-__all__ = ["HealthLink", "api_health", "event_view"]
+__all__ = ["HealthLink", "event_view"]
 
 log = logging.getLogger("hostagent.daemon")
-
-
-def api_health(dev) -> Health:
-    """A monitor record (``DeviceHealth``) as the API's ``Health``."""
-    from ..health.view import describe
-    reason, message = describe(dev)
-    return Health(dev.state, reason, message, dev.changed_at)
 
 
 def event_view(event) -> dict:

@@ -58,17 +58,13 @@ class MigOps:
         back, recovered): the node's CDI spec describes the new MIG devices before anything
         else runs (an apply-exit hook restarting the device plugin). ``_after`` publishes the
         new inventory afterwards; the spec is then already up to date."""
-        from ..cdi import refresh
-        from ..cdi.spec import SpecOptions
         try:
-            change, _ = refresh.refresh(host, SpecOptions(hook_interpreter=self.agent.interpreter()))
+            _, change, _ = self.agent.refresh_cdi()
         except HostagentError as e:
-            self.agent.metrics.cdi_refresh("failed")
             log.error("the CDI spec was not refreshed after a MIG layout change: %s", e.message)
             if progress is not None:
                 progress(None, f"warning: the CDI spec was not refreshed: {e.message}")
             return
-        self.agent.metrics.cdi_refresh("written" if change.written else "unchanged")
         if progress is not None:
             progress(None, f"CDI spec: {change.describe()}")
 
