@@ -19,15 +19,7 @@ import sys
 import tempfile
 import time
 
-
-def hostagent_command() -> list[str]:
-    """This interpreter's own ``hostagent`` console script, run by this interpreter."""
-    import os
-    import sysconfig
-    script = os.path.join(sysconfig.get_path("scripts"), "hostagent")
-    if os.path.isfile(script):
-        return [sys.executable, script]
-    return [sys.executable, "-m", "hostagent.cli.main"]
+from startup import console_script          # bench/ is sys.path[0] when run as a script
 
 
 def timed(cmd):
@@ -55,7 +47,8 @@ def main() -> int:
                     gi = s.create_gi(store.facts, gpu, 19, (start, 1))
                     s.create_ci(store.facts, gpu, gi.id, 0)
         create_cap_nodes(store.root, store.facts)
-        cli = hostagent_command()
+        script = console_script()
+        cli = [sys.executable, script] if script else [sys.executable, "-m", "hostagent.cli.main"]
         commands = {"python3 -c pass": [sys.executable, "-c", "pass"],
                     "hostagent cdi generate (56 MIG devices)": cli + ["--simulate", root, "cdi", "generate",
                                                                       "--output", f"{root}/spec.json"]}

@@ -3,8 +3,9 @@
 
 Times whole processes (fork, exec, imports, work, exit) for:
   python3 -c pass                                   the floor any Python CLI pays
-  hostagent --version                               CLI start-up alone
+  hostagent --version                               the package floor: no command's parser or module
   python3 -m hostagent.cli.main --version           the same without the console script
+  hostagent node --help                             CLI start-up with a real command's parser
   hostagent --simulate ROOT devices -o json         a full inventory on a simulated DGX A100
 "hostagent" is the console script installed with the interpreter running this benchmark,
 never whatever PATH finds first (a pyenv shim is a bash script that starts several
@@ -65,6 +66,7 @@ def main() -> int:
             "python3 -c pass": [sys.executable, "-c", "pass"],
             "hostagent --version": cli + ["--version"],
             "python3 -m hostagent.cli.main --version": module + ["--version"],
+            "hostagent node --help": cli + ["node", "--help"],
             f"hostagent devices -o json ({args.profile})": cli + ["--simulate", root, "devices", "-o", "json"],
         }
         if not script:

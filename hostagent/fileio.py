@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["write_atomic", "ensure_dir"]
+__all__ = ["write_atomic", "remove", "ensure_dir"]
 
 
 def ensure_dir(path: str | os.PathLike, mode: int = 0o755):
@@ -49,10 +49,24 @@ def write_atomic(path: str | os.PathLike, data: str | bytes, mode: int = 0o644, 
         except FileNotFoundError:
             pass
         raise
-    if not durable:
-        return
-    dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    if durable:
+        _fsync_dir(directory)
+
+
+def remove(path: str | os.PathLike) -> None:
+    """Unlink ``path`` (atomic for readers) and make the removal durable, as writes are.
+    A file already gone is the same outcome."""
+    path = os.fspath(path)
     try:
-        os.fsync(dfd)
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    _fsync_dir(os.path.dirname(os.path.abspath(path)))
+
+
+def _fsync_dir(directory: str) -> None:
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
     finally:
-        os.close(dfd)
+        os.close(fd)

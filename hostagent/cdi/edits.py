@@ -6,7 +6,7 @@ leave out (never an empty optional key: older parsers reject unknown or empty fi
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 __all__ = ["DeviceNode", "Mount", "Hook", "Edits", "LIBRARY_MOUNT_OPTIONS", "IPC_MOUNT_OPTIONS"]
 
@@ -92,18 +92,6 @@ class Edits:
             links=unique((lk for p in parts for lk in p.links), lambda lk: lk[1]),
             device_links=unique((lk for p in parts for lk in p.device_links), lambda lk: lk[1]),
             folders=unique((f for p in parts for f in p.folders), lambda f: f))
-
-    def without(self, common: "Edits") -> "Edits":
-        """These edits minus anything ``common`` already provides."""
-        paths = {n.path for n in common.device_nodes}
-        dests = {m.container_path for m in common.mounts}
-        return Edits(env=tuple(e for e in self.env if e not in common.env),
-                     device_nodes=tuple(n for n in self.device_nodes if n.path not in paths),
-                     mounts=tuple(m for m in self.mounts if m.container_path not in dests),
-                     hooks=tuple(h for h in self.hooks if h not in common.hooks),
-                     links=tuple(lk for lk in self.links if lk not in common.links),
-                     device_links=tuple(lk for lk in self.device_links if lk not in common.device_links),
-                     folders=tuple(f for f in self.folders if f not in common.folders))
 
     def to_cdi(self, hooks: tuple[Hook, ...] = ()) -> dict:
         out = {}

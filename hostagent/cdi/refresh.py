@@ -8,7 +8,7 @@ import stat
 from dataclasses import dataclass
 
 from ..devices import read_inventory
-from ..fileio import ensure_dir, write_atomic
+from ..fileio import ensure_dir, remove, write_atomic
 from ..hostroot import HostRoot
 from ..lock import node_lock
 from .discover import Discovery
@@ -66,8 +66,10 @@ def generate(host: HostRoot, options: SpecOptions = SpecOptions(), inventory=Non
 
 
 def _diff(old: dict, new: dict) -> dict:
-    def by_name(spec):
-        return {d.get("name"): d for d in spec.get("devices", []) if isinstance(d, dict)}
+    def by_name(spec):                    # an old spec may have been edited by hand: take what fits
+        devices = spec.get("devices")
+        return {d["name"]: d for d in devices if isinstance(d, dict) and isinstance(d.get("name"), str)} \
+            if isinstance(devices, list) else {}
     before, after = by_name(old), by_name(new)
     return {"added": tuple(n for n in after if n not in before),
             "removed": tuple(n for n in before if n not in after),
@@ -84,42 +86,23 @@ def refresh(host: HostRoot, options: SpecOptions = SpecOptions(), *, dry_run: bo
     with node_lock(host, "cdi refresh"):
         path = spec_path(host, options)
         old_text, old_mode = _read(path)
-        old = _parse(old_text)
         try:
             generated = generate(host, options, inventory)
         except NothingToDescribe as e:
             if old_text is not None and not dry_run:
-                _remove(path)
-            change = SpecChange(str(path), written=old_text is not None, removed=tuple(_names(old)), empty=True)
+                remove(path)
+            change = SpecChange(str(path), written=old_text is not None, empty=True,
+                                removed=_diff(_parse(old_text), {})["removed"])
             return change, GeneratedSpec(spec=None, problems=(*e.left_out, e))
         text = render(generated.spec)
         if old_text == text and old_mode == 0o644:
             return SpecChange(str(path), written=False), generated
         change = SpecChange(str(path), written=True, created=old_text is None, mode_fixed=old_text == text,
-                            **_diff(old, generated.spec))
+                            **_diff(_parse(old_text), generated.spec))
         if not dry_run:
             ensure_dir(path.parent, 0o755)
             write_atomic(path, text, mode=0o644)
         return change, generated
-
-
-def _remove(path) -> None:
-    """Unlink (atomic for readers) and make the removal durable, as writes are."""
-    try:
-        os.unlink(path)
-    except FileNotFoundError:        # removed meanwhile by hand: the same outcome
-        pass
-    fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _names(spec: dict) -> list[str]:
-    devices = spec.get("devices")
-    return [d["name"] for d in devices if isinstance(d, dict) and isinstance(d.get("name"), str)] \
-        if isinstance(devices, list) else []
 
 
 def _read(path) -> tuple[str | None, int | None]:

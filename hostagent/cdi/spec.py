@@ -14,8 +14,8 @@ from .naming import device_name
 from .validate import DEVICE_RE, check_kind
 from .version import KNOWN_VERSIONS, minimum_version, version_key
 
-__all__ = ["SpecOptions", "GeneratedSpec", "NothingToDescribe", "build_spec", "describe_devices",
-           "hook_command", "prepare_hook", "HOOK_ENV", "common_edits", "hook_work", "edits_to_cdi"]
+__all__ = ["SpecOptions", "GeneratedSpec", "NothingToDescribe", "build_spec", "hook_command", "HOOK_ENV",
+           "common_edits", "hook_work", "edits_to_cdi"]
 
 # Hooks never inherit the container's environment: the spec gives them this one.
 HOOK_ENV = ("PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",)

@@ -9,7 +9,7 @@ a generator bug and fail loudly (exit 2) before anything is written.
 
 from __future__ import annotations
 
-from .errors import UsageError
+from .errors import HookError, UsageError
 
 PROG = "hostagent-hook"
 DEFAULT_LDCONFIG = "/sbin/ldconfig"
@@ -160,14 +160,17 @@ def _apply(req: Request, name: str, value: str) -> None:
 
 
 def check_link(name: str, value: str) -> tuple[str, str]:
-    """(TARGET, LINK): exactly one ``::``, and a LINK that names an entry (not ``/`` or a
-    path ending in ``..``), so a bad link fails the call before any link is made."""
+    """(TARGET, LINK): exactly one ``::``, and a LINK that names an entry (inroot.split),
+    so a bad link fails the call before any link is made."""
+    from .inroot import split                  # _run imports it for every link anyway
+
     parts = value.split("::")
     if len(parts) != 2 or not parts[0] or not parts[1]:
         raise UsageError(f"{name} {value!r}: expected TARGET::LINK")
-    final = [p for p in parts[1].split("/") if p and p != "."]
-    if not final or final[-1] == "..":
-        raise UsageError(f"{name} {value!r}: LINK must name a file, not a directory")
+    try:
+        split(parts[1])
+    except HookError as e:
+        raise UsageError(f"{name} {value!r}: {e}") from None
     return parts[0], parts[1]
 
 

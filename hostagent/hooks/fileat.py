@@ -14,7 +14,8 @@ _S_IFMT, _S_IFREG = 0o170000, 0o100000
 
 
 def temp_name(name: str) -> str:
-    return f".{name[:200]}.hostagent-{os.urandom(6).hex()}"
+    # 200 bytes, not characters: the whole name must fit in a 255-byte directory entry.
+    return f".{os.fsdecode(os.fsencode(name)[:200])}.hostagent-{os.urandom(6).hex()}"
 
 
 def write_at(dir_fd: int, name: str, data: bytes, mode: int = 0o644) -> None:

@@ -29,6 +29,8 @@ from .errors import HookError
 
 MAX_HOPS = 40
 MAX_STEPS = 4096
+NAME_MAX = 255
+_OPEN, _CREATE, _PROBE = range(3)           # what a walk does at a missing directory
 _STEP = os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC
 _S_IFMT, _S_IFDIR, _S_IFLNK = 0o170000, 0o040000, 0o120000
 
@@ -68,19 +70,20 @@ class Root:
         """A new O_PATH descriptor of directory ``path`` (a container path), made with
         mode 0755 where missing if ``create``. Raises OSError (FileNotFoundError,
         NotADirectoryError, ELOOP) when the walk cannot finish."""
-        return self._walk(path.split("/"), create)
+        return self._walk(path.split("/"), _CREATE if create else _OPEN)
 
-    def parent(self, path: str, *, create: bool = False) -> tuple[int, str]:
-        """(descriptor of the parent directory, final name) for ``path``; the final name
-        itself is not followed, so a link or file there can be replaced, not written
-        through."""
-        folder, name = split(path)
-        return self._walk(folder, create), name
+    def probe(self, path: str) -> int | None:
+        """What ``opendir(path, create=True)`` would meet, with nothing created: a new
+        descriptor of ``path`` when it exists, None when it can be made, or the OSError
+        the creating walk would raise for the path's shape (a file or a link loop on the
+        way, even past a missing directory and back out of it with ``..``)."""
+        return self._walk(path.split("/"), _PROBE)
 
-    def _walk(self, parts: list[str], create: bool) -> int:
+    def _walk(self, parts: list[str], mode: int) -> int | None:
         stack = [self.fd]                # stack[1:] are descriptors this walk owns
         todo = parts[::-1]
         hops = steps = 0
+        below = 0                        # probe: depth under the first missing directory
         try:
             while todo:
                 name = todo.pop()
@@ -89,6 +92,17 @@ class Root:
                     raise OSError(errno.ENAMETOOLONG, "path too long after following links")
                 if name in ("", "."):
                     continue
+                if below:
+                    # Directories the creating walk would make: new and empty, so a name
+                    # goes one deeper and ``..`` back up, until it is back where it was.
+                    if name == "..":
+                        below -= 1
+                    elif len(os.fsencode(name)) > NAME_MAX:
+                        raise OSError(errno.ENAMETOOLONG, "file name too long", name)
+                    else:
+                        below += 1
+                        todo.append("")          # the step create spends opening it
+                    continue
                 if name == "..":
                     if len(stack) > 1:
                         os.close(stack.pop())
@@ -96,8 +110,12 @@ class Root:
                 try:
                     fd = os.open(name, _STEP, dir_fd=stack[-1])
                 except FileNotFoundError:
-                    if not create:
+                    if mode == _OPEN:
                         raise
+                    if mode == _PROBE:                 # check the rest, make nothing
+                        below = 1
+                        todo.append("")
+                        continue
                     try:
                         os.mkdir(name, 0o755, dir_fd=stack[-1])
                     except FileExistsError:
@@ -122,6 +140,8 @@ class Root:
                     while len(stack) > 1:
                         os.close(stack.pop())
                 todo.extend(target.split("/")[::-1])
+            if below:
+                return None
             return stack.pop() if len(stack) > 1 else os.dup(self.fd)
         finally:
             for fd in stack[1:]:
@@ -130,8 +150,11 @@ class Root:
 
 def split(path: str) -> tuple[list[str], str]:
     """(components of the parent, final name) of a container path. The final name is a
-    plain name, never ``.`` or ``..``; the parent's components still hold ``..``."""
+    plain name, never ``.`` or ``..``, and short enough for a directory entry; the parent's
+    components still hold ``..``."""
     parts = [p for p in path.split("/") if p and p != "."]
     if not parts or parts[-1] == "..":
         raise HookError(f"container path {path!r} does not name a file")
+    if len(os.fsencode(parts[-1])) > NAME_MAX:
+        raise HookError(f"container path {path!r}: its file name is longer than {NAME_MAX} bytes")
     return parts[:-1], parts[-1]

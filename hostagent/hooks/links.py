@@ -9,8 +9,12 @@ A device link (``../card1::/dev/dri/by-path/pci-0000:3b:00.0-card``) is made onl
 node its TARGET names is one of the container's device nodes: the spec's one hook carries
 the links of every GPU, and each container gets those of the GPUs it was given.
 
-Every parent directory is reached before the first link is made, so a link that cannot be
-made (its parent is a file, a loop) fails the call with nothing changed.
+Every parent directory is reached, or its missing part checked to be makeable
+(inroot.Root.probe), before the first write, so a link whose directory cannot be reached (a
+file or a loop on the way, even past a missing directory) fails the call with nothing
+changed. Links are then made in order, and a link's path may go through a link made before
+it in the same call (``gbm/.`` then ``gbm/x``); the check saw the root as it was before the
+call, so only such a path can still fail after a write.
 
 An existing entry at LINK:
 * a symlink to TARGET is left alone (no write at all on a container's second start);
@@ -44,24 +48,21 @@ def present_device_links(device_links: list[tuple[str, str]], devices: set[str])
 
 def create_links(root: Root, links: list[tuple[str, str]], warn) -> dict[str, int]:
     counts = {"created": 0, "replaced": 0, "unchanged": 0, "kept": 0}
-    parents: dict[str, int] = {}       # one walk per directory: drivers put dozens of links in one
+    parents: dict[str, int | None] = {}   # one walk per directory: drivers put dozens of links in one
     try:
-        # Reach every existing parent first: only a missing one is left to create.
-        missing = []
-        for _, link in links:
-            key = "/".join(split(link)[0])
-            if key in parents or key in missing:
-                continue
-            try:
-                parents[key] = root.opendir(key)
-            except FileNotFoundError:
-                missing.append(key)
-            except OSError as e:
-                raise _unreachable(link, e) from None
+        # Reach every parent, or check that it can be made, before the first write.
+        planned = []
         for target, link in links:
             folder, name = split(link)
             key = "/".join(folder)
             if key not in parents:
+                try:
+                    parents[key] = root.probe(key)
+                except OSError as e:
+                    raise _unreachable(link, e) from None
+            planned.append((target, link, key, name))
+        for target, link, key, name in planned:
+            if parents[key] is None:
                 try:
                     parents[key] = root.opendir(key, create=True)
                 except OSError as e:
@@ -75,7 +76,8 @@ def create_links(root: Root, links: list[tuple[str, str]], warn) -> dict[str, in
                 raise HookError(f"cannot create link {link} -> {target} in the container: {e.strerror or e}") from None
     finally:
         for fd in parents.values():
-            os.close(fd)
+            if fd is not None:
+                os.close(fd)
     return counts
 
 

@@ -35,10 +35,6 @@ def read_state(fd: int = 0) -> dict:
     return state
 
 
-def container_root(state: dict) -> str:
-    return read_bundle(state)[0]
-
-
 def read_bundle(state: dict) -> tuple[str, dict]:
     """(root path, the bundle's config.json). The root is crun's non-standard ``root``
     field, else ``root.path`` from config.json; either is relative to the bundle when not

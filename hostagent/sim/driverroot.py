@@ -15,7 +15,7 @@ from pathlib import Path
 from ..fileio import ensure_dir
 from . import catalog, unixsock
 from .elf import write_shared_object
-from .files import NodeFiles, can_create_device_nodes, mig_minors
+from .files import FIXED_CAP_MINORS, NodeFiles, can_create_device_nodes, mig_minors
 from .node import NodeState, SimGpu
 from .store import SimStore
 
@@ -103,8 +103,8 @@ def create_node(root: str | os.PathLike, profile_name: str, *,
     w.chardev("dev/nvidia-uvm", uvm_major, 0)
     w.chardev("dev/nvidia-uvm-tools", uvm_major, 1)
     ensure_dir(root / "dev/nvidia-caps")
-    w.chardev("dev/nvidia-caps/nvidia-cap1", caps_major, 1, 0o400)
-    w.chardev("dev/nvidia-caps/nvidia-cap2", caps_major, 2, 0o444)
+    for minor, mode in FIXED_CAP_MINORS.items():
+        w.chardev(f"dev/nvidia-caps/nvidia-cap{minor}", caps_major, minor, mode)
 
     # /proc and /sys
     w.file("proc/devices", "Character devices:\n  1 mem\n  5 /dev/tty\n"

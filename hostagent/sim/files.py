@@ -12,10 +12,12 @@ from ..fileio import ensure_dir, write_atomic
 from .node import NodeFacts, NodeState
 
 __all__ = ["NodeFiles", "can_create_device_nodes", "mig_minors", "mig_cap_names", "sync_mig_caps",
-           "create_cap_nodes", "remove_cap_nodes", "FIXED_CAP_MINORS"]
+           "create_cap_nodes", "remove_cap_nodes", "add_drm_nodes", "FIXED_CAP_MINORS"]
 
-# nvidia-cap1 (mig/config) and nvidia-cap2 (mig/monitor) exist whatever the instances.
-FIXED_CAP_MINORS = (1, 2)
+# nvidia-cap1 (mig/config, root only) and nvidia-cap2 (mig/monitor) exist whatever the
+# instances: minor -> mode of the /dev node.
+FIXED_CAP_MINORS = {1: 0o400, 2: 0o444}
+DRM_MAJOR = 226
 
 
 def can_create_device_nodes(directory: Path) -> bool:
@@ -158,14 +160,22 @@ def create_cap_nodes(root: Path, facts: NodeFacts) -> list[int]:
     return created
 
 
-def remove_cap_nodes(root: Path) -> list[int]:
+def remove_cap_nodes(root: Path) -> None:
     """Remove the instance capability nodes (all but config's and monitor's), as a reboot
-    does: /dev starts empty and only the fixed nodes are made again at boot. Returns the
-    minors removed."""
-    removed = []
+    does: /dev starts empty and only the fixed nodes are made again at boot."""
     for node in (root / "dev/nvidia-caps").glob("nvidia-cap*"):
         minor = node.name.removeprefix("nvidia-cap")
         if minor.isdigit() and int(minor) not in FIXED_CAP_MINORS:
             node.unlink(missing_ok=True)
-            removed.append(int(minor))
-    return sorted(removed)
+
+
+def add_drm_nodes(root: Path, facts: NodeFacts, pci_bus_id: str, card: int) -> tuple[str, str]:
+    """Give the GPU at ``pci_bus_id`` (sysfs form) the DRM nodes a display-capable GPU has
+    with nvidia-drm loaded: sysfs ``drm/card<N>`` and ``drm/renderD<128+N>`` entries and the
+    /dev/dri nodes of the same names. Returns those names."""
+    w = NodeFiles(root, facts.real_device_nodes)
+    names = (f"card{card}", f"renderD{128 + card}")
+    for name, minor in zip(names, (card, 128 + card)):
+        ensure_dir(root / f"sys/bus/pci/devices/{pci_bus_id}/drm/{name}")
+        w.chardev(f"dev/dri/{name}", DRM_MAJOR, minor, 0o660)
+    return names

@@ -36,24 +36,32 @@ def build_rootfs(root: Path) -> Path:
     return root
 
 
+def import_image(root: Path, repo: str):
+    """Import the tree ``root`` as podman image ``localhost/<repo>:<content hash>``; yields
+    the tag and removes the image afterwards (``yield from`` it in a fixture)."""
+    require("podman", "runc")
+    tarball = root.parent / f"{root.name}.tar"
+    with tarfile.open(tarball, "w") as tar:
+        tar.add(root, arcname=".")
+    tag = f"localhost/{repo}:" + hashlib.sha256(tarball.read_bytes()).hexdigest()[:12]
+    subprocess.run(["podman", "import", "-q", str(tarball), tag], check=True, capture_output=True)
+    try:
+        yield tag
+    finally:
+        subprocess.run(["podman", "rmi", "-f", tag], capture_output=True)
+
+
 @pytest.fixture(scope="session")
 def podman_image(tmp_path_factory):
     require("podman", "runc", "busybox")
-    root = build_rootfs(tmp_path_factory.mktemp("rootfs"))
-    tarball = root.parent / "rootfs.tar"
-    with tarfile.open(tarball, "w") as tar:
-        tar.add(root, arcname=".")
-    tag = "localhost/hostagent-e2e:" + hashlib.sha256(tarball.read_bytes()).hexdigest()[:12]
-    subprocess.run(["podman", "import", "-q", str(tarball), tag], check=True, capture_output=True)
-    yield tag
-    subprocess.run(["podman", "rmi", "-f", tag], capture_output=True)
+    yield from import_image(build_rootfs(tmp_path_factory.mktemp("rootfs")), "hostagent-e2e")
 
 
-def podman_run(image: str, *args: str, devices=(), check=True) -> subprocess.CompletedProcess:
+def podman_run(image: str, *args: str, devices=(), flags=(), check=True) -> subprocess.CompletedProcess:
     cmd = ["podman", "run", "--rm", *PODMAN_FLAGS]
     for d in devices:
         cmd += ["--device", d]
-    proc = subprocess.run(cmd + [image, *args], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(cmd + [*flags, image, *args], capture_output=True, text=True, timeout=120)
     if check:
         assert proc.returncode == 0, proc.stderr
     return proc

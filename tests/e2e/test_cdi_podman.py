@@ -11,13 +11,11 @@ import pytest
 from hostagent.cdi.refresh import generate
 from hostagent.cdi.render import render
 from hostagent.cdi.spec import SpecOptions
-from hostagent.sim.files import create_cap_nodes
+from hostagent.devices import read_inventory
+from hostagent.sim.files import add_drm_nodes, create_cap_nodes
 from hostagent.sim.node import MIG_ENABLE
 
-from hostagent.devices import read_inventory
-from tests.integration.test_cdi_generate import add_drm_nodes
-
-from .conftest import PODMAN_FLAGS, podman_run
+from .conftest import PODMAN_FLAGS, import_image, podman_run, require
 
 LIBDIR = "/usr/lib/x86_64-linux-gnu"
 # Inside the container: device nodes with their numbers, the library folder, the cache.
@@ -47,7 +45,7 @@ def node(tmp_path_factory):
     host = HostRoot.simulation(root)
     gpus = read_inventory(host).gpus
     for index, card in DRM.items():
-        add_drm_nodes(host, gpus[index], card)
+        add_drm_nodes(root, store.facts, gpus[index].sysfs_bus_id, card)
     return host
 
 
@@ -163,10 +161,9 @@ def test_unknown_device_fails_the_start(podman_image, spec):
 def dynamic_image(tmp_path_factory):
     """busybox plus the host's dynamic loader and libc, and /probe, a program that needs
     libcuda.so.1: what resolves it is the image's own loader, with no linker cache."""
-    import hashlib
     import shutil
-    import tarfile
     from hostagent.sim.elf import write_shared_object
+    require("podman", "runc", "busybox")
     cc = shutil.which("cc") or shutil.which("gcc")
     loader = Path("/lib64/ld-linux-x86-64.so.2")
     if not cc or not loader.exists():
@@ -183,13 +180,7 @@ def dynamic_image(tmp_path_factory):
     (work / "probe.c").write_text("int main(void) { return 0; }\n")
     subprocess.run([cc, "-o", str(root / "probe"), str(work / "probe.c"), "-Wl,--no-as-needed", f"-L{work}",
                     "-l:libcuda.so.1"], check=True, capture_output=True)
-    tarball = work / "rootfs.tar"
-    with tarfile.open(tarball, "w") as tar:
-        tar.add(root, arcname=".")
-    tag = "localhost/hostagent-e2e-dynamic:" + hashlib.sha256(tarball.read_bytes()).hexdigest()[:12]
-    subprocess.run(["podman", "import", "-q", str(tarball), tag], check=True, capture_output=True)
-    yield tag
-    subprocess.run(["podman", "rmi", "-f", tag], capture_output=True)
+    yield from import_image(root, "hostagent-e2e-dynamic")
 
 
 def engine_flags(plain: dict) -> list[str]:
@@ -218,9 +209,7 @@ def test_plain_edits_alone_give_a_working_container_without_cdi_or_hook(dynamic_
     probe = ("/lib64/ld-linux-x86-64.so.2 --list /probe; /probe && echo probe-ran; "
              "for f in /dev/nvidia* /dev/dri/* /dev/dri/by-path/*; do [ -c $f ] && echo node $f; done; "
              "echo env $NVIDIA_VISIBLE_DEVICES")
-    proc = subprocess.run(["podman", "run", "--rm", *PODMAN_FLAGS, *engine_flags(plain), dynamic_image,
-                           "/bin/sh", "-c", probe], capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr
+    proc = podman_run(dynamic_image, "/bin/sh", "-c", probe, flags=engine_flags(plain))     # asserts exit 0
     assert f"libcuda.so.1 => {LIBDIR}/libcuda.so.1" in proc.stdout and "probe-ran" in proc.stdout
     nodes = {line.split()[1] for line in proc.stdout.splitlines() if line.startswith("node ")}
     assert {"/dev/nvidia0", "/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/dri/card1", "/dev/dri/renderD129"} <= nodes

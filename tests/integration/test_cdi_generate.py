@@ -16,7 +16,7 @@ from hostagent.cdi.validate import validate_spec
 from hostagent.devices import read_inventory
 from hostagent.errors import UsageError
 from hostagent.sim import control
-from hostagent.sim.files import create_cap_nodes
+from hostagent.sim.files import add_drm_nodes, create_cap_nodes
 from hostagent.sim.node import MIG_ENABLE
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="specs read major/minor from real character devices (root)")
@@ -24,6 +24,7 @@ SCHEMA = Path(__file__).parents[3] / "shared/reference/cdi-schema"
 
 
 def mig_layout(store, gpu=0):
+    """Two MIG devices on ``gpu`` (0:0 and 0:4), with their /dev capability nodes."""
     with store.mutate() as s:
         s.set_mig_mode(store.facts, gpu, MIG_ENABLE)
         s.reset_gpu(gpu)
@@ -31,6 +32,12 @@ def mig_layout(store, gpu=0):
         s.create_ci(store.facts, gpu, a.id, 2)
         b = s.create_gi(store.facts, gpu, 14, (4, 2))
         s.create_ci(store.facts, gpu, b.id, 1)
+    create_cap_nodes(store.root, store.facts)
+
+
+def cli(host, *args) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "hostagent.cli.main", "--simulate", str(host.root), *args],
+                          capture_output=True, text=True)
 
 
 def devices(spec):
@@ -40,7 +47,6 @@ def devices(spec):
 def test_whole_gpus_mig_devices_and_all(make_node):
     host, store = make_node("mixed")
     mig_layout(store)
-    create_cap_nodes(store.root, store.facts)
     gen = generate(host)
     assert gen.problems == () and validate_spec(gen.spec) == []
     devs = devices(gen.spec)
@@ -89,21 +95,18 @@ def test_common_edits_have_libraries_links_binaries_ipc_firmware_and_one_hook(ma
 def test_missing_capability_node_is_an_error_for_that_device_only(make_node):
     host, store = make_node("dgx-a100")
     mig_layout(store)
-    create_cap_nodes(store.root, store.facts)
     os.unlink(host.dev("nvidia-caps/nvidia-cap49"))
     gen = generate(host)
     assert "0:4" not in devices(gen.spec) and "0:0" in devices(gen.spec)
     [problem] = gen.problems
     assert "MIG device 0:4" in problem.message and "gpu0/gi5/ci0/access" in problem.message
-    out = subprocess.run([sys.executable, "-m", "hostagent.cli.main", "--simulate", str(host.root),
-                          "cdi", "generate"], capture_output=True, text=True)
+    out = cli(host, "cdi", "generate")
     assert out.returncode == 1 and "0:4" in out.stderr and json.loads(out.stdout)["devices"]
 
 
 def test_missing_mig_minors_fail_each_mig_device_and_keep_whole_gpus(make_node):
     host, store = make_node("mixed")
     mig_layout(store)
-    create_cap_nodes(store.root, store.facts)
     os.unlink(host.proc("driver/nvidia-caps/mig-minors"))
     gen = generate(host)
     assert {"1", "2", "all"} <= set(devices(gen.spec)) and not any(n.startswith("0:") for n in devices(gen.spec))
@@ -144,25 +147,21 @@ def test_nothing_to_describe_removes_the_node_spec_and_refresh_says_so(make_node
 
 def test_cli_on_a_node_with_nothing_to_describe(make_node):
     host, store = make_node("a30x4")
-    run = lambda *a: subprocess.run([sys.executable, "-m", "hostagent.cli.main", "--simulate", str(host.root), *a],
-                                    capture_output=True, text=True)
-    assert run("cdi", "refresh").returncode == 0
+    assert cli(host, "cdi", "refresh").returncode == 0
     enable_mig_everywhere(store, 4)
-    out = run("cdi", "generate")
+    out = cli(host, "cdi", "generate")
     assert out.returncode == 1 and out.stdout == ""
     assert out.stderr == ("hostagent: error: there is no GPU or MIG device to describe, and a CDI spec needs at least "
                           "one (every GPU has MIG enabled with no MIG devices: create some with 'hostagent mig apply')\n")
-    out = run("cdi", "refresh")
+    out = cli(host, "cdi", "refresh")
     assert out.returncode == 1 and "nvidia.com-gpu.json: removed (no GPU or MIG device to describe)" in out.stdout
-    assert json.loads(run("cdi", "list", "-o", "json").stdout)["devices"] == []
+    assert json.loads(cli(host, "cdi", "list", "-o", "json").stdout)["devices"] == []
 
 
 def test_a_driver_root_without_the_drivers_libraries_is_an_error(make_node, tmp_path):
     host, _ = make_node("t4x2")
-    run = lambda *a: subprocess.run([sys.executable, "-m", "hostagent.cli.main", "--simulate", str(host.root), *a],
-                                    capture_output=True, text=True)
     for root in (tmp_path / "nonexistent", tmp_path):
-        out = run("cdi", "generate", "--driver-root", str(root))
+        out = cli(host, "cdi", "generate", "--driver-root", str(root))
         assert out.returncode == 1 and out.stdout == "" and out.stderr.count("\n") == 1, out.stderr
         assert out.stderr.startswith(f"hostagent: error: {root}: no driver library (lib*.so.535.183.01)")
         assert "usr/lib/x86_64-linux-gnu" in out.stderr and "--driver-root" in out.stderr
@@ -206,30 +205,16 @@ def test_lost_gpu_is_left_out_and_said(make_node):
     assert "1" not in devices(gen.spec) and "GPU 1 is left out" in gen.problems[0].message
 
 
-def add_drm_nodes(host, gpu, card: int) -> tuple[str, str]:
-    """Give a simulated GPU the DRM nodes a display-capable GPU has: its sysfs drm entries and
-    /dev/dri/card<N> and renderD<128+N> (major 226). Returns their names."""
-    names = (f"card{card}", f"renderD{128 + card}")
-    drm = host.sys(f"bus/pci/devices/{gpu.sysfs_bus_id}/drm")
-    host.dev("dri").mkdir(exist_ok=True)
-    for name, minor in zip(names, (card, 128 + card)):
-        (drm / name).mkdir(parents=True)
-        os.mknod(host.dev(f"dri/{name}"), stat.S_IFCHR, os.makedev(226, minor))
-        os.chmod(host.dev(f"dri/{name}"), 0o660)
-    return names
-
-
 def hooks_in(spec) -> list[dict]:
     return [h for e in [spec["containerEdits"], *(d["containerEdits"] for d in spec["devices"])]
             for h in e.get("hooks", [])]
 
 
 def test_drm_nodes_go_with_their_gpu_and_the_one_hook_makes_their_by_path_links(make_node):
-    from hostagent.devices import read_inventory
-    host, _ = make_node("t4x2")
+    host, store = make_node("t4x2")
     gpus = read_inventory(host).gpus
-    add_drm_nodes(host, gpus[0], 1)
-    add_drm_nodes(host, gpus[1], 2)
+    assert add_drm_nodes(store.root, store.facts, gpus[0].sysfs_bus_id, 1) == ("card1", "renderD129")
+    add_drm_nodes(store.root, store.facts, gpus[1].sysfs_bus_id, 2)
     spec = generate(host).spec
     devs = devices(spec)
     assert [n["path"] for n in devs["0"]["deviceNodes"]] == ["/dev/nvidia0", "/dev/dri/card1", "/dev/dri/renderD129"]
@@ -267,7 +252,6 @@ def test_refresh_writes_only_changes_atomically_with_mode_0644(make_node):
     change, _ = refresh(host)
     assert not change.written and path.stat().st_mtime_ns == before
     mig_layout(store, gpu=3)
-    create_cap_nodes(store.root, store.facts)
     change, _ = refresh(host, dry_run=True)
     assert change.written and path.stat().st_mtime_ns == before      # dry run: nothing written
     change, _ = refresh(host)
@@ -282,6 +266,22 @@ def test_refresh_writes_only_changes_atomically_with_mode_0644(make_node):
     assert not refresh(host)[0].written
 
 
+def test_refresh_over_a_hand_edited_spec_takes_what_fits(make_node):
+    host, store = make_node("a30x4")
+    path = spec_path(host, SpecOptions())
+    path.parent.mkdir(parents=True, exist_ok=True)
+    for old, changed in (('{"devices": 5}', ()), ('{"devices": [{"name": 7}, "x", {"name": "0"}]}', ("0",)),
+                         ("not json", ()), ("[]", ())):
+        path.write_text(old)
+        change, _ = refresh(host)
+        assert change.written and not change.created and "1" in change.added, old
+        assert change.removed == () and change.changed == changed, old
+    path.write_text('{"devices": [{"name": 7}, {"name": "gone"}, {"name": "gone"}]}')
+    enable_mig_everywhere(store, 4)
+    change, _ = refresh(host)
+    assert change.empty and change.removed == ("gone",) and not path.exists()
+
+
 @pytest.mark.skipif(not SCHEMA.is_dir(), reason="the upstream CDI schema (shared/reference) is not beside the checkout")
 def test_generated_specs_pass_the_upstream_json_schema(make_node):
     jsonschema = pytest.importorskip("jsonschema")
@@ -289,7 +289,6 @@ def test_generated_specs_pass_the_upstream_json_schema(make_node):
     from referencing.jsonschema import DRAFT7
     host, store = make_node("dgx-a100")
     mig_layout(store)
-    create_cap_nodes(store.root, store.facts)
     for version in ("v0.5.2", "v1.1.0"):
         folder = SCHEMA / version
         defs = json.loads((folder / "defs.json").read_text())
@@ -303,21 +302,19 @@ def test_generated_specs_pass_the_upstream_json_schema(make_node):
 
 def test_cli_validate_list_and_bad_input(make_node, tmp_path):
     host, _ = make_node("t4x2")
-    run = lambda *a: subprocess.run([sys.executable, "-m", "hostagent.cli.main", "--simulate", str(host.root), *a],
-                                    capture_output=True, text=True)
-    assert run("cdi", "refresh").returncode == 0
-    listed = run("cdi", "list", "-o", "json")
+    assert cli(host, "cdi", "refresh").returncode == 0
+    listed = cli(host, "cdi", "list", "-o", "json")
     names = [d["name"] for d in json.loads(listed.stdout)["devices"]]
     assert names[:2] == ["nvidia.com/gpu=0", "nvidia.com/gpu=GPU-" + names[1].split("GPU-")[1]]
     bad = tmp_path / "bad.yaml"
     bad.write_text('cdiVersion: "0.3.0"\nkind: x/gpu\ndevices: []\n')
-    out = run("cdi", "validate", str(bad), str(spec_path(host, SpecOptions())))
+    out = cli(host, "cdi", "validate", str(bad), str(spec_path(host, SpecOptions())))
     assert out.returncode == 1 and "kind: vendor 'x'" in out.stdout and "nvidia.com-gpu.json: valid" in out.stdout
-    assert run("cdi", "generate", "--device-name-strategy", "serial").returncode == 2
+    assert cli(host, "cdi", "generate", "--device-name-strategy", "serial").returncode == 2
     written = tmp_path / "out.yaml"
-    assert run("cdi", "generate", "--output", str(written)).returncode == 0
+    assert cli(host, "cdi", "generate", "--output", str(written)).returncode == 0
     assert written.read_text().startswith('"cdiVersion"') and stat.S_IMODE(written.stat().st_mode) == 0o644
-    assert run("cdi", "generate", "--output", str(tmp_path / "out.json")).returncode == 0
+    assert cli(host, "cdi", "generate", "--output", str(tmp_path / "out.json")).returncode == 0
     assert json.loads((tmp_path / "out.json").read_text())["kind"] == "nvidia.com/gpu"
 
 
@@ -332,8 +329,7 @@ def test_cli_validate_list_and_bad_input(make_node, tmp_path):
 def test_cli_generate_output_errors_are_one_line_and_write_nothing(make_node, tmp_path, args, code, message):
     host, _ = make_node("t4x2")
     args = [a.format(tmp=tmp_path) for a in args]
-    out = subprocess.run([sys.executable, "-m", "hostagent.cli.main", "--simulate", str(host.root), "cdi", "generate",
-                          *args], capture_output=True, text=True)
+    out = cli(host, "cdi", "generate", *args)
     assert out.returncode == code and out.stdout == "" and out.stderr.count("\n") == 1, out.stderr
     assert out.stderr.startswith("hostagent: error: " + message.format(tmp=tmp_path)), out.stderr
     assert os.listdir(tmp_path) == []

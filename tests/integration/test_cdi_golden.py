@@ -17,10 +17,9 @@ from hostagent.devices import read_inventory
 from hostagent.hostroot import HostRoot
 from hostagent.sim import catalog
 from hostagent.sim.driverroot import create_node
-from hostagent.sim.files import create_cap_nodes
+from hostagent.sim.files import add_drm_nodes, create_cap_nodes
 from hostagent.sim.node import MIG_ENABLE
 
-from .test_cdi_generate import add_drm_nodes
 
 GOLDEN = Path(__file__).parents[2] / "cdi-specs"
 MAJORS = (511, 510)     # fixed so the files do not depend on this host's /proc/devices
@@ -33,7 +32,7 @@ def build(root: Path, case: str) -> dict:
     host = HostRoot.simulation(root)
     if case == "t4x2-drm":
         for card, gpu in enumerate(read_inventory(host).gpus, start=1):
-            add_drm_nodes(host, gpu, card)
+            add_drm_nodes(root, store.facts, gpu.sysfs_bus_id, card)
     if case == "dgx-a100-mig":
         # GPU 0: 7x 1g.5gb; GPU 1: 3g.20gb + 2x 1c.3g.20gb shared GI; the rest whole.
         with store.mutate() as s:

@@ -515,10 +515,14 @@ def test_device_links_are_made_for_the_containers_own_nodes_only(world):
 
 def test_a_bad_link_after_good_ones_changes_nothing(world):
     world.at("/etc/ld.so.conf.d").write_text("a file where a directory is expected")
-    for bad in (f"x::{LIB}/..", "x::/etc/ld.so.conf.d/link"):
+    # A missing directory on the way does not hide the file after it: "/missing/.." is
+    # checked, not made, before the first link.
+    for bad in (f"x::{LIB}/..", "x::/etc/ld.so.conf.d/link", "x::/missing/../etc/ld.so.conf.d/link",
+                f"x::{LIB}/new/../../../../missing/../etc/ld.so.conf.d/link"):
         proc = world.run("create-symlinks", "--link", LINKS[0], "--link", LINKS[1], "--link", bad)
         assert proc.returncode in (1, 2) and proc.stderr.count(b"\n") == 1, proc.stderr
         assert sorted(os.listdir(world.at(LIB))) == ["libcuda.so.550.54.15", "libnvidia-ml.so.550.54.15"]
+        assert sorted(os.listdir(world.root)) == ["etc", "usr"] and os.listdir(world.at("/etc")) == ["ld.so.conf.d"]
 
 
 @needs_root

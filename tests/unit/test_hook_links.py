@@ -66,10 +66,11 @@ def test_regular_files_and_directories_at_link_are_kept_with_a_warning(root):
 def test_a_link_whose_parent_is_a_file_fails_clearly_before_any_link_is_made(root):
     with open(lib(root, "file"), "w"):
         pass
-    with pytest.raises(HookError, match=f"cannot reach the directory of link {LIB}/file/x"):
-        run(root, f"libcuda.so.550::{LIB}/libcuda.so.1", f"t::/etc/new/x", f"t::{LIB}/file/x")
-    assert sorted(os.listdir(lib(root))) == ["file"]
-    assert not os.path.exists(os.path.join(root.path, "etc"))        # not even a parent directory
+    for bad in (f"{LIB}/file/x", f"/missing/..{LIB}/file/x", f"/missing/a/../..{LIB}/file/x"):
+        with pytest.raises(HookError, match=f"cannot reach the directory of link {bad} in the container: not a directory"):
+            run(root, f"libcuda.so.550::{LIB}/libcuda.so.1", "t::/etc/new/x", f"t::{bad}")
+        assert sorted(os.listdir(lib(root))) == ["file"]
+        assert sorted(os.listdir(root.path)) == ["usr"]               # not even a parent directory
 
 
 def test_a_new_link_is_made_under_a_temporary_name_and_renamed_into_place(root, monkeypatch):
@@ -103,6 +104,7 @@ def test_write_at_replaces_a_planted_symlink_instead_of_writing_through_it(tmp_p
 def test_temp_names_are_random_and_never_reused(tmp_path, monkeypatch):
     names = {fileat.temp_name("ld.so.cache") for _ in range(100)}
     assert len(names) == 100 and all(n.startswith(".ld.so.cache.hostagent-") for n in names)
+    assert len(os.fsencode(fileat.temp_name("é" * 127))) <= 255          # the longest name split allows
     # A planted entry at the temporary name is not followed or overwritten: O_EXCL fails.
     (tmp_path / ".x.hostagent-planted").symlink_to(tmp_path / "victim")
     monkeypatch.setattr(fileat, "temp_name", lambda name: ".x.hostagent-planted")
@@ -132,8 +134,14 @@ def test_read_at_ignores_links_and_fifos(tmp_path):
 
 def test_links_sharing_a_folder_and_dotted_spellings_land_where_they_say(root):
     counts, _ = run(root, f"t1::{LIB}/gbm/.", f"t2::{LIB}/gbm/x", f"t3::{LIB}/./y", f"t4::{LIB}/../x86_64-linux-gnu/z",
-                    f"t5::usr/lib/x86_64-linux-gnu/w")
+                    "t5::usr/lib/x86_64-linux-gnu/w")
     assert counts["created"] == 5
     assert os.readlink(lib(root, "gbm")) == "t1"                  # "/gbm/." names gbm itself
     assert os.readlink(lib(root, "gbm/x")) == "t2"                # ... and so gbm/x goes through that link
     assert [os.readlink(lib(root, n)) for n in ("y", "z", "w")] == ["t3", "t4", "t5"]
+
+
+def test_the_longest_file_name_is_linked(root):
+    name = "é" * 127                                           # 254 bytes
+    counts, _ = run(root, f"t::{LIB}/{name}")
+    assert counts["created"] == 1 and os.listdir(lib(root)) == [name]

@@ -84,14 +84,14 @@ def bundle(tmp_path):
 
 
 def test_relative_root_path_is_joined_to_the_bundle(bundle):
-    assert ocistate.container_root({"bundle": str(bundle)}) == str(bundle / "rootfs")
+    assert ocistate.read_bundle({"bundle": str(bundle)})[0] == str(bundle / "rootfs")
 
 
 def test_absolute_root_path_and_crun_root_field(bundle, tmp_path_factory):
     other = tmp_path_factory.mktemp("elsewhere")
     (bundle / "config.json").write_text(json.dumps({"root": {"path": str(other)}}))
-    assert ocistate.container_root({"bundle": str(bundle)}) == str(other)
-    assert ocistate.container_root({"bundle": str(bundle), "root": "/run/crun/x/rootfs"}) == "/run/crun/x/rootfs"
+    assert ocistate.read_bundle({"bundle": str(bundle)})[0] == str(other)
+    assert ocistate.read_bundle({"bundle": str(bundle), "root": "/run/crun/x/rootfs"})[0] == "/run/crun/x/rootfs"
 
 
 @pytest.mark.parametrize("state, message", [
@@ -102,7 +102,7 @@ def test_absolute_root_path_and_crun_root_field(bundle, tmp_path_factory):
 ])
 def test_bad_bundles_are_refused(state, message):
     with pytest.raises(HookError, match=message):
-        ocistate.container_root(state)
+        ocistate.read_bundle(state)
 
 
 @pytest.mark.parametrize("config, message", [
@@ -112,22 +112,22 @@ def test_bad_bundles_are_refused(state, message):
 def test_bad_configs_are_refused(bundle, config, message):
     (bundle / "config.json").write_text(config)
     with pytest.raises(HookError, match=message):
-        ocistate.container_root({"bundle": str(bundle)})
+        ocistate.read_bundle({"bundle": str(bundle)})
 
 
 def test_relative_crun_root_is_joined_to_the_bundle(bundle):
     """crun 1.8 passes config.json's root.path as written, relative to the bundle."""
-    assert ocistate.container_root({"bundle": str(bundle), "root": "rootfs"}) == str(bundle / "rootfs")
+    assert ocistate.read_bundle({"bundle": str(bundle), "root": "rootfs"})[0] == str(bundle / "rootfs")
 
 
 @pytest.mark.parametrize("root", ["", 7, "root\0fs"])
 def test_bad_crun_roots_are_refused(bundle, root):
     with pytest.raises(HookError, match="not an absolute path"):
-        ocistate.container_root({"bundle": str(bundle), "root": root})
+        ocistate.read_bundle({"bundle": str(bundle), "root": root})
 
 
 def test_a_fifo_config_is_refused_without_hanging(bundle):
     (bundle / "config.json").unlink()
     os.mkfifo(bundle / "config.json")
     with pytest.raises(HookError, match="not a regular file"):
-        ocistate.container_root({"bundle": str(bundle)})
+        ocistate.read_bundle({"bundle": str(bundle)})
