@@ -69,6 +69,17 @@ def install_cache(root: Root, cache: bytes) -> None:
         os.close(etc)
 
 
+def check(root: Root) -> None:
+    """Before anything is written: the folder ``write_config`` writes in can be reached or
+    made (not a file, not a loop), so a cache refresh that would fail changes no link."""
+    try:
+        fd = root.probe(CONF_DIR)
+    except OSError as e:
+        raise HookError(f"cannot reach {CONF_DIR} in the container: {e.strerror or e}") from None
+    if fd is not None:
+        os.close(fd)
+
+
 def update(root: Root, folders: list[str], exe_fds: list[int], timeout: float) -> None:
     from .sandbox import run_ldconfig           # ctypes and friends: only when needed
     if folders:

@@ -86,6 +86,9 @@ def _run(req: cli.Request) -> None:
                 sealed = hostbin.sealed_copy(exe_fds[0])
                 if sealed is not None:
                     exe_fds.insert(0, sealed)
+                if req.folders:
+                    from . import ldcache
+                    ldcache.check(root)
             # Everything is checked: from here on the container root is written (links
             # first reach every parent directory, then write).
             if wants_links:

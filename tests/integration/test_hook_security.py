@@ -526,6 +526,15 @@ def test_a_bad_link_after_good_ones_changes_nothing(world):
 
 
 @needs_root
+def test_a_cache_refresh_that_cannot_write_its_config_makes_no_link(world):
+    world.at("/etc/ld.so.conf.d").write_text("a file where a directory is expected")
+    proc = world.run(*prepare_args(*LINKS))
+    assert proc.returncode == 1 and b"cannot reach /etc/ld.so.conf.d" in proc.stderr, proc.stderr
+    assert sorted(os.listdir(world.at(LIB))) == ["libcuda.so.550.54.15", "libnvidia-ml.so.550.54.15"]
+    assert os.listdir(world.at("/etc")) == ["ld.so.conf.d"]
+
+
+@needs_root
 def test_a_second_start_rewrites_nothing(world):
     ok(world.run(*prepare_args(*LINKS)))
     paths = [world.at(p) for p in (f"{LIB}/libcuda.so.1", f"{LIB}/libcuda.so", "/etc/ld.so.conf",
