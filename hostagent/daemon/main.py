@@ -33,9 +33,10 @@ def _remember_hangup(signum, frame) -> None:
 
 def hold_hangups() -> None:
     """From here on a SIGHUP is remembered, not fatal (its default action ends the process),
-    and the daemon reloads once it has started. Called first thing in ``run``, where
-    ``hostagentd`` and ``hostagent serve`` both land: a ``systemctl reload`` or ``kill -HUP``
-    may come at any time during a start-up that can take minutes (a MIG apply)."""
+    and the daemon reloads once it has started. Called first thing (``hostagentd``'s
+    ``main``, and ``run``, where ``hostagent serve`` lands too; a second call changes
+    nothing): a ``systemctl reload`` or ``kill -HUP`` may come at any time during a start-up
+    that can take minutes (a MIG apply)."""
     signal.signal(signal.SIGHUP, _remember_hangup)
 
 
@@ -293,6 +294,7 @@ def run(host: HostRoot, config_path=None, log_level: str | None = None) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """``hostagentd``: the daemon alone, for the systemd unit."""
+    hold_hangups()          # before parsing too: the unit's reload may come that early
     from .. import __version__
     from .args import add_arguments
     parser = argparse.ArgumentParser(prog="hostagentd", description="The hostagent daemon.")

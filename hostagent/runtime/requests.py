@@ -82,7 +82,7 @@ def is_qualified(name: str) -> bool:
     (which use no re; the shim loads that module at every create anyway)."""
     kind, _, device = name.partition("=")
     vendor, _, cls = kind.partition("/")
-    return VENDOR_RE.match(vendor) and CLASS_RE.match(cls) and DEVICE_RE.match(device)
+    return bool(VENDOR_RE.match(vendor) and CLASS_RE.match(cls) and DEVICE_RE.match(device))
 
 
 def _qualified(name: str, where: str) -> str:
