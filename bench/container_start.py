@@ -22,7 +22,7 @@ import uuid
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from tests.e2e.conftest import PODMAN_FLAGS, build_rootfs  # noqa: E402
+from tests.e2e.conftest import PODMAN_FLAGS, build_rootfs, host_cdi_spec  # noqa: E402
 
 
 def timed(cmd):
@@ -45,26 +45,13 @@ def main() -> int:
 
     work = Path(tempfile.mkdtemp(prefix="hostagent-bench-"))
     vendor = f"bench-{uuid.uuid4().hex[:8]}.hostagent.test"
-    spec_file = Path("/etc/cdi") / f"{vendor}-gpu.json"
     tag = f"localhost/hostagent-bench:{vendor[:14]}"
     try:
         create_node(work / "node", "dgx-a100")
-        spec_file.parent.mkdir(parents=True, exist_ok=True)
-        spec_file.write_text(render(generate(HostRoot.simulation(work / "node"), SpecOptions(vendor=vendor)).spec))
-        rootfs = build_rootfs(work / "rootfs")
-        subprocess.run(["tar", "-C", str(rootfs), "-cf", str(work / "rootfs.tar"), "."], check=True)
-        subprocess.run(["podman", "import", "-q", str(work / "rootfs.tar"), tag], check=True, capture_output=True)
-        base = ["podman", "run", "--rm", *PODMAN_FLAGS]
-        commands = {"podman run (no GPU)": base + [tag, "true"],
-                    "podman run --device gpu=0": base + ["--device", f"{vendor}/gpu=0", tag, "true"]}
-        for cmd in commands.values():
-            timed(cmd)
-        samples = {name: [] for name in commands}
-        for _ in range(args.runs):
-            for name, cmd in commands.items():
-                samples[name].append(timed(cmd))
+        spec = render(generate(HostRoot.simulation(work / "node"), SpecOptions(vendor=vendor)).spec)
+        with host_cdi_spec(f"{vendor}-gpu.json", spec):
+            samples = _measure(work, tag, args.runs, vendor)
     finally:
-        spec_file.unlink(missing_ok=True)
         subprocess.run(["podman", "rmi", "-f", tag], capture_output=True)
         shutil.rmtree(work, ignore_errors=True)
     first = statistics.median(next(iter(samples.values())))
@@ -73,6 +60,23 @@ def main() -> int:
         med = statistics.median(times)
         print(f"{name:32} {min(times) * 1e3:8.1f} {med * 1e3:10.1f} {med / first:7.2f}")
     return 0
+
+
+def _measure(work: Path, tag: str, runs: int, vendor: str) -> dict[str, list[float]]:
+    """Container starts without and with the GPU, alternated, after one warm-up each."""
+    rootfs = build_rootfs(work / "rootfs")
+    subprocess.run(["tar", "-C", str(rootfs), "-cf", str(work / "rootfs.tar"), "."], check=True)
+    subprocess.run(["podman", "import", "-q", str(work / "rootfs.tar"), tag], check=True, capture_output=True)
+    base = ["podman", "run", "--rm", *PODMAN_FLAGS]
+    commands = {"podman run (no GPU)": base + [tag, "true"],
+                "podman run --device gpu=0": base + ["--device", f"{vendor}/gpu=0", tag, "true"]}
+    for cmd in commands.values():
+        timed(cmd)
+    samples = {name: [] for name in commands}
+    for _ in range(runs):
+        for name, cmd in commands.items():
+            samples[name].append(timed(cmd))
+    return samples
 
 
 if __name__ == "__main__":

@@ -113,7 +113,7 @@ def main() -> int:
     ap.add_argument("--libraries", type=int, default=40, help="fake driver libraries in the root (default 40)")
     args = ap.parse_args()
 
-    py = os.path.realpath(sys.executable)
+    py = sys.executable
     hook, origin = spec_hook_command()
     print(f"hook command line, from {origin}:\n  {' '.join(hook)} VERB ...\n")
     base = tempfile.mkdtemp(prefix="hostagent-hook-bench-")

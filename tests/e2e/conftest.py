@@ -1,5 +1,6 @@
 """Real container engines: images are built from local tarballs, never pulled."""
 
+import contextlib
 import hashlib
 import os
 import shutil
@@ -19,6 +20,25 @@ def require(*tools):
     missing = [t for t in tools if not shutil.which(t)]
     if missing:
         pytest.skip(f"not installed: {', '.join(missing)} (.ci/run installs them)")
+
+
+@contextlib.contextmanager
+def host_cdi_spec(name: str, text: str):
+    """A spec file in the host's /etc/cdi (podman 4.3 reads no other folder but /var/run/cdi)
+    for the duration: the file is removed afterwards, and so is /etc/cdi if this made it
+    and it is empty again, so the host is left as found whether or not it had the folder."""
+    folder = Path("/etc/cdi")
+    made = not folder.exists()
+    folder.mkdir(mode=0o755, parents=True, exist_ok=True)
+    path = folder / name
+    try:
+        path.write_text(text)
+        yield path
+    finally:
+        path.unlink(missing_ok=True)
+        if made:
+            with contextlib.suppress(OSError):       # not empty: someone else's spec is there
+                folder.rmdir()
 
 
 def build_rootfs(root: Path) -> Path:

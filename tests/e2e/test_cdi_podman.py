@@ -15,7 +15,7 @@ from hostagent.devices import read_inventory
 from hostagent.sim.files import add_drm_nodes, create_cap_nodes
 from hostagent.sim.node import MIG_ENABLE
 
-from .conftest import PODMAN_FLAGS, import_image, podman_run, require
+from .conftest import PODMAN_FLAGS, host_cdi_spec, import_image, podman_run, require
 
 LIBDIR = "/usr/lib/x86_64-linux-gnu"
 # Inside the container: device nodes with their numbers, the library folder, the cache.
@@ -55,11 +55,8 @@ def spec(node):
     vendor = f"e2e-{uuid.uuid4().hex[:8]}.hostagent.test"
     generated = generate(node, SpecOptions(vendor=vendor))
     assert generated.problems == ()
-    path = Path("/etc/cdi") / f"{vendor}-gpu.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(render(generated.spec))
-    yield generated.spec
-    path.unlink()
+    with host_cdi_spec(f"{vendor}-gpu.json", render(generated.spec)):
+        yield generated.spec
 
 
 def probe(image, device, spec):

@@ -121,8 +121,9 @@ def build(tmp: Path, runtime: str) -> tuple[Path, Path]:
                           "options": ["ro", "nosuid", "nodev", "bind"]} for name in DRIVER]
     # args[0] is the interpreter's absolute path, not "python3": CPython derives its prefix
     # (stdlib, site-packages) from argv[0], searching PATH when it has no slash, which
-    # would pick whatever python3 comes first on the hook's PATH.
-    interpreter = os.path.realpath(sys.executable)
+    # would pick whatever python3 comes first on the hook's PATH. Not resolved either: a
+    # venv's python is a symlink, and only through it does the hook find the venv's packages.
+    interpreter = sys.executable
     args = [interpreter, "-I", "-m", "hostagent.hooks", "prepare"]
     for link in LINKS:
         args += ["--link", link]

@@ -19,9 +19,36 @@ from hostagent.errors import UnavailableError
 from hostagent.hostroot import HostRoot
 from hostagent.sim.driverroot import create_node
 
-__all__ = ["make_root", "AgentProcess"]
+__all__ = ["make_root", "AgentProcess", "ABSENT_GROUP", "existing_group"]
 
 FAST = {"api": {"watch_heartbeat": 2}, "daemon": {"resync_interval": 0}}
+
+
+def _absent_group() -> str:
+    """The daemon's default group, 'hostagent', unless this machine has one: then a name no
+    group has. The tests never depend on which groups exist."""
+    import grp
+    for name in ("hostagent", *(f"hostagent-test-{i}" for i in range(100))):
+        try:
+            grp.getgrnam(name)
+        except KeyError:
+            return name
+    raise AssertionError("no free group name")
+
+
+ABSENT_GROUP = _absent_group()
+
+
+def existing_group() -> tuple[str, int]:
+    """(name, gid) of a group this machine has that is not root's: the one of gid 65534
+    (nogroup, nobody) where it exists, else any other."""
+    import grp
+    groups = sorted(grp.getgrall(), key=lambda g: (g.gr_gid != 65534, g.gr_gid))
+    for g in groups:
+        if g.gr_gid != 0:
+            return g.gr_name, g.gr_gid
+    import pytest
+    pytest.skip("this machine has no group besides root's", allow_module_level=True)
 
 
 def make_root(profile: str = "dgx-a100") -> Path:
@@ -49,6 +76,8 @@ class AgentProcess:
             # Tests never take dcgm-exporter's well-known port: socket /metrics only, unless
             # a test asks for a port itself.
             config = {**config, "metrics": {"port": None, **config.get("metrics", {})}}
+            # Nor a group the machine may have: the socket is root-only unless a test asks.
+            config["api"] = {"group": ABSENT_GROUP, **config.get("api", {})}
         text = config if isinstance(config, str) else json.dumps(config)   # JSON is YAML
         self.config.write_text(text)
 

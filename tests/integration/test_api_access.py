@@ -8,11 +8,12 @@ import stat
 
 import pytest
 
-from .agentd import AgentProcess, make_root
+from .agentd import AgentProcess, existing_group, make_root
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to start processes as other users")
 
-NOBODY, NOGROUP, OTHER_GID = 65534, 65534, 23456
+NOBODY, OTHER_GID = 65534, 23456
+API_GROUP, API_GID = existing_group()       # the socket's group (nogroup on Debian)
 
 def _run(path, script):
     """In the child: each step on its own connection; HOLD keeps one open."""
@@ -51,7 +52,7 @@ def _run(path, script):
     return out
 
 
-def as_user(agent, script, uid=NOBODY, gid=NOGROUP, groups=()):
+def as_user(agent, script, uid=NOBODY, gid=API_GID, groups=()):
     """Run ``script`` in a forked child that has dropped to ``uid``/``gid``/``groups``
     (a fork, not an exec: nobody may not be able to read this interpreter)."""
     r, w = os.pipe()
@@ -80,7 +81,7 @@ ALLOC = json.dumps({"id": "by-nobody", "devices": [{"device": "1"}]})
 
 @pytest.fixture(scope="module")
 def group_agent():
-    proc = AgentProcess(make_root(), {"api": {"group": "nogroup", "max_connections_per_user": 3},
+    proc = AgentProcess(make_root(), {"api": {"group": API_GROUP, "max_connections_per_user": 3},
                                       "daemon": {"resync_interval": 0}}).start()
     yield proc
     proc.stop()
@@ -90,7 +91,7 @@ def group_agent():
 def test_socket_mode_and_group(group_agent):
     st = os.stat(group_agent.socket)
     assert stat.S_ISSOCK(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o660
-    assert (st.st_uid, st.st_gid) == (0, NOGROUP)
+    assert (st.st_uid, st.st_gid) == (0, API_GID)
 
 
 def test_group_member_reads_and_allocates_but_does_not_administer(group_agent):
@@ -113,13 +114,13 @@ def test_group_member_reads_health_labels_and_metrics_but_does_not_clear(group_a
 
 def test_supplementary_group_counts(group_agent):
     got = as_user(group_agent, [["GET", "/v1/node", None], ["POST", "/v1/inventory/refresh", None]],
-                  gid=OTHER_GID, groups=[NOGROUP])
+                  gid=OTHER_GID, groups=[API_GID])
     assert got == [(200, None), (403, "forbidden")]
 
 
 def test_others_cannot_even_connect(group_agent):
     got = as_user(group_agent, [["GET", "/v1/node", None]], gid=OTHER_GID)
-    assert got == [("connect", 13)]       # EACCES: the socket is 0660 root:nogroup
+    assert got == [("connect", 13)]       # EACCES: the socket is 0660 root:API_GROUP
 
 
 def test_per_user_connection_limit(group_agent):
@@ -131,7 +132,7 @@ def test_per_user_connection_limit(group_agent):
 
 def test_peer_check_stands_without_socket_permissions():
     """With a world-writable socket, everyone connects, and the peer check refuses them."""
-    agent = AgentProcess(make_root(), {"api": {"group": "nogroup", "socket_mode": "0666"},
+    agent = AgentProcess(make_root(), {"api": {"group": API_GROUP, "socket_mode": "0666"},
                                        "daemon": {"resync_interval": 0}}).start()
     try:
         got = as_user(agent, [["GET", "/v1/node", None], ["GET", "/v1/openapi.json", None],

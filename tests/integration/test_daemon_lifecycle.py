@@ -15,7 +15,7 @@ import pytest
 from hostagent.client import Request
 from hostagent.errors import UnavailableError
 
-from .agentd import AgentProcess, make_root
+from .agentd import ABSENT_GROUP, AgentProcess, make_root
 
 
 class NotifySocket:
@@ -117,7 +117,7 @@ def test_journal_stream_lines_carry_priorities(root):
         agent.stop()
         lines = [l for l in agent.log().splitlines() if l]
         assert lines and all(l[0] == "<" and l[2] == ">" for l in lines), lines
-        assert any(l.startswith("<4>group 'hostagent' does not exist") for l in lines)
+        assert any(l.startswith(f"<4>group '{ABSENT_GROUP}' does not exist") for l in lines)
         assert any(l.startswith("<6>listening on ") for l in lines)
     finally:
         agent.cleanup()
@@ -147,9 +147,9 @@ def test_native_journal_protocol(tmp_path):
 def test_one_daemon_per_node_and_root_only_socket_without_group(root):
     first = AgentProcess(root).start()
     try:
-        # The group 'hostagent' does not exist here: root-only socket, and the log says so.
+        # The API group does not exist: root-only socket, and the log says so.
         assert stat.S_IMODE(os.stat(first.socket).st_mode) == 0o600
-        assert "group 'hostagent' does not exist: the API socket is root-only" in first.log()
+        assert f"group '{ABSENT_GROUP}' does not exist: the API socket is root-only" in first.log()
         second = subprocess.run([sys.executable, "-m", "hostagent.cli.main", "--simulate", str(root),
                                  "serve", "--config", str(first.config)], capture_output=True, text=True,
                                 timeout=30)

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.programs import script
+
 REPO = Path(__file__).resolve().parents[2]
 UNIT = REPO / "systemd/hostagent.service"
 
@@ -24,8 +26,7 @@ def directives(text: str) -> dict[str, list[str]]:
 @pytest.mark.skipif(not shutil.which("systemd-analyze"), reason="systemd-analyze is not installed")
 def test_systemd_analyze_verify(tmp_path):
     # verify checks that ExecStart exists: point it at this installation's hostagentd.
-    daemon = shutil.which("hostagentd")
-    assert daemon, "hostagentd is not installed (pip install -e .)"
+    daemon = script("hostagentd")
     unit = tmp_path / "hostagent.service"
     unit.write_text(UNIT.read_text().replace("/usr/local/bin/hostagentd", daemon))
     done = subprocess.run(["systemd-analyze", "verify", "--man=no", str(unit)],

@@ -145,7 +145,7 @@ def test_bad_input(root, tmp_path, capsys, setup, args, code, message):
 
 def test_bad_input_from_a_real_process_exits_1(root, tmp_path):
     write(root, "etc/containerd/config.toml", "version = [\n")
-    proc = subprocess.run(["python3", "-m", "hostagent.cli.main", "--simulate", str(root), "runtime", "configure",
+    proc = subprocess.run([sys.executable, "-m", "hostagent.cli.main", "--simulate", str(root), "runtime", "configure",
                            "--runtime", "containerd", "--backup-dir", str(tmp_path / "b")],
                           capture_output=True, text=True)
     assert proc.returncode == 1

@@ -1,0 +1,24 @@
+"""The programs this checkout installs (``[project.scripts]`` of pyproject.toml), found where
+pip put them for the running interpreter, never through PATH: the tests pass whether or not
+a venv is activated."""
+
+from __future__ import annotations
+
+import sys
+import sysconfig
+import tomllib
+from pathlib import Path
+
+__all__ = ["PROGRAMS", "script"]
+
+REPO = Path(__file__).resolve().parents[1]
+PROGRAMS = tuple(tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"])
+
+
+def script(name: str) -> str:
+    """The installed program ``name``, as an absolute path in this interpreter's scripts folder."""
+    folder = Path(sysconfig.get_path("scripts"))
+    path = folder / name
+    assert path.is_file(), (f"{name} is not installed in {folder} (the scripts folder of {sys.executable}): "
+                            "run pip install . (or -e .) with this interpreter again")
+    return str(path)
