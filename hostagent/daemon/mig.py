@@ -15,6 +15,8 @@ import logging
 
 from ..errors import DriverNotLoaded, HostagentError, NvmlLibraryMissing
 from ..lock import node_lock
+from ..mig.planner import PLAN_SECONDS
+from ..mig.solver import Budget
 from .migops import created_instance, place_instance, refuse_allocated, remove_instance
 
 __all__ = ["MigOps"]
@@ -90,7 +92,8 @@ class MigOps:
         from ..mig import service
         plan, notes = service.plan(self.host, _spec(body), body.get("config"),
                                    mode_only=body.get("mode_only", False),
-                                   on_layout_changed=self._refresh_spec)
+                                   on_layout_changed=self._refresh_spec,
+                                   stop_requested=self.agent.stop_requested.is_set)
         return plan, notes
 
     async def plan(self, body: dict) -> dict:
@@ -143,7 +146,8 @@ class MigOps:
         with node_lock(self.host, f"mig create {profile}"):
             recover(self.host, on_layout_changed=self._refresh_spec)
             inventory = read_inventory(self.host)
-            placed = place_instance(inventory, profile, gpu)
+            placed = place_instance(inventory, profile, gpu,
+                                    Budget(PLAN_SECONDS, self.agent.stop_requested.is_set))
             execute(self.host, inventory, placed.plan, on_layout_changed=self._refresh_spec)
             dev = created_instance(read_inventory(self.host), placed.gpu.index, placed.gi)
             return placed, dev

@@ -19,7 +19,8 @@ from ..errors import NotFoundError, StateError, UsageError
 from ..mig.layout import GiLayout, Layout
 from ..mig.plan import DESTROY_CI, SET_MODE, MigPlan, diff
 from ..mig.quirks import mig_profiles
-from ..mig.solver import Geometry, Infeasible, solve
+from ..mig.planner import PLAN_SECONDS
+from ..mig.solver import Budget, Geometry, Infeasible, SearchAborted, solve
 
 __all__ = ["Placed", "place_instance", "remove_instance", "affected_devices", "refuse_allocated",
            "created_instance", "NoRoom"]
@@ -54,7 +55,7 @@ def _free(gpu: Gpu, gis) -> tuple[int, int]:
     return used.count(False), best
 
 
-def _one_more(gpu: Gpu, profile_name: str) -> tuple[Layout, GiLayout] | None:
+def _one_more(gpu: Gpu, profile_name: str, budget: Budget) -> tuple[Layout, GiLayout] | None:
     before = Layout.of(gpu)
     profile = next((p for p in gpu.mig.profiles if p.name == profile_name), None)
     if profile is None:
@@ -64,7 +65,7 @@ def _one_more(gpu: Gpu, profile_name: str) -> tuple[Layout, GiLayout] | None:
         request.setdefault(gi.profile_id, []).extend(c.slices for c in gi.cis)
     request.setdefault(profile.id, []).append(profile.slices)
     try:
-        gis = solve(Geometry.of(mig_profiles(gpu)), request, before.gis)
+        gis = solve(Geometry.of(mig_profiles(gpu)), request, before.gis, budget)
     except Infeasible:
         return None
     if not set(before.gis) <= set(gis):
@@ -75,7 +76,8 @@ def _one_more(gpu: Gpu, profile_name: str) -> tuple[Layout, GiLayout] | None:
     return Layout(True, True, tuple(gis)), new[0]
 
 
-def place_instance(inventory: Inventory, profile: str, gpu: str | None = None) -> Placed:
+def place_instance(inventory: Inventory, profile: str, gpu: str | None = None,
+                   budget: Budget | None = None) -> Placed:
     """The plan creating one ``profile`` instance (a GPU instance with one compute instance
     spanning it) on ``gpu`` (index or UUID) or the best-fitting GPU."""
     gpus = [g for g in inventory.gpus if g.mig is not None]
@@ -95,10 +97,14 @@ def place_instance(inventory: Inventory, profile: str, gpu: str | None = None) -
         raise UsageError(f"no GPU here has a MIG profile {profile!r}",
                          hint=f"profiles: {', '.join(sorted(known)) or 'none (no MIG-capable GPU)'}")
     options = []
+    budget = budget or Budget(PLAN_SECONDS)
     for g in gpus:
         if not (g.mig.enabled and g.mig.pending):
             continue                      # enabling MIG is a layout change, not on demand
-        found = _one_more(g, profile)
+        try:
+            found = _one_more(g, profile, budget)
+        except SearchAborted as e:
+            raise StateError(f"GPU {g.index}: {e}") from None
         if found is None:
             continue
         after, new = found

@@ -20,10 +20,14 @@ from .layout import Layout
 from .plan import MigPlan, diff
 from .profiles import ci_shapes, parse_profile
 from .quirks import mig_profiles
-from .solver import Geometry, solve
+from .solver import Budget, Geometry, solve
 from .spec import ConfigEntry, MigSpec
 
-__all__ = ["plan", "restore_plan", "PlanError", "needs_reset", "resolve"]
+__all__ = ["plan", "restore_plan", "PlanError", "needs_reset", "resolve", "PLAN_SECONDS"]
+
+# What one planner call may spend searching placements, over all its GPUs. Real layouts
+# take milliseconds; the budget only bounds a hostile or mistaken request.
+PLAN_SECONDS = 10.0
 
 
 class PlanError(ConfigError):
@@ -41,6 +45,7 @@ def resolve(gpu: Gpu, entry: ConfigEntry) -> tuple[dict[int, list[int]], dict[st
     canonical name -> count). ValueError says what is wrong (not which GPU: the planner
     groups GPUs with the same problem) and names the profiles the GPU does have."""
     profiles = {p.name: p for p in gpu.mig.profiles}
+    limits = {p.id: p.instances for p in mig_profiles(gpu)}      # with the A30's counts fixed
     request: dict[int, list[int]] = {}
     counts: dict[str, int] = {}
     for name, count in entry.mig_devices:
@@ -55,6 +60,10 @@ def resolve(gpu: Gpu, entry: ConfigEntry) -> tuple[dict[int, list[int]], dict[st
         if pn.c not in sizes:
             raise ValueError(f"'{name}': a {prof.name} GPU instance offers compute instances of "
                              f"{', '.join(f'{c}c' for c in sizes)} only")
+        instances = limits.get(prof.id, prof.instances)
+        if count > instances * (prof.slices // pn.c):   # refused before a list that long is built
+            raise ValueError(f"{count}x {pn} need more than the {instances} {prof.name} GPU "
+                             f"instance{'s' * (instances != 1)} the GPU allows")
         request.setdefault(prof.id, []).extend([pn.c] * count)
         counts[str(pn)] = counts.get(str(pn), 0) + count
     return request, counts
@@ -69,10 +78,15 @@ def _entry_for(gpu: Gpu, entries: tuple[ConfigEntry, ...]) -> ConfigEntry | None
 
 def _missing_indices(inventory: Inventory, entries: tuple[ConfigEntry, ...]) -> list[str]:
     """Entries naming GPU indices this node does not have (mig-parted ignores them silently,
-    which hides a typo or a config written for another node)."""
+    which hides a typo or a config written for another node). An entry whose device-filter
+    matches no GPU here is for other nodes (a file shared by a fleet): its indices are not
+    this node's business, as in mig-parted."""
     present = {g.index for g in inventory.gpus} | {u.index for u in inventory.unreadable}
     out = []
     for i, e in enumerate(entries):
+        if e.device_filter and not inventory.unreadable and not any(
+                f.matches(g.pci_device_id, g.pci_subsystem_id) for f in e.device_filter for g in inventory.gpus):
+            continue
         missing = [d for d in (() if e.devices == "all" else e.devices) if d not in present]
         if missing:
             out.append(f"entry {i} names GPU {', '.join(map(str, missing))}, but this node has GPU "
@@ -106,7 +120,7 @@ DEFERRED = Layout(True, True, ())
 
 
 def _target(gpu: Gpu, before: Layout, entry: ConfigEntry, *, mode_only: bool,
-            skip_reset: bool) -> Layout:
+            skip_reset: bool, budget: Budget) -> Layout:
     want = entry.mig_enabled
     if skip_reset and needs_reset(gpu) and before.enabled != want:
         if not mode_only:
@@ -127,13 +141,15 @@ def _target(gpu: Gpu, before: Layout, entry: ConfigEntry, *, mode_only: bool,
     live = before.gis if before.enabled else ()
     if before.enabled and all(gi.cis for gi in live) and before.counts() == counts:
         return Layout(True, True, live)        # already gives the requested devices
-    return Layout(True, True, solve(Geometry.of(mig_profiles(gpu)), request, live))
+    return Layout(True, True, solve(Geometry.of(mig_profiles(gpu)), request, live, budget))
 
 
 def plan(inventory: Inventory, spec: MigSpec, config: str | None = None, *,
-         mode_only: bool = False, skip_reset: bool = False) -> MigPlan:
-    """What applying ``config`` changes, per GPU; raises PlanError naming every problem."""
+         mode_only: bool = False, skip_reset: bool = False, budget: Budget | None = None) -> MigPlan:
+    """What applying ``config`` changes, per GPU; raises PlanError naming every problem.
+    The placement searches of all GPUs share ``budget`` (default: PLAN_SECONDS)."""
     name, entries = spec.select(config)
+    budget = budget or Budget(PLAN_SECONDS)
     problems: dict[str, list[Gpu]] = {}
     gpus = []
     warnings = [f"GPU {u.index} cannot be read ({u.error}); it is left alone" for u in inventory.unreadable]
@@ -150,7 +166,8 @@ def plan(inventory: Inventory, spec: MigSpec, config: str | None = None, *,
                     raise ValueError("not MIG capable")
                 continue
             before = Layout.of(gpu)
-            after = _target(gpu, before, entry, mode_only=mode_only, skip_reset=skip_reset)
+            after = _target(gpu, before, entry, mode_only=mode_only, skip_reset=skip_reset,
+                            budget=budget)
             planned = diff(gpu, before, after, reset_needed=needs_reset(gpu) and not skip_reset)
             gpus.append(replace(planned, deferred=True) if after is DEFERRED else planned)
         except ValueError as e:

@@ -19,7 +19,8 @@ from ..lock import node_lock
 from .journal import Journal, read_checkpoint
 from .layout import Layout
 from .plan import MigPlan
-from .planner import plan as make_plan
+from .planner import PLAN_SECONDS, plan as make_plan
+from .solver import Budget
 from .spec import MigSpec
 
 # The executor, recovery, hooks and the default-config generator are imported where they
@@ -98,6 +99,7 @@ def _first_plan(inventory: Inventory, spec: MigSpec | None, config: str | None, 
     unlisted = {g.uuid for g in inventory.gpus if g.mig is not None and not g.mig.profiles}
     if spec is not None or config is None or config in chosen.configs or not unlisted:
         return make_plan(inventory, chosen, config, **options)
+    options.pop("budget", None)
     enable = make_plan(inventory, chosen, "all-enabled", **options)
     mode_only = options.get("mode_only", False)
     gpus = tuple(g if mode_only else replace(g, deferred=True) for g in enable.gpus if g.uuid in unlisted)
@@ -126,7 +128,8 @@ def apply(host: HostRoot, spec: MigSpec | None, config: str | None, *, mode_only
         if recovered:
             notes.append(recovered)
         inventory = read_inventory(host)
-        result = ApplyResult(_first_plan(inventory, spec, config, mode_only=mode_only, skip_reset=skip_reset),
+        result = ApplyResult(_first_plan(inventory, spec, config, mode_only=mode_only, skip_reset=skip_reset,
+                                         budget=Budget(PLAN_SECONDS, stop_requested)),
                              notes=notes)
         if refuse is not None:
             refuse(inventory, result.plan)
@@ -144,25 +147,29 @@ def apply(host: HostRoot, spec: MigSpec | None, config: str | None, *, mode_only
                     host, inventory, result.plan, skip_reset=skip_reset, force=force,
                     progress=progress, before_phase=lambda phase: hooks.run(f"pre-apply-{phase}", env),
                     on_layout_changed=on_layout_changed, stop_requested=stop_requested,
-                    replan=lambda now: _replan(now, spec, config, skip_reset, refuse))
+                    replan=lambda now: _replan(now, spec, config, skip_reset, refuse, stop_requested))
                 result.plan = result.report.plan       # with deferred layouts filled in
         return result
 
 
-def _replan(inventory: Inventory, spec: MigSpec | None, config: str | None, skip_reset: bool, refuse) -> MigPlan:
+def _replan(inventory: Inventory, spec: MigSpec | None, config: str | None, skip_reset: bool, refuse,
+            stop_requested=None) -> MigPlan:
     """After the mode change, with every profile table listed: the whole config, checked
     like the first plan."""
-    second = make_plan(inventory, _spec(spec, inventory), config, skip_reset=skip_reset)
+    second = make_plan(inventory, _spec(spec, inventory), config, skip_reset=skip_reset,
+                       budget=Budget(PLAN_SECONDS, stop_requested))
     if refuse is not None:
         refuse(inventory, second)
     return second
 
 
 def plan(host: HostRoot, spec: MigSpec | None, config: str | None, *, mode_only: bool = False,
-         on_layout_changed: Callable[[HostRoot], None] = _no_hook) -> tuple[MigPlan, list[str]]:
+         on_layout_changed: Callable[[HostRoot], None] = _no_hook,
+         stop_requested: Callable[[], bool] | None = None) -> tuple[MigPlan, list[str]]:
     note = recover_pending(host, on_layout_changed=on_layout_changed)
     inventory = read_inventory(host)
-    return _first_plan(inventory, spec, config, mode_only=mode_only), [note] if note else []
+    return (_first_plan(inventory, spec, config, mode_only=mode_only,
+                        budget=Budget(PLAN_SECONDS, stop_requested)), [note] if note else [])
 
 
 def check(host: HostRoot, spec: MigSpec | None, config: str | None, *, mode_only: bool = False) -> MigPlan:

@@ -18,13 +18,14 @@ from __future__ import annotations
 
 import functools
 import itertools
+import time
 from dataclasses import dataclass
 
 from ..devices.records import MigProfile
 from .layout import CiLayout, GiLayout
 from .profiles import ci_name, ci_shapes
 
-__all__ = ["Geometry", "Infeasible", "solve", "pack_compute_instances"]
+__all__ = ["Geometry", "Infeasible", "SearchAborted", "Budget", "solve", "pack_compute_instances"]
 
 ENGINES = ("decoders", "encoders", "jpegs", "ofas")
 _ENGINE_NAMES = {"decoders": "decoders", "encoders": "encoders", "jpegs": "JPEG engines",
@@ -34,6 +35,32 @@ _MAX_COMBINATIONS = 500       # GPU-instance groupings tried per request (CI for
 
 class Infeasible(ValueError):
     """The request cannot be laid out on this GPU; the message says which profiles clash."""
+
+
+class SearchAborted(ValueError):
+    """The search ran out of its time budget, or its caller asked it to stop."""
+
+
+class Budget:
+    """What one planner call may spend: a deadline and a stop flag, checked inside every
+    search loop (cheaply: the clock is read once per 256 steps). ``steps`` counts the work
+    done, so tests can bound it without timing anything."""
+
+    def __init__(self, seconds: float | None = None, stop_requested=None):
+        self.seconds = seconds
+        self.deadline = None if seconds is None else time.monotonic() + seconds
+        self.stop_requested = stop_requested
+        self.steps = 0
+
+    def check(self) -> None:
+        self.steps += 1
+        if self.steps & 255 and self.steps != 1:
+            return
+        if self.stop_requested is not None and self.stop_requested():
+            raise SearchAborted("the layout search was stopped (the agent is shutting down)")
+        if self.deadline is not None and time.monotonic() > self.deadline:
+            raise SearchAborted(f"the layout search took longer than its {self.seconds:g} s budget; "
+                                "ask for fewer or simpler instances")
 
 
 @dataclass(frozen=True)
@@ -106,29 +133,52 @@ def _pack(sizes, gi_slices, prefer):
     return (best[0], best[1]) if best else None
 
 
-def _groupings(sizes: tuple[int, ...], gi_slices: int, max_groups: int) -> list[tuple[tuple[int, ...], ...]]:
-    """Ways to split requested compute instances of one GI profile into GPU instances."""
-    out: set = set()
+def _packable_groups(kinds: tuple[int, ...], gi_slices: int) -> list[tuple[int, ...]]:
+    """Every multiset of compute-instance sizes (drawn from ``kinds``) that one GPU
+    instance of ``gi_slices`` can hold, largest first. A handful: at most 8 slices."""
+    out = []
 
-    def rec(rest: tuple[int, ...], groups: tuple):
-        if len(groups) > max_groups:
-            return
-        if not rest:
-            out.add(tuple(sorted(groups, reverse=True)))
-            return
-        first, others = rest[0], rest[1:]
-        seen = set()
-        for r in range(len(others) + 1):
-            for idx in itertools.combinations(range(len(others)), r):
-                group = tuple(sorted((first,) + tuple(others[i] for i in idx), reverse=True))
-                if group in seen or _pack_fresh(group, gi_slices) is None:
-                    continue
-                seen.add(group)
-                remaining = tuple(others[i] for i in range(len(others)) if i not in idx)
-                rec(remaining, groups + (group,))
+    def rec(i: int, group: tuple[int, ...], room: int):
+        if group and _pack_fresh(group, gi_slices) is not None:
+            out.append(group)
+        for j in range(i, len(kinds)):
+            if kinds[j] <= room:
+                rec(j, group + (kinds[j],), room - kinds[j])
 
-    rec(tuple(sorted(sizes, reverse=True)), ())
-    return sorted(out, key=lambda g: (len(g), g))
+    rec(0, (), gi_slices)
+    return out
+
+
+def _groupings(sizes: tuple[int, ...], gi_slices: int, max_groups: int,
+               budget: "Budget | None" = None) -> list[tuple[tuple[int, ...], ...]]:
+    """Ways to split requested compute instances of one GI profile into at most
+    ``max_groups`` GPU instances. Groups are chosen as multisets of sizes, never as index
+    subsets, so the work depends on how many distinct groups exist (few), not on how many
+    instances are asked for; a request that needs more slices than ``max_groups``
+    instances hold is refused before any search."""
+    if sum(sizes) > max_groups * gi_slices:
+        return []
+    kinds = tuple(sorted(set(sizes), reverse=True))
+    need = tuple(sizes.count(k) for k in kinds)
+    groups = [(g, tuple(g.count(k) for k in kinds)) for g in _packable_groups(kinds, gi_slices)]
+    out: list = []
+
+    def rec(start: int, remaining: tuple[int, ...], chosen: tuple):
+        if budget is not None:
+            budget.check()
+        if not any(remaining):
+            out.append(chosen)
+            return
+        left = max_groups - len(chosen)
+        if left == 0 or sum(r * k for r, k in zip(remaining, kinds)) > left * gi_slices:
+            return
+        for j in range(start, len(groups)):           # non-decreasing: each multiset once
+            group, counts = groups[j]
+            if all(c <= r for c, r in zip(counts, remaining)):
+                rec(j, tuple(r - c for r, c in zip(remaining, counts)), chosen + (group,))
+
+    rec(0, need, ())
+    return sorted({tuple(sorted(g, reverse=True)) for g in out}, key=lambda g: (len(g), g))
 
 
 # ---- GPU-wide budgets ------------------------------------------------------------------
@@ -183,7 +233,7 @@ def _options(p: MigProfile, group: tuple[int, ...], existing: dict) -> list[_Opt
 
 
 def _place(geo: Geometry, items: list[tuple[MigProfile, tuple[int, ...]]], existing: dict,
-           bound: float) -> tuple[int, tuple[GiLayout, ...]] | None:
+           bound: float, budget: Budget | None = None) -> tuple[int, tuple[GiLayout, ...]] | None:
     """Least-cost non-overlapping placements for ``items``, if any beats ``bound``."""
     items = sorted(items, key=lambda it: (-it[0].memory_slices, it[0].id, it[1]))
     options = [_options(p, g, existing) for p, g in items]
@@ -195,6 +245,8 @@ def _place(geo: Geometry, items: list[tuple[MigProfile, tuple[int, ...]]], exist
     limit = [bound]
 
     def dfs(i, used, cost, chosen, last_start):
+        if budget is not None:
+            budget.check()
         if base + cost + floor[i] >= limit[0]:
             return
         if i == len(items):
@@ -213,17 +265,18 @@ def _place(geo: Geometry, items: list[tuple[MigProfile, tuple[int, ...]]], exist
     return (best[0], tuple(sorted(best[1]))) if best else None
 
 
-def _fits(geo: Geometry, items) -> bool:
-    return budget_error(geo, [p for p, _ in items]) is None and _place(geo, items, {}, float("inf")) is not None
+def _fits(geo: Geometry, items, budget: Budget | None) -> bool:
+    return budget_error(geo, [p for p, _ in items]) is None and \
+        _place(geo, items, {}, float("inf"), budget) is not None
 
 
-def _explain(geo: Geometry, items) -> str:
+def _explain(geo: Geometry, items, budget: Budget | None = None) -> str:
     """The smallest subset of ``items`` that still cannot fit, and why."""
     core = list(items)
     for it in list(core):
         trial = list(core)
         trial.remove(it)
-        if trial and not _fits(geo, trial):
+        if trial and not _fits(geo, trial, budget):
             core = trial
     profiles = [p for p, _ in core]
     names = {}
@@ -234,21 +287,50 @@ def _explain(geo: Geometry, items) -> str:
     return f"{what} cannot fit together: {why}"
 
 
+def _names(p: MigProfile, sizes: list[int]) -> str:
+    return " + ".join(f"{sizes.count(c)}x {ci_name(c, p.slices, p.name)}"
+                      for c in sorted(set(sizes), reverse=True))
+
+
+def _capacity_error(geo: Geometry, request: dict[int, list[int]]) -> str | None:
+    """Why ``request`` cannot fit whatever the grouping and placements, judged from the
+    fewest GPU instances each profile needs (its compute slices over the instance's);
+    None if it may fit. Cheap, so every request is checked before any search."""
+    fewest: list[MigProfile] = []
+    for pid, sizes in sorted(request.items()):
+        if not sizes:
+            continue
+        p = geo.profile(pid)
+        needed = -(-sum(sizes) // p.slices)
+        if needed > p.instances:
+            return (f"{_names(p, sizes)} need more than the {p.instances} {p.name} GPU "
+                    f"instance{'s' * (p.instances != 1)} the GPU allows")
+        fewest += [p] * needed
+    why = budget_error(geo, fewest)
+    if why is None:
+        return None
+    asked = " + ".join(_names(geo.profile(pid), sizes) for pid, sizes in sorted(request.items()) if sizes)
+    return f"{asked} cannot fit together: {why}"
+
+
 def solve(geo: Geometry, request: dict[int, list[int]],
-          current: tuple[GiLayout, ...] = ()) -> tuple[GiLayout, ...]:
+          current: tuple[GiLayout, ...] = (), budget: Budget | None = None) -> tuple[GiLayout, ...]:
     """Lay out ``request`` (GI profile id -> compute-instance slice counts) on a GPU whose
-    existing instances are ``current``; raises Infeasible with the reason."""
+    existing instances are ``current``; raises Infeasible with the reason, SearchAborted
+    when ``budget`` runs out. What cannot fit by capacity alone is refused before any
+    search; the search itself is bounded by the GPU's size, not by the request's."""
+    why = _capacity_error(geo, request)
+    if why:
+        raise Infeasible(why)
     existing = {gi.key: gi for gi in current}
     per_profile = []
     for pid, sizes in sorted(request.items()):
         if not sizes:
             continue
         p = geo.profile(pid)
-        groupings = _groupings(tuple(sizes), p.slices, p.instances)
+        groupings = _groupings(tuple(sizes), p.slices, p.instances, budget)
         if not groupings:
-            names = " + ".join(f"{sizes.count(c)}x {ci_name(c, p.slices, p.name)}"
-                               for c in sorted(set(sizes), reverse=True))
-            raise Infeasible(f"{names} need more than the {p.instances} {p.name} GPU "
+            raise Infeasible(f"{_names(p, sizes)} need more than the {p.instances} {p.name} GPU "
                              f"instance{'s' * (p.instances != 1)} the GPU allows")
         per_profile.append((p, groupings))
 
@@ -261,9 +343,9 @@ def solve(geo: Geometry, request: dict[int, list[int]],
             fewest = items
         if budget_error(geo, [p for p, _ in items]):
             continue
-        found = _place(geo, items, existing, best[0] if best else float("inf"))
+        found = _place(geo, items, existing, best[0] if best else float("inf"), budget)
         if found:
             best = found
     if best is None:
-        raise Infeasible(_explain(geo, fewest or []))
+        raise Infeasible(_explain(geo, fewest or [], budget))
     return best[1]

@@ -139,6 +139,21 @@ def test_bad_layouts(agent):
             post(c, "/v1/mig/apply", {"config": "two", "colour": 1})
 
 
+def test_oversized_inline_layouts_are_refused_and_other_requests_go_on(agent):
+    # Counts that once made the placement search grow without bound, sent inline by a
+    # member of the API's group: each is refused by capacity, and the daemon goes on.
+    for devices in ({"1g.5gb": 22}, {"1g.5gb": 300}, {"1c.7g.40gb": 10**9},
+                    {"1g.5gb": 7, "1g.10gb": 4, "2g.10gb": 3, "3g.20gb": 2, "4g.20gb": 1, "7g.40gb": 1}):
+        spec = {"version": "v1", "mig-configs": {"big": [
+            {"devices": "all", "mig-enabled": True, "mig-devices": devices}]}}
+        with agent.client() as c:
+            with pytest.raises(HostagentError) as e:
+                c.request("POST", "/v1/mig/plan", {"config": "big", "spec": spec}).json()
+            assert "cannot be applied" in e.value.message
+            assert "GPU 0-7" in e.value.message
+            assert c.get("/v1/mig")["gpus"][0]["mig"]["layout"] == "MIG disabled"
+
+
 def test_inline_hooks_run_in_the_daemon_with_mig_parteds_variables(agent, tmp_path):
     """No files name the request's documents: their variables are empty, as mig-parted's
     are without the flags; the selected config is the one planned."""
