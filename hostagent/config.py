@@ -122,20 +122,22 @@ def validate_data(data, source: str = "config") -> dict:
 
 def load_config(path: str | os.PathLike | None = None) -> Config:
     """Read, validate and complete the configuration; a missing file means all defaults."""
+    from .fileio import read_regular
     path = os.fspath(path or DEFAULT_PATH)
     try:
-        with open(path) as f:
-            text = f.read()
+        text = read_regular(path)[0]          # a FIFO or device never blocks the read
     except FileNotFoundError:
         return Config(_with_defaults({}, schema()), None)
+    except ValueError as e:
+        raise ConfigError(f"{e}", where=path, hint="the configuration must be a regular file") from None
     except OSError as e:
         raise ConfigError(f"cannot read: {e.strerror}", where=path) from None
-    import yaml
+    from .textdoc import decode
+    data = decode(text, path, "hostagent configuration")
     try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        raise ConfigError(f"is not valid YAML: {e}".replace("\n", " "), where=path) from None
-    return Config(validate_data(data, path), path)
+        return Config(validate_data(data, path), path)
+    except RecursionError:
+        raise ConfigError("is nested too deeply to be a hostagent configuration", where=path) from None
 
 
 def _stamp(st: os.stat_result) -> list[int]:

@@ -216,13 +216,14 @@ def read_spec(path: str | os.PathLike) -> tuple[dict, list[str]]:
     suffix = os.path.splitext(path)[1]
     if suffix not in (".json", ".yaml"):
         raise UsageError(f"{path}: CDI readers only load files ending in .json or .yaml")
+    from ..fileio import read_regular
     try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
+        text = read_regular(path)[0].decode("utf-8")    # never blocks on a FIFO
+    except ValueError as e:                             # includes UnicodeDecodeError
+        why = "is not UTF-8 text" if isinstance(e, UnicodeDecodeError) else str(e)
+        raise ConfigError(why, where=str(path)) from None
     except OSError as e:
         raise ConfigError(f"cannot read the spec: {e.strerror}", where=str(path)) from None
-    except UnicodeDecodeError:
-        raise ConfigError("is not UTF-8 text", where=str(path)) from None
     if not text.strip() or text.strip() == "---":
         raise ConfigError("no spec data", where=str(path))
     if suffix == ".json":

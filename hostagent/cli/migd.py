@@ -48,17 +48,10 @@ def checkpoint_guard(host, force: bool):
 def _document(path: str | None, what: str):
     if not path:
         return None
-    import yaml
-    from ..errors import ConfigError, NotFoundError
-    from ..mig.spec import yaml_load
-    try:
-        text = sys.stdin.read() if path == "-" else open(path, "rb").read()
-    except FileNotFoundError:
-        raise NotFoundError(f"{what} not found", where=path) from None
-    try:
-        return yaml_load(text)     # keys stay strings: a config named "off" is not False
-    except yaml.YAMLError as e:
-        raise ConfigError(f"not valid YAML or JSON: {e}".replace("\n", " "), where=path) from None
+    from ..fileio import read_config_file
+    from ..mig.spec import decode_document
+    # Keys stay strings: a config named "off" is not False.
+    return decode_document(read_config_file(path, what), "<stdin>" if path == "-" else path)
 
 
 def apply_through_daemon(args) -> int | None:

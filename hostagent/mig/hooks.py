@@ -23,7 +23,7 @@ import shutil
 import subprocess
 from dataclasses import dataclass, field
 
-from ..errors import ConfigError, HostagentError, NotFoundError, StateError
+from ..errors import ConfigError, HostagentError, StateError
 
 __all__ = ["HOOK_NAMES", "HookSpec", "Hooks", "load_hooks", "parse_hooks", "NO_HOOKS", "flag_env", "around_apply"]
 
@@ -45,10 +45,19 @@ class HookSpec:
         if exe is None:
             raise StateError(f"{name} hook: command not found: {self.command}")
         full_env = {**dict(self.envs), **env}    # the flag variables win, as in mig-parted
+        if self.workdir and not os.path.isdir(self.workdir):
+            raise StateError(f"{name} hook: its workdir {self.workdir} is not a directory "
+                             f"({'it does not exist' if not os.path.lexists(self.workdir) else 'a file is there'})",
+                             hint="create the folder or fix 'workdir' in the hooks file; "
+                                  f"{self.command} was not run")
         try:
             done = subprocess.run([exe, *self.args], env=full_env, cwd=self.workdir or None,
                                   capture_output=True, text=True, stdin=subprocess.DEVNULL)
         except OSError as e:
+            # The folder can vanish between the check and the start: say which path failed.
+            if self.workdir and e.filename == self.workdir:
+                raise StateError(f"{name} hook: cannot enter its workdir {self.workdir}: {e.strerror}",
+                                 hint=f"{self.command} was not run") from None
             raise StateError(f"{name} hook: cannot run {self.command}: {e.strerror}") from None
         for line in (done.stdout + done.stderr).splitlines():
             log.debug("%s hook: %s", name, line)
@@ -124,11 +133,8 @@ def _spec(raw, where: str) -> HookSpec:
 
 
 def parse_hooks(text: str | bytes, source: str = "<input>") -> Hooks:
-    import yaml
-    try:
-        doc = yaml.safe_load(text) or {}
-    except yaml.YAMLError as e:
-        raise ConfigError(f"not valid YAML or JSON: {e}".replace("\n", " "), where=source) from None
+    from .spec import decode_document
+    doc = decode_document(text, source, keep_keys=False) or {}
     try:
         if not isinstance(doc, dict):
             raise ValueError("expected a mapping with 'version' and 'hooks'")
@@ -153,10 +159,5 @@ def parse_hooks(text: str | bytes, source: str = "<input>") -> Hooks:
 
 
 def load_hooks(path: str) -> Hooks:
-    try:
-        with open(path, "rb") as f:
-            return parse_hooks(f.read(), path)
-    except FileNotFoundError:
-        raise NotFoundError("hooks file not found", where=path) from None
-    except OSError as e:
-        raise ConfigError(f"cannot read hooks file: {e.strerror}", where=path) from None
+    from ..fileio import read_config_file
+    return parse_hooks(read_config_file(path, "hooks file"), path)

@@ -8,16 +8,20 @@ error here, where mig-parted silently never matches it.
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass
 
-from ..errors import ConfigError, NotFoundError, UsageError
+from ..errors import ConfigError, NotFoundError
 from .profiles import parse_profile
 
-__all__ = ["DeviceFilter", "ConfigEntry", "MigSpec", "parse_spec", "load_spec", "VERSION"]
+__all__ = ["DeviceFilter", "ConfigEntry", "MigSpec", "parse_spec", "load_spec", "VERSION", "ConfigNotSelected",
+           "decode_document"]
 
 VERSION = "v1"
 _ENTRY_FIELDS = ("device-filter", "devices", "mig-enabled", "mig-devices")
+
+
+class ConfigNotSelected(ConfigError):
+    code = "config_not_selected"
 
 
 @dataclass(frozen=True)
@@ -82,8 +86,10 @@ class MigSpec:
         """The named config; without a name, the only one (as mig-parted allows)."""
         if name is None:
             if len(self.configs) != 1:
-                raise UsageError(f"{self.source} has {len(self.configs)} configs; choose one with -c",
-                                 hint="configs: " + ", ".join(sorted(self.configs)))
+                # mig-parted's words and exit status (1, not a usage error: the file decides)
+                raise ConfigNotSelected("missing required flag 'selected-config' when more than one "
+                                        f"config available ({len(self.configs)} configs)", where=self.source,
+                                        hint="choose one with -c: " + ", ".join(sorted(self.configs)))
             name = next(iter(self.configs))
         if name not in self.configs:
             raise NotFoundError(f"no MIG config named '{name}'", where=self.source,
@@ -206,18 +212,22 @@ def yaml_load(text):
     return yaml.load(text, Loader=Loader)
 
 
+def decode_document(text: str | bytes, source: str, *, keep_keys: bool = True):
+    """A mig-parted file's document (``keep_keys``: mapping keys as written, see yaml_load)."""
+    from ..textdoc import decode
+    return decode(text, source, "mig-parted file", yaml_load if keep_keys else None)
+
+
 def parse_spec(document, source: str = "<input>") -> MigSpec:
     """A v1 spec from YAML/JSON text or an already-parsed mapping."""
     if isinstance(document, (str, bytes)):
-        import yaml
-        try:
-            document = yaml_load(document)
-        except yaml.YAMLError as e:
-            raise ConfigError(f"not valid YAML or JSON: {e}".replace("\n", " "), where=source) from None
+        document = decode_document(document, source)
     try:
         return MigSpec(_configs(document), source)
     except ValueError as e:
         raise ConfigError(str(e), where=source) from None
+    except RecursionError:
+        raise ConfigError("nested too deeply to be a MIG config file", where=source) from None
 
 
 def _configs(doc) -> dict[str, tuple[ConfigEntry, ...]]:
@@ -244,14 +254,7 @@ def _configs(doc) -> dict[str, tuple[ConfigEntry, ...]]:
 
 
 def load_spec(path: str) -> MigSpec:
-    """Read a config file; ``-`` reads standard input, as mig-parted does."""
-    if path == "-":
-        return parse_spec(sys.stdin.read(), "<stdin>")
-    try:
-        with open(path, "rb") as f:
-            text = f.read()
-    except FileNotFoundError:
-        raise NotFoundError("MIG config file not found", where=path) from None
-    except OSError as e:
-        raise ConfigError(f"cannot read MIG config file: {e.strerror}", where=path) from None
-    return parse_spec(text, path)
+    """Read a config file; ``-`` reads standard input, as mig-parted does. Only a regular
+    file of bounded size is read (a FIFO never blocks the command)."""
+    from ..fileio import read_config_file
+    return parse_spec(read_config_file(path, "MIG config file"), "<stdin>" if path == "-" else path)

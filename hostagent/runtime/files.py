@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import ConfigError, HostagentError, NotFoundError, StateError
+from ..fileio import read_regular, remove_stale_temporaries, temp_path
 
 __all__ = ["Snapshot", "Change", "Reader", "read_one", "changes", "diff", "write"]
 
@@ -49,13 +50,11 @@ def _stamp(st: os.stat_result) -> tuple:
 def read_one(host, path: str) -> Snapshot:
     real = host.host(path)
     try:
-        with open(real, "rb") as f:
-            st = os.fstat(f.fileno())
-            data = f.read()
+        data, st = read_regular(str(real))
     except FileNotFoundError:
         return Snapshot(path, real, None, None)
-    except IsADirectoryError:
-        raise ConfigError("is a directory, not a configuration file", where=str(real)) from None
+    except ValueError as e:               # a FIFO, a directory, a huge file: never read
+        raise ConfigError(f"{e}; a configuration file must be a regular file", where=str(real)) from None
     except OSError as e:
         raise ConfigError(f"cannot read: {e.strerror}", where=str(real)) from None
     try:
@@ -132,9 +131,12 @@ def _check_unchanged(snap: Snapshot) -> None:
 
 def read_one_text(real: Path) -> str | None:
     try:
-        return real.read_text()
+        return read_regular(str(real))[0].decode(errors="replace")
     except FileNotFoundError:
         return None
+    except ValueError as e:
+        raise StateError(f"{e} now (was it replaced while hostagent was editing it?)", where=str(real),
+                         hint="nothing was changed") from None
 
 
 def _directory(real: Path, make: bool) -> Path:
@@ -159,9 +161,9 @@ def _temp(real: Path, text: str, like: os.stat_result | None, make_parent: bool 
     ``like`` (the file it replaces), or 0644 for a new file."""
     mode = like.st_mode & 0o7777 if like else 0o644
     folder = _directory(real, make_parent)
-    tmp = str(folder / f".{real.name}.hostagent-{os.getpid()}.tmp")
+    tmp = temp_path(str(folder), real.name)
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, mode)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
         with os.fdopen(fd, "w") as f:
             f.write(text)
             f.flush()
@@ -208,6 +210,7 @@ def write(items: list[Change], *, before_rename=None) -> None:
                     os.unlink(c.snapshot.real)
                 else:
                     os.replace(temps.pop(c.path), c.snapshot.real)
+                    remove_stale_temporaries(str(c.snapshot.real.parent), c.snapshot.real.name)
                 done.append(c)
                 _fsync_dir(c.snapshot.real.parent)
         except BaseException:

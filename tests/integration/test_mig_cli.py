@@ -115,7 +115,9 @@ def test_errors_are_one_line_with_exit_codes(capsys, node, tmp_path):
     code, _, err = run(capsys, host, "apply", "-f", cfg, "-c", "nope")
     assert code == 1 and "no MIG config named 'nope'" in err and "mixed, off, wrong-sku" in err
     code, _, err = run(capsys, host, "apply", "-f", cfg)
-    assert code == 2 and "choose one with -c" in err
+    # mig-parted's words and exit status 1
+    assert code == 1 and "missing required flag 'selected-config' when more than one config available" in err
+    assert "choose one with -c: mixed, off, wrong-sku" in err
     bad = tmp_path / "bad.yaml"
     bad.write_text("version: v1\nmig-configs:\n  x:\n    - devices: 7\n      mig-enabled: false\n")
     code, _, err = run(capsys, host, "plan", "-f", bad, "-c", "x")

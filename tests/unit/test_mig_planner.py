@@ -226,6 +226,27 @@ def test_an_index_the_node_does_not_have_is_an_error():
             "GPU 12, but this node has GPU 0-7") in e.value.message
 
 
+def test_indices_of_an_entry_for_other_gpu_models_are_not_this_nodes_business():
+    # A fleet-wide file: the H100 entry names GPUs an A100 node lacks; mig-parted applies the
+    # A100 entry and does nothing for the other (its filter matches no GPU here).
+    inv = inventory(*[gpu(i, A100) for i in range(2)])
+    h100 = f"0x{inventory(gpu(0, H100)).gpus[0].pci_device_id:08X}"
+    a100 = f"0x{inv.gpus[0].pci_device_id:08X}"
+    for other in (f'"{h100}"', f'["{h100}", "0x12345678"]', f'"{h100}:0x00000000"'):
+        spec = config(enabled({"1g.5gb": 1}, "[0, 1]").replace("    - devices", f'    - device-filter: "{a100}"\n'
+                                                                "      devices")
+                      + enabled({"1g.10gb": 1}, "[4, 5, 6, 7]").replace("    - devices",
+                                                                         f"    - device-filter: {other}\n"
+                                                                         "      devices"))
+        p = plan(inv, spec)
+        assert [g.after.counts() for g in p.gpus] == [{"1g.5gb": 1}, {"1g.5gb": 1}]
+    # The same entry with a filter this node matches still names GPUs it lacks: an error.
+    spec = config(enabled({"1g.5gb": 1}, "[0, 7]").replace("    - devices", f'    - device-filter: "{a100}"\n'
+                                                          "      devices"))
+    with pytest.raises(PlanError, match="entry 0 names GPU 7, but this node has GPU 0, 1"):
+        plan(inv, spec)
+
+
 def test_gpus_with_the_same_problem_are_named_once():
     inv = inventory(*[gpu(i, A100_80) for i in range(8)], gpu(8, A100), gpu(9, T4), gpu(10, A100_80))
     with pytest.raises(PlanError) as e:

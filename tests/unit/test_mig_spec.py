@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from hostagent.errors import ConfigError, NotFoundError, UsageError
-from hostagent.mig.spec import ConfigEntry, DeviceFilter, parse_spec
+from hostagent.errors import ConfigError, NotFoundError
+from hostagent.mig.spec import ConfigEntry, ConfigNotSelected, DeviceFilter, parse_spec
 
 # The shapes mig-parted's example and default configs use (examples/config.yaml,
 # dgx-station-80gb-config.yaml, config-default.yaml): "all", index lists, string and list
@@ -157,7 +157,7 @@ def test_selecting_a_config():
     assert spec.select("station")[0] == "station"
     with pytest.raises(NotFoundError, match="no MIG config named 'nope'.*all-balanced"):
         spec.select("nope")
-    with pytest.raises(UsageError, match="has 6 configs"):
+    with pytest.raises(ConfigNotSelected, match="missing required flag 'selected-config' .*6 configs"):
         spec.select(None)
     only = parse_spec(_one("{devices: all, mig-enabled: false}"))
     assert only.select(None)[0] == "c"     # the only config may be left implicit
