@@ -44,7 +44,8 @@ def reset_gpus(host: HostRoot, bus_ids: list[str], *, timeout: float = RESET_TIM
     if done.returncode != 0:
         lines = [ln.strip() for ln in (done.stdout + done.stderr).splitlines() if ln.strip()]
         detail = next((ln for ln in lines if ln.startswith("GPU ")), lines[0] if lines else "no output")
+        in_use = any("in use" in ln.lower() for ln in lines)
         raise StateError(f"GPU reset of {', '.join(bus_ids)} failed (nvidia-smi exit {done.returncode}: "
-                         f"{detail})",
+                         f"{detail})", **({"in_use": True} if in_use else {}),
                          hint="stop what uses these GPUs (CUDA processes, nvidia_drm, "
                               "nvidia-persistenced, DCGM) and retry, or reboot")

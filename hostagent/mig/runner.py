@@ -18,7 +18,7 @@ from .layout import Layout
 from .plan import CREATE_CI, CREATE_GI, DESTROY_CI, DESTROY_GI, SET_MODE, GpuPlan, MigPlan, Step
 from .reset import reset_gpus
 
-__all__ = ["RunReport", "run_plan", "verify", "Progress", "quiet", "InUse"]
+__all__ = ["RunReport", "run_plan", "verify", "Progress", "quiet", "InUse", "transient"]
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +44,14 @@ class RunReport:
 class InUse(ConflictError):
     """Processes use a GPU or MIG instance the plan must change; details name them."""
     code = "in_use"
+
+
+def transient(error: Exception) -> bool:
+    """Whether ``error`` may pass by itself: something held the GPU or instance (a process
+    still exiting, a client that lets go), as opposed to a refusal that repeats."""
+    details = getattr(error, "details", None) or {}
+    code = getattr(error, "nvml_code", None) or details.get("nvml_code")
+    return isinstance(error, InUse) or code == NVML_IN_USE or bool(details.get("in_use"))
 
 
 def _name(pid: int) -> str | None:
@@ -151,7 +159,7 @@ def _mode_error(g: GpuPlan, current: bool, pending: bool, status) -> StateError:
                           hint="apply with --mode-only --skip-reset, reboot, then apply again")
     if status == NVML_IN_USE:
         return StateError(f"GPU {g.index}: the MIG mode change did not take effect: the GPU is in "
-                          f"use (activation status IN_USE; {now})",
+                          f"use (activation status IN_USE; {now})", nvml_code=NVML_IN_USE,
                           hint="stop GPU clients (CUDA processes, nvidia-persistenced, DCGM, "
                                "nvidia_drm) and retry")
     return StateError(f"GPU {g.index}: MIG mode did not change as planned ({now})")
