@@ -13,13 +13,15 @@ import re
 
 from .errors import ConfigError
 
-__all__ = ["decode", "MAX_NESTING"]
+__all__ = ["decode", "too_deep", "MAX_NESTING"]
 
 MAX_NESTING = 64          # real configuration files nest a handful of levels
 _NOT_BRACKET = re.compile(r"[^\[\]{}]+")
 
 
-def _too_deep(text: str) -> bool:
+def too_deep(text: str) -> bool:
+    """Whether ``text`` nests brackets more than MAX_NESTING deep (quotes are not parsed:
+    a bound, not a parser)."""
     depth = 0
     for ch in _NOT_BRACKET.sub("", text):
         if ch in "[{":
@@ -38,7 +40,7 @@ def decode(text: str | bytes, source: str, what: str, yaml_loader=None):
 
     import yaml
     raw = text.decode("utf-8", "replace") if isinstance(text, bytes) else text
-    if _too_deep(raw):
+    if too_deep(raw):
         raise ConfigError(f"nested more than {MAX_NESTING} levels deep; not a {what}", where=source)
     try:
         if raw.lstrip().startswith(("{", "[")):

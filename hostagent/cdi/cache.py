@@ -61,10 +61,15 @@ def load_cache(dirs) -> Cache:
         for path in _spec_files(os.fspath(folder)):
             try:
                 spec = load_spec_file(path)
+                problems = validate_spec(spec)
             except HostagentError as e:
                 errors.append(e.message)
                 continue
-            problems = validate_spec(spec)
+            except Exception as e:            # noqa: BLE001 - a file must never break the others
+                # Files in these folders come from anyone: whatever one holds, it is skipped
+                # with a warning, as the engines' caches skip it; it never fails the rest.
+                errors.append(f"{path}: cannot be read as a CDI spec ({type(e).__name__}: {e}); skipped")
+                continue
             if problems:
                 errors += [f"{path}: {p}" for p in problems]
                 continue

@@ -149,22 +149,34 @@ def list_devices(args) -> int:
 
 
 def validate(args) -> int:
-    from ..cdi.validate import read_spec, validate_spec
-    from ..errors import HostagentError
     failed = 0
     for path in args.files:
-        try:
-            doc, problems = read_spec(path)
-        except HostagentError as e:
-            doc, problems = None, [e.what]
-        if doc is not None:
-            # An unquoted scalar is said once, with its cause, not again as a bad value.
-            typed = {p.split(":", 1)[0] for p in problems}
-            problems += [p for p in validate_spec(doc) if p.split(":", 1)[0] not in typed]
+        problems, warnings = _check_file(path)
         for p in problems:
             print(f"{path}: {p}")
         if problems:
             failed += 1
         else:
             print(f"{path}: valid")
+        for w in warnings:
+            print(f"{path}: warning: {w}")
     return 1 if failed else 0
+
+
+def _check_file(path: str) -> tuple[list[str], list[str]]:
+    """(problems, warnings) of one spec file; whatever it holds, the next file is checked."""
+    from ..cdi.validate import read_spec, spec_warnings, validate_spec
+    from ..errors import HostagentError
+    try:
+        doc, problems = read_spec(path)
+    except HostagentError as e:
+        return [e.what], []
+    except Exception as e:                # noqa: BLE001 - one file never stops the others
+        return [f"cannot be read as a CDI spec ({type(e).__name__}: {e})"], []
+    # An unquoted scalar is said once, with its cause, not again as a bad value.
+    typed = {p.split(":", 1)[0] for p in problems}
+    try:
+        problems += [p for p in validate_spec(doc) if p.split(":", 1)[0] not in typed]
+    except Exception as e:                # noqa: BLE001
+        problems.append(f"cannot be checked ({type(e).__name__}: {e})")
+    return problems, (spec_warnings(doc) if not problems else [])

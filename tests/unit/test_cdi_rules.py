@@ -45,7 +45,6 @@ def test_bad_kinds_are_refused_including_one_character_parts(kind):
 
 @pytest.mark.parametrize("doc, fragment", [
     (spec(cdiVersion="0.2.0"), "not a known CDI version"),
-    (spec(cdiVersion="v0.5.0", devices=[dev("0")]), "leading 'v'"),
     (spec(devices=[]), "at least one device"),
     (spec(devices=[dev("gpu0"), dev("gpu0")]), "duplicate device 'gpu0'"),
     (spec(devices=[dev("bad/name")]), "devices[0].name"),
@@ -57,7 +56,7 @@ def test_bad_kinds_are_refused_including_one_character_parts(kind):
     (spec(kind="nvidia.com/" + "g" * 64), "class has 64 characters; the CDI specification allows at most 63"),
     (spec(containerEdits={"deviceNodes": [{"path": True}]}), "deviceNodes[0].path: True is not a string"),
     (spec(containerEdits={"mounts": [{"hostPath": "/a", "containerPath": 1000.0}]}), "containerPath: 1000.0 is not a string"),
-    (spec(containerEdits={"hooks": [{"hookName": "createContainer", "path": "/h", "args": ["/h", 16]}]}), "args: must be strings"),
+    (spec(containerEdits={"hooks": [{"hookName": "createContainer", "path": "/h", "args": ["/h", 16]}]}), "args: must be a list of strings"),
     (spec(devices=[dev("0")]), "needs 0.5.0 or newer"),
     (spec(annotations={"a": "b"}), "spec.annotations: needs cdiVersion 0.6.0"),
     (spec(containerEdits={"env": ["=1"]}), "containerEdits.env[0]"),
@@ -71,6 +70,14 @@ def test_bad_kinds_are_refused_including_one_character_parts(kind):
 ])
 def test_validation_names_the_problem_and_its_place(doc, fragment):
     assert any(fragment in p for p in validate_spec(doc)), validate_spec(doc)
+
+
+def test_a_leading_v_is_valid_with_a_warning_for_older_readers():
+    from hostagent.cdi.validate import spec_warnings
+    doc = spec(cdiVersion="v0.5.0", devices=[dev("0")])
+    assert validate_spec(doc) == []
+    assert any("leading 'v'" in w and "0.5.4" in w for w in spec_warnings(doc))
+    assert spec_warnings(spec()) == []
 
 
 def test_valid_spec_has_no_problems():
