@@ -35,20 +35,55 @@ _STEP = os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC
 _S_IFMT, _S_IFDIR, _S_IFLNK = 0o170000, 0o040000, 0o120000
 
 
+def _open_root(path: str, bundle: str | None) -> int:
+    """The container root, opened once without following any symlink: inside the bundle
+    (``bundle/<relative root>``: the bundle as the engine gave it, then every component of
+    the root below it) or, for an absolute root, every component from ``/``, which is the
+    root runc itself accepts (it refuses one that is or passes through a symlink). A root
+    swapped for a symlink at any moment is refused, never followed."""
+    if bundle and path.startswith(bundle.rstrip("/") + "/"):
+        start, rest = bundle, path[len(bundle.rstrip("/")) + 1:]
+    else:
+        start, rest = "/", path
+    try:
+        fd = os.open(start, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError as e:
+        raise HookError(f"cannot open {'the bundle ' if start != '/' else ''}{start}: {e.strerror}") from None
+    try:
+        for name in rest.split("/"):
+            if name in ("", "."):
+                continue
+            if name == "..":
+                raise HookError(f"container root {path} climbs out with '..'; refusing it")
+            try:
+                step = os.open(name, _STEP, dir_fd=fd)
+            except FileNotFoundError:
+                raise HookError(f"container root {path} does not exist") from None
+            except OSError as e:
+                raise HookError(f"cannot open container root {path}: {e.strerror}") from None
+            kind = os.fstat(step).st_mode & _S_IFMT
+            os.close(fd)
+            fd = step
+            if kind == _S_IFLNK:
+                raise HookError(f"container root {path} is or passes through a symlink ({name}); the hook "
+                                "never follows one out of the bundle (runtimes refuse such a root)")
+            if kind != _S_IFDIR:
+                raise HookError(f"container root {path} is not a directory")
+        return fd
+    except BaseException:
+        os.close(fd)
+        raise
+
+
 class Root:
-    """A held container root. ``path`` is only for messages and mount bookkeeping."""
+    """A held container root: opened once (see _open_root), checked, and every later
+    operation made relative to that descriptor. ``path`` is only for messages and mount
+    bookkeeping."""
 
     __slots__ = ("fd", "path")
 
-    def __init__(self, path: str):
-        try:
-            fd = os.open(path, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
-        except FileNotFoundError:
-            raise HookError(f"container root {path} does not exist") from None
-        except NotADirectoryError:
-            raise HookError(f"container root {path} is not a directory") from None
-        except OSError as e:
-            raise HookError(f"cannot open container root {path}: {e.strerror}") from None
+    def __init__(self, path: str, bundle: str | None = None):
+        fd = _open_root(path, bundle)
         st, host = os.fstat(fd), os.stat("/")
         if (st.st_dev, st.st_ino) == (host.st_dev, host.st_ino):
             os.close(fd)

@@ -78,7 +78,7 @@ def _run(req: cli.Request) -> None:
     wants_links = req.verb in ("prepare", "create-symlinks") and links
     wants_cache = req.verb == "update-ldcache" or (req.verb == "prepare" and req.folders)
     exe_fds: list[int] = []
-    with Root(root_path) as root:
+    with Root(root_path, bundle=state.get("bundle")) as root:
         try:
             if wants_cache:
                 from . import hostbin
