@@ -12,6 +12,7 @@ from typing import Mapping
 
 from .families import GPU_FAMILIES, HEALTH_FAMILIES, INSTANCE_FAMILIES, XID_FAMILY
 from .labels import format_labels, instance_key
+from .xids import xid_name
 
 __all__ = ["members", "label_strings", "last_xids", "render_dcgm", "render_health"]
 
@@ -84,8 +85,16 @@ def render_dcgm(snapshot, strings: dict, xids: dict) -> str:
                 if value is not None:
                     body.append(f"{fam.name}{strings[instance_key(s.gpu, s.gi)]} {_num(value)}")
         _family(lines, fam, body)
-    _family(lines, XID_FAMILY, [f"{XID_FAMILY.name}{strings[k]} {v}" for k, v in xids.items() if k in strings])
+    _family(lines, XID_FAMILY, [f"{XID_FAMILY.name}{_with_xid(strings[k], v)} {v}" for k, v in xids.items()
+                                if k in strings])
     return "\n".join(lines) + "\n" if lines else ""
+
+
+def _with_xid(labels: str, code: int) -> str:
+    """The series' labels plus ``err_code`` and ``err_msg`` last, as dcgm-exporter adds them
+    (its attributes follow every other label)."""
+    xid = format_labels((("err_code", str(code)), ("err_msg", xid_name(code))))
+    return labels[:-1] + "," + xid[1:] if labels not in ("", "{}") else xid
 
 
 def render_health(state, hostname: str, extra: Mapping[str, Mapping[str, str]]) -> str:

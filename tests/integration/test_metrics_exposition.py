@@ -174,6 +174,16 @@ def test_health_in_metrics(service):
     xid = {(s.labels["gpu"], s.labels.get("GPU_I_ID")): s.value for s in fams["DCGM_FI_DEV_XID_ERRORS"].samples}
     assert xid[("5", None)] == 48 and xid[("0", str(scoped.gi))] == 94
     assert xid[("0", None)] == 0 and sum(v for v in xid.values()) == 48 + 94
+    # dcgm-exporter's err_code and err_msg on every series, last, from NVIDIA's XID catalogue
+    labelled = {(s.labels["gpu"], s.labels.get("GPU_I_ID")): (s.labels["err_code"], s.labels["err_msg"])
+                for s in fams["DCGM_FI_DEV_XID_ERRORS"].samples}
+    assert labelled[("5", None)] == ("48", "Double Bit ECC Error")
+    assert labelled[("0", str(scoped.gi))] == ("94", "Contained ECC error")
+    assert labelled[("0", None)] == ("0", "No Error")
+    assert all(code == str(int(xid[key])) for key, (code, _) in labelled.items())
+    text = svc.render().decode()
+    line = next(ln for ln in text.splitlines() if ln.startswith("DCGM_FI_DEV_XID_ERRORS{gpu=\"5\""))
+    assert re.findall(r'(\w+)="', line)[-2:] == ["err_code", "err_msg"]
     healthy = {s.labels["UUID"]: s.value for s in fams["hostagent_device_healthy"].samples}
     assert len(healthy) == 8 + 7
     assert {u for u, v in healthy.items() if v == 0} == {inv.gpus[5].uuid, scoped.uuid}
