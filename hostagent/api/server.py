@@ -6,7 +6,12 @@ what makes thousands of requests a second cheap on a small host.
 
 Defences, so one slow or hostile client cannot stall the others:
 
-- a bound on open connections, overall and per non-root user (503 beyond it);
+- who may connect is decided at accept, from the peer's credentials: a caller without a
+  role gets its 403 and is closed at once, holding no connection slot;
+- a bound on open connections, overall and per non-root user, with the last slots kept
+  for root; when a bound is reached, an idle (or half-sent, or streaming) connection of
+  whoever holds the most is closed to make room, so hoarded connections cost their
+  holder, never root or another operator (503 only when every slot is answering a request);
 - a header deadline that runs from a request's first byte (bytes trickled in do not extend
   it), a body deadline, an idle deadline between keep-alive requests;
 - size limits on the request line, headers and body (414, 431, 413);
@@ -67,6 +72,7 @@ class ServerOptions:
     write_timeout: float = 30.0
     max_connections: int = 512
     max_connections_per_user: int = 64
+    root_reserved: int = 32            # of max_connections, only root may take these
     agent_gid: int | None = None
 
 
@@ -104,6 +110,8 @@ class Connection(asyncio.Protocol):
         self.write_paused = False
         self.streaming = False
         self.lingering = False
+        self.evicted = False
+        self.last_active = 0.0
         self._drain_waiter = None
 
     # ---- lifecycle --------------------------------------------------------------
@@ -115,13 +123,47 @@ class Connection(asyncio.Protocol):
             self.caller = peer_caller(transport.get_extra_info("socket"), server.options.agent_gid)
         except OSError:
             self.caller = Caller(pid=0, uid=-1, gid=-1, groups=())
+        self.last_active = self.loop.time()
+        if self.caller.role == "none":
+            # Refused by who it is, before it costs a slot or a parse.
+            self._refuse(error_response(403, "forbidden", "the caller may not use the agent's API",
+                                        {"uid": self.caller.uid,
+                                         "hint": "be root or a member of the agent's group"}))
+            return
         if not server.admit(self):
-            transport.write(self._render(error_response(
-                503, "too_many_connections", "the agent has too many open connections; retry later"),
-                keep_alive=False))
-            self.linger()
+            self._refuse(error_response(
+                503, "too_many_connections", "the agent's connections are all answering requests; retry later"))
             return
         self._arm(server.options.header_timeout, self._timed_out)
+
+    def _refuse(self, response: Response):
+        self.transport.write(self._render(response, keep_alive=False))
+        self.linger()
+
+    def evict(self) -> None:
+        """Give this connection's slot to a newcomer: it is released now; an idle one is
+        closed, a half-sent request gets a 503, a stream ends with its last chunk."""
+        self.evicted = True
+        self.server.release(self)
+        if self.streaming and self.task is not None and not self.task.done():
+            self.task.cancel()
+        elif self.phase in (_HEAD, _BODY) or self.buf:
+            self._send(error_response(503, "connection_reclaimed", "this connection was closed to serve "
+                                      "another caller; retry with fewer connections"), keep_alive=False)
+            self.linger()
+        else:
+            self.close()
+
+    def evictable(self) -> int | None:
+        """How cheaply this connection gives up its slot (lower first); None: it is
+        answering a request, which always runs to its end."""
+        if self.closed:
+            return None
+        if self.streaming:
+            return 2
+        if self.phase == _BUSY:
+            return None
+        return 0 if self.phase == _IDLE and not self.buf else 1
 
     def connection_lost(self, exc):
         if self.closed and self not in self.server.connections:
@@ -279,6 +321,7 @@ class Connection(asyncio.Protocol):
 
     def _dispatch(self, request: Request):
         self.phase = _BUSY
+        self.last_active = self.loop.time()
         self._disarm()
         try:
             result = self.server.app(request)
@@ -321,10 +364,11 @@ class Connection(asyncio.Protocol):
         except ConnectionError:
             pass
         except asyncio.CancelledError:
-            # The server stops: end the body properly (a last line saying so, then the
-            # zero-length chunk), so the client sees a complete response, not a cut.
-            # Chunks are written whole, so this never lands inside one.
-            if self.server.closing and not self.closed:
+            # The server stops (or gives the slot away): end the body properly (a last line
+            # saying so, then the zero-length chunk), so the client sees a complete
+            # response, not a cut, and resumes. Chunks are written whole, so this never
+            # lands inside one.
+            if (self.server.closing or self.evicted) and not self.closed:
                 if result.farewell is not None:
                     self.transport.write(chunk(result.farewell()))
                 self.transport.write(LAST_CHUNK)
@@ -332,6 +376,7 @@ class Connection(asyncio.Protocol):
             self.close()
 
     def _finish(self, request: Request, response: Response):
+        self.last_active = self.loop.time()
         keep_alive = request.keep_alive and not self.server.closing
         self._send(response, keep_alive=keep_alive, head_only=request.method == "HEAD")
         self.request = None
@@ -365,13 +410,42 @@ class ApiServer:
         self._drained: asyncio.Future | None = None     # stop(): the last connection is gone
 
     def admit(self, conn: Connection) -> bool:
-        uid = conn.caller.uid
-        count = self.per_user.get(uid, 0)
-        if len(self.connections) >= self.options.max_connections or (
-                uid != 0 and count >= self.options.max_connections_per_user) or self.closing:
+        """Take ``conn`` (a caller with a role), making room if a bound is reached: the
+        caller's own cheapest connection when it is at its per-user bound, else one of
+        whoever holds the most connections (more than the newcomer would), so holding
+        connections open costs the holder. Root may also take the reserved slots."""
+        if self.closing:
             return False
+        uid, opts = conn.caller.uid, self.options
+        if uid != 0 and self.per_user.get(uid, 0) >= opts.max_connections_per_user:
+            if not self._make_room({uid}):
+                return False
+        held = len(self.connections) - (0 if uid == 0 else self.per_user.get(0, 0))
+        limit = opts.max_connections - (0 if uid == 0 else min(opts.root_reserved, opts.max_connections - 1))
+        if held >= limit:
+            mine = self.per_user.get(uid, 0) + 1
+            holders = sorted((n, u) for u, n in self.per_user.items() if u not in (0, uid) and n > mine)
+            if not any(self._make_room({u}) for _, u in reversed(holders)):
+                if uid != 0 or not self._make_room(set(self.per_user) - {0}):
+                    return False
         self.connections.add(conn)
-        self.per_user[uid] = count + 1
+        self.per_user[uid] = self.per_user.get(uid, 0) + 1
+        return True
+
+    def _make_room(self, uids: set[int]) -> bool:
+        """Evict the cheapest connection of ``uids`` (idle before half-sent before streams,
+        the longest unused first); False if every one is answering a request."""
+        best = None
+        for c in self.connections:
+            if c.caller.uid in uids:
+                rank = c.evictable()
+                if rank is not None and (best is None or (rank, c.last_active) < best[0]):
+                    best = ((rank, c.last_active), c)
+        if best is None:
+            return False
+        victim = best[1]
+        log.info("closing a connection of %s to serve another caller", victim.caller.describe())
+        victim.evict()
         return True
 
     def release(self, conn: Connection) -> None:

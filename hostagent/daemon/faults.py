@@ -1,7 +1,8 @@
 """Crash points for tests: ``HOSTAGENT_FAULT=allocate:after_spec,...`` makes the daemon kill
 itself with SIGKILL when it reaches a named point, so tests can show that every crash window
-of an allocation or a release ends consistent after a restart. Unset in production: each
-point then costs one set lookup.
+of an allocation or a release ends consistent after a restart; ``NAME=stop`` stops it there
+instead (SIGSTOP), so a test can act while it is held at that point and then continue it.
+Unset in production: each point then costs one set lookup.
 """
 
 from __future__ import annotations
@@ -12,10 +13,12 @@ import signal
 __all__ = ["point", "POINTS"]
 
 POINTS = ("allocate:after_spec", "allocate:after_checkpoint", "release:after_checkpoint",
-          "release:after_spec")
+          "release:after_spec", "start:settings_read")
 _ARMED = frozenset(p.strip() for p in os.environ.get("HOSTAGENT_FAULT", "").split(",") if p.strip())
 
 
 def point(name: str) -> None:
     if name in _ARMED:
         os.kill(os.getpid(), signal.SIGKILL)
+    elif f"{name}=stop" in _ARMED:
+        os.kill(os.getpid(), signal.SIGSTOP)

@@ -54,7 +54,7 @@ def _server_options(api, gid):
         header_timeout=api.header_timeout, body_timeout=api.body_timeout,
         idle_timeout=api.idle_timeout, write_timeout=api.write_timeout,
         max_connections=api.max_connections, max_connections_per_user=api.max_connections_per_user,
-        agent_gid=gid)
+        root_reserved=api.root_reserved_connections, agent_gid=gid)
 
 
 class Daemon:
@@ -282,6 +282,8 @@ def run(host: HostRoot, config_path=None, log_level: str | None = None) -> int:
     except ConfigError as e:
         log.error("cannot start: %s", e.message)
         return 1
+    from . import faults
+    faults.point("start:settings_read")
     from .logs import set_level
     set_level(log_level or settings.daemon.log_level)
     try:

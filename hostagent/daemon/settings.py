@@ -32,6 +32,7 @@ class ApiSettings:
     socket_mode: str = "0660"
     max_connections: int = 512
     max_connections_per_user: int = 128
+    root_reserved_connections: int = 32
     max_header_bytes: int = 16384
     max_body_bytes: int = 262144
     header_timeout: float = 10

@@ -124,8 +124,9 @@ def test_others_cannot_even_connect(group_agent):
 
 
 def test_per_user_connection_limit(group_agent):
+    # At its bound, a user's new request is served by closing its own idle connection.
     got = as_user(group_agent, [["HOLD", None, None]] * 3 + [["GET", "/v1/node", None]])
-    assert got[-1] == (503, "too_many_connections")
+    assert got[-1] == (200, None)
     with group_agent.client() as c:      # root is not limited per user
         assert c.node()["gpus"] == 8
 

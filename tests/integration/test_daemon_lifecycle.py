@@ -1,7 +1,6 @@
 """The daemon as systemd runs it: readiness and watchdog notifications, reload, stop,
 journal logging, one instance per node, an unreadable inventory at start."""
 
-import json
 import os
 import signal
 import socket
@@ -260,22 +259,22 @@ def test_sighup_during_start_up_is_applied_once_started(root):
 
 
 def test_sighup_before_the_event_loop_exists_is_remembered(root):
-    """A HUP while the daemon still reads its configuration (the config file is a FIFO here,
-    so the test knows the daemon is inside that read) neither kills it nor is lost."""
+    """A HUP while the daemon is still starting (held, stopped, right after it read its
+    configuration) neither kills it nor is lost: it reloads the configuration once started."""
     notify, env = _notified("@hostagent-test-early-%d" % os.getpid())
-    agent = AgentProcess(root, env=env)
-    agent.config.unlink()
-    os.mkfifo(agent.config)
     config = {"daemon": {"resync_interval": 0}, "metrics": {"port": None}}
+    agent = AgentProcess(root, config, env={**env, "HOSTAGENT_FAULT": "start:settings_read=stop"})
     try:
         agent.start(wait=False)
-        with open(agent.config, "w") as fifo:       # returns once the daemon opened it
-            agent.signal(signal.SIGHUP)
-            fifo.write(json.dumps(config))
+        deadline = time.monotonic() + 20
+        while _state(agent.proc.pid) != "T":
+            assert time.monotonic() < deadline and agent.proc.poll() is None, agent.log()
+            time.sleep(0.02)
+        agent.signal(signal.SIGHUP)
+        agent.write_config({**config, "api": {"max_body_bytes": 1024}})     # what the reload reads
+        os.kill(agent.proc.pid, signal.SIGCONT)
         notify.wait_for("READY", "1")
         notify.wait_for("RELOADING", "1")
-        with open(agent.config, "w") as fifo:       # the reload reads it again
-            fifo.write(json.dumps({**config, "api": {"max_body_bytes": 1024}}))
         notify.wait_for("READY", "1")
         body = b'{"id": "x", "devices": [{"device": "1"}], "labels": {"a": "' + b"b" * 1100 + b'"}}'
         with agent.client() as c:
@@ -284,6 +283,12 @@ def test_sighup_before_the_event_loop_exists_is_remembered(root):
     finally:
         notify.close()
         agent.cleanup()
+
+
+def _state(pid: int) -> str:
+    """The process's state letter (T: stopped) from /proc."""
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0]
 
 
 def test_status_follows_allocations_releases_and_mig_changes(root):
