@@ -12,9 +12,9 @@ import pytest
 
 from hostagent.api.server import ApiServer, ServerOptions
 
-from .agentd import AgentProcess, make_root
+from .agentd import AgentProcess, existing_group, make_root
 
-NOGROUP, OTHER_GID = 65534, 23456
+OTHER_GID = 23456
 OPERATORS = (65534, 23001, 23002, 23003)        # members of the API's group (primary gid)
 BOUNDS = {"max_connections": 12, "root_reserved_connections": 4, "max_connections_per_user": 5}
 
@@ -53,7 +53,8 @@ class Holder:
     """A child under ``uid`` holding ``count`` idle connections until told to report which
     the daemon closed (or asked, with ``then``, to make one request afterwards)."""
 
-    def __init__(self, agent, uid, count, gid=NOGROUP, then=False):
+    def __init__(self, agent, uid, count, gid=None, then=False):
+        gid = agent.api_gid if gid is None else gid
         self.r, w = os.pipe()
         self.go_r, self.go_w = os.pipe()
         self.pid = os.fork()
@@ -92,8 +93,10 @@ class Holder:
 def agent():
     if os.geteuid() != 0:
         pytest.skip("needs root to run callers under other uids")
-    proc = AgentProcess(make_root(), {"api": {"group": "nogroup", "socket_mode": "0666", **BOUNDS},
+    group, gid = existing_group()
+    proc = AgentProcess(make_root(), {"api": {"group": group, "socket_mode": "0666", **BOUNDS},
                                       "daemon": {"resync_interval": 0}}).start()
+    proc.api_gid = gid
     yield proc
     proc.stop()
     proc.cleanup()
