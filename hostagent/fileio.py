@@ -43,13 +43,18 @@ def _stale_pid(entry: str, name: str) -> int | None:
 
 
 def _running(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie, killed but not yet reaped, does not)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except (OSError, IndexError):
+        return True
 
 
 def remove_stale_temporaries(directory: str, name: str) -> list[str]:

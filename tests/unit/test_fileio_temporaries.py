@@ -3,6 +3,7 @@ that exact name pattern, owned by the writing user, whose writer pid no longer r
 
 import os
 import subprocess
+import time
 import sys
 
 import pytest
@@ -81,3 +82,21 @@ def test_a_killed_writer_leaves_a_temporary_that_the_next_write_removes(tmp_path
     assert len(left) == 1 and not (tmp_path / "config.toml").exists()
     write_atomic(tmp_path / "config.toml", "newer")
     assert os.listdir(tmp_path) == ["config.toml"]
+
+
+def test_a_killed_writer_not_yet_reaped_counts_as_gone(tmp_path):
+    code = ("import os\n"
+            "from hostagent import fileio\n"
+            "os.replace = lambda *a: os.kill(os.getpid(), 9)\n"
+            f"fileio.write_atomic({str(tmp_path / 'spec.json')!r}, 'new')\n")
+    writer = subprocess.Popen([sys.executable, "-c", code])
+    try:
+        for _ in range(500):                     # a zombie once its temporary is there and it died
+            left = [n for n in os.listdir(tmp_path) if n.endswith(".tmp")]
+            if left and open(f"/proc/{writer.pid}/stat").read().rsplit(")", 1)[1].split()[0] == "Z":
+                break
+            time.sleep(0.02)
+        write_atomic(tmp_path / "spec.json", "newer")
+        assert os.listdir(tmp_path) == ["spec.json"]
+    finally:
+        writer.wait()
