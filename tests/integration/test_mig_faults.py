@@ -208,7 +208,9 @@ def test_a_stop_request_interrupts_the_apply_before_its_next_gpu(make_node):
     asked = []
 
     def stop_after_the_first_gpu() -> bool:
-        asked.append(True)
+        # The planner's search asks too, before the journal exists; count the executor's.
+        if Journal.path(host).exists():
+            asked.append(True)
         return len(asked) > 1
     with pytest.raises(MigInterrupted, match="interrupted after [1-9].*rolled back to the previous layout"):
         service.apply(host, HOPPER, "new", stop_requested=stop_after_the_first_gpu)
