@@ -136,6 +136,51 @@ def test_callers_without_a_role_are_refused_at_accept_and_hold_nothing(agent):
     assert report["closed"] == 40                                      # each closed at once
 
 
+def test_a_watch_given_up_for_a_newcomer_ends_with_its_last_line(agent):
+    """A user whose every slot is a watch stream: its next request is served, and the
+    stream that made room ends cleanly (the 'stopping' line, then the closing chunk), so
+    the watcher knows to resume with ?since=."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        status = 1
+        try:
+            os.close(r)
+            os.setgroups([])
+            os.setgid(agent.api_gid)
+            os.setuid(OPERATORS[2])
+            streams = []
+            for _ in range(BOUNDS["max_connections_per_user"]):
+                s = socket.socket(socket.AF_UNIX)
+                s.settimeout(10)
+                s.connect(str(agent.socket))
+                s.sendall(b"GET /v1/watch HTTP/1.1\r\n\r\n")
+                assert s.recv(65536).startswith(b"HTTP/1.1 200")
+                streams.append(s)
+            answer = request(str(agent.socket))
+            ended = []
+            for s in streams:
+                s.settimeout(0.5)
+                data = b""
+                try:
+                    while chunk := s.recv(65536):
+                        data += chunk
+                    ended.append(data.decode(errors="replace"))
+                except socket.timeout:
+                    pass
+            os.write(w, json.dumps({"answer": answer, "ended": ended}).encode())
+            status = 0
+        finally:
+            os._exit(status)
+    os.close(w)
+    with os.fdopen(r, "rb") as f:
+        report = json.loads(f.read())
+    os.waitpid(pid, 0)
+    assert tuple(report["answer"]) == (200, None)
+    assert len(report["ended"]) == 1, report["ended"]
+    assert '"type":"stopping"' in report["ended"][0] and report["ended"][0].endswith("0\r\n\r\n")
+
+
 # -- the admission rule itself, on stand-in connections (no sockets) -------------------
 
 @pytest.fixture
