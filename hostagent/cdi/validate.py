@@ -322,7 +322,7 @@ def read_spec(path: str | os.PathLike) -> tuple[dict, list[str]]:
     path = os.fspath(path)            # os.path, not pathlib: see _NameRule
     suffix = os.path.splitext(path)[1]
     if suffix not in (".json", ".yaml"):
-        raise UsageError(f"{path}: CDI readers only load files ending in .json or .yaml")
+        raise UsageError("CDI readers only load files ending in .json or .yaml", where=path)
     from ..fileio import read_regular
     try:
         text = read_regular(path)[0].decode("utf-8")    # never blocks on a FIFO
