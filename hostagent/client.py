@@ -333,6 +333,15 @@ class Client:
                 return None
             raise
 
+    def preferred_allocation(self, available: list[str], size: int, must_include: list[str] = (),
+                             policy: str = "distributed") -> list[str]:
+        """Which ``size`` of the ``available`` devices to prefer (a kubelet plugin's
+        GetPreferredAllocation); changes nothing."""
+        body = {"available": list(available), "size": size, "policy": policy}
+        if must_include:
+            body["must_include"] = list(must_include)
+        return self.request("POST", "/v1/preferred-allocation", body).json()["devices"]
+
     def refresh(self) -> int:
         return self.request("POST", "/v1/inventory/refresh").json()["revision"]
 

@@ -65,6 +65,7 @@ class App:
         "/v1/watch": (Route("GET", "watch", "operator"),),
         "/v1/allocations": (Route("GET", "list_allocations", "operator"),
                             Route("POST", "create_allocation", "operator")),
+        "/v1/preferred-allocation": (Route("POST", "prefer_allocation", "operator"),),
         "/v1/inventory/refresh": (Route("POST", "refresh", "admin"),),
         "/v1/mig": (Route("GET", "get_mig", "operator"),),
         "/v1/mig/plan": (Route("POST", "plan_mig", "operator"),),
@@ -261,6 +262,15 @@ class App:
         from ..daemon.views import allocation_view
         alloc = await self.agent.allocator.release(alloc_id)
         return Response(200, _dumps(allocation_view(alloc)))
+
+    def prefer_allocation(self, request: Request) -> Response:
+        from ..daemon.preference import prefer
+        body = self._body(request, "preferAllocation")
+        snap = self.agent.snapshot
+        in_use = {uuid: len(users) for uuid, users in self.agent.users().items()}
+        devices = prefer(body["available"], body.get("must_include", []), body["size"], snap.devices,
+                         snap.lookup, in_use, body.get("policy", "distributed"))
+        return Response(200, _dumps({"devices": devices, "revision": snap.revision}))
 
     def refresh(self, request: Request):
         return self._refresh()

@@ -1,0 +1,121 @@
+"""Preferred allocations, pure: which of the devices a kubelet offers a container it should get.
+
+Before it allocates, the kubelet's device manager asks a device plugin which ``size`` of the
+``available`` devices (``must_include`` among them) it would rather hand out. The answer here:
+
+- **NUMA first**: as few NUMA nodes as possible, the ones of ``must_include`` first; among
+  the NUMA nodes that hold the request alone, the one with the fewest offered devices
+  (tightest fit, so large free groups stay whole for large requests).
+- **Then the tightest fit** inside it: MIG devices from the GPU with the fewest offered
+  devices first (whole GPUs stay free for whole-GPU work), then in index order.
+- **Replicas** (``<uuid>::<n>`` ids of shared devices) spread across devices, the least used
+  first (``distributed``, as the NVIDIA device plugin does by default), or fill the most used
+  device first (``packed``). "Used" counts the agent's allocations on the device plus the
+  replicas this answer already took from it; ``distributed`` also takes the NUMA node with
+  the most replicas free.
+
+Ids are answered as the caller spelled them (the kubelet compares strings).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..errors import UsageError
+from .allocations import InsufficientDevices, UnknownDevice
+
+__all__ = ["prefer", "POLICIES", "REPLICA_SEPARATOR", "split_replica"]
+
+POLICIES = ("distributed", "packed")
+REPLICA_SEPARATOR = "::"
+
+
+def split_replica(ident: str) -> tuple[str, str | None]:
+    """``GPU-x::3`` -> (``GPU-x``, ``3``); a plain id -> (id, None)."""
+    base, sep, replica = ident.partition(REPLICA_SEPARATOR)
+    return base, (replica if sep else None)
+
+
+@dataclass(frozen=True)
+class _Unit:
+    ident: str            # as the caller spelled it
+    uuid: str             # the physical device (GPU or MIG device)
+    parent: str           # the GPU it is on (itself for a GPU)
+    numa: int | None
+    replica: str | None
+    order: tuple
+
+
+def _unit(ident: str, devices: dict[str, dict], lookup: dict[str, str]) -> _Unit:
+    base, replica = split_replica(ident)
+    uuid = lookup.get(base.strip())
+    view = devices.get(uuid) if uuid else None
+    if view is None:
+        raise UnknownDevice(f"no device {ident!r} on this node", device=ident,
+                            hint="offer devices by the ids GET /v1/devices lists (UUIDs, "
+                                 "with ::<n> for replicas)")
+    parent = devices.get(view.get("parent_uuid") or "", view)
+    index = view["index"] if view["kind"] == "gpu" else view["parent_index"]
+    order = (index, -1 if view["kind"] == "gpu" else view["index"], int(replica) if (replica or "").isdigit() else 0)
+    return _Unit(ident, uuid, parent["uuid"], parent.get("numa_node"), replica, order)
+
+
+def prefer(available: list[str], must_include: list[str], size: int, devices: dict[str, dict],
+           lookup: dict[str, str], in_use: dict[str, int], policy: str = "distributed") -> list[str]:
+    """``size`` ids: ``must_include`` first, then the preferred ones of ``available``.
+
+    ``devices``: uuid -> device view (``GET /v1/devices``); ``lookup``: any device name ->
+    uuid; ``in_use``: uuid -> allocations using it."""
+    if policy not in POLICIES:
+        raise UsageError(f"unknown policy {policy!r}", hint=f"use one of {', '.join(POLICIES)}")
+    offered = list(dict.fromkeys([*available, *must_include]))
+    units = {i: _unit(i, devices, lookup) for i in offered}
+    must = list(dict.fromkeys(must_include))
+    if size < len(must):
+        raise UsageError(f"size {size} is smaller than the {len(must)} device(s) that must be included")
+    if size > len(units):
+        raise InsufficientDevices(f"{size} device(s) wanted, {len(units)} offered",
+                                  wanted=size, available=len(units))
+    needed = size - len(must)
+    if needed == 0:
+        return must
+    taken = set(must)
+    candidates = [units[i] for i in offered if i not in taken]
+    replicas = any(u.replica is not None for u in candidates)
+    spread = replicas and policy == "distributed"
+
+    groups: dict[int | None, list[_Unit]] = {}
+    for u in candidates:
+        groups.setdefault(u.numa, []).append(u)
+    must_numas = {units[i].numa for i in must}
+
+    def group_key(numa):
+        size_here = len(groups[numa])
+        fits = size_here >= needed
+        # Fitting alone: the tightest (or, spreading replicas, the loosest); none fits: the
+        # largest first, to span the fewest NUMA nodes.
+        tightness = -size_here if (spread or not fits) else size_here
+        return (numa not in must_numas, not fits, tightness, numa is None, numa or 0)
+    rank = {numa: r for r, numa in enumerate(sorted(groups, key=group_key))}
+
+    per_parent: dict[str, int] = {}
+    for u in candidates:
+        per_parent[u.parent] = per_parent.get(u.parent, 0) + 1
+    picked: dict[str, int] = {}
+
+    def key(u: _Unit):
+        if replicas:
+            used = in_use.get(u.uuid, 0) + picked.get(u.uuid, 0)
+            inner = (used if policy == "distributed" else -used,)
+        else:
+            inner = (per_parent[u.parent],)
+        return (rank[u.numa], *inner, u.order, u.ident)
+
+    chosen = []
+    pool = list(candidates)
+    for _ in range(needed):
+        best = min(pool, key=key)
+        pool.remove(best)
+        picked[best.uuid] = picked.get(best.uuid, 0) + 1
+        chosen.append(best.ident)
+    return must + chosen
