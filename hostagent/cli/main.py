@@ -17,8 +17,9 @@ from ..errors import HostagentError
 
 __all__ = ["main", "build_parser"]
 
-# Each command is the module of the same name in this package, registered in this order.
-COMMANDS = ("devices", "health", "node", "cdi", "labels", "mig", "runtime", "sim", "serve")
+# Each command is the module of the same name in this package ('-' spelled '_'), registered
+# in this order.
+COMMANDS = ("devices", "health", "node", "cdi", "labels", "mig", "runtime", "sim", "serve", "device-plugin")
 
 
 def _command_word(argv: list[str]) -> str | None:
@@ -52,7 +53,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     word = _command_word(argv) if argv is not None else None
     names = (word,) if word else () if argv is not None and "--version" in argv else COMMANDS
     for name in names:
-        importlib.import_module(f"{__package__}.{name}").register(sub)
+        importlib.import_module(f"{__package__}.{name.replace('-', '_')}").register(sub)
     return parser
 
 

@@ -47,9 +47,10 @@ def _fields(record) -> dict:
 class KeyValueFormatter(logging.Formatter):
     """``message key=value ...`` with an optional ``<N>`` journald priority prefix."""
 
-    def __init__(self, prefix_priority: bool):
+    def __init__(self, prefix_priority: bool, identifier: str = "hostagentd"):
         super().__init__()
         self.prefix_priority = prefix_priority
+        self.identifier = identifier
 
     def format(self, record):
         text = record.getMessage()
@@ -60,16 +61,17 @@ class KeyValueFormatter(logging.Formatter):
             text += "\n" + self.formatException(record.exc_info)
         if self.prefix_priority:
             return "\n".join(f"<{_priority(record.levelno)}>{line}" for line in text.splitlines())
-        return f"hostagentd: {record.levelname.lower()}: {text}"
+        return f"{self.identifier}: {record.levelname.lower()}: {text}"
 
 
 class NativeJournalHandler(logging.Handler):
     """The journal's native protocol: KEY=value lines in one datagram (binary-safe form for
     values with newlines), as sd_journal_send does."""
 
-    def __init__(self, address: str = JOURNAL_SOCKET):
+    def __init__(self, address: str = JOURNAL_SOCKET, identifier: str = "hostagentd"):
         super().__init__()
         self.address = address
+        self.identifier = identifier
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
 
     @staticmethod
@@ -86,7 +88,7 @@ class NativeJournalHandler(logging.Handler):
             if record.exc_info:
                 message += "\n" + logging.Formatter().formatException(record.exc_info)
             items = [("MESSAGE", message), ("PRIORITY", _priority(record.levelno)),
-                     ("SYSLOG_IDENTIFIER", "hostagentd"), ("LOGGER", record.name),
+                     ("SYSLOG_IDENTIFIER", self.identifier), ("LOGGER", record.name),
                      ("CODE_FILE", record.pathname), ("CODE_LINE", record.lineno),
                      ("CODE_FUNC", record.funcName)]
             items += [(k, v) for k, v in _fields(record).items()]
@@ -95,7 +97,7 @@ class NativeJournalHandler(logging.Handler):
             self.handleError(record)
 
 
-def _journal_handler() -> logging.Handler:
+def _journal_handler(identifier: str) -> logging.Handler:
     try:
         from systemd.journal import JournalHandler
 
@@ -104,23 +106,25 @@ def _journal_handler() -> logging.Handler:
                 for k, v in _fields(record).items():
                     setattr(record, k.upper(), v)   # JournalHandler sends upper-case attributes
                 super().emit(record)
-        return FieldsJournalHandler(SYSLOG_IDENTIFIER="hostagentd")
+        return FieldsJournalHandler(SYSLOG_IDENTIFIER=identifier)
     except ImportError:
         pass
     if os.path.exists(JOURNAL_SOCKET):
-        return NativeJournalHandler()
+        return NativeJournalHandler(identifier=identifier)
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(KeyValueFormatter(prefix_priority=True))
+    handler.setFormatter(KeyValueFormatter(prefix_priority=True, identifier=identifier))
     return handler
 
 
-def setup_logging(level: str = "info", *, journal: bool | None = None) -> logging.Handler:
+def setup_logging(level: str = "info", *, journal: bool | None = None,
+                  identifier: str = "hostagentd") -> logging.Handler:
+    """``identifier``: the program's name in the journal and on stderr lines."""
     journal = under_journal() if journal is None else journal
     if journal:
-        handler = _journal_handler()
+        handler = _journal_handler(identifier)
     else:
         handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(KeyValueFormatter(prefix_priority=False))
+        handler.setFormatter(KeyValueFormatter(prefix_priority=False, identifier=identifier))
     root = logging.getLogger()
     for old in list(root.handlers):
         root.removeHandler(old)

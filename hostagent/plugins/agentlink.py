@@ -1,0 +1,144 @@
+"""A kubelet plugin's link to the agent: the node's devices as the agent's watch stream keeps
+them, and an API client per thread for the calls a plugin makes (allocate, release, prefer).
+
+Shared by every kubelet-side consumer (the device plugin; a DRA kubelet plugin next): none
+reads NVML, all of them follow ``GET /v1/watch``. The link takes the snapshot, applies each
+event, and hands every changed ``NodeView`` to its listeners. When the agent goes away (its
+``stopping`` line, a broken stream, silence past three heartbeats) the view says
+``connected=False`` at once, and the link reconnects with back-off, resuming with
+``since=`` the last revision it saw (the agent answers with the missed events, or a fresh
+snapshot when they are gone).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from dataclasses import dataclass, field, replace
+
+from ..client import Client
+from ..errors import HostagentError, UnavailableError
+
+__all__ = ["NodeView", "AgentLink"]
+
+log = logging.getLogger("hostagent.plugins")
+
+
+@dataclass(frozen=True)
+class NodeView:
+    """What the agent said last. Replaced, never changed, so readers need no lock."""
+    connected: bool = False
+    revision: int | None = None
+    devices: dict = field(default_factory=dict)        # uuid -> device view (GET /v1/devices/{id})
+    labels: dict = field(default_factory=dict)         # the node's GFD labels (GET /v1/labels)
+    error: str | None = None                           # why it is not connected
+
+
+def _apply(view: NodeView, event: dict) -> NodeView:
+    """The view after one watch event (the same view when the event changes nothing it holds)."""
+    kind = event.get("type")
+    if kind == "snapshot":
+        devices = {d["uuid"]: d for d in (*event.get("gpus", ()), *event.get("mig_devices", ()))}
+        return replace(view, devices=devices)
+    if kind in ("device_added", "device_changed"):
+        d = event["device"]
+        return replace(view, devices={**view.devices, d["uuid"]: d})
+    if kind == "device_removed":
+        devices = dict(view.devices)
+        devices.pop(event["device"]["uuid"], None)
+        return replace(view, devices=devices)
+    if kind == "labels_changed":
+        return replace(view, labels=event["labels"])
+    return view
+
+
+class AgentLink:
+    def __init__(self, socket_path: str | os.PathLike, timeout: float = 10.0,
+                 backoff: tuple[float, float] = (0.2, 5.0)):
+        self.socket_path = os.fspath(socket_path)
+        self.timeout = timeout
+        self.backoff = backoff
+        self.view = NodeView(error="not connected yet")
+        self.listeners: list = []           # called with each new NodeView, on the link's thread
+        self.connects = 0                   # successful (re)connections, for tests and status
+        self._local = threading.local()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # ---- calls ----------------------------------------------------------------------
+
+    def client(self) -> Client:
+        """This thread's client (a client's kept-alive connection is not shared by threads)."""
+        c = getattr(self._local, "client", None)
+        if c is None:
+            c = self._local.client = Client(socket_path=self.socket_path, timeout=self.timeout)
+        return c
+
+    # ---- following the agent ----------------------------------------------------------
+
+    def start(self) -> None:
+        # A daemon thread: a stream read may block until the next heartbeat, and stopping
+        # the process must not wait for it.
+        self._thread = threading.Thread(target=self.run, name="agent-link", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _publish(self, view: NodeView) -> None:
+        if view == self.view:
+            return
+        self.view = view
+        for listener in list(self.listeners):
+            try:
+                listener(view)
+            except Exception:           # one listener's bug never stops the link
+                log.exception("agent view listener %r failed", listener)
+
+    def _follow(self) -> str:
+        """One connection: labels, then the watch stream until it ends (why) or breaks."""
+        with Client(socket_path=self.socket_path, timeout=self.timeout) as c:
+            try:
+                labels = c.labels().get("labels") or {}
+            except UnavailableError as e:
+                if getattr(e, "status", None) != 503:
+                    raise
+                labels = {}                 # the agent has not read the inventory yet
+            first = True
+            for event in c.watch(since=self.view.revision):
+                if self._stop.is_set():
+                    return "stopped"
+                view = self.view
+                if first:
+                    self.connects += 1
+                    log.info("following the agent on %s from revision %s", self.socket_path,
+                             event.get("revision"))
+                    view = replace(view, connected=True, error=None, labels=labels)
+                    first = False
+                view = _apply(view, event)
+                view = replace(view, revision=event.get("revision", view.revision))
+                self._publish(view)
+                if event.get("type") == "stopping":
+                    return "the agent is stopping"
+        return "the agent's stream ended"
+
+    def run(self) -> None:
+        delay = self.backoff[0]
+        while not self._stop.is_set():
+            connects = self.connects
+            try:
+                error = self._follow()
+            except HostagentError as e:
+                error = e.message
+            except (OSError, ValueError) as e:       # a broken socket, a garbled line
+                error = f"the agent's stream broke: {e}"
+            if self._stop.is_set():
+                return
+            if self.view.connected or self.view.error != error:
+                log.warning("lost the agent (%s); reconnecting", error)
+            self._publish(replace(self.view, connected=False, error=error))
+            if self.connects != connects:
+                delay = self.backoff[0]
+            self._stop.wait(delay)
+            delay = min(delay * 2, self.backoff[1])

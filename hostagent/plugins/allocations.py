@@ -1,0 +1,196 @@
+"""What ``Allocate`` does: an allocation in the agent per container's device set, answered as
+the kubelet wants it; and the release of the allocations the kubelet no longer holds.
+
+An allocation's id is derived from the resource and the device ids the kubelet gave
+(``k8s-device-plugin/<resource>/<hash>``), so a kubelet retry, or the app container that
+reuses its init container's devices, gets the same allocation back (the agent answers an
+identical request idempotently). The kubelet hands out a device only when no container holds
+it any more, so an allocation of this plugin that shares a device id with a new request is
+released first. Others are released by ``reconcile``: those no running container holds
+according to the kubelet's pod resources API, or, where that API cannot be reached, those
+not allocated again for ``expiry`` seconds. A grace period keeps the allocations made in the
+last moments: the kubelet records a container's devices only after ``Allocate`` returns.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import threading
+import time
+from dataclasses import dataclass
+
+import grpc
+
+from ..errors import ConflictError, HostagentError, NotFoundError, UnavailableError, UsageError
+from .kubelet import deviceplugin_pb2 as api
+from .server import PluginError
+
+__all__ = ["PREFIX", "OWNER", "allocation_id", "owned", "container_response", "Allocations"]
+
+log = logging.getLogger("hostagent.plugins")
+
+PREFIX = "k8s-device-plugin/"
+OWNER = "hostagent-device-plugin"
+VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
+LIST_STRATEGIES = ("cdi-cri", "envvar", "edits")
+
+
+def allocation_id(resource: str, ids) -> str:
+    digest = hashlib.sha256("\n".join(sorted(ids)).encode()).hexdigest()[:16]
+    return f"{PREFIX}{resource}/{digest}"
+
+
+def owned(alloc_id: str) -> bool:
+    return alloc_id.startswith(PREFIX)
+
+
+def grpc_error(e: HostagentError) -> PluginError:
+    """An agent error as the gRPC status the kubelet sees."""
+    if isinstance(e, UnavailableError):
+        code = grpc.StatusCode.UNAVAILABLE
+    elif isinstance(e, UsageError):
+        code = grpc.StatusCode.INVALID_ARGUMENT
+    elif isinstance(e, (ConflictError, NotFoundError)):
+        code = grpc.StatusCode.FAILED_PRECONDITION
+    else:
+        code = grpc.StatusCode.INTERNAL
+    return PluginError(code, f"the agent refused: {e.message}")
+
+
+def _node_name(view: dict | None) -> str | None:
+    """The device's name in the node's CDI spec, by UUID when it has one (stable across
+    index changes)."""
+    names = (view or {}).get("cdi_devices") or []
+    by_uuid = [n for n in names if n.endswith("=" + view["uuid"])]
+    return (by_uuid or names or [None])[0]
+
+
+def container_response(alloc: dict, views: dict[str, dict], strategies, cdi_names: str):
+    """A ``ContainerAllocateResponse`` from an agent allocation. ``cdi_names``: ``node`` (the
+    node spec's names, which outlive the allocation) or ``allocation`` (its transient spec)."""
+    r = api.ContainerAllocateResponse()
+    if "cdi-cri" in strategies:
+        names = alloc["cdi_devices"]
+        if cdi_names == "node":
+            node = [_node_name(views.get(u)) for u in alloc["devices"]]
+            names = node if all(node) else names
+        r.cdi_devices.extend(api.CDIDevice(name=n) for n in names)
+    if "envvar" in strategies:
+        r.envs[VISIBLE_DEVICES] = alloc["visible_devices"]
+    if "edits" in strategies:
+        edits = alloc.get("container_edits") or {}
+        for pair in edits.get("env", ()):
+            name, _, value = pair.partition("=")
+            r.envs[name] = value
+        for node in edits.get("deviceNodes", ()):
+            r.devices.add(container_path=node["path"], host_path=node.get("hostPath") or node["path"],
+                          permissions=node.get("permissions") or "rw")
+        for m in edits.get("mounts", ()):
+            r.mounts.add(container_path=m["containerPath"], host_path=m["hostPath"],
+                         read_only="ro" in (m.get("options") or ()))
+    return r
+
+
+@dataclass
+class _Entry:
+    resource: str
+    ids: frozenset
+    touched: float            # time.monotonic() of its last Allocate (or its creation)
+
+
+class Allocations:
+    def __init__(self, link, strategies=("cdi-cri", "envvar"), cdi_names: str = "node",
+                 grace: float = 60.0, expiry: float = 86400.0):
+        self.link = link
+        self.strategies = tuple(strategies)
+        self.cdi_names = cdi_names
+        self.grace = grace
+        self.expiry = expiry
+        self._ledger: dict[str, _Entry] = {}
+        self._lock = threading.Lock()
+
+    # ---- Allocate -------------------------------------------------------------------
+
+    def allocate(self, resource: str, ids: list[str], physical: dict[str, str]) -> api.ContainerAllocateResponse:
+        """``ids``: the kubelet's device ids (checked by the caller); ``physical``: id -> the
+        agent's device UUID, in the order the agent should list them (the same for every
+        spelling of one request, so a retry is the same request)."""
+        uuids = list(dict.fromkeys(physical.values()))
+        aid = allocation_id(resource, ids)
+        labels = {"owner": OWNER, "resource": resource}
+        if set(ids) != set(uuids):
+            labels["device-ids"] = ",".join(sorted(ids))
+        client = self.link.client()
+        with self._lock:
+            for other, entry in list(self._ledger.items()):
+                if other != aid and entry.resource == resource and entry.ids & set(ids):
+                    self._release(other, "the kubelet allocated its devices again")
+            try:
+                try:
+                    alloc = client.allocate(aid, uuids, labels=labels)
+                except ConflictError as e:
+                    if e.code != "allocation_conflict":
+                        raise
+                    self._release(aid, "made with another request")   # an older plugin's
+                    alloc = client.allocate(aid, uuids, labels=labels)
+            except HostagentError as e:
+                raise grpc_error(e) from None
+            self._ledger[aid] = _Entry(resource, frozenset(ids), time.monotonic())
+        return container_response(alloc, self.link.view.devices, self.strategies, self.cdi_names)
+
+    def _release(self, alloc_id: str, why: str) -> None:
+        self.link.client().release(alloc_id, missing_ok=True)
+        self._ledger.pop(alloc_id, None)
+        log.info("released allocation %s: %s", alloc_id, why)
+
+    # ---- releasing what the kubelet no longer holds -------------------------------------
+
+    def load(self) -> None:
+        """Take the agent's allocations of this plugin into the ledger (at start, and at each
+        reconcile: the agent may have dropped some, an earlier run made others)."""
+        allocations = self.link.client().allocations()
+        now, wall = time.monotonic(), time.time()
+        with self._lock:
+            current = {}
+            for a in allocations:
+                if not owned(a["id"]):
+                    continue
+                labels = a.get("labels") or {}
+                ids = labels.get("device-ids")
+                entry = self._ledger.get(a["id"]) or _Entry(
+                    labels.get("resource", ""), frozenset(ids.split(",") if ids else a["devices"]),
+                    now - max(0.0, wall - a.get("created", wall)))
+                current[a["id"]] = entry
+            self._ledger = current
+
+    def reconcile(self, held: set | None) -> list[str]:
+        """Release the allocations past the grace period that no container holds (``held``:
+        {(resource, frozenset of ids)} from the pod resources API), or, with ``held`` None,
+        those idle longer than ``expiry`` (0: never). Returns the released ids."""
+        try:
+            self.load()
+        except HostagentError as e:
+            log.warning("allocations not reconciled: %s", e.message)
+            return []
+        now = time.monotonic()
+        released = []
+        with self._lock:
+            for aid, e in list(self._ledger.items()):
+                idle = now - e.touched
+                if idle < self.grace:
+                    continue
+                if held is not None:
+                    if (e.resource, e.ids) in held:
+                        continue
+                    why = "no running container holds its devices (pod resources API)"
+                elif self.expiry and idle >= self.expiry:
+                    why = f"not allocated again for {self.expiry:g} s (pod resources API unreachable)"
+                else:
+                    continue
+                try:
+                    self._release(aid, why)
+                    released.append(aid)
+                except HostagentError as err:
+                    log.warning("cannot release allocation %s: %s", aid, err.message)
+        return released

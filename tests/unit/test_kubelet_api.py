@@ -1,0 +1,73 @@
+"""The checked-in kubelet API code is what its .proto files generate, and Allocate's answer
+maps an agent allocation the way each device list strategy says."""
+
+import ast
+import importlib
+import subprocess
+import sys
+
+import pytest
+
+from hostagent.plugins.allocations import container_response
+from hostagent.plugins.kubelet import generate
+
+
+def serialized(source: str) -> bytes:
+    """The descriptor a generated module adds to the pool (``AddSerializedFile(b'...')``)."""
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "AddSerializedFile":
+            return node.args[0].value
+    raise AssertionError("no AddSerializedFile call")
+
+
+@pytest.mark.parametrize("name", ["deviceplugin", "podresources"])
+def test_generated_code_matches_the_proto(tmp_path, name):
+    pytest.importorskip("grpc_tools", reason="grpcio-tools is not installed (pip install '.[test]')")
+    args = generate.protoc_args(tmp_path, [f"{name}.proto"])
+    done = subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    fresh = (tmp_path / "hostagent/plugins/kubelet" / f"{name}_pb2.py").read_text()
+    checked_in = importlib.import_module(f"hostagent.plugins.kubelet.{name}_pb2")
+    # The serialized descriptor is the whole API (messages, fields, numbers, services).
+    assert serialized(fresh) == checked_in.DESCRIPTOR.serialized_pb, \
+        f"{name}_pb2.py is stale: run python -m hostagent.plugins.kubelet.generate"
+    grpc_fresh = (tmp_path / "hostagent/plugins/kubelet" / f"{name}_pb2_grpc.py").read_text()
+    grpc_checked_in = (generate.HERE / f"{name}_pb2_grpc.py").read_text()
+    strip = lambda text: [line for line in text.splitlines() if "GENERATED_VERSION =" not in line]  # noqa: E731
+    assert strip(grpc_fresh) == strip(grpc_checked_in)
+
+
+def test_wire_names_are_the_kubelets():
+    from hostagent.plugins.kubelet import deviceplugin_pb2, podresources_pb2
+    services = deviceplugin_pb2.DESCRIPTOR.services_by_name
+    assert services["DevicePlugin"].full_name == "v1beta1.DevicePlugin"
+    assert services["Registration"].full_name == "v1beta1.Registration"
+    assert podresources_pb2.DESCRIPTOR.services_by_name["PodResourcesLister"].full_name == "v1.PodResourcesLister"
+
+
+ALLOC = {"devices": ["GPU-a", "GPU-b"], "visible_devices": "GPU-a,GPU-b",
+         "cdi_devices": ["hostagent.io/allocation=x-0", "hostagent.io/allocation=x-1"],
+         "container_edits": {"env": ["NVIDIA_VISIBLE_DEVICES=GPU-a,GPU-b", "A=b=c"],
+                             "deviceNodes": [{"path": "/dev/nvidia0"}, {"path": "/dev/nvidiactl", "hostPath": "/h/ctl",
+                                                                        "permissions": "rw"}],
+                             "mounts": [{"hostPath": "/h/lib.so", "containerPath": "/lib.so", "options": ["ro", "bind"]},
+                                        {"hostPath": "/h/d", "containerPath": "/d", "options": ["bind"]}]}}
+VIEWS = {"GPU-a": {"uuid": "GPU-a", "cdi_devices": ["nvidia.com/gpu=0", "nvidia.com/gpu=GPU-a"]},
+         "GPU-b": {"uuid": "GPU-b", "cdi_devices": ["nvidia.com/gpu=1", "nvidia.com/gpu=GPU-b"]}}
+
+
+def test_allocate_answers_per_strategy():
+    r = container_response(ALLOC, VIEWS, ("cdi-cri", "envvar"), "node")
+    assert [d.name for d in r.cdi_devices] == ["nvidia.com/gpu=GPU-a", "nvidia.com/gpu=GPU-b"]
+    assert dict(r.envs) == {"NVIDIA_VISIBLE_DEVICES": "GPU-a,GPU-b"} and not r.mounts and not r.devices
+    r = container_response(ALLOC, VIEWS, ("cdi-cri",), "allocation")
+    assert [d.name for d in r.cdi_devices] == ALLOC["cdi_devices"] and not r.envs
+    # A device the view no longer has: the allocation's names, which still resolve.
+    r = container_response(ALLOC, {}, ("cdi-cri",), "node")
+    assert [d.name for d in r.cdi_devices] == ALLOC["cdi_devices"]
+    r = container_response(ALLOC, VIEWS, ("edits",), "node")
+    assert not r.cdi_devices and dict(r.envs) == {"NVIDIA_VISIBLE_DEVICES": "GPU-a,GPU-b", "A": "b=c"}
+    assert [(d.container_path, d.host_path, d.permissions) for d in r.devices] == [
+        ("/dev/nvidia0", "/dev/nvidia0", "rw"), ("/dev/nvidiactl", "/h/ctl", "rw")]
+    assert [(m.container_path, m.host_path, m.read_only) for m in r.mounts] == [
+        ("/lib.so", "/h/lib.so", True), ("/d", "/h/d", False)]
