@@ -121,23 +121,34 @@ class Allocations:
         labels = {"owner": OWNER, "resource": resource}
         if set(ids) != set(uuids):
             labels["device-ids"] = ",".join(sorted(ids))
-        client = self.link.client()
         with self._lock:
-            for other, entry in list(self._ledger.items()):
-                if other != aid and entry.resource == resource and entry.ids & set(ids):
-                    self._release(other, "the kubelet allocated its devices again")
             try:
-                try:
-                    alloc = client.allocate(aid, uuids, labels=labels)
-                except ConflictError as e:
-                    if e.code != "allocation_conflict":
-                        raise
-                    self._release(aid, "made with another request")   # an older plugin's
-                    alloc = client.allocate(aid, uuids, labels=labels)
+                for other, entry in list(self._ledger.items()):
+                    if other != aid and entry.resource == resource and entry.ids & set(ids):
+                        self._release(other, "the kubelet allocated its devices again")
+                alloc = self._create(aid, uuids, labels)
             except HostagentError as e:
                 raise grpc_error(e) from None
             self._ledger[aid] = _Entry(resource, frozenset(ids), time.monotonic())
         return container_response(alloc, self.link.view.devices, self.strategies, self.cdi_names)
+
+    def _create(self, aid: str, uuids: list[str], labels: dict) -> dict:
+        """The agent's allocation; this plugin's allocations in the way (made by an earlier
+        run, not in the ledger yet) are released first, as those in the ledger are."""
+        client = self.link.client()
+        for _ in range(len(uuids) + 1):
+            try:
+                return client.allocate(aid, uuids, labels=labels)
+            except ConflictError as e:
+                if e.code == "allocation_conflict":          # an older plugin's request
+                    self._release(aid, "made with another request")
+                    continue
+                holders = (getattr(e, "details", None) or {}).get("allocations") or []
+                if e.code != "device_busy" or not holders or not all(owned(a) for a in holders):
+                    raise
+                for holder in holders:
+                    self._release(holder, "the kubelet allocated its devices again")
+        return client.allocate(aid, uuids, labels=labels)
 
     def _release(self, alloc_id: str, why: str) -> None:
         self.link.client().release(alloc_id, missing_ok=True)

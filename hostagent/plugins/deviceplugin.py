@@ -23,6 +23,7 @@ from pathlib import Path
 
 import grpc
 
+from ..errors import HostagentError
 from .agentlink import AgentLink
 from .allocations import Allocations, grpc_error, owned
 from .kubelet import deviceplugin_pb2 as api
@@ -98,7 +99,6 @@ class DevicePlugin:
 
     def prefer(self, resource: str, available: list[str], must_include: list[str], size: int) -> list[str]:
         self._devices_of(resource, list(dict.fromkeys([*available, *must_include])))
-        from ..errors import HostagentError
         try:
             return self.link.client().preferred_allocation(available, size, must_include,
                                                            self.options.shared_policy)

@@ -173,6 +173,12 @@ def plausible_body(operation_id: str, now: dict):
     if operation_id == "createMigInstance":
         return st.fixed_dictionaries({"profile": pick(now["profiles"])},
                                      optional={"gpu": pick(now["gpus"])})
+    if operation_id == "preferAllocation":
+        offered = st.lists(st.one_of(names, names.map(lambda n: n + "::1")), min_size=1, max_size=6, unique=True)
+        return offered.flatmap(lambda ids: st.fixed_dictionaries(
+            {"available": st.just(ids), "size": st.integers(1, len(ids) + 1)},
+            optional={"must_include": st.lists(st.sampled_from(ids), max_size=2, unique=True),
+                      "policy": st.sampled_from(["distributed", "packed"])}))
     if operation_id == "clearHealth":
         return st.one_of(st.just({"all": True}),
                          st.fixed_dictionaries({"devices": st.lists(names, min_size=1, max_size=3)}))

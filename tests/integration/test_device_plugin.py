@@ -147,6 +147,16 @@ def test_allocate_answers_names_of_the_node_spec_and_records_the_allocation(node
     node.wait_released()
 
 
+def test_an_allocation_of_an_earlier_run_in_the_way_is_released(node):
+    with node.client() as c:
+        c.allocate("k8s-device-plugin/nvidia.com/gpu/earlier", ["3"],
+                   labels={"owner": "hostagent-device-plugin", "resource": GPU})
+    node.admit("pod-f", GPU, uuids(node, 3))
+    assert [(a["id"] != "k8s-device-plugin/nvidia.com/gpu/earlier", a["devices"]) for a in node.owned()] == [
+        (True, uuids(node, 3))]
+    node.wait_released()
+
+
 def test_allocations_no_container_holds_are_released_after_the_grace_period(node):
     node.admit("pod-c", GPU, uuids(node, 3))
     node.kubelet.allocate(GPU, uuids(node, 4))           # a container that never started
