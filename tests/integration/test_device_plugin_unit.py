@@ -7,11 +7,12 @@ import shutil
 import socket
 import subprocess
 import sys
-import sysconfig
 import tempfile
 from pathlib import Path
 
 import pytest
+
+from tests.programs import script
 
 from .agentd import AgentProcess, make_root
 from .test_daemon_unit import directives
@@ -22,10 +23,9 @@ UNIT = REPO / "systemd/hostagent-device-plugin.service"
 
 @pytest.mark.skipif(not shutil.which("systemd-analyze"), reason="systemd-analyze is not installed")
 def test_systemd_analyze_verify(tmp_path):
-    program = Path(sysconfig.get_path("scripts")) / "hostagent"
-    assert program.exists(), "hostagent is not installed (pip install -e .)"
+    program = script("hostagent")
     unit = tmp_path / "hostagent-device-plugin.service"
-    unit.write_text(UNIT.read_text().replace("/usr/local/bin/hostagent", str(program)))
+    unit.write_text(UNIT.read_text().replace("/usr/local/bin/hostagent", program))
     done = subprocess.run(["systemd-analyze", "verify", "--man=no", str(unit)],
                           capture_output=True, text=True, timeout=60)
     # verify also checks the units named in After=/Wants=; the agent's is not installed here.
