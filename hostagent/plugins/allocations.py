@@ -26,7 +26,7 @@ from ..errors import ConflictError, HostagentError, NotFoundError, UnavailableEr
 from .kubelet import deviceplugin_pb2 as api
 from .server import PluginError
 
-__all__ = ["PREFIX", "OWNER", "allocation_id", "owned", "container_response", "Allocations"]
+__all__ = ["PREFIX", "OWNER", "allocation_id", "owned", "kubelet_ids", "container_response", "Allocations"]
 
 log = logging.getLogger("hostagent.plugins")
 
@@ -43,6 +43,14 @@ def allocation_id(resource: str, ids) -> str:
 
 def owned(alloc_id: str) -> bool:
     return alloc_id.startswith(PREFIX)
+
+
+def kubelet_ids(alloc: dict) -> frozenset:
+    """The device ids the kubelet knows an agent allocation by: its replica ids on shared
+    devices (``<uuid>::<n>``), its UUIDs elsewhere."""
+    replicas = set(alloc.get("replicas") or ())
+    shared = {r.rpartition("::")[0] for r in replicas}
+    return frozenset(replicas | {u for u in alloc["devices"] if u not in shared})
 
 
 def grpc_error(e: HostagentError) -> PluginError:
@@ -119,35 +127,36 @@ class Allocations:
         uuids = list(dict.fromkeys(physical.values()))
         aid = allocation_id(resource, ids)
         labels = {"owner": OWNER, "resource": resource}
-        if set(ids) != set(uuids):
-            labels["device-ids"] = ",".join(sorted(ids))
         with self._lock:
             try:
                 for other, entry in list(self._ledger.items()):
                     if other != aid and entry.resource == resource and entry.ids & set(ids):
                         self._release(other, "the kubelet allocated its devices again")
-                alloc = self._create(aid, uuids, labels)
+                alloc = self._create(aid, uuids, set(ids), labels)
             except HostagentError as e:
                 raise grpc_error(e) from None
             self._ledger[aid] = _Entry(resource, frozenset(ids), time.monotonic())
         return container_response(alloc, self.link.view.devices, self.strategies, self.cdi_names)
 
-    def _create(self, aid: str, uuids: list[str], labels: dict) -> dict:
+    def _create(self, aid: str, uuids: list[str], ids: set, labels: dict) -> dict:
         """The agent's allocation; this plugin's allocations in the way (made by an earlier
         run, not in the ledger yet) are released first, as those in the ledger are."""
         client = self.link.client()
-        for _ in range(len(uuids) + 1):
+        for _ in range(2):
             try:
                 return client.allocate(aid, uuids, labels=labels)
             except ConflictError as e:
                 if e.code == "allocation_conflict":          # an older plugin's request
                     self._release(aid, "made with another request")
                     continue
-                holders = (getattr(e, "details", None) or {}).get("allocations") or []
-                if e.code != "device_busy" or not holders or not all(owned(a) for a in holders):
+                if e.code != "device_busy":
                     raise
-                for holder in holders:
-                    self._release(holder, "the kubelet allocated its devices again")
+                in_way = [a["id"] for a in client.allocations()
+                          if owned(a["id"]) and a["id"] != aid and kubelet_ids(a) & ids]
+                if not in_way:
+                    raise
+                for other in in_way:
+                    self._release(other, "the kubelet allocated its devices again")
         return client.allocate(aid, uuids, labels=labels)
 
     def _release(self, alloc_id: str, why: str) -> None:
@@ -167,10 +176,8 @@ class Allocations:
             for a in allocations:
                 if not owned(a["id"]):
                     continue
-                labels = a.get("labels") or {}
-                ids = labels.get("device-ids")
                 entry = self._ledger.get(a["id"]) or _Entry(
-                    labels.get("resource", ""), frozenset(ids.split(",") if ids else a["devices"]),
+                    (a.get("labels") or {}).get("resource", ""), kubelet_ids(a),
                     now - max(0.0, wall - a.get("created", wall)))
                 current[a["id"]] = entry
             self._ledger = current

@@ -71,3 +71,13 @@ def test_allocate_answers_per_strategy():
         ("/dev/nvidia0", "/dev/nvidia0", "rw"), ("/dev/nvidiactl", "/h/ctl", "rw")]
     assert [(m.container_path, m.host_path, m.read_only) for m in r.mounts] == [
         ("/lib.so", "/h/lib.so", True), ("/d", "/h/d", False)]
+
+
+def test_kubelet_ids_of_an_allocation():
+    from hostagent.plugins.allocations import allocation_id, kubelet_ids
+    assert kubelet_ids({"devices": ["GPU-a", "MIG-b"]}) == {"GPU-a", "MIG-b"}
+    assert kubelet_ids({"devices": ["GPU-a", "GPU-c"], "replicas": ["GPU-a::1", "GPU-a::3"]}) == {
+        "GPU-a::1", "GPU-a::3", "GPU-c"}
+    # The same set however the kubelet orders it; another resource, another allocation.
+    assert allocation_id("nvidia.com/gpu", ["b", "a"]) == allocation_id("nvidia.com/gpu", ["a", "b"])
+    assert allocation_id("nvidia.com/gpu", ["a"]) != allocation_id("nvidia.com/gpu.shared", ["a"])
