@@ -9,6 +9,7 @@ device-plugin`` in its own process) and calls it over gRPC as the kubelet does:
    measured in the same run:
    - *held set*: a device set the agent already holds an allocation for (a kubelet retry, an
      app container reusing its init container's devices): the agent answers idempotently;
+     beside it, the same idempotent request to the agent alone through the Python client;
    - *new set*: a set overlapping the last one, so each call releases the allocation the
      kubelet handed out again and creates one (transient CDI spec and checkpoint, fsynced);
    - beside them, the agent alone: ``POST /v1/allocations`` plus ``DELETE`` through the
@@ -83,6 +84,10 @@ def main() -> int:
             kubelet.allocate(GPU, gpus[:2])
             held = timed(lambda i: kubelet.allocate(GPU, gpus[:2]), args.calls)
             print(f"  held set (idempotent)        {percentiles(held)}")
+            c.allocate("bench-held", [gpus[6]])
+            held_alone = timed(lambda i: c.allocate("bench-held", [gpus[6]]), args.calls)
+            c.release("bench-held")
+            print(f"  agent alone (idempotent)     {percentiles(held_alone)}")
             sets = [gpus[:1], gpus[:2]]          # each overlaps the one before
             new = timed(lambda i: kubelet.allocate(GPU, sets[i % 2]), args.calls)
             print(f"  new set (release + create)   {percentiles(new)}")
