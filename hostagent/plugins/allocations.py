@@ -76,11 +76,12 @@ def _node_name(view: dict | None) -> str | None:
 
 def container_response(alloc: dict, views: dict[str, dict], strategies, cdi_names: str):
     """A ``ContainerAllocateResponse`` from an agent allocation. ``cdi_names``: ``node`` (the
-    node spec's names, which outlive the allocation) or ``allocation`` (its transient spec)."""
+    node spec's names, which outlive the allocation) or ``allocation`` (its transient spec,
+    always for MPS: only it gives the client its daemon's pipe, /dev/shm and limits)."""
     r = api.ContainerAllocateResponse()
     if "cdi-cri" in strategies:
         names = alloc["cdi_devices"]
-        if cdi_names == "node":
+        if cdi_names == "node" and (alloc.get("sharing") or {}).get("strategy") != "MPS":
             node = [_node_name(views.get(u)) for u in alloc["devices"]]
             names = node if all(node) else names
         r.cdi_devices.extend(api.CDIDevice(name=n) for n in names)
@@ -123,8 +124,9 @@ class Allocations:
     def allocate(self, resource: str, ids: list[str], physical: dict[str, str]) -> api.ContainerAllocateResponse:
         """``ids``: the kubelet's device ids (checked by the caller); ``physical``: id -> the
         agent's device UUID, in the order the agent should list them (the same for every
-        spelling of one request, so a retry is the same request)."""
-        uuids = list(dict.fromkeys(physical.values()))
+        spelling of one request, so a retry is the same request). The agent is asked for the
+        ids themselves: UUIDs, and replica ids of shared devices."""
+        devices = list(physical)
         aid = allocation_id(resource, ids)
         labels = {"owner": OWNER, "resource": resource}
         with self._lock:
@@ -132,19 +134,19 @@ class Allocations:
                 for other, entry in list(self._ledger.items()):
                     if other != aid and entry.resource == resource and entry.ids & set(ids):
                         self._release(other, "the kubelet allocated its devices again")
-                alloc = self._create(aid, uuids, set(ids), labels)
+                alloc = self._create(aid, devices, set(ids), labels)
             except HostagentError as e:
                 raise grpc_error(e) from None
             self._ledger[aid] = _Entry(resource, frozenset(ids), time.monotonic())
         return container_response(alloc, self.link.view.devices, self.strategies, self.cdi_names)
 
-    def _create(self, aid: str, uuids: list[str], ids: set, labels: dict) -> dict:
+    def _create(self, aid: str, devices: list[str], ids: set, labels: dict) -> dict:
         """The agent's allocation; this plugin's allocations in the way (made by an earlier
         run, not in the ledger yet) are released first, as those in the ledger are."""
         client = self.link.client()
         for _ in range(2):
             try:
-                return client.allocate(aid, uuids, labels=labels)
+                return client.allocate(aid, devices, labels=labels)
             except ConflictError as e:
                 if e.code == "allocation_conflict":          # an older plugin's request
                     self._release(aid, "made with another request")
@@ -157,7 +159,7 @@ class Allocations:
                     raise
                 for other in in_way:
                     self._release(other, "the kubelet allocated its devices again")
-        return client.allocate(aid, uuids, labels=labels)
+        return client.allocate(aid, devices, labels=labels)
 
     def _release(self, alloc_id: str, why: str) -> None:
         self.link.client().release(alloc_id, missing_ok=True)

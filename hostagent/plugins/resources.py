@@ -10,9 +10,14 @@ strategy in, ``{resource name: devices}`` out, as the NVIDIA device plugin names
 - ``mixed``: GPUs without MIG are ``nvidia.com/gpu``; MIG devices are
   ``nvidia.com/mig-<profile>``, a ``+`` in the profile spelled ``.`` (``mig-1g.10gb.me``).
 
+A device the agent shares (MPS or time-slicing, ``GET /v1/sharing``) is advertised as its
+replicas (``<uuid>::<n>``, the device view's ``replicas``), under the resource's ``rename``
+when the sharing configuration gives one (``renameByDefault``: ``<name>.shared``).
+
 A device is Healthy when the agent is reachable, its health is not ``unhealthy``, the node's
-CDI spec describes it, and no allocation made outside this plugin holds it (the kubelet
-would hand out a device the agent refuses).
+CDI spec describes it, its MPS control daemon (if it is shared with MPS) is ready, and no
+allocation made outside this plugin holds it (the kubelet would hand out a device the agent
+refuses).
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ HEALTHY, UNHEALTHY = "Healthy", "Unhealthy"
 
 @dataclass(frozen=True)
 class PluginDevice:
-    id: str                  # the id the kubelet knows: the device's UUID
+    id: str                  # the id the kubelet knows: the UUID, or a replica's <uuid>::<n>
     uuid: str                # the agent's device
     health: str              # HEALTHY or UNHEALTHY
     numa: int | None         # NUMA node of the device (a MIG device: its GPU's)
@@ -54,6 +59,9 @@ def _health(view: dict, connected: bool, owned) -> tuple[str, str | None]:
         return UNHEALTHY, health.get("message") or "unhealthy"
     if not view.get("cdi_devices"):
         return UNHEALTHY, "not in the node's CDI spec"
+    daemon = ((view.get("sharing") or {}).get("mps") or {}).get("state")
+    if daemon not in (None, "ready"):
+        return UNHEALTHY, f"its MPS control daemon is {daemon}"
     foreign = [a for a in view.get("allocations", ()) if not owned(a)]
     if foreign:
         return UNHEALTHY, f"allocated outside Kubernetes: {', '.join(foreign)}"
@@ -72,19 +80,24 @@ def node_resources(devices: dict[str, dict], strategy: str, connected: bool = Tr
     mig_enabled = [g for g in gpus if (g.get("mig") or {}).get("enabled")]
     whole = [g for g in gpus if g not in mig_enabled]
 
-    def device(view: dict) -> PluginDevice:
+    out: dict[str, list[PluginDevice]] = {}
+
+    def add(resource: str, view: dict) -> None:
         parent = devices.get(view.get("parent_uuid") or "", view)
         health, why = _health(view, connected, owned)
-        return PluginDevice(view["uuid"], view["uuid"], health, parent.get("numa_node"), why)
+        shared = view.get("sharing") or {}
+        # An agent without sharing lists no replicas: the device is its only one.
+        for ident in view.get("replicas") or [view["uuid"]]:
+            out.setdefault(shared.get("rename") or resource, []).append(
+                PluginDevice(ident, view["uuid"], health, parent.get("numa_node"), why))
 
-    out: dict[str, list[PluginDevice]] = {}
     problems: list[str] = []
     if strategy == "none" or strategy == "mixed":
-        if whole:
-            out[GPU_RESOURCE] = [device(g) for g in whole]
+        for g in whole:
+            add(GPU_RESOURCE, g)
         if strategy == "mixed":
             for m in migs:
-                out.setdefault(mig_resource(m["profile"]), []).append(device(m))
+                add(mig_resource(m["profile"]), m)
         empty = [str(g["index"]) for g in mig_enabled if not g["mig"].get("devices")]
         if strategy == "mixed" and empty:
             problems.append(f"GPU(s) {', '.join(empty)} have MIG enabled but no MIG devices")
@@ -106,7 +119,6 @@ def node_resources(devices: dict[str, dict], strategy: str, connected: bool = Tr
         problems.append(f"the single strategy needs one MIG profile, the node has {', '.join(profiles)}")
     if problems:
         return {}, problems
-    chosen = migs if mig_enabled else whole
-    if chosen:
-        out[GPU_RESOURCE] = [device(d) for d in chosen]
+    for d in (migs if mig_enabled else whole):
+        add(GPU_RESOURCE, d)
     return out, problems

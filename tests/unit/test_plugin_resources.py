@@ -81,3 +81,14 @@ def test_strategy_comes_from_the_agents_labels():
     assert strategy_from_labels({"nvidia.com/mig.strategy": "bogus"}) == "none"
     with pytest.raises(ValueError):
         node_resources({}, "bogus")
+
+
+def test_shared_devices_are_advertised_as_their_replicas_under_the_rename():
+    shared = gpu(1, numa=1)
+    shared.update(replicas=["GPU-1::0", "GPU-1::1"], sharing={"strategy": "time-slicing", "rename": "nvidia.com/gpu.shared"})
+    mps = gpu(2)
+    mps.update(replicas=["GPU-2::0", "GPU-2::1"], sharing={"strategy": "mps", "rename": None, "mps": {"state": "starting"}})
+    res, _ = node_resources(node(gpu(0), shared, mps), "none")
+    assert ids(res) == {GPU_RESOURCE: ["GPU-0", "GPU-2::0", "GPU-2::1"], "nvidia.com/gpu.shared": ["GPU-1::0", "GPU-1::1"]}
+    assert {(d.uuid, d.numa, d.health) for d in res["nvidia.com/gpu.shared"]} == {("GPU-1", 1, "Healthy")}
+    assert {(d.health, d.why) for d in res[GPU_RESOURCE][1:]} == {("Unhealthy", "its MPS control daemon is starting")}
