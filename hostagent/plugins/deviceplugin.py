@@ -128,6 +128,8 @@ class DevicePlugin:
                     next_reconcile = time.monotonic() + self.options.reconcile_interval
                 self._report()
         finally:
+            if self.notifier:
+                self.notifier.stopping()
             self.link.stop()
             for server in self.servers.values():
                 server.stop()

@@ -1,6 +1,7 @@
 """The device plugin's systemd unit: systemd-analyze verify accepts it, it orders after the
 agent, keeps no capability and may write only in the kubelet's directories; and the plugin
-speaks the notify protocol its Type=notify needs (READY=1, then STATUS= as things change)."""
+speaks the notify protocol its Type=notify needs (READY=1, STATUS= as things change,
+STOPPING=1)."""
 
 import os
 import shutil
@@ -65,6 +66,8 @@ def test_ready_then_status_over_the_notify_socket():
         assert (work / "dp/hostagent-gpu.sock").exists()
         plugin.terminate()
         assert plugin.wait(15) == 0
+        while "STOPPING=1" not in messages[-1]:
+            messages.append(notify.recv(4096).decode())
         assert not (work / "dp/hostagent-gpu.sock").exists()
     finally:
         if plugin is not None and plugin.poll() is None:
