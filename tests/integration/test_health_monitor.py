@@ -134,7 +134,7 @@ def test_ignored_xid_is_recorded_but_healthy(running):
 def test_recovery_after_the_quiet_period(running):
     host, store, monitor, w = running(profile="t4x2", quiet_period=0.6)
     sim(host, "xid", "--gpu", 0, "--xid", 63)
-    t0 = w.event("xid").at
+    t0 = w.event("xid").event.at            # the quiet period counts from the event itself
     assert len(monitor.state.unhealthy) == 1
     recovered = w.next(cause="recovered", timeout=5)
     assert recovered.changes[0].healthy and recovered.changes[0].last_xid == 63
