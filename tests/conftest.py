@@ -1,4 +1,5 @@
 import os
+import signal
 from pathlib import Path
 
 import pynvml
@@ -21,6 +22,24 @@ def make_node(tmp_path_factory):
         store = create_node(root, profile)
         return HostRoot.simulation(root), store
     return make
+
+
+@pytest.fixture
+def persistenced():
+    """Start a simulated node's nvidia-persistenced stand-in: a driver client that keeps
+    Ampere GPUs from resetting themselves, so their MIG mode changes wait for a reset."""
+    from hostagent.sim import control
+    pids = []
+
+    def start(store):
+        pids.append(control.start_persistenced(store))
+
+    yield start
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
 
 
 @pytest.fixture(autouse=True)

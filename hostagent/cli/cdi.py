@@ -73,9 +73,13 @@ def generate(args) -> int:
     if args.output:
         _check_output(args.output)
     fmt = _output_format(args.output, args.format)
+    from ..devices import read_inventory
+    from .common import note_unread
     host, options = _host_and_options(args)
+    inventory = read_inventory(host)
+    note_unread(inventory)
     try:
-        generated = gen(host, options)
+        generated = gen(host, options, inventory)
     except NothingToDescribe as e:
         _report(e.left_out)
         raise

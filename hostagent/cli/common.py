@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["host_from_args", "daemon_socket", "running_daemon_socket", "daemon_client"]
+__all__ = ["host_from_args", "daemon_socket", "running_daemon_socket", "daemon_client",
+           "unread_lines", "note_unread"]
 
 DEFAULT_SOCKET = "/run/hostagent/hostagent.sock"
 
@@ -49,3 +50,26 @@ def daemon_client(host, timeout: float = 10.0):
         return None
     from ..client import Client
     return Client(socket_path=path, timeout=timeout)
+
+
+# What an unprivileged caller lacks: NVML's MIG listings and a MIG parent's aggregates.
+PRIVILEGE_HINT = "run as root, or with read access to the mig/monitor capability (/dev/nvidia-caps/nvidia-cap2)"
+
+
+def unread_lines(inv) -> list[str]:
+    """One line per GPU whose facts NVML refused this process (``Inventory.unread``)."""
+    by_gpu: dict[int, list[str]] = {}
+    for u in inv.unread:
+        by_gpu.setdefault(u.gpu, []).append(u.what)
+    return [f"GPU {gpu}: NVML refused this user its {', '.join(whats)}; shown without them"
+            for gpu, whats in sorted(by_gpu.items())]
+
+
+def note_unread(inv) -> None:
+    """Say on stderr what the inventory lacks for want of privilege, and how to get it."""
+    import sys
+    lines = unread_lines(inv)
+    for line in lines:
+        print(f"hostagent: note: {line}", file=sys.stderr)
+    if lines:
+        print(f"hostagent: note: to read them, {PRIVILEGE_HINT}", file=sys.stderr)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .common import daemon_client, host_from_args
+from .common import PRIVILEGE_HINT, daemon_client, host_from_args, unread_lines
 from .output import add_output_flag, emit, table
 
 UNKNOWN = {"state": "unknown"}
@@ -34,7 +34,7 @@ def run(args) -> int:
     health = device_health(host, lost=bool(inv.unreadable))
     if args.output != "table":
         from .output import to_plain
-        data = to_plain({"gpus": inv.gpus, "unreadable": inv.unreadable})
+        data = to_plain({"gpus": inv.gpus, "unreadable": inv.unreadable, "unread": inv.unread})
         data["gpus"] = [_document(gpu, profiles=args.profiles) for gpu in data["gpus"]]
         for gpu in data["gpus"]:
             gpu["health"] = health.get(gpu["uuid"])
@@ -124,6 +124,10 @@ def _mig_mode(gpu) -> str:
     return mode
 
 
+def _mib(value) -> str:
+    return "-" if value is None else f"{value} MiB"
+
+
 def _state(health: DaemonHealth, uuid: str) -> str:
     return health.get(uuid)["state"]
 
@@ -131,7 +135,7 @@ def _state(health: DaemonHealth, uuid: str) -> str:
 def _gpu_rows(inv, health: DaemonHealth) -> list[list]:
     """The GPU table's rows by index: each GPU read, and each unreadable one the daemon holds
     as lost (it knows its UUID and health; NVML here knows nothing more of it)."""
-    rows = {g.index: [g.index, g.minor, g.uuid, g.name, f"{g.memory_mib} MiB", g.pci_bus_id,
+    rows = {g.index: [g.index, g.minor, g.uuid, g.name, _mib(g.memory_mib), g.pci_bus_id,
                       g.compute_capability, g.architecture, _mig_mode(g), _state(health, g.uuid)]
             for g in inv.gpus}
     for bad in inv.unreadable:
@@ -149,10 +153,13 @@ def render(inv, *, profiles: bool = False, health: DaemonHealth | None = None) -
     for bad in inv.unreadable:
         known = health.by_key.get(health.key_for(bad.index))
         out.append(f"GPU {bad.index}: unreadable: {bad.error}" + (f"; health: {known['state']}" if known else ""))
+    unread = unread_lines(inv)
+    if unread:
+        out += unread + [f"  ({PRIVILEGE_HINT} to read them)"]
     migs = inv.mig_devices
     if migs:
         gpu_by_index = {g.index: g for g in inv.gpus}
-        rows = [[d.name, d.uuid, d.profile, d.gi, d.ci, str(d.placement), f"{d.memory_mib} MiB",
+        rows = [[d.name, d.uuid, d.profile, d.gi, d.ci, str(d.placement or "-"), _mib(d.memory_mib),
                  d.multiprocessors, f"{d.copy_engines}/{d.decoders}/{d.encoders}/{d.jpegs}/{d.ofas}",
                  _state(health, d.uuid)] for d in migs]
         out += ["", "MIG devices:",
@@ -171,7 +178,8 @@ def render(inv, *, profiles: bool = False, health: DaemonHealth | None = None) -
                 continue
             rows = [[p.id, p.name, p.instances, f"{p.slices}/{p.memory_slices}", f"{p.memory_mib} MiB",
                      p.multiprocessors, f"{p.copy_engines}/{p.decoders}/{p.encoders}/{p.jpegs}/{p.ofas}",
-                     ",".join(str(pl.start) for pl in p.placements) + f" (size {p.memory_slices})"]
+                     (",".join(str(pl.start) for pl in p.placements) + f" (size {p.memory_slices})"
+                      if p.placements else "-")]
                     for p in g.mig.profiles]
             out += [f"GPU {g.index} ({g.name}) MIG GPU-instance profiles:",
                     table(["ID", "NAME", "INSTANCES", "SLICES C/M", "MEMORY", "SMS",

@@ -148,7 +148,9 @@ def watch(args) -> int:
     options = _options(args, host)
     if not args.verbose:       # this command prints every event itself
         logging.getLogger("hostagent.health").setLevel(logging.ERROR)
-    monitor = HealthMonitor(host, read_inventory(host), options)
+    inventory = read_inventory(host)
+    _note_whole_gpu_events(inventory)
+    monitor = HealthMonitor(host, inventory, options)
     updates: queue.Queue = queue.Queue()
     monitor.subscribe(updates.put)
     stop = threading.Event()
@@ -176,6 +178,17 @@ def watch(args) -> int:
     finally:
         monitor.stop()
     return 0
+
+
+def _note_whole_gpu_events(inventory) -> None:
+    """nvml.h (nvmlEventSetWait_v2): on a MIG-enabled GPU, a caller without the privilege
+    to list its instances gets "only the events which affect all the instances"."""
+    from .common import PRIVILEGE_HINT
+    gpus = sorted({u.gpu for u in inventory.unread if u.what == "gpu instances"})
+    if gpus:
+        print(f"hostagent: warning: GPU {', '.join(map(str, gpus))}: NVML gives this user only the "
+              "events of whole MIG-enabled GPUs; an error in a single MIG device is not seen "
+              f"({PRIVILEGE_HINT} to see them)", file=sys.stderr, flush=True)
 
 
 def clear(args) -> int:

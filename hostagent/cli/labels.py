@@ -64,7 +64,9 @@ def _compute(host, mig_strategy: str, sharing, *, timestamp: bool) -> dict:
     from ..devices import read_inventory
     from ..labels import node_labels
     from ..labels.hostfacts import gpu_mode, machine_type
+    from .common import note_unread
     inv = read_inventory(host)
+    note_unread(inv)
     return node_labels(inv, mig_strategy=mig_strategy, sharing=sharing,
                        machine=machine_type(host), gpu_mode=gpu_mode(host, inv),
                        timestamp=int(time.time()) if timestamp else None)

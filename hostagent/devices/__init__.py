@@ -2,8 +2,8 @@
 
 from .reader import mig_profile_name, nvml_session, read_inventory
 from .records import (ComputeInstance, Gpu, GpuInstance, GpuProcess, Inventory, MigDevice,
-                      MigProfile, MigState, Placement, UnreadableGpu)
+                      MigProfile, MigState, Placement, Unread, UnreadableGpu)
 
 __all__ = ["read_inventory", "nvml_session", "mig_profile_name", "Inventory", "Gpu",
-           "UnreadableGpu", "MigState", "MigProfile", "MigDevice", "GpuInstance",
+           "UnreadableGpu", "Unread", "MigState", "MigProfile", "MigDevice", "GpuInstance",
            "ComputeInstance", "Placement", "GpuProcess"]

@@ -2,7 +2,10 @@
 
 NVML errors are translated here, at the boundary: a missing library or driver becomes a
 clear hostagent error, a GPU that cannot be read becomes an ``UnreadableGpu`` record so the
-rest of the node is still reported.
+rest of the node is still reported. What NVML keeps from an unprivileged caller on a
+MIG-enabled GPU (its memory, instance listings and placements: nvml.h "Requires privileged
+user") is left out of the GPU's record and named in ``Inventory.unread``; its MIG devices
+are still read, by index, as the MIG device handles need no privilege.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import pynvml as N
 from ..errors import DriverNotLoaded, NvmlError, NvmlLibraryMissing
 from ..hostroot import HostRoot
 from .records import (ComputeInstance, Gpu, GpuInstance, Inventory, MigDevice, MigProfile,
-                      MigState, Placement, UnreadableGpu, sysfs_bus_id)
+                      MigState, Placement, Unread, UnreadableGpu, sysfs_bus_id)
 
 __all__ = ["nvml_session", "read_inventory", "mig_profile_name"]
 
@@ -96,22 +99,44 @@ def _text(value) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
+class _Refusals:
+    """Facts NVML refused with NO_PERMISSION while reading one GPU (see ``Unread``)."""
+
+    def __init__(self, index: int):
+        self.index = index
+        self.found: list[Unread] = []
+
+    def ask(self, what: str, call, *args, default=None):
+        """``call(*args)``, or ``default`` (noting ``what``) if NVML refuses this process."""
+        try:
+            return call(*args)
+        except N.NVMLError as e:
+            if e.value != N.NVML_ERROR_NO_PERMISSION:
+                raise
+            if what not in {u.what for u in self.found}:
+                self.found.append(Unread(gpu=self.index, what=what, error=str(e)))
+            return default
+
+
 def read_inventory(host: HostRoot | None = None) -> Inventory:
     """Read every GPU and MIG device once; returns immutable records."""
     host = host or HostRoot.from_env()
     with nvml_session(host):
         cuda = N.nvmlSystemGetCudaDriverVersion()
-        gpus, unreadable = [], []
+        gpus, unreadable, unread = [], [], []
         for index in range(N.nvmlDeviceGetCount()):
+            refusals = _Refusals(index)
             try:
-                gpus.append(_read_gpu(host, index))
+                gpus.append(_read_gpu(host, index, refusals))
+                unread += refusals.found
             except N.NVMLError as e:
                 unreadable.append(UnreadableGpu(index=index, error=str(e), nvml_code=e.value))
         return Inventory(
             driver_version=_text(N.nvmlSystemGetDriverVersion()),
             cuda_driver_version=f"{cuda // 1000}.{cuda % 1000 // 10}",
             nvml_version=_text(N.nvmlSystemGetNVMLVersion()),
-            gpus=tuple(gpus), unreadable=tuple(unreadable), simulated=host.simulated,
+            gpus=tuple(gpus), unreadable=tuple(unreadable), unread=tuple(unread),
+            simulated=host.simulated,
             device_nodes=_device_node_kind(host),
             paths={"root": str(host.root), "driver_root": str(host.driver()),
                    "dev_root": str(host.dev()), "cdi_dir": str(host.cdi_dir),
@@ -139,9 +164,10 @@ def _numa_node(host: HostRoot, nvml_bus_id: str) -> int | None:
     return node if node >= 0 else None
 
 
-def _read_gpu(host: HostRoot, index: int) -> Gpu:
+def _read_gpu(host: HostRoot, index: int, refusals: _Refusals) -> Gpu:
     h = N.nvmlDeviceGetHandleByIndex(index)
-    memory_mib = N.nvmlDeviceGetMemoryInfo(h).total >> 20
+    memory = refusals.ask("memory", N.nvmlDeviceGetMemoryInfo, h)   # aggregate, on MIG
+    memory_mib = None if memory is None else memory.total >> 20
     pci = N.nvmlDeviceGetPciInfo_v3(h)
     major, minor = N.nvmlDeviceGetCudaComputeCapability(h)
     try:
@@ -157,26 +183,26 @@ def _read_gpu(host: HostRoot, index: int) -> Gpu:
                pci_device_id=pci.pciDeviceId, pci_subsystem_id=pci.pciSubSystemId,
                compute_capability=f"{major}.{minor}",
                architecture=ARCHITECTURES.get(N.nvmlDeviceGetArchitecture(h), "unknown"),
-               mig=_read_mig(h, index, uuid, gpu_minor, memory_mib))
+               mig=_read_mig(h, index, uuid, gpu_minor, memory_mib, refusals))
 
 
-def _read_mig(h, index: int, uuid: str, gpu_minor: int, memory_mib: int) -> MigState | None:
+def _read_mig(h, index: int, uuid: str, gpu_minor: int, memory_mib: int | None,
+              refusals: _Refusals) -> MigState | None:
     try:
         current, pending = N.nvmlDeviceGetMigMode(h)
     except N.NVMLError_NotSupported:
         return None
     enabled = current == N.NVML_DEVICE_MIG_ENABLE
-    profiles = _read_profiles(h, enabled, memory_mib)
+    profiles = _read_profiles(h, enabled, memory_mib, refusals)
     if not enabled:
         return MigState(enabled=False, pending=pending == N.NVML_DEVICE_MIG_ENABLE, profiles=profiles)
-    by_id = {p.id: p for p in profiles}
-    gis = _read_gpu_instances(h, profiles)
-    devices = _read_mig_devices(h, index, uuid, gpu_minor, gis, by_id)
+    gis = refusals.ask("gpu instances", _read_gpu_instances, h, profiles)
+    devices = _read_mig_devices(h, index, uuid, gpu_minor, gis, profiles)
     return MigState(enabled=True, pending=pending == N.NVML_DEVICE_MIG_ENABLE,
-                    profiles=profiles, gpu_instances=gis, devices=devices)
+                    profiles=profiles, gpu_instances=gis or (), devices=devices)
 
 
-def _read_profiles(h, enabled: bool, memory_mib: int) -> tuple[MigProfile, ...]:
+def _read_profiles(h, enabled: bool, memory_mib: int | None, refusals: _Refusals) -> tuple[MigProfile, ...]:
     out = []
     for idx in range(N.NVML_GPU_INSTANCE_PROFILE_COUNT):
         try:
@@ -186,13 +212,17 @@ def _read_profiles(h, enabled: bool, memory_mib: int) -> tuple[MigProfile, ...]:
             if e.value in _SKIP_PROFILE:
                 continue
             raise
+        if memory_mib is not None:
+            name = mig_profile_name(idx, info.sliceCount, mig_memory_gb(memory_mib, info.memorySizeMB))
+        else:   # the GPU's memory refused (only ever with MIG enabled): NVML's own v2 name
+            name = _text(info.name).removeprefix("MIG ")
         out.append(MigProfile(
-            index=idx, id=info.id,
-            name=mig_profile_name(idx, info.sliceCount, mig_memory_gb(memory_mib, info.memorySizeMB)),
+            index=idx, id=info.id, name=name,
             slices=info.sliceCount, instances=info.instanceCount, memory_mib=info.memorySizeMB,
             multiprocessors=info.multiprocessorCount, copy_engines=info.copyEngineCount,
             decoders=info.decoderCount, encoders=info.encoderCount, jpegs=info.jpegCount,
-            ofas=info.ofaCount, placements=_gi_placements(h, info.id)))
+            ofas=info.ofaCount, placements=refusals.ask("placements", _gi_placements, h, info.id,
+                                                        default=())))
     return tuple(sorted(out, key=lambda p: (p.slices, p.memory_mib, p.name)))
 
 
@@ -229,6 +259,19 @@ def _read_gpu_instances(h, profiles) -> tuple[GpuInstance, ...]:
 _CI_SLICES = (1, 2, 3, 4, 7, 8, 6, 1, 7)
 
 
+def _profile_of(attrs, profiles) -> MigProfile | None:
+    """The GPU-instance profile of a MIG device known only by its attributes: same compute
+    slices, then the most engine counts in common, then the nearest memory (a device's
+    memory need not equal its profile's: the MIG user guide shows two 3g.20gb devices of
+    20224 and 20096 MiB)."""
+    engines = (attrs.sharedCopyEngineCount, attrs.sharedDecoderCount, attrs.sharedEncoderCount,
+               attrs.sharedJpegCount, attrs.sharedOfaCount)
+    same = [p for p in profiles if p.slices == attrs.gpuInstanceSliceCount]
+    return min(same, default=None, key=lambda p: (
+        -sum(a == b for a, b in zip(engines, (p.copy_engines, p.decoders, p.encoders, p.jpegs, p.ofas))),
+        abs(p.memory_mib - attrs.memorySizeMB)))
+
+
 def _read_compute_instances(gi, gi_slices: int) -> tuple[ComputeInstance, ...]:
     out = []
     for idx in range(N.NVML_COMPUTE_INSTANCE_PROFILE_COUNT):
@@ -252,27 +295,39 @@ def _read_compute_instances(gi, gi_slices: int) -> tuple[ComputeInstance, ...]:
     return tuple(sorted(out, key=lambda c: c.id))
 
 
-def _read_mig_devices(h, index, uuid, gpu_minor, gis, by_id) -> tuple[MigDevice, ...]:
-    gi_by_id = {g.id: g for g in gis}
+def _read_mig_devices(h, index, uuid, gpu_minor, gis, profiles) -> tuple[MigDevice, ...]:
+    """The MIG devices by index. NVML numbers them densely, but a reader cannot know that
+    (go-nvlib and the container toolkit skip NOT_FOUND and INVALID_ARGUMENT indices), so
+    every index up to the maximum is asked. ``gis`` None: the instances could not be
+    listed, so each device's profile comes from its attributes and its placements are unknown."""
+    by_id = {p.id: p for p in profiles}
+    gi_by_id = {g.id: g for g in gis or ()}
     out = []
     for slot in range(N.nvmlDeviceGetMaxMigDeviceCount(h)):
         try:
             m = N.nvmlDeviceGetMigDeviceHandleByIndex(h, slot)
         except N.NVMLError as e:
             if e.value in (N.NVML_ERROR_NOT_FOUND, N.NVML_ERROR_INVALID_ARGUMENT):
-                continue   # empty slot
+                continue   # no MIG device at this index
             raise
         gi_id, ci_id = N.nvmlDeviceGetGpuInstanceId(m), N.nvmlDeviceGetComputeInstanceId(m)
-        gi = gi_by_id[gi_id]
-        ci = next(c for c in gi.compute_instances if c.id == ci_id)
-        gprof = by_id[gi.profile_id]
         attrs = N.nvmlDeviceGetAttributes_v2(m)
-        profile = gprof.name if ci.slices == gprof.slices else f"{ci.slices}c.{gprof.name}"
+        gi = gi_by_id.get(gi_id)
+        if gi is not None:
+            ci = next(c for c in gi.compute_instances if c.id == ci_id)
+            gprof, ci_slices, ci_profile_id = by_id[gi.profile_id], ci.slices, ci.profile_id
+            placement, ci_placement = gi.placement, ci.placement
+        else:
+            gprof, ci_slices = _profile_of(attrs, profiles), attrs.computeInstanceSliceCount
+            ci_profile_id = _CI_SLICES.index(ci_slices) if ci_slices in _CI_SLICES else 0
+            placement = ci_placement = None
+        name = gprof.name if gprof else f"{attrs.gpuInstanceSliceCount}g"
+        profile = name if ci_slices == attrs.gpuInstanceSliceCount else f"{ci_slices}c.{name}"
         out.append(MigDevice(
             uuid=_text(N.nvmlDeviceGetUUID(m)), parent_index=index, parent_uuid=uuid,
             parent_minor=gpu_minor, index=slot, gi=gi_id, ci=ci_id, profile=profile,
-            gi_profile_id=gi.profile_id, ci_profile_id=ci.profile_id, placement=gi.placement,
-            ci_placement=ci.placement, memory_mib=attrs.memorySizeMB,
+            gi_profile_id=gprof.id if gprof else None, ci_profile_id=ci_profile_id,
+            placement=placement, ci_placement=ci_placement, memory_mib=attrs.memorySizeMB,
             multiprocessors=attrs.multiprocessorCount, copy_engines=attrs.sharedCopyEngineCount,
             decoders=attrs.sharedDecoderCount, encoders=attrs.sharedEncoderCount,
             jpegs=attrs.sharedJpegCount, ofas=attrs.sharedOfaCount))

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 __all__ = ["Placement", "MigProfile", "ComputeInstance", "GpuInstance", "MigDevice",
-           "MigState", "Gpu", "UnreadableGpu", "Inventory", "GpuProcess", "sysfs_bus_id"]
+           "MigState", "Gpu", "UnreadableGpu", "Unread", "Inventory", "GpuProcess", "sysfs_bus_id"]
 
 
 def sysfs_bus_id(nvml_bus_id: str) -> str:
@@ -79,14 +79,16 @@ class MigDevice:
     parent_index: int
     parent_uuid: str
     parent_minor: int
-    index: int                 # NVML MIG device slot on the parent (sparse)
+    index: int                 # NVML MIG device index on the parent (dense, in GI/CI id order)
     gi: int
     ci: int
     profile: str               # "1g.5gb", or "1c.3g.20gb" for a CI smaller than its GI
-    gi_profile_id: int
+    gi_profile_id: int | None  # None: no profile matched (see Unread)
     ci_profile_id: int
-    placement: Placement       # the GPU instance's placement on the memory-slice axis
-    ci_placement: Placement    # the compute instance's placement inside the GPU instance
+    # The GPU instance's placement on the memory-slice axis and the compute instance's inside
+    # it; None where NVML would not list the instances to this process (Inventory.unread).
+    placement: Placement | None
+    ci_placement: Placement | None
     memory_mib: int
     multiprocessors: int
     copy_engines: int
@@ -125,7 +127,7 @@ class Gpu:
     uuid: str
     name: str
     serial: str | None
-    memory_mib: int
+    memory_mib: int | None     # None: NVML would not tell this process (Inventory.unread)
     pci_bus_id: str            # NVML form: "00000000:07:00.0"
     pci_device_id: int
     compute_capability: str    # "8.0"
@@ -168,6 +170,16 @@ class UnreadableGpu:
     nvml_code: int
 
 
+# hostagent.devices.read_inventory() -> Inventory.unread
+@dataclass(frozen=True)
+class Unread:
+    """A fact of a readable GPU that NVML refused this process (NO_PERMISSION): its record
+    lacks it. On a MIG-enabled GPU, without root or the mig/monitor capability."""
+    gpu: int
+    what: str                  # "memory", "placements", "gpu instances"
+    error: str
+
+
 @dataclass(frozen=True)
 class Inventory:
     driver_version: str
@@ -175,6 +187,7 @@ class Inventory:
     nvml_version: str
     gpus: tuple[Gpu, ...]
     unreadable: tuple[UnreadableGpu, ...] = ()
+    unread: tuple[Unread, ...] = ()
     simulated: bool = False
     device_nodes: str = "char"  # "char", or "regular-files" on a simulated node without mknod
     paths: dict = field(default_factory=dict, compare=False)

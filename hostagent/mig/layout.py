@@ -82,6 +82,12 @@ class Layout:
     def settled(self) -> bool:
         return self.enabled == self.pending
 
+    def reached_by(self, actual: "Layout") -> bool:
+        """Whether the node's ``actual`` layout is this target: the same, or, where the target
+        leaves the mode pending for a reset, that mode already in effect (an idle Ampere GPU
+        resets itself as SetMigMode asks it to; only a busy one waits)."""
+        return actual == self or (not self.settled and actual == Layout(self.pending, self.pending, self.gis))
+
     def counts(self) -> dict[str, int]:
         """mig-parted's view: compute instances per profile name."""
         return dict(Counter(name for gi in self.gis for name in gi.ci_names()))

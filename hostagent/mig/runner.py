@@ -179,8 +179,8 @@ def _mode_phase(host: HostRoot, ctl: MigControl, gpus: list[GpuPlan], *, skip_re
     to_reset = []
     for g in gpus:
         current, pending = ctl.mode(g.index)
-        if (current, pending) == (g.after.enabled, g.after.pending):
-            continue
+        if Layout(g.after.enabled, g.after.pending).reached_by(Layout(current, pending)):
+            continue                     # as planned, or already switched: no reset needed
         if g.reset and not skip_reset and status.get(g.index) != NVML_RESET_REQUIRED:
             to_reset.append(g)           # Ampere: the pending mode waits for a reset
             continue
@@ -247,7 +247,8 @@ def verify(host: HostRoot, targets: dict[str, Layout], indices: dict[str, int]):
     inventory read."""
     inventory = read_inventory(host)
     actual = {g.uuid: Layout.of(g) for g in inventory.gpus}
-    wrong = [str(indices.get(u, u)) for u, want in targets.items() if actual.get(u) != want]
+    wrong = [str(indices.get(u, u)) for u, want in targets.items()
+             if u not in actual or not want.reached_by(actual[u])]
     if wrong:
         raise StateError(f"GPU {', '.join(wrong)}: the layout read back differs from the plan")
     return inventory

@@ -138,6 +138,10 @@ class NodeProfile:
     cuda_driver_version: int
     gpus: tuple[GpuSlot, ...]
     numa_nodes: int = 1      # GPUs spread over them in order; 0: the platform reports none
+    minors: tuple[int, ...] = ()   # device minor of each GPU, by index; () means minor = index
+
+    def minor(self, index: int) -> int:
+        return self.minors[index] if self.minors else index
 
     def numa_node(self, index: int) -> int:
         """The NUMA node sysfs reports for GPU ``index`` (-1: none)."""
@@ -222,7 +226,10 @@ def load_profile(name: str) -> NodeProfile:
     table = skus()
     slots = tuple(GpuSlot(table[group["sku"]], bus.lower())
                   for group in raw["gpus"] for bus in group["pci_bus_ids"])
+    minors = tuple(int(m) for m in raw.get("minors", ()))
+    if minors and sorted(minors) != list(range(len(slots))):
+        raise ValueError(f"profile {name}: minors must number the {len(slots)} GPUs once each")
     return NodeProfile(name=name, description=raw["description"], machine=raw["machine"],
                        driver_version=str(raw["driver_version"]),
                        cuda_driver_version=int(raw["cuda_driver_version"]), gpus=slots,
-                       numa_nodes=int(raw.get("numa_nodes", 1)))
+                       numa_nodes=int(raw.get("numa_nodes", 1)), minors=minors)

@@ -17,7 +17,8 @@ from .node import NodeState, SimNvmlError, SimProcess
 from .store import SimStore
 
 __all__ = ["resolve_device", "hold", "release", "inject_xid", "inject_ecc", "lose_gpu",
-           "set_event_support", "reboot", "set_driver_loaded", "reset_gpus", "stop_spawned"]
+           "set_event_support", "reboot", "set_driver_loaded", "reset_gpus", "stop_spawned",
+           "start_persistenced"]
 
 
 def resolve_device(state: NodeState, ident: str) -> tuple[int, int | None, int | None]:
@@ -146,3 +147,18 @@ def _gpu_index(state: NodeState, gpu: int) -> int:
     if not 0 <= gpu < len(state.gpus):
         raise NotFoundError(f"no GPU {gpu} on the simulated node (it has {len(state.gpus)})")
     return gpu
+
+
+def start_persistenced(store: SimStore) -> int:
+    """Start the node's nvidia-persistenced stand-in and return its pid (stop it with
+    SIGTERM). While it runs it is a driver client keeping every GPU open, so an Ampere GPU
+    cannot reset itself for a MIG mode change (``sim.clients``)."""
+    from .tools import read_pid
+    from .tools.persistenced import PID_FILE
+    env = {k: v for k, v in os.environ.items() if k != "HOSTAGENT_SIMULATE"}
+    proc = subprocess.run([str(store.root / "usr/bin/nvidia-persistenced")], env=env,
+                          capture_output=True, text=True, timeout=30)
+    pid = read_pid(store.root / PID_FILE)
+    if proc.returncode != 0 or pid is None:
+        raise StateError(f"the nvidia-persistenced stand-in did not start: {proc.stderr.strip()}")
+    return pid

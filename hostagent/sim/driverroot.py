@@ -87,7 +87,8 @@ def create_node(root: str | os.PathLike, profile_name: str, *,
     for index, slot in enumerate(profile.gpus):
         uuid, serial = _gpu_identity(profile.name, slot.pci_bus_id)
         gpus.append(SimGpu(index=index, sku=slot.sku.key, uuid=uuid, pci_bus_id=slot.pci_bus_id,
-                           minor=index, serial=serial))
+                           minor=profile.minor(index), serial=serial,
+                           gi_ids="shuffled" if index % 2 else "placement"))
     used_skus = {g.sku for g in gpus}
     facts_raw = {"profile": profile.name, "driver_version": version,
                  "cuda_driver_version": profile.cuda_driver_version,

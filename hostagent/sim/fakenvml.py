@@ -23,8 +23,9 @@ from ctypes import (CFUNCTYPE, POINTER, c_char_p, c_int, c_uint, c_ulonglong, c_
 import pynvml as N
 
 from ..errors import HostagentError
-from . import telemetry
+from . import privilege, telemetry
 from .catalog import ARCHITECTURES
+from .clients import driver_clients
 from .node import MIG_ENABLE, NodeState, SimGpu, SimNvmlError
 from .store import SimStore
 
@@ -256,6 +257,21 @@ class FakeNvmlLibrary:
         with self.store.mutate() as state:
             return fn(state)
 
+    def _monitoring(self, what: str) -> None:
+        """NO_PERMISSION for a call nvml.h reserves to a privileged user (sim.privilege)."""
+        if not privilege.can_monitor(self.store.root):
+            raise SimNvmlError(N.NVML_ERROR_NO_PERMISSION, f"{what} needs the mig/monitor capability")
+
+    def _configuring(self, what: str) -> None:
+        if not privilege.can_configure(self.store.root):
+            raise SimNvmlError(N.NVML_ERROR_NO_PERMISSION, f"{what} needs the mig/config capability")
+
+    def _aggregate(self, gpu: SimGpu, mig) -> None:
+        """A MIG-enabled GPU's own handle answers memory and process queries in aggregate
+        "only if the caller has appropriate privileges" (nvml.h)."""
+        if mig is None and gpu.mig_current == MIG_ENABLE and self._sku(gpu).mig is not None:
+            self._monitoring("aggregate information of a MIG-enabled GPU")
+
     # ---- init and system -----------------------------------------------------------
 
     @nvml(c_uint)
@@ -380,6 +396,7 @@ class FakeNvmlLibrary:
 
     def _memory(self, handle) -> tuple[int, int]:
         state, gpu, mig = self._device(handle)
+        self._aggregate(gpu, mig)
         if mig:
             gi, ci = mig
             total = self._sku(gpu).mig.by_id(gi.profile_id).memory_mib
@@ -404,17 +421,10 @@ class FakeNvmlLibrary:
     @nvml(P, P)
     def nvmlDeviceGetAttributes_v2(self, handle, ptr):
         _, gpu, mig = self._device(handle)
+        if mig is None:     # nvml.h: "This API currently only supports MIG device handles."
+            raise SimNvmlError(N.NVML_ERROR_NOT_SUPPORTED, "attributes of a whole GPU")
         sku = self._sku(gpu)
         attrs = _struct(ptr, N.c_nvmlDeviceAttributes)
-        if mig is None:
-            full = sku.mig.full if sku.mig else None
-            attrs.multiprocessorCount = sku.multiprocessors
-            attrs.memorySizeMB = sku.memory_mib
-            if full:
-                attrs.sharedCopyEngineCount = full.copy_engines
-                attrs.sharedDecoderCount, attrs.sharedEncoderCount = full.decoders, full.encoders
-                attrs.sharedJpegCount, attrs.sharedOfaCount = full.jpegs, full.ofas
-            return
         gi, ci = mig
         gprof = sku.mig.by_id(gi.profile_id)
         cprof = gprof.ci_profile(ci.profile_id)
@@ -428,6 +438,7 @@ class FakeNvmlLibrary:
     @nvml(P, P, P)
     def nvmlDeviceGetComputeRunningProcesses_v3(self, handle, count_ptr, infos):
         state, gpu, mig = self._device(handle)
+        self._aggregate(gpu, mig)
         if mig:
             procs = state.processes_on(gpu.index, mig[0].id, mig[1].id)
         else:
@@ -461,7 +472,10 @@ class FakeNvmlLibrary:
     @nvml(P, c_uint, P)
     def nvmlDeviceSetMigMode(self, handle, mode, status_ptr):
         _, gpu = self._mig_capable(handle)
-        status = self._mutate(lambda s: s.set_mig_mode(self.facts, gpu.index, mode))
+        if not privilege.sys_admin():   # nvml.h "Requires root user"; the guide: CAP_SYS_ADMIN
+            raise SimNvmlError(N.NVML_ERROR_NO_PERMISSION, "MIG mode needs CAP_SYS_ADMIN")
+        clients = driver_clients(self.store.root)
+        status = self._mutate(lambda s: s.set_mig_mode(self.facts, gpu.index, mode, clients))
         _put(status_ptr, c_uint, status)
 
     @nvml(P, P)
@@ -475,20 +489,29 @@ class FakeNvmlLibrary:
     def nvmlDeviceIsMigDeviceHandle(self, handle, ptr):
         _put(ptr, c_uint, int(self._key(handle)[0] == "mig"))
 
+    @nvml(P, P)
+    def nvmlDeviceGetIndex(self, handle, ptr):
+        # nvml.h: on a MIG device handle, the index nvmlDeviceGetMigDeviceHandleByIndex takes.
+        state, gpu, mig = self._device(handle)
+        if mig is None:
+            return _put(ptr, c_uint, gpu.index)
+        _put(ptr, c_uint, next(i for i, (gi, ci) in state.mig_devices(gpu.index).items()
+                               if (gi.id, ci.id) == (mig[0].id, mig[1].id)))
+
     @nvml(P, c_uint, P)
     def nvmlDeviceGetMigDeviceHandleByIndex(self, handle, index, ptr):
         # nvml.h: NOT_SUPPORTED where the query is not (no MIG, or MIG mode disabled: sibling
-        # MIG queries say so), INVALID_ARGUMENT for an index past the GPU's slots,
-        # NOT_FOUND for an empty slot.
+        # MIG queries say so), INVALID_ARGUMENT for an index past the GPU's maximum,
+        # NOT_FOUND past its MIG devices (numbered densely: docs/simulator.md).
         state, gpu = self._gpu_only(handle)
         mig = self._sku(gpu).mig
         if mig is None or gpu.mig_current != MIG_ENABLE:
             raise SimNvmlError(N.NVML_ERROR_NOT_SUPPORTED, "MIG mode is not enabled")
         if index >= mig.compute_slices:
-            raise SimNvmlError(N.NVML_ERROR_INVALID_ARGUMENT, f"no MIG device slot {index}")
+            raise SimNvmlError(N.NVML_ERROR_INVALID_ARGUMENT, f"MIG device index {index} is past the maximum")
         found = state.mig_devices(gpu.index).get(index)
         if found is None:
-            raise SimNvmlError(N.NVML_ERROR_NOT_FOUND, f"MIG device slot {index} is empty")
+            raise SimNvmlError(N.NVML_ERROR_NOT_FOUND, f"no MIG device {index}")
         gi, ci = found
         self._put_handle(ptr, "mig", gpu.index, gi.id, ci.id)
 
@@ -585,8 +608,9 @@ class FakeNvmlLibrary:
 
     @nvml(P, c_uint, P, P)
     def nvmlDeviceGetGpuInstancePossiblePlacements_v2(self, handle, profile_id, array, count_ptr):
-        # Documented to work whether or not MIG is enabled.
+        # Documented to work whether or not MIG is enabled; "Requires privileged user".
         _, gpu = self._mig_capable(handle)
+        self._monitoring("possible placements")
         prof = self._sku(gpu).mig.by_id(profile_id)
         if prof is None:
             raise SimNvmlError(N.NVML_ERROR_INVALID_ARGUMENT, f"no profile id {profile_id}")
@@ -608,12 +632,14 @@ class FakeNvmlLibrary:
     @nvml(P, c_uint, P)
     def nvmlDeviceGetGpuInstanceRemainingCapacity(self, handle, profile_id, ptr):
         gpu, prof = self._enabled_profile(handle, profile_id=profile_id)
+        self._monitoring("remaining capacity")
         _put(ptr, c_uint, self._state().gi_remaining(self.facts, gpu.index, prof))
 
     # ---- GPU instance lifecycle ----------------------------------------------------
 
     def _create_gi(self, handle, profile_id, placement, out):
         _, gpu = self._mig_capable(handle)
+        self._configuring("creating a GPU instance")
         gi = self._mutate(lambda s: s.create_gi(self.facts, gpu.index, profile_id, placement))
         self._put_handle(out, "gi", gpu.index, gi.id)
 
@@ -631,6 +657,7 @@ class FakeNvmlLibrary:
         # nvml.h: the buffer must hold the profile's instanceCount entries; *count is only
         # written (how many were returned), never read as the buffer's size.
         gpu, prof = self._enabled_profile(handle, profile_id=profile_id)
+        self._monitoring("listing GPU instances")
         if not array or not count_ptr:
             raise SimNvmlError(N.NVML_ERROR_INVALID_ARGUMENT, "NULL buffer or count")
         gis = [g for g in gpu.gis if g.profile_id == prof.id]
@@ -643,6 +670,7 @@ class FakeNvmlLibrary:
         _, gpu = self._mig_capable(handle)
         if gpu.mig_current != MIG_ENABLE:
             raise SimNvmlError(N.NVML_ERROR_NOT_SUPPORTED, "MIG mode is not enabled")
+        self._monitoring("a GPU instance by id")
         if gpu.gi(gi_id) is None:
             raise SimNvmlError(N.NVML_ERROR_NOT_FOUND, f"no GPU instance {gi_id}")
         self._put_handle(out, "gi", gpu.index, gi_id)
@@ -658,6 +686,7 @@ class FakeNvmlLibrary:
     @nvml(P)
     def nvmlGpuInstanceDestroy(self, handle):
         _, gpu, gi = self._gi(handle)
+        self._configuring("destroying a GPU instance")
         self._mutate(lambda s: s.destroy_gi(gpu.index, gi.id))
 
     # ---- compute instances ---------------------------------------------------------
@@ -702,6 +731,7 @@ class FakeNvmlLibrary:
     @nvml(P, c_uint, P)
     def nvmlGpuInstanceGetComputeInstanceRemainingCapacity(self, handle, profile_id, ptr):
         _, gpu, gi = self._gi(handle)
+        self._monitoring("remaining capacity")
         gprof, cprof = self._ci_profile(gpu, gi, profile_id)
         used = {s for c in gi.cis for s in range(c.start, c.start + c.size)}
         free = [s for s in cprof.placements if used.isdisjoint(range(s, s + cprof.slices))]
@@ -711,12 +741,14 @@ class FakeNvmlLibrary:
     @nvml(P, c_uint, P, P)
     def nvmlGpuInstanceGetComputeInstancePossiblePlacements(self, handle, profile_id, array, count_ptr):
         _, gpu, gi = self._gi(handle)
+        self._monitoring("possible placements")
         _, cprof = self._ci_profile(gpu, gi, profile_id)
         self._put_placements(array, count_ptr, cprof.placements, cprof.slices,
                              N.c_nvmlComputeInstancePlacement_t)
 
     def _create_ci(self, handle, profile_id, placement, out):
         _, gpu, gi = self._gi(handle)
+        self._configuring("creating a compute instance")
         self._ci_profile(gpu, gi, profile_id)
         ci = self._mutate(lambda s: s.create_ci(self.facts, gpu.index, gi.id, profile_id, placement))
         self._put_handle(out, "ci", gpu.index, gi.id, ci.id)
@@ -735,6 +767,7 @@ class FakeNvmlLibrary:
         # As nvmlDeviceGetGpuInstances: a buffer of the CI profile's instanceCount, *count out.
         _, gpu, gi = self._gi(handle)
         self._ci_profile(gpu, gi, profile_id)
+        self._monitoring("listing compute instances")
         if not array or not count_ptr:
             raise SimNvmlError(N.NVML_ERROR_INVALID_ARGUMENT, "NULL buffer or count")
         cis = [c for c in gi.cis if c.profile_id == profile_id]
@@ -745,6 +778,7 @@ class FakeNvmlLibrary:
     @nvml(P, c_uint, P)
     def nvmlGpuInstanceGetComputeInstanceById(self, handle, ci_id, out):
         _, gpu, gi = self._gi(handle)
+        self._monitoring("a compute instance by id")
         if gi.ci(ci_id) is None:
             raise SimNvmlError(N.NVML_ERROR_NOT_FOUND, f"no compute instance {ci_id}")
         self._put_handle(out, "ci", gpu.index, gi.id, ci_id)
@@ -761,6 +795,7 @@ class FakeNvmlLibrary:
     @nvml(P)
     def nvmlComputeInstanceDestroy(self, handle):
         _, gpu, gi, ci = self._ci(handle)
+        self._configuring("destroying a compute instance")
         self._mutate(lambda s: s.destroy_ci(gpu.index, gi.id, ci.id))
 
     # ---- telemetry (sensor values from sim.telemetry) -------------------------------
@@ -904,9 +939,14 @@ class FakeNvmlLibrary:
     def nvmlEventSetWait_v2(self, event_set, data_ptr, timeout_ms):
         es = self._event_set(event_set)
         deadline = time.monotonic() + timeout_ms / 1000
+        # nvml.h: on a MIG-enabled GPU, events of single instances reach only callers with
+        # the privilege; others get "only the events which affect ... (whole device)".
+        whole_only = not privilege.can_monitor(self.store.root)
         while True:
             state = self._state()
             for ev in state.events:
+                if whole_only and ev.gi != 0xFFFFFFFF and state.gpus[ev.gpu].mig_current == MIG_ENABLE:
+                    continue
                 if ev.seq > es["cursor"] and es["regs"].get(ev.gpu, 0) & ev.event_type:
                     es["cursor"] = ev.seq
                     es["pause"] = _WAIT_POLL_MIN         # more may follow closely

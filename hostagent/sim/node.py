@@ -6,6 +6,7 @@ NVML return code the real driver gives for that case and leaves the state unchan
 
 from __future__ import annotations
 
+import hashlib
 import time
 import uuid as uuidlib
 from dataclasses import dataclass, field, fields, is_dataclass
@@ -27,13 +28,25 @@ class SimNvmlError(Exception):
         self.code = code
 
 
-def gpu_instance_id(start: int, size: int, memory_slices: int) -> int:
-    """GI ids follow the slot a placement takes in the binary tree of memory slices.
+def gpu_instance_id(start: int, size: int, memory_slices: int, shuffle: str | None = None) -> int:
+    """The id the driver gives a GPU instance placed at ``start:size``.
 
-    The whole GPU is 0, halves 1-2, quarters 3-6, eighths 7-14 on an 8-slice GPU
-    (A30: 0, 1-2, 3-6), matching the ids nvidia-smi shows for each placement.
+    Ids come from the binary tree of memory slices: the whole GPU 0, halves 1-2, quarters
+    3-6, eighths 7-14 on an 8-slice GPU (A30: 0, 1-2, 3-6). In the MIG user guide's
+    examples 2 and 3 and a published A30 session the id is the placement's own slot
+    (``0:1`` is 7 on A100, ``2:2`` is 2 on A30). Other listings show other ids for the same
+    placements: the guide's first ``-lgi`` lists GI 1 at 4:4 and GI 2 at 0:4, and three
+    2g.20gb instances on one GPU of an R510 host are GIs 3, 5 and 6 (nvitop PR #8), where
+    6 is no 2g placement's slot. With ``shuffle`` (a seed) the slots of each size map to
+    the ids of that size in a seeded order instead, so ids stay distinct and in their range
+    but cannot be told from placements.
     """
-    return memory_slices // size - 1 + start // size
+    count = memory_slices // size
+    slot = start // size
+    if shuffle is not None:
+        order = sorted(range(count), key=lambda k: hashlib.sha256(f"{shuffle}/{size}/{k}".encode()).digest())
+        slot = order[slot]
+    return count - 1 + slot
 
 
 @dataclass
@@ -75,6 +88,9 @@ class SimGpu:
     # A GPU passed through to a VM that cannot reset it: a MIG mode change that needs a
     # reset answers activation status RESET_REQUIRED and waits for a reboot (mig.md 1.5, 4).
     passthrough: bool = False
+    # How the driver numbers this GPU's instances (see gpu_instance_id): "placement", or
+    # "shuffled" (seeded by the UUID), as published listings show on a host's other GPUs.
+    gi_ids: str = "placement"
 
     def gi(self, gi_id: int) -> GpuInstance | None:
         return next((g for g in self.gis if g.id == gi_id), None)
@@ -169,8 +185,10 @@ class NodeState:
 
     # ---- MIG mode ------------------------------------------------------------------
 
-    def set_mig_mode(self, facts: NodeFacts, index: int, mode: int) -> int:
-        """Returns the activation status, as nvmlDeviceSetMigMode does."""
+    def set_mig_mode(self, facts: NodeFacts, index: int, mode: int,
+                     clients: tuple[str, ...] = ()) -> int:
+        """Returns the activation status, as nvmlDeviceSetMigMode does. ``clients``: the
+        driver clients (such as nvidia-persistenced) holding the node's GPUs open."""
         gpu = self.live_gpu(index)
         sku = facts.skus[gpu.sku]
         if sku.mig is None:
@@ -182,13 +200,17 @@ class NodeState:
         gpu.mig_pending = mode
         if gpu.mig_current == mode:
             return N.NVML_SUCCESS
-        busy = bool(self.processes_on(index))
         if sku.mig_mode_persists:
-            # Ampere: the driver tries to reset the GPU itself, which fails while driver
-            # clients (persistenced, nvidia_drm, monitoring) hold it, as on typical nodes:
-            # the mode waits in InfoROM for a GPU reset or a reboot.
-            return N.NVML_ERROR_RESET_REQUIRED if gpu.passthrough else N.NVML_ERROR_IN_USE
-        if busy:
+            # Ampere: the driver resets the GPU itself ("may unbind or reset the device",
+            # nvml.h), so an idle GPU switches at once (the MIG user guide's "Enabled MIG Mode
+            # for GPU ..."). A process or a driver client (persistenced, nvsm, dcgm) makes the
+            # reset fail and the mode waits in InfoROM for a GPU reset or a reboot; a VM that
+            # cannot reset its passed-through GPU needs a reboot.
+            if gpu.passthrough:
+                return N.NVML_ERROR_RESET_REQUIRED
+            if clients:
+                return N.NVML_ERROR_IN_USE
+        if self.processes_on(index):
             return N.NVML_ERROR_IN_USE
         gpu.mig_current = mode
         return N.NVML_SUCCESS
@@ -299,15 +321,15 @@ class NodeState:
             raise SimNvmlError(N.NVML_ERROR_INSUFFICIENT_RESOURCES, why)
         free = self.free_placements(facts, index, prof)
         if placement is None:
-            # Without a placement the driver takes the highest free one: this reproduces
-            # the documented order dependence (1g,1g,2g,3g fails on A100; 3g,1g,2g,1g works).
             if not free:
                 raise SimNvmlError(N.NVML_ERROR_INSUFFICIENT_RESOURCES, "no free placement")
-            start = max(free)
+            start = _driver_placement(sku.mig, {s for g in gpu.gis for s in range(g.start, g.start + g.size)},
+                                      prof, free)
         elif placement[0] not in free:
             raise SimNvmlError(N.NVML_ERROR_INSUFFICIENT_RESOURCES,
                                f"placement {placement[0]}:{placement[1]} overlaps an instance")
-        gi = GpuInstance(id=gpu_instance_id(start, prof.memory_slices, sku.mig.memory_slices),
+        shuffle = gpu.uuid if gpu.gi_ids == "shuffled" else None
+        gi = GpuInstance(id=gpu_instance_id(start, prof.memory_slices, sku.mig.memory_slices, shuffle),
                          profile_id=prof.id, start=start, size=prof.memory_slices)
         gpu.gis.append(gi)
         gpu.gis.sort(key=lambda g: g.id)
@@ -378,13 +400,13 @@ class NodeState:
 
     # ---- MIG devices (one per CI) --------------------------------------------------
 
-    def mig_slot(self, gi: GpuInstance, ci: ComputeInstance) -> int:
-        """The MIG device index of a CI: its first compute slice on the GPU (sparse)."""
-        return gi.start + ci.start
-
     def mig_devices(self, index: int) -> dict[int, tuple[GpuInstance, ComputeInstance]]:
+        """The GPU's MIG devices by MIG device index: numbered densely from 0 in GPU then
+        compute instance id order, renumbered as instances come and go (docs/simulator.md,
+        "MIG device indices")."""
         gpu = self.gpus[index]
-        return {self.mig_slot(gi, ci): (gi, ci) for gi in gpu.gis for ci in gi.cis}
+        pairs = sorted(((gi, ci) for gi in gpu.gis for ci in gi.cis), key=lambda p: (p[0].id, p[1].id))
+        return dict(enumerate(pairs))
 
     # ---- processes and events ------------------------------------------------------
 
@@ -402,6 +424,19 @@ class NodeState:
         gpu = self.gpu(index)
         self.add_event(index, N.nvmlEventTypeXidCriticalError, XID_FALLEN_OFF_BUS)
         gpu.lost = True
+
+
+def _driver_placement(mig, used: set[int], prof: GiProfileSpec, free: list[int]) -> int:
+    """Where the driver puts a GPU instance created without a placement: at the free start
+    that leaves the most placements of all profiles open, the lowest of equals. This gives
+    every published choice: the MIG user guide's 1g,1g,2g at 6:1, 4:1, 0:2 (3g then fails),
+    3g,1g,2g,1g at 4:4, 0:1, 2:2, 1:1, 2g then five 1g at 4:2, 6:1, 0:1 to 3:1, 4g,2g,1g at
+    0:4, 4:2, 6:1, and an A30 session's 1g,1g,2g at 0:1, 1:1, 2:2 (docs/simulator.md)."""
+    def still_open(start: int) -> int:
+        taken = used | set(range(start, start + prof.memory_slices))
+        return sum(taken.isdisjoint(range(s, s + p.memory_slices))
+                   for p in mig.gi_profiles for s in p.placements)
+    return max(free, key=lambda s: (still_open(s), -s))
 
 
 _FIELD_NAMES: dict[type, tuple[str, ...]] = {}

@@ -101,10 +101,11 @@ def test_whole_gpu_by_index_and_uuid(podman_image, spec, by):
 
 def test_mig_device(podman_image, spec):
     mig = [d["name"] for d in spec["devices"] if d["name"].startswith("1:")]
-    assert mig == ["1:0", "1:6"]
-    nodes, libs, out = probe(podman_image, "1:6", spec)
-    assert nodes == expected_nodes(spec, "1:6")
-    assert "/dev/nvidia1" in nodes and "/dev/nvidia0" not in nodes
+    assert mig == ["1:0", "1:1"]                        # MIG device indices are dense
+    nodes, libs, out = probe(podman_image, "1:1", spec)
+    assert nodes == expected_nodes(spec, "1:1")
+    # GPU 1's node is /dev/nvidia3 (its device minor); /dev/nvidia1 is GPU 3's.
+    assert "/dev/nvidia3" in nodes and "/dev/nvidia1" not in nodes
     assert sum(p.startswith("/dev/nvidia-caps/") for p in nodes) == 2
     check_driver_files(libs, out)
 
@@ -209,6 +210,7 @@ def test_plain_edits_alone_give_a_working_container_without_cdi_or_hook(dynamic_
     proc = podman_run(dynamic_image, "/bin/sh", "-c", probe, flags=engine_flags(plain))     # asserts exit 0
     assert f"libcuda.so.1 => {LIBDIR}/libcuda.so.1" in proc.stdout and "probe-ran" in proc.stdout
     nodes = {line.split()[1] for line in proc.stdout.splitlines() if line.startswith("node ")}
-    assert {"/dev/nvidia0", "/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/dri/card1", "/dev/dri/renderD129"} <= nodes
-    assert "/dev/nvidia1" not in nodes
+    assert gpus[0].minor == 2                           # GPU 0's node is /dev/nvidia2
+    assert {"/dev/nvidia2", "/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/dri/card1", "/dev/dri/renderD129"} <= nodes
+    assert "/dev/nvidia0" not in nodes
     assert f"env {gpus[0].uuid}" in proc.stdout

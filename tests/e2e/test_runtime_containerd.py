@@ -215,7 +215,7 @@ def test_env_request_of_a_privileged_container(containerd, image, spec, shims):
     fronts, record = shims
     name, proc = ctr_run(containerd, image, fronts["default"], "--privileged", "--env", "NVIDIA_VISIBLE_DEVICES=0")
     nodes, _ = parse(proc.stdout)
-    assert nodes["/dev/nvidia0"] == "c3:0" and "/dev/nvidia1" not in nodes
+    assert nodes["/dev/nvidia2"] == "c3:2" and "/dev/nvidia0" not in nodes   # GPU 0's minor is 2
     assert "libcuda.so.1 (libc6,x86-64)" in proc.stdout
 
 

@@ -53,14 +53,17 @@ def test_by_name_uuid_and_cdi_name(agent, c):
     assert validate_spec(spec) == []
     assert spec["kind"] == "hostagent.io/allocation"
     assert [d["name"] for d in spec["devices"]] == ["claim-a-gpu1", "claim-a-gpu2", "claim-a-gpu3"]
-    assert spec["devices"][0]["containerEdits"]["deviceNodes"][0]["path"] == "/dev/nvidia1"
+    # GPU 1's node is named by its device minor (3 on this profile), not its index.
+    minors = [g["minor"] for g in gpus]
+    assert minors[1:4] == [3, 0, 1]
+    assert spec["devices"][0]["containerEdits"]["deviceNodes"][0]["path"] == "/dev/nvidia3"
     # The equivalent plain edits (no hook): every device node, the driver's libraries and
     # their SONAMEs as mounts, the devices in the env.
     edits = a["container_edits"]
     assert set(edits) == {"env", "deviceNodes", "mounts"}
     paths = [n["path"] for n in edits["deviceNodes"]]
-    assert {"/dev/nvidiactl", "/dev/nvidia1", "/dev/nvidia2", "/dev/nvidia3"} <= set(paths)
-    assert "/dev/nvidia4" not in paths
+    assert {"/dev/nvidiactl", "/dev/nvidia3", "/dev/nvidia0", "/dev/nvidia1"} <= set(paths)
+    assert "/dev/nvidia2" not in paths                  # GPU 0's
     assert any(m["containerPath"].endswith("libcuda.so.550.90.07") for m in edits["mounts"])
     assert any(m["containerPath"].endswith("/libcuda.so.1") for m in edits["mounts"])
     assert edits["env"] == ["NVIDIA_VISIBLE_DEVICES=" + ",".join(a["devices"])]

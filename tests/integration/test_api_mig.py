@@ -1,13 +1,18 @@
 """MIG through the daemon: layouts, on-demand instances, protection of allocated devices,
 the CLI going through the daemon, and kill -9 in the middle of an apply."""
 
+import contextlib
 import json
+import os
+import signal
 import subprocess
 import sys
 
 import pytest
 
 from hostagent.errors import ConflictError, HostagentError, NotFoundError, UsageError
+from hostagent.sim import control
+from hostagent.sim.store import SimStore
 
 from .agentd import AgentProcess, make_root
 
@@ -21,12 +26,25 @@ def post(c, path, body):
     return c.request("POST", path, body).json()
 
 
+@contextlib.contextmanager
+def driver_client(root):
+    """The node's nvidia-persistenced stand-in running: a driver client holding the A100s,
+    so their MIG mode changes wait for the GPU reset these tests watch."""
+    pid = control.start_persistenced(SimStore(root))
+    try:
+        yield
+    finally:
+        os.kill(pid, signal.SIGTERM)
+
+
 @pytest.fixture(scope="module")
 def module_agent():
-    proc = AgentProcess(make_root()).start()
-    yield proc
-    proc.stop()
-    proc.cleanup()
+    root = make_root()
+    with driver_client(root):
+        proc = AgentProcess(root).start()
+        yield proc
+        proc.stop()
+        proc.cleanup()
 
 
 @pytest.fixture
@@ -328,8 +346,10 @@ def test_sigterm_during_the_start_up_apply_rolls_it_back_and_stops():
     root = make_root()
     resets = root / "resets"
     signalling_reset(root, resets)
-    agent = AgentProcess(root, {"mig": {"config": "all-1g.5gb"}}).start(wait=False)
-    try:
+    agent = AgentProcess(root, {"mig": {"config": "all-1g.5gb"}})
+    with driver_client(root), contextlib.ExitStack() as stack:
+        stack.callback(agent.cleanup)
+        agent.start(wait=False)
         assert agent.proc.wait(60) == 0, agent.log()
         log = agent.log()
         assert "was interrupted after" in log and "rolled back to the previous layout" in log, log
@@ -341,15 +361,16 @@ def test_sigterm_during_the_start_up_apply_rolls_it_back_and_stops():
                               "devices", "-o", "json"], capture_output=True, text=True, check=True)
         gpus = json.loads(out.stdout)["gpus"]
         assert [(g["mig"]["enabled"], g["mig"]["pending"]) for g in gpus] == [(False, False)] * 8
-    finally:
-        agent.cleanup()
 
 
 def test_sigterm_during_an_api_apply_rolls_it_back():
     root = make_root()
     resets = root / "resets"
-    agent = AgentProcess(root).start()
-    try:
+    agent = AgentProcess(root)
+    with driver_client(root), contextlib.ExitStack() as stack:
+        stack.callback(agent.cleanup)
+        stack.callback(agent.stop)
+        agent.start()
         signalling_reset(root, resets)
         before = layouts(agent)
         with agent.client(timeout=60) as c:
@@ -361,6 +382,3 @@ def test_sigterm_during_an_api_apply_rolls_it_back():
         assert not (root / "var/lib/hostagent/mig/journal.json").exists()
         agent.start()
         assert layouts(agent) == before
-    finally:
-        agent.stop()
-        agent.cleanup()

@@ -24,7 +24,8 @@ SCHEMA = Path(__file__).parents[1] / "data/cdi-schema"      # upstream's, see SO
 
 
 def mig_layout(store, gpu=0):
-    """Two MIG devices on ``gpu`` (0:0 and 0:4), with their /dev capability nodes."""
+    """Two MIG devices on ``gpu`` (GI 1 at 0:4 and GI 5 at 4:2 on GPU 0, whose ids follow
+    their placements: MIG devices 0:0 and 0:1), with their /dev capability nodes."""
     with store.mutate() as s:
         s.set_mig_mode(store.facts, gpu, MIG_ENABLE)
         s.reset_gpu(gpu)
@@ -51,8 +52,8 @@ def test_whole_gpus_mig_devices_and_all(make_node):
     assert gen.problems == () and validate_spec(gen.spec) == []
     devs = devices(gen.spec)
     assert "0" not in devs            # MIG enabled: no whole-GPU entry
-    assert {"0:0", "0:4", "1", "2", "all"} <= set(devs)
-    paths = [n["path"] for n in devs["0:4"]["deviceNodes"]]
+    assert {"0:0", "0:1", "1", "2", "all"} <= set(devs) and "0:2" not in devs
+    paths = [n["path"] for n in devs["0:1"]["deviceNodes"]]
     # gpu0/gi5/access = 3 + 9*5 = 48, ci0 = 49 (read from mig-minors)
     assert paths == ["/dev/nvidia0", "/dev/nvidia-caps/nvidia-cap48", "/dev/nvidia-caps/nvidia-cap49"]
     all_paths = {n["path"] for n in devs["all"]["deviceNodes"]}
@@ -95,13 +96,15 @@ def test_common_edits_have_libraries_links_binaries_ipc_firmware_and_one_hook(ma
 def test_missing_capability_node_is_an_error_for_that_device_only(make_node):
     host, store = make_node("dgx-a100")
     mig_layout(store)
-    os.unlink(host.dev("nvidia-caps/nvidia-cap49"))
+    # GPU 0 has device minor 2 here: /dev/nvidia2 and gpu2/gi5/ci0/access = 3 + 135*2 + 9*5 + 1.
+    os.unlink(host.dev("nvidia-caps/nvidia-cap319"))
     gen = generate(host)
-    assert "0:4" not in devices(gen.spec) and "0:0" in devices(gen.spec)
+    assert "0:1" not in devices(gen.spec) and "0:0" in devices(gen.spec)
+    assert devices(gen.spec)["0:0"]["deviceNodes"][0]["path"] == "/dev/nvidia2"
     [problem] = gen.problems
-    assert "MIG device 0:4" in problem.message and "gpu0/gi5/ci0/access" in problem.message
+    assert "MIG device 0:1" in problem.message and "gpu2/gi5/ci0/access" in problem.message
     out = cli(host, "cdi", "generate")
-    assert out.returncode == 1 and "0:4" in out.stderr and json.loads(out.stdout)["devices"]
+    assert out.returncode == 1 and "0:1" in out.stderr and json.loads(out.stdout)["devices"]
 
 
 def test_missing_mig_minors_fail_each_mig_device_and_keep_whole_gpus(make_node):

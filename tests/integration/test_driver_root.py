@@ -50,8 +50,9 @@ def test_proc_files(tmp_path):
     create_node(tmp_path, "dgx-a100")
     version = (tmp_path / "proc/driver/nvidia/version").read_text()
     assert "Kernel Module  550.90.07" in version
+    # GPU 3 (NVML's PCI order) has device minor 1 on this profile, as the driver numbers them.
     info = (tmp_path / "proc/driver/nvidia/gpus/0000:4e:00.0/information").read_text()
-    assert "Device Minor: \t 3" in info and "NVIDIA A100-SXM4-40GB" in info
+    assert "Device Minor: \t 1" in info and "NVIDIA A100-SXM4-40GB" in info
     minors = dict(line.split() for line in (tmp_path / "proc/driver/nvidia-caps/mig-minors").read_text().splitlines())
     assert minors["config"] == "1" and minors["monitor"] == "2"
     assert minors["gpu0/gi0/access"] == "3" and minors["gpu31/gi14/ci7/access"] == "4322"
@@ -76,26 +77,26 @@ def test_driver_libraries_are_elf_objects_with_sonames(tmp_path):
 def test_capability_files_follow_instances_and_nodes_are_made_on_request(tmp_path):
     store = create_node(tmp_path, "dgx-a100")
     with store.mutate() as s:
-        s.set_mig_mode(store.facts, 2, MIG_ENABLE)
-        s.reset_gpu(2)
-        gi = s.create_gi(store.facts, 2, 9, (0, 4))      # GI 1
-        s.create_ci(store.facts, 2, gi.id, 2)             # CI 0
-    # gpu2/gi1/access = 3 + 135*2 + 9 = 282; its ci0 = 283
-    caps = tmp_path / "proc/driver/nvidia/capabilities/gpu2/mig"
-    assert "DeviceFileMinor: 282" in (caps / "gi1/access").read_text()
-    assert "DeviceFileMinor: 283" in (caps / "gi1/ci0/access").read_text()
+        s.set_mig_mode(store.facts, 6, MIG_ENABLE)
+        gi = s.create_gi(store.facts, 6, 9, (0, 4))      # GI 1
+        s.create_ci(store.facts, 6, gi.id, 2)             # CI 0
+    # GPU 6 has device minor 4, which names its capabilities:
+    # gpu4/gi1/access = 3 + 135*4 + 9 = 552; its ci0 = 553
+    caps = tmp_path / "proc/driver/nvidia/capabilities/gpu4/mig"
+    assert "DeviceFileMinor: 552" in (caps / "gi1/access").read_text()
+    assert "DeviceFileMinor: 553" in (caps / "gi1/ci0/access").read_text()
     # Like the real driver, the simulator does not create /dev nodes itself ...
     nodes = lambda: sorted(p.name for p in (tmp_path / "dev/nvidia-caps").iterdir())
     assert nodes() == ["nvidia-cap1", "nvidia-cap2"]
     # ... nvidia-modprobe -f / nvidia-smi do.
-    assert create_cap_nodes(tmp_path, store.facts) == [282, 283]
-    assert nodes() == ["nvidia-cap1", "nvidia-cap2", "nvidia-cap282", "nvidia-cap283"]
+    assert create_cap_nodes(tmp_path, store.facts) == [552, 553]
+    assert nodes() == ["nvidia-cap1", "nvidia-cap2", "nvidia-cap552", "nvidia-cap553"]
     with store.mutate() as s:
-        s.destroy_ci(2, gi.id, 0)
-        s.destroy_gi(2, gi.id)
+        s.destroy_ci(6, gi.id, 0)
+        s.destroy_gi(6, gi.id)
     assert not any((tmp_path / "proc/driver/nvidia/capabilities").rglob("gpu*/mig/**/access"))
     assert not (caps / "gi1").exists()
-    assert "nvidia-cap282" in nodes()     # stale nodes stay until someone removes them
+    assert "nvidia-cap552" in nodes()     # stale nodes stay until someone removes them
 
 
 def _mig_instance(store, gpu):
@@ -109,7 +110,7 @@ def _mig_instance(store, gpu):
 
 def test_reboot_leaves_only_the_fixed_capability_nodes_and_loads_the_driver(tmp_path):
     store = create_node(tmp_path, "dgx-a100")
-    assert _mig_instance(store, 2) == [282, 283]
+    assert _mig_instance(store, 2) == [12, 13]          # GPU 2 has device minor 0: gpu0/gi1
     control.set_driver_loaded(store, False)
     control.reboot(store)
     assert sorted(p.name for p in (tmp_path / "dev/nvidia-caps").iterdir()) == ["nvidia-cap1", "nvidia-cap2"]

@@ -166,7 +166,7 @@ def test_compute_instance_sms_follow_the_profile_tables(make_node, sku, gi_profi
     assert got == expected
 
 
-def test_mig_devices_sparse_slots_and_uuids(make_node):
+def test_mig_device_indices_are_dense_and_uuids_stable(make_node):
     host, store = make_node("dgx-a100")
     enable_mig(store, 1)
     with store.mutate() as s:
@@ -176,25 +176,27 @@ def test_mig_devices_sparse_slots_and_uuids(make_node):
         s.create_gi(store.facts, 1, 19, (0, 1))                 # 1g.5gb with no CI yet
     inv = read_inventory(host)
     mig = inv.gpus[1].mig
-    assert [d.index for d in mig.devices] == [4, 6]
-    assert [d.name for d in mig.devices] == ["1:4", "1:6"]
+    assert [d.index for d in mig.devices] == [0, 1]           # dense, not the compute slices 4, 6
+    assert [d.name for d in mig.devices] == ["1:0", "1:1"]
+    assert [(d.gi, d.ci) for d in mig.devices] == [(gi.id, 0), (gi.id, 1)]
     assert {d.profile for d in mig.devices} == {"1c.3g.20gb"}
     assert all(d.uuid.startswith("MIG-") and d.parent_uuid == inv.gpus[1].uuid for d in mig.devices)
     assert mig.devices[0].placement.start == 4 and mig.devices[1].ci_placement.start == 2
-    assert [(g.id, g.profile, len(g.compute_instances)) for g in mig.gpu_instances] == \
-        [(2, "3g.20gb", 2), (7, "1g.5gb", 0)]
+    assert sorted((g.placement.start, g.profile, len(g.compute_instances)) for g in mig.gpu_instances) == \
+        [(0, "1g.5gb", 0), (4, "3g.20gb", 2)]
     with nvml_session(host):
-        # Empty slots answer NOT_FOUND, past the end INVALID_ARGUMENT.
+        # Past the devices NOT_FOUND, past the maximum INVALID_ARGUMENT.
         h = N.nvmlDeviceGetHandleByIndex(1)
         with pytest.raises(N.NVMLError_NotFound):
-            N.nvmlDeviceGetMigDeviceHandleByIndex(h, 0)
+            N.nvmlDeviceGetMigDeviceHandleByIndex(h, 2)
         with pytest.raises(N.NVMLError_InvalidArgument):
             N.nvmlDeviceGetMigDeviceHandleByIndex(h, 7)
-        # MIG UUIDs resolve to MIG handles, and are stable across reads.
-        m = N.nvmlDeviceGetHandleByUUID(mig.devices[0].uuid.encode())
+        # MIG UUIDs resolve to MIG handles whose nvmlDeviceGetIndex is their MIG device index.
+        m = N.nvmlDeviceGetHandleByUUID(mig.devices[1].uuid.encode())
         assert N.nvmlDeviceIsMigDeviceHandle(m).value == 1
+        assert N.nvmlDeviceGetIndex(m) == 1
     assert read_inventory(host).gpus[1].mig.devices == mig.devices
-    assert inv.find("1:6") == mig.devices[1] and inv.find(mig.devices[0].uuid) == mig.devices[0]
+    assert inv.find("1:1") == mig.devices[1] and inv.find(mig.devices[0].uuid) == mig.devices[0]
 
 
 def test_versioned_struct_with_wrong_version_is_rejected(make_node):

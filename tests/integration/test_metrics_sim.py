@@ -73,7 +73,7 @@ def test_mig_refusals(make_node):
     mig_layout(store, 0)
     with nvml_session(host):
         h = N.nvmlDeviceGetHandleByIndex(0)
-        m = N.nvmlDeviceGetMigDeviceHandleByIndex(h, 6)       # 1g.5gb, highest placement
+        m = N.nvmlDeviceGetMigDeviceHandleByIndex(h, 0)       # the one 1g.5gb
         for call in (N.nvmlDeviceGetUtilizationRates, N.nvmlDeviceGetEncoderUtilization):
             with pytest.raises(N.NVMLError_NotSupported):
                 call(h)                                       # MIG enabled: not on the parent

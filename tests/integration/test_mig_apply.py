@@ -138,13 +138,14 @@ def test_already_applied_config_makes_no_nvml_mutation(make_node):
     assert mutating == []
 
 
-def test_one_gpus_change_never_touches_another(make_node):
+def test_one_gpus_change_never_touches_another(make_node, persistenced):
     # mig-parted clears every MIG GPU of the config and resets every GPU; here GPU 1 keeps
     # its instances (and a process on it) while GPU 0 changes mode with a reset.
     host, store = make_node("dgx-a100")
     service.apply(host, spec('  one:\n    - devices: [1]\n      mig-enabled: true\n'
                              '      mig-devices: {"3g.20gb": 2}\n'), "one")
     control.hold(store, "1:0")
+    persistenced(store)
     kept = layouts(host)[1]
     result = service.apply(host, spec('  both:\n    - devices: [0, 1]\n      mig-enabled: true\n'
                                       '      mig-devices: {"3g.20gb": 2}\n'), "both")
@@ -153,22 +154,37 @@ def test_one_gpus_change_never_touches_another(make_node):
     control.release(store)
 
 
-def test_hopper_switches_mode_without_reset_and_ampere_with_one(make_node):
+def test_mode_switches_without_reset_unless_a_driver_client_holds_an_ampere_gpu(make_node, persistenced):
     host, _ = make_node("hgx-h100")
     result = service.apply(host, None, "all-enabled")
     assert result.report.run.resets == [] and all(l.enabled for l in layouts(host).values())
-    host, _ = make_node("a30x4")
-    result = service.apply(host, None, "all-enabled")
+    host, _ = make_node("a30x4")             # Ampere resets an idle GPU itself: no reset step
+    result = service.apply(host, None, "all-balanced")
+    assert result.report.run.resets == [] and all(l.enabled for l in layouts(host).values())
+    host, store = make_node("a30x4")
+    persistenced(store)
+    result = service.apply(host, None, "all-balanced")
     assert result.report.run.resets == [0, 1, 2, 3]
+    assert all(l.counts() == {"1g.6gb": 2, "2g.12gb": 1} for l in layouts(host).values())
 
 
-def test_skip_reset_leaves_ampere_pending_until_reboot(make_node):
+def test_skip_reset_leaves_ampere_pending_until_reboot(make_node, persistenced):
     host, store = make_node("dgx-a100")
+    persistenced(store)
     service.apply(host, None, "all-enabled", mode_only=True, skip_reset=True)
     assert all((l.enabled, l.pending) == (False, True) for l in layouts(host).values())
     with pytest.raises(service.NotApplied):
         service.check(host, None, "all-enabled", mode_only=True)
     control.reboot(store)                    # Ampere keeps the pending mode in InfoROM
+    service.check(host, None, "all-enabled", mode_only=True)
+
+
+def test_skip_reset_on_an_idle_ampere_gpu_that_switched_at_once(make_node):
+    # The plan leaves the mode pending (no reset allowed); the driver switched it at once.
+    host, store = make_node("dgx-a100")
+    result = service.apply(host, None, "all-enabled", mode_only=True, skip_reset=True)
+    assert result.report.run.resets == []
+    assert all((l.enabled, l.pending) == (True, True) for l in layouts(host).values())
     service.check(host, None, "all-enabled", mode_only=True)
 
 

@@ -56,8 +56,9 @@ def layouts(host):
     return {g.index: Layout.of(g) for g in read_inventory(host).gpus if g.mig}
 
 
-def test_apply_assert_plan_status_export(capsys, node):
-    host, _, cfg = node
+def test_apply_assert_plan_status_export(capsys, node, persistenced):
+    host, store, cfg = node
+    persistenced(store)      # a driver client: the Ampere mode changes wait for the planned reset
     code, out, err = run(capsys, host, "assert", "-f", cfg, "-c", "mixed")
     assert code == 1 and err.strip() == ("hostagent: error: assertion failure: selected configuration not "
                                          "currently applied (GPU 0, 1 differ; 'hostagent mig plan' shows "

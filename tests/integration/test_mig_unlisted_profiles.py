@@ -64,8 +64,9 @@ def test_a_layout_is_planned_after_the_mode_change(make_node, tmp_path, capsys):
     service.check(host, BALANCED_H100, "c")
 
 
-def test_a_bundled_config_made_of_profile_names_applies_too(make_node):
-    host, _ = r535(make_node, "dgx-a100")            # Ampere: the mode change needs a reset
+def test_a_bundled_config_made_of_profile_names_applies_too(make_node, persistenced):
+    host, store = r535(make_node, "dgx-a100")        # Ampere, held by a driver client: a reset
+    persistenced(store)
     planned, _ = service.plan(host, None, "all-balanced")
     assert all(g.deferred for g in planned.gpus) and "planned once MIG is enabled" in planned.warnings[-1]
     mode_only, _ = service.plan(host, None, "all-balanced", mode_only=True)

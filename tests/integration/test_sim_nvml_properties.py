@@ -15,8 +15,9 @@ from hostagent.sim.driverroot import create_node
 from hostagent.sim.node import MIG_ENABLE
 from tests.unit import sim_oracle as oracle
 
-# (node profile, GPU): A100-40GB, A100-80GB (the mixed node's first GPU), A30, H200.
-CASES = [("dgx-a100", 0), ("mixed", 0), ("a30x4", 0), ("hgx-h200", 0)]
+# (node profile, GPU): A100-40GB, A100-80GB (the mixed node's first GPU), A30, H200 (the
+# second GPU: its instance ids do not follow their placements).
+CASES = [("dgx-a100", 0), ("mixed", 0), ("a30x4", 0), ("hgx-h200", 1)]
 OPS = st.lists(st.tuples(st.sampled_from(["gi", "gi_at", "ci", "ci_at", "dgi", "dci", "hold", "free"]),
                          st.integers(0, 20), st.integers(0, 8), st.integers(0, 8)), max_size=25)
 
@@ -63,6 +64,20 @@ def signature(gis):
     return oracle.instances(described(gis))
 
 
+def mig_devices(h):
+    """(GI id, CI id) of each MIG device, by MIG device index, through NVML only; checks
+    that every index NVML names for a device (nvmlDeviceGetIndex) leads back to it."""
+    found = {}
+    for i in range(N.nvmlDeviceGetMaxMigDeviceCount(h)):
+        try:
+            m = N.nvmlDeviceGetMigDeviceHandleByIndex(h, i)
+        except N.NVMLError_NotFound:
+            continue
+        assert N.nvmlDeviceGetIndex(m) == i
+        found[i] = (N.nvmlDeviceGetGpuInstanceId(m), N.nvmlDeviceGetComputeInstanceId(m))
+    return found
+
+
 def code_of(call):
     try:
         call()
@@ -89,11 +104,14 @@ def test_random_nvml_call_sequences_do_what_the_rules_say(nodes, profile, index,
         for op, a, b, c in ops:
             gis = read_back(h, mig)
             now = signature(gis)
+            # MIG devices are numbered densely, in GPU then compute instance id order.
+            devices = mig_devices(h)
+            assert devices == dict(enumerate(sorted((g.id, c.id) for _, g, cis in gis for _, c in cis)))
             if op == "hold" and gis and gis[b % len(gis)][2]:
                 gi = gis[b % len(gis)]
-                control.hold(store, N.nvmlDeviceGetUUID(
-                    N.nvmlDeviceGetMigDeviceHandleByIndex(h, gi[1].placement.start + gi[2][0][1].placement.start)),
-                    pid=os.getpid())
+                held = next(i for i, ids in devices.items() if ids == (gi[1].id, gi[2][0][1].id))
+                control.hold(store, N.nvmlDeviceGetUUID(N.nvmlDeviceGetMigDeviceHandleByIndex(h, held)),
+                             pid=os.getpid())
                 continue
             if op == "free":
                 control.release(store)

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from hostagent.devices import read_inventory
+from hostagent.hostroot import HostRoot
 from hostagent.sim import control
 from hostagent.sim.driverroot import create_node
 from hostagent.sim.files import mig_minors
@@ -87,6 +89,13 @@ class Node:
     def gpu(self, index: int):
         return self.store.read().gpus[index]
 
+    def start_persistenced(self) -> int:
+        pid_file = self.root / "var/run/nvidia-persistenced/nvidia-persistenced.pid"
+        self.pid_files.append(pid_file)
+        r = self.run("nvidia-persistenced")
+        assert r.returncode == 0, r.stderr
+        return _read_pid(pid_file)
+
     def enable_mig(self, index: int = 0) -> None:
         with self.store.mutate() as state:
             state.set_mig_mode(self.store.facts, index, MIG_ENABLE)
@@ -151,21 +160,31 @@ def test_list_gpus_with_mig_devices(sim_node):
     lines = r.stdout.splitlines()
     state = node.store.read()
     assert lines[0] == f"GPU 0: NVIDIA A100-SXM4-40GB (UUID: {state.gpus[0].uuid})"
-    mig_lines = lines[1:5]
-    devices = sorted(state.mig_devices(0).items())
-    for n, (line, (_, (gi, ci))) in enumerate(zip(mig_lines, devices)):
-        assert line.startswith("  MIG ")
-        assert f"Device {n:>2}: (UUID: {ci.uuid})" in line
-    names = [line.split()[1] for line in mig_lines]
-    assert sorted(names) == ["1g.5gb", "1g.5gb", "2g.10gb", "3g.20gb"]
-    assert mig_lines[0].startswith("  MIG 2g.10gb     Device  0: (UUID: MIG-")   # slot order
+    # The MIG user guide's GIs 2 (3g at 4:4), 4 (2g at 2:2), 7 and 8 (1g at 0:1, 1:1),
+    # listed densely in GI id order, not by placement.
+    assert [(gi.id, gi.start) for gi in state.gpus[0].gis] == [(2, 4), (4, 2), (7, 0), (8, 1)]
+    names = [line.split()[1] for line in lines[1:5]]
+    assert names == ["3g.20gb", "2g.10gb", "1g.5gb", "1g.5gb"]
+    # The "Device N" numbers are NVML's MIG device indices: the inventory's, CDI's <gpu>:<N>.
+    inv = read_inventory(HostRoot.simulation(node.root))
+    assert [line.split("Device", 1)[1] for line in lines[1:5]] == \
+        [f"{d.index:>3}: (UUID: {d.uuid})" for d in inv.gpus[0].mig.devices]
     assert lines[5].startswith("GPU 1: ") and len(lines) == 4 + 8
 
 
 # ---- MIG mode and reset ----------------------------------------------------------------
 
-def test_mig_mode_on_ampere_waits_for_reset(sim_node):
+def test_mig_mode_on_an_idle_ampere_gpu_is_immediate(sim_node):
     node = sim_node()
+    r = node.smi("-i", "0", "-mig", "1")
+    assert r.returncode == 0
+    assert r.stdout.splitlines() == ["Enabled MIG Mode for GPU 00000000:07:00.0", "All done."]
+    assert (node.gpu(0).mig_current, node.gpu(0).mig_pending) == (MIG_ENABLE, MIG_ENABLE)
+
+
+def test_mig_mode_on_ampere_waits_for_reset_while_a_driver_client_runs(sim_node):
+    node = sim_node()
+    node.start_persistenced()
     r = node.smi("-i", "0", "-mig", "1")
     assert r.returncode == 0
     # Driver clients keep an Ampere GPU from resetting itself: pending, "In use".
@@ -244,8 +263,10 @@ def test_mig_instances_create_list_destroy(sim_node):
     assert sorted(gi.profile_id for gi in state.gpus[0].gis) == [9, 14, 19, 19]
     assert all(len(gi.cis) == 1 for gi in state.gpus[0].gis)
     minors = mig_minors()          # nvidia-smi made the capability nodes of the new instances
+    minor = state.gpus[0].minor    # the capabilities are named by device minor, not index
+    assert minor != 0
     for gi in state.gpus[0].gis:
-        for cap in (f"gpu0/gi{gi.id}/access", f"gpu0/gi{gi.id}/ci0/access"):
+        for cap in (f"gpu{minor}/gi{gi.id}/access", f"gpu{minor}/gi{gi.id}/ci0/access"):
             assert (node.root / f"dev/nvidia-caps/nvidia-cap{minors[cap]}").exists(), cap
 
     r = node.smi("mig", "-cgi", "0", "-i", "0")          # no room for a 7g.40gb now
@@ -260,7 +281,7 @@ def test_mig_instances_create_list_destroy(sim_node):
     assert "|   0  MIG 1g.5gb        19     " in lgip.stdout and "GPU  1" not in lgip.stdout
 
     # A process on one MIG device blocks its CI and GI, nothing else.
-    _, (held_gi, held_ci) = sorted(node.store.read().mig_devices(0).items())[0]
+    held_gi, held_ci = node.store.read().mig_devices(0)[0]
     control.hold(node.store, held_ci.uuid)
     r = node.smi("mig", "-dci", "-i", "0")
     assert r.returncode == 255

@@ -34,7 +34,8 @@ def gi_create(mig, existing, profile_id, placement=None):
     """(expected NVML code, start of the new GPU instance or None).
 
     ``existing``: (profile id, start) of the GPU instances that exist. Without a placement
-    the simulator's documented choice is the highest free one (docs/simulator.md).
+    the simulator's documented choice is the free start leaving the most (profile,
+    placement) pairs unoccupied, the lowest of equals (docs/simulator.md).
     """
     prof = next((p for p in mig.gi_profiles if p.id == profile_id), None)
     if prof is None:
@@ -56,7 +57,14 @@ def gi_create(mig, existing, profile_id, placement=None):
     free = [s for s in prof.placements if not occupied & _mask(s, prof.memory_slices)]
     if placement is not None:
         return (SUCCESS, placement[0]) if placement[0] in free else (FULL, None)
-    return (SUCCESS, max(free)) if free else (FULL, None)
+    if not free:
+        return FULL, None
+
+    def left_open(start):
+        taken = occupied | _mask(start, prof.memory_slices)
+        return sum(not taken & _mask(s, p.memory_slices) for p in mig.gi_profiles for s in p.placements)
+    best = max(left_open(s) for s in free)
+    return SUCCESS, min(s for s in free if left_open(s) == best)
 
 
 def ci_create(gi_slices, existing, profile_id, placement=None):

@@ -52,7 +52,8 @@ def test_a30_instance_counts_come_from_the_guide_not_from_nvml():
     spec = default_spec(inventory(a30))
     assert {n: dict(e[0].mig_devices) for n, e in spec.configs.items() if n.startswith("all-") and
             e[0].mig_devices} == {"all-1g.6gb": {"1g.6gb": 4}, "all-1g.6gb.me": {"1g.6gb+me": 1},
-                                  "all-2g.12gb": {"2g.12gb": 2}, "all-4g.24gb": {"4g.24gb": 1},
+                                  "all-2g.12gb": {"2g.12gb": 2}, "all-2g.12gb.me": {"2g.12gb+me": 1},
+                                  "all-4g.24gb": {"4g.24gb": 1},
                                   "all-balanced": {"1g.6gb": 2, "2g.12gb": 1}}
     two = plan(inventory(a30), MigSpec({"c": (ConfigEntry("all", True, (("2g.12gb", 2),)),)}))
     assert two.gpus[0].after.counts() == {"2g.12gb": 2}          # NVML's 1 would refuse it

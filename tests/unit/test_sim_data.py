@@ -173,8 +173,8 @@ def test_mig_profiles(key):
 @pytest.mark.parametrize("path", PROFILE_FILES, ids=lambda p: p.stem)
 def test_node_profile(path):
     prof = _load(path)
-    assert set(prof) == {"description", "machine", "driver_version", "numa_nodes",
-                         "cuda_driver_version", "gpus"}
+    assert set(prof) - {"minors"} == {"description", "machine", "driver_version", "numa_nodes",
+                                      "cuda_driver_version", "gpus"}
     assert isinstance(prof["numa_nodes"], int) and prof["numa_nodes"] >= 0
     assert isinstance(prof["description"], str) and prof["description"]
     assert isinstance(prof["driver_version"], str)
@@ -195,3 +195,5 @@ def test_node_profile(path):
     # NVML index order is assumed to equal PCI bus order (mig.md 1.1).
     assert bus_ids == sorted(bus_ids), bus_ids
     assert len(bus_ids) == EXPECTED_PROFILES[path.stem]
+    if "minors" in prof:            # each GPU's device minor, a permutation of the indices
+        assert sorted(prof["minors"]) == list(range(len(bus_ids))) != prof["minors"]

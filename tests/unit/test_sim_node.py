@@ -35,17 +35,31 @@ A100 = "A100-SXM4-40GB"
 H100 = "H100-SXM5-80GB"
 
 
-def test_ampere_mode_change_waits_for_reset():
+def test_ampere_mode_change_is_immediate_on_an_idle_gpu():
+    # MIG user guide: "sudo nvidia-smi -i 0 -mig 1" -> "Enabled MIG Mode for GPU ..." on A100.
     facts, state = node(A100)
-    assert state.set_mig_mode(facts, 0, MIG_ENABLE) == N.NVML_ERROR_IN_USE
+    assert state.set_mig_mode(facts, 0, MIG_ENABLE) == N.NVML_SUCCESS
+    assert (state.gpus[0].mig_current, state.gpus[0].mig_pending) == (MIG_ENABLE, MIG_ENABLE)
+
+
+@pytest.mark.parametrize("holder", ["process", "driver client"])
+def test_ampere_mode_change_waits_for_reset_while_held(holder):
+    facts, state = node(A100)
+    clients = ()
+    if holder == "process":
+        state.processes.append(SimProcess(pid=1, gpu=0))
+    else:
+        clients = ("nvidia-persistenced",)
+    assert state.set_mig_mode(facts, 0, MIG_ENABLE, clients) == N.NVML_ERROR_IN_USE
     assert (state.gpus[0].mig_current, state.gpus[0].mig_pending) == (MIG_DISABLE, MIG_ENABLE)
-    state.reset_gpu(0)
+    state.processes.clear()
+    state.reset_gpu(0)                   # a driver client does not block nvidia-smi -r
     assert state.gpus[0].mig_current == MIG_ENABLE
 
 
 def test_hopper_mode_change_is_immediate_unless_busy():
     facts, state = node(H100, H100)
-    assert state.set_mig_mode(facts, 0, MIG_ENABLE) == N.NVML_SUCCESS
+    assert state.set_mig_mode(facts, 0, MIG_ENABLE, ("nvidia-persistenced",)) == N.NVML_SUCCESS
     assert state.gpus[0].mig_current == MIG_ENABLE
     state.processes.append(SimProcess(pid=1, gpu=1))
     assert state.set_mig_mode(facts, 1, MIG_ENABLE) == N.NVML_ERROR_IN_USE
@@ -63,19 +77,26 @@ def test_gpu_instances_need_mig_enabled():
     assert code(state.create_gi, facts, 0, 19) == N.NVML_ERROR_NOT_SUPPORTED
 
 
+@pytest.mark.parametrize("sku, profiles, ids", [
+    # MIG user guide, "Creating GPU Instances": the ids nvidia-smi printed, in order.
+    (A100, (19, 19, 14), (13, 11, 3)),                   # ... and then 9 fails
+    (A100, (9, 19, 14, 19), (2, 7, 4, 8)),
+    (A100, (14, 19, 19, 19, 19, 19), (5, 13, 7, 8, 9, 10)),
+    (A100, (9, 9), (2, 1)),                              # "-cgi 9,3g.20gb"
+    (A100, (5, 14, 19), (1, 5, 13)),                     # 4g, 2g, 1g at 0:4, 4:2, 6:1
+    ("A30-24GB", (14, 14, 5), (3, 4, 2)),                # a published R535 A30 session
+])
+def test_driver_chosen_placements_give_the_published_ids(sku, profiles, ids):
+    facts, state = enabled(sku)
+    assert tuple(state.create_gi(facts, 0, p).id for p in profiles) == ids
+
+
 def test_driver_chosen_placements_reproduce_the_documented_order_dependence():
     # MIG user guide: on A100 "-cgi 19,19,14,9" fails, "9,19,14,19" succeeds.
     facts, state = enabled(A100)
     for pid in (19, 19, 14):
         state.create_gi(facts, 0, pid)
     assert code(state.create_gi, facts, 0, 9) == N.NVML_ERROR_INSUFFICIENT_RESOURCES
-    facts, state = enabled(A100)
-    for pid in (9, 19, 14, 19):
-        state.create_gi(facts, 0, pid)
-    # ... and the guide's example placement for 4g, 2g, 1g: 0:4, 4:2, 6:1.
-    facts, state = enabled(A100)
-    got = [(gi.start, gi.size) for gi in (state.create_gi(facts, 0, p) for p in (5, 14, 19))]
-    assert got == [(0, 4), (4, 2), (6, 1)]
 
 
 def test_explicit_placements():
@@ -95,6 +116,28 @@ def test_gpu_instance_ids_follow_placement():
     assert [gpu_instance_id(s, 4, 8) for s in (0, 4)] == [1, 2]
     assert gpu_instance_id(0, 8, 8) == 0
     assert [gpu_instance_id(s, 1, 4) for s in range(4)] == [3, 4, 5, 6]
+
+
+def test_shuffled_gpu_instance_ids_stay_in_their_range_but_leave_the_placement_slot():
+    for seed in ("GPU-a", "GPU-b", "GPU-c"):
+        for size, starts, ids in ((1, range(8), range(7, 15)), (2, (0, 2, 4, 6), range(3, 7)),
+                                  (4, (0, 4), (1, 2)), (8, (0,), (0,))):
+            got = [gpu_instance_id(s, size, 8, seed) for s in starts]
+            assert sorted(got) == list(ids)
+    # Some seed moves some placement off its own slot: the agent cannot predict ids.
+    assert any(gpu_instance_id(s, 1, 8, f"GPU-{k}") != gpu_instance_id(s, 1, 8)
+               for k in range(4) for s in range(7))
+
+
+def test_a_gpu_with_shuffled_ids_numbers_the_same_placements_otherwise():
+    facts, state = enabled(A100, A100)
+    state.gpus[1].gi_ids = "shuffled"
+    for index in (0, 1):
+        for start in range(7):
+            state.create_gi(facts, index, 19, (start, 1))
+    ids = [{gi.start: gi.id for gi in gpu.gis} for gpu in state.gpus]
+    assert ids[0] == {s: 7 + s for s in range(7)}
+    assert ids[1] != ids[0] and set(ids[1].values()) <= set(range(7, 15))
 
 
 def test_compute_slice_budget_and_instance_counts():
@@ -139,11 +182,18 @@ def test_compute_instances_pack_inside_their_gpu_instance():
     assert len({c.uuid for c in state.gpus[0].gis[0].cis}) == 4
 
 
-def test_mig_devices_use_sparse_slots():
+def test_mig_device_indices_are_dense_in_instance_id_order():
     facts, state = enabled(A100)
-    gi = state.create_gi(facts, 0, 9, (4, 4))
-    state.create_ci(facts, 0, gi.id, 0, (1, 1))
-    assert list(state.mig_devices(0)) == [5]
+    late = state.create_gi(facts, 0, 9, (4, 4))          # GI 2
+    state.create_ci(facts, 0, late.id, 0, (1, 1))
+    assert [(gi.id, ci.id) for gi, ci in state.mig_devices(0).values()] == [(2, 0)]
+    assert list(state.mig_devices(0)) == [0]
+    early = state.create_gi(facts, 0, 9, (0, 4))         # GI 1, created second, numbered first
+    state.create_ci(facts, 0, early.id, 0)
+    state.create_ci(facts, 0, early.id, 0)
+    assert [(gi.id, ci.id) for gi, ci in state.mig_devices(0).values()] == [(1, 0), (1, 1), (2, 0)]
+    state.destroy_ci(0, early.id, 0)                     # the rest move down
+    assert [(gi.id, ci.id) for gi, ci in state.mig_devices(0).values()] == [(1, 1), (2, 0)]
 
 
 def test_disable_refused_while_instances_exist():
@@ -218,7 +268,8 @@ def check_invariants(facts, state):
         for gi in gpu.gis:
             prof = mig.by_id(gi.profile_id)
             assert gi.start in prof.placements and gi.size == prof.memory_slices
-            assert gi.id == gpu_instance_id(gi.start, gi.size, mig.memory_slices)
+            assert gi.id == gpu_instance_id(gi.start, gi.size, mig.memory_slices,
+                                            gpu.uuid if gpu.gi_ids == "shuffled" else None)
             used += range(gi.start, gi.start + gi.size)
             cslots = []
             for ci in gi.cis:
@@ -232,7 +283,7 @@ def check_invariants(facts, state):
         for p in set(profs):
             assert profs.count(p) <= p.instances
         slots = list(state.mig_devices(gpu.index))
-        assert len(slots) == sum(len(g.cis) for g in gpu.gis) and max(slots, default=0) < mig.compute_slices
+        assert slots == list(range(sum(len(g.cis) for g in gpu.gis)))
 
 
 def gis_of(state):
@@ -266,9 +317,11 @@ def step(facts, state, op, a, b, c):
 
 @pytest.mark.parametrize("sku", SKUS)
 @settings(max_examples=300, deadline=None)
-@given(ops=OPS)
-def test_random_call_sequences_do_what_the_rules_say(sku, ops):
+@given(ops=OPS, shuffled=st.booleans())
+def test_random_call_sequences_do_what_the_rules_say(sku, ops, shuffled):
     facts, state = enabled(sku)
+    if shuffled:
+        state.gpus[0].gi_ids = "shuffled"
     for op, a, b, c in ops:
         gpu = state.gpus[0]
         if op == "hold" and gpu.gis and gpu.gis[b % len(gpu.gis)].cis:

@@ -4,16 +4,18 @@ Reproduced behaviour (command-line syntax as the real tool; errors go to stdout 
 real tool prints them):
 
 * no arguments: the summary table (driver and CUDA version, one block per GPU with bus
-  id, memory used/total and MIG mode, then the processes holding GPUs);
+  id, memory used/total and MIG mode, the MIG devices table with their ``MIG Dev`` index,
+  then the processes holding GPUs);
 * ``-L``/``--list-gpus``: ``GPU 0: <name> (UUID: GPU-...)`` and, for MIG-enabled GPUs,
-  ``  MIG 1g.5gb      Device  0: (UUID: MIG-...)`` lines numbered 0.. in slot order;
+  ``  MIG 1g.5gb      Device  0: (UUID: MIG-...)`` lines numbered by MIG device index
+  (dense, in GPU then compute instance id order, as NVML numbers them);
 * ``-r``/``--gpu-reset`` [``-i ID[,ID...]``]: all or nothing; a GPU with processes makes
   the whole reset fail with "In use by another client" (exit 255, what mig-parted sees);
 * ``-mig``/``--multi-instance-gpu 0|1`` [``-i ...``]: through ``NodeState.set_mig_mode``.
   A mode that took effect prints ``Enabled MIG Mode for GPU ...``; a mode left pending
-  prints the real warning instead (``:In use by another client`` when clients hold the
-  GPU, else ``:Not Supported`` plus the "Reboot the system or try nvidia-smi
-  --gpu-reset" line, which is what an Ampere GPU shows). Both exit 0;
+  prints the real warning instead (``:In use by another client`` when a process or driver
+  client holds the GPU, else ``:Not Supported`` plus the "Reboot the system or try
+  nvidia-smi --gpu-reset" line, as a passed-through Ampere GPU shows). Both exit 0;
 * ``-c``/``--compute-mode``: accepted and reported, but NOT remembered (the simulated
   state has no compute mode), so the summary always shows ``Default``;
 * ``--query-gpu=FIELDS``/``--query-compute-apps=FIELDS`` with ``--format=csv[,noheader]
@@ -23,6 +25,12 @@ real tool prints them):
   are given by id or name (``9``, ``3g.20gb``, ``MIG 3g.20gb``); ``ID:START`` asks for
   a placement. Failures print the NVML text (In use by another client, Insufficient
   Resources, Invalid Argument, Not Supported).
+
+Privileges as the driver checks them (``sim.privilege``): without the mig/monitor
+capability ``mig -lgi/-lci/-lgip/-lgipp`` print ``Failed to display ...: Insufficient
+Permissions`` (exit 4), a MIG-enabled GPU's memory is ``N/A`` in the summary and
+``[Insufficient Permissions]`` in ``--query-gpu``, and its processes are not listed;
+creating or destroying instances needs mig/config, ``-mig`` and ``-r`` CAP_SYS_ADMIN.
 
 Like the real tool, every run (with the driver loaded) creates the missing
 ``/dev/nvidia-caps/nvidia-cap<N>`` nodes of the MIG capabilities the driver lists in /proc.
@@ -35,6 +43,7 @@ Exit codes (those of nvidia-smi's man page):
     0   success
     2   invalid argument, option combination or query field
     3   not supported on the target device (e.g. ``-mig 1 -i`` on a GPU without MIG)
+    4   insufficient permissions
     6   not found: no such device, no MIG-enabled device, no instance to list/destroy
     9   NVIDIA driver not loaded
     15  GPU lost (fallen off the bus)
@@ -50,6 +59,8 @@ import time
 import pynvml as N
 
 from ...errors import HostagentError
+from .. import privilege
+from ..clients import driver_clients
 from ..node import MIG_ENABLE, NodeState, SimGpu, SimNvmlError
 from ..store import SimStore
 
@@ -284,8 +295,7 @@ def _list(store, state, targets, opts) -> int:
         gpu = state.gpus[i]
         print(f"GPU {i}: {store.facts.skus[gpu.sku].name} (UUID: {gpu.uuid})")
         if _mig_on(store, gpu):
-            devices = sorted(state.mig_devices(i).items())
-            for n, (_, (gi, ci)) in enumerate(devices):
+            for n, (gi, ci) in state.mig_devices(i).items():
                 print(f"  MIG {_mig_name(store, gpu, gi, ci):<12}Device {n:>2}: (UUID: {ci.uuid})")
     return 0
 
@@ -294,6 +304,10 @@ def _reset(store, state, targets, opts) -> int:
     from ...errors import StateError
     from ..control import reset_gpus
 
+    if not privilege.sys_admin():
+        for i in targets:
+            print(f"Unable to reset GPU {bus_id(state.gpus[i])}: Insufficient Permissions")
+        return NVML_EXIT[N.NVML_ERROR_NO_PERMISSION]
     busy = [i for i in targets if state.processes_on(i)]
     if not busy:
         try:
@@ -330,8 +344,11 @@ def _set_mig(store, state, targets, opts) -> int:
     for i in targets:
         bus = bus_id(state.gpus[i])
         try:
+            if not privilege.sys_admin():
+                raise SimNvmlError(N.NVML_ERROR_NO_PERMISSION, "MIG mode needs CAP_SYS_ADMIN")
+            clients = driver_clients(store.root)
             with store.mutate() as st:
-                status = st.set_mig_mode(store.facts, i, mode)
+                status = st.set_mig_mode(store.facts, i, mode, clients)
                 current = st.gpus[i].mig_current
         except SimNvmlError as e:
             text, code = _fail(e)
@@ -392,14 +409,19 @@ def _gpu_fields(store: SimStore, state: NodeState):
         "pci.sub_device_id": (None, lambda g: f"0x{sku(g).pci_subsystem_id:08X}"),
         "driver_version": (None, lambda g: facts.driver_version),
         "compute_cap": (None, lambda g: "%d.%d" % sku(g).compute_capability),
-        "memory.total": ("MiB", lambda g: sku(g).memory_mib),
-        "memory.used": ("MiB", used),
-        "memory.free": ("MiB", lambda g: sku(g).memory_mib - used(g)),
+        "memory.total": ("MiB", _unless_hidden(store, lambda g: sku(g).memory_mib)),
+        "memory.used": ("MiB", _unless_hidden(store, used)),
+        "memory.free": ("MiB", _unless_hidden(store, lambda g: sku(g).memory_mib - used(g))),
         "mig.mode.current": (None, lambda g: _mig_mode_text(store, g.mig_current, g)),
         "mig.mode.pending": (None, lambda g: _mig_mode_text(store, g.mig_pending, g)),
     }
 
 
+def _unless_hidden(store: SimStore, value):
+    return lambda g: NO_PERMISSION if _hidden(store, g) else value(g)
+
+
+NO_PERMISSION = "[Insufficient Permissions]"
 GPU_ALIASES = {"gpu_name": "name", "gpu_uuid": "uuid", "gpu_serial": "serial",
                "gpu_bus_id": "pci.bus_id"}
 APP_ALIASES = {"name": "process_name", "used_gpu_memory": "used_memory"}
@@ -412,8 +434,8 @@ def _csv(opts, rows, headers) -> int:
     if "noheader" not in fmt:
         print(", ".join(headers))
     for row in rows:
-        print(", ".join(str(v) if unit is None or "nounits" in fmt else f"{v} {unit}"
-                        for v, unit in row))
+        print(", ".join(str(v) if unit is None or "nounits" in fmt or v == NO_PERMISSION
+                        else f"{v} {unit}" for v, unit in row))
     return 0
 
 
@@ -452,7 +474,7 @@ def _query_apps(store, state, targets, opts) -> int:
     headers = [("used_gpu_memory" if APP_ALIASES.get(n, n) == "used_memory" else n)
                + (f" [{unit}]" if unit else "") for n, (unit, _) in zip(names, cols)]
     rows = [[(fn(p), unit) for unit, fn in cols]
-            for i in targets for p in state.processes_on(i)]
+            for i in targets if not _hidden(store, state.gpus[i]) for p in state.processes_on(i)]
     return _csv(opts, rows, headers)
 
 
@@ -466,17 +488,11 @@ def _row(*cells: tuple[str, int]) -> str:
     return "|" + "|".join(text.ljust(width)[:width] for text, width in cells) + "|"
 
 
-def _persistence_on(store: SimStore) -> bool:
-    from . import pid_alive, read_pid
-    pid = read_pid(store.root / "var/run/nvidia-persistenced/nvidia-persistenced.pid")
-    return pid is not None and pid_alive(pid)
-
-
 def _summary(store, state, targets, opts) -> int:
     facts = store.facts
     cuda = facts.cuda_driver_version
     version = facts.driver_version
-    pm = "On" if _persistence_on(store) else "Off"
+    pm = "On" if driver_clients(store.root) else "Off"
     cols = (41, 24, 22)
     out = [time.strftime("%a %b %d %H:%M:%S %Y").ljust(31), _line(89),
            _row((f" NVIDIA-SMI {version:<23}Driver Version: {version:<15}"
@@ -493,18 +509,20 @@ def _summary(store, state, targets, opts) -> int:
         sku = facts.skus[gpu.sku]
         used = sum(p.used_mib for p in state.processes_on(i))
         mig = "N/A" if sku.mig is None else ("Enabled" if gpu.mig_current == MIG_ENABLE else "Disabled")
+        memory = "N/A" if _hidden(store, gpu) else f"{used:>8}MiB / {sku.memory_mib:>6}MiB"
         out += [_row((f"{i:>4}  {sku.name:<29}{pm:>4}  ", 41), (f"{bus_id(gpu):>19} Off ", 24),
                      (f"{'0':>21} ", 22)),
                 _row((f" N/A   32C    P0{'54W':>16} / {sku.power_limit_w:>4}W ", 41),
-                     (f"{used:>8}MiB / {sku.memory_mib:>6}MiB ", 24), (f"{'0%':>8}{'Default':>13} ", 22)),
+                     (f"{memory:>23} ", 24), (f"{'0%':>8}{'Default':>13} ", 22)),
                 _row(("", 41), ("", 24), (f"{mig:>21} ", 22)),
                 _line(*cols)]
+    out += _mig_table(store, state, targets)
     out += ["", _line(89), _row((" Processes:", 89)),
             _row((f"{'GPU':>5}{'GI':>5}{'CI':>5}{'PID':>11}{'Type':>7}   {'Process name':<42}"
                   f"{'GPU Memory':>10} ", 89)),
             _row((f"{'':>5}{'ID':>5}{'ID':>5}{'':>11}{'':>7}   {'':<42}{'Usage':<10} ", 89)),
             _line(89, fill="=", edge="|")]
-    procs = [p for i in targets for p in state.processes_on(i)]
+    procs = [p for i in targets if not _hidden(store, state.gpus[i]) for p in state.processes_on(i)]
     for p in procs:
         gi = "N/A" if p.gi is None else p.gi
         ci = "N/A" if p.ci is None else p.ci
@@ -515,6 +533,39 @@ def _summary(store, state, targets, opts) -> int:
     out.append(_line(89))
     print("\n".join(out))
     return 0
+
+
+def _hidden(store: SimStore, gpu: SimGpu) -> bool:
+    """A MIG-enabled GPU's aggregate memory and processes, which NVML gives only to callers
+    with the mig/monitor privilege (sim.privilege)."""
+    return _mig_on(store, gpu) and not privilege.can_monitor(store.root)
+
+
+def _mig_table(store, state, targets) -> list[str]:
+    """The summary's "MIG devices" table; its MIG Dev column is the MIG device index."""
+    cols = (18, 32, 11, 23)
+    rows = []
+    for i in targets:
+        gpu = state.gpus[i]
+        mig = store.facts.skus[gpu.sku].mig
+        for n, (gi, ci) in (state.mig_devices(i).items() if _mig_on(store, gpu) else ()):
+            gprof = mig.by_id(gi.profile_id)
+            used = sum(p.used_mib for p in state.processes_on(i, gi.id, ci.id))
+            engines = f"{gprof.copy_engines:>3}{gprof.encoders:>4}{gprof.decoders:>5}{gprof.ofas:>5}{gprof.jpegs:>5}"
+            rows += [_row((f"{i:>3}{gi.id:>5}{ci.id:>4}{n:>4}  ", 18),
+                          (f"{used:>16}MiB / {gprof.memory_mib:>5}MiB  ", 32),
+                          (f" {gprof.ci_profile(ci.profile_id).multiprocessors:<7}{'0':>2} ", 11),
+                          (f"{engines} ", 23)),
+                     "+" + "+".join("-" * w for w in cols) + "+"]
+    if not rows:
+        return []
+    return ["", _line(89), _row((" MIG devices:", 89)), "+" + "+".join("-" * w for w in cols) + "+",
+            _row((" GPU  GI  CI  MIG ", 18), (f"{'Memory-Usage':>31} ", 32), ("        Vol", 11),
+                 ("      Shared           ", 23)),
+            _row(("      ID  ID  Dev ", 18), (f"{'BAR1-Usage':>31} ", 32), (" SM     Unc", 11),
+                 (" CE ENC DEC OFA JPG    ", 23)),
+            _row(("", 18), ("", 32), ("        ECC", 11), ("", 23)),
+            "|" + "+".join("=" * w for w in cols) + "|", *rows]
 
 
 # ---- mig subcommand ----------------------------------------------------------------
@@ -529,7 +580,15 @@ def _mig(store: SimStore, state: NodeState, targets: list[int], opts: dict) -> i
     gpus = [i for i in targets if _mig_on(store, state.gpus[i])]
     if not gpus:
         raise Exit(EXIT_NOT_FOUND, NO_MIG)
+    what = MONITORED.get(actions[0])
+    if what and not privilege.can_monitor(store.root):
+        raise Exit(NVML_EXIT[N.NVML_ERROR_NO_PERMISSION], f"Failed to display {what}: Insufficient Permissions")
     return globals()[f"_mig_{actions[0]}"](store, state, gpus, opts)
+
+
+# Listings NVML gives only to privileged callers (the -lgip Free column is such a count).
+MONITORED = {"lgip": "GPU instance profiles", "lgipp": "GPU instance possible placements",
+             "lgi": "GPU instances", "lci": "compute instances"}
 
 
 def _ids(text: str | None) -> set[int] | None:
@@ -640,8 +699,16 @@ def _ci_profile(gprof, name: str):
     return None
 
 
+def _instances(store: SimStore):
+    """The node's state to create or destroy instances in, for callers with the mig/config
+    privilege (others: NO_PERMISSION, printed "Insufficient Permissions")."""
+    if not privilege.can_configure(store.root):
+        raise SimNvmlError(N.NVML_ERROR_NO_PERMISSION, "MIG instances need the mig/config capability")
+    return store.mutate()
+
+
 def _create_ci(store, i, gi_id, cprof_id, placement=None):
-    with store.mutate() as st:
+    with _instances(store) as st:
         ci = st.create_ci(store.facts, i, gi_id, cprof_id, placement)
         gpu, gi = st.find_gi(i, gi_id)
         return ci, _mig_name(store, gpu, gi, ci)
@@ -659,7 +726,7 @@ def _mig_cgi(store, state, gpus, opts) -> int:
                 if prof is None:
                     raise SimNvmlError(N.NVML_ERROR_INVALID_ARGUMENT, f"no profile {name}")
                 placement = None if start is None else (start, prof.memory_slices)
-                with store.mutate() as st:
+                with _instances(store) as st:
                     gi = st.create_gi(store.facts, i, prof.id, placement)
             except SimNvmlError as e:
                 text, code = _fail(e)
@@ -713,7 +780,7 @@ def _destroy(store, items, destroy, ok_text, fail_text, what) -> int:
     failed: tuple[str, int] | None = None
     for item in items:
         try:
-            with store.mutate() as st:
+            with _instances(store) as st:
                 destroy(st, *item)
         except SimNvmlError as e:
             text, code = _fail(e)
