@@ -18,7 +18,7 @@ import sys
 from ..errors import ConfigError, HostagentError
 from ..hostroot import HostRoot
 
-__all__ = ["main", "run", "Daemon", "hold_hangups"]
+__all__ = ["main", "build_parser", "run", "Daemon", "hold_hangups"]
 
 log = logging.getLogger("hostagent.daemon")
 
@@ -294,9 +294,7 @@ def run(host: HostRoot, config_path=None, log_level: str | None = None) -> int:
         return 1
 
 
-def main(argv: list[str] | None = None) -> int:
-    """``hostagentd``: the daemon alone, for the systemd unit."""
-    hold_hangups()          # before parsing too: the unit's reload may come that early
+def build_parser() -> argparse.ArgumentParser:
     from .. import __version__
     from .args import add_arguments
     parser = argparse.ArgumentParser(prog="hostagentd", description="The hostagent daemon.")
@@ -304,7 +302,33 @@ def main(argv: list[str] | None = None) -> int:
     add_arguments(parser)
     parser.add_argument("--simulate", metavar="DIR",
                         help="run against the simulated node in DIR (also: HOSTAGENT_SIMULATE)")
-    args = parser.parse_args(argv)
+    parser.add_argument("--check", action="store_true",
+                        help="do not start: ask the running daemon for its status (GET /v1/node on api.socket) "
+                             "and exit 0 if it answers, 1 if not (a liveness probe)")
+    return parser
+
+
+def check(host: HostRoot, config_path=None) -> int:
+    """``hostagentd --check``: one line saying whether the node's daemon answers."""
+    from ..client import Client
+    from .settings import load_settings
+    try:
+        socket_path = host.host(load_settings(host, config_path).api.socket)
+        with Client(socket_path=socket_path, timeout=5.0) as client:
+            agent = client.node().get("agent", {})
+    except HostagentError as e:
+        print(f"hostagentd: not answering: {e.message}", file=sys.stderr)
+        return 1
+    print(f"hostagentd {agent.get('version', '?')} (pid {agent.get('pid', '?')}) answers on {socket_path}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``hostagentd``: the daemon alone, for the systemd unit."""
+    hold_hangups()          # before parsing too: the unit's reload may come that early
+    args = build_parser().parse_args(argv)
+    if args.check:
+        return check(HostRoot.from_env(args.simulate), args.config)
     return run(HostRoot.from_env(args.simulate), args.config, args.log_level)
 
 

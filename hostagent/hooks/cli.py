@@ -19,7 +19,7 @@ MAX_PATH = 4096
 
 # verb -> the flags it understands
 VERBS = {
-    "prepare": ("--link", "--device-link", "--folder", "--ldconfig-path", "--ldconfig-timeout"),
+    "prepare": ("--link", "--device-link", "--folder", "--ldconfig-path", "--ldconfig-timeout", "--from-spec"),
     "create-symlinks": ("--link", "--device-link"),
     "update-ldcache": ("--folder", "--ldconfig-path", "--ldconfig-timeout"),
 }
@@ -43,6 +43,8 @@ flags:
   --ldconfig-path PATH        the host's static ldconfig (default {DEFAULT_LDCONFIG}; PATH.real is
                               preferred when it exists); never a container binary
   --ldconfig-timeout SECS     wall-clock bound on ldconfig (default {DEFAULT_TIMEOUT:g})
+  --from-spec PATH            also do the work PATH's own hostagent hook does (a host CDI spec
+                              only root can write), as an OCI hooks directory entry runs it
 
 Unknown verbs and flags are warned about and ignored (exit 0)."""
 
@@ -51,7 +53,7 @@ class Request:
     """What one invocation asks for. ``verb`` is None when there is nothing to do."""
 
     __slots__ = ("verb", "links", "device_links", "folders", "ldconfig_path", "ldconfig_timeout",
-                 "warnings", "help")
+                 "from_spec", "warnings", "help")
 
     def __init__(self) -> None:
         self.verb: str | None = None
@@ -60,6 +62,7 @@ class Request:
         self.folders: list[str] = []
         self.ldconfig_path = DEFAULT_LDCONFIG
         self.ldconfig_timeout = DEFAULT_TIMEOUT
+        self.from_spec: str | None = None
         self.warnings: list[str] = []
         self.help = False
 
@@ -89,6 +92,19 @@ def parse(argv: list[str]) -> Request:
         req.verb = verb
         _flags(req, after, VERBS[verb])
     return req
+
+
+def add_spec_work(req: Request, args: list[str]) -> list[str]:
+    """Add the links and folders of a spec hook's command line (``args``: its verb and
+    flags) to ``req``; its own ldconfig settings and any --from-spec are not taken.
+    Returns the warnings parsing it gave."""
+    spec = parse(args)
+    if spec.verb is None:
+        raise HookError("the spec's hostagent hook names no verb this hook knows")
+    for mine, theirs in ((req.links, spec.links), (req.device_links, spec.device_links),
+                         (req.folders, spec.folders)):
+        mine.extend(x for x in theirs if x not in mine)
+    return [f"{req.from_spec}: {w}" for w in spec.warnings]
 
 
 def _find_verb(argv: list[str]) -> tuple[int | None, str | None]:
@@ -149,6 +165,10 @@ def _apply(req: Request, name: str, value: str) -> None:
         if not value.startswith("/"):
             raise UsageError(f"--ldconfig-path {value!r}: must be an absolute path on the host")
         req.ldconfig_path = value
+    elif name == "--from-spec":
+        if not value.startswith("/"):
+            raise UsageError(f"--from-spec {value!r}: must be an absolute path on the host")
+        req.from_spec = value
     elif name == "--ldconfig-timeout":
         try:
             seconds = float(value)

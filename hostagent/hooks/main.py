@@ -33,6 +33,10 @@ def main(argv: list[str] | None = None) -> int:
         if req.help:
             print(cli.USAGE)
             return 0
+        if req.from_spec:
+            from .nodespec import hook_args
+            for message in cli.add_spec_work(req, hook_args(req.from_spec)):
+                warn(message)
         if req.verb is None:
             if not req.warnings:
                 warn("no verb given; nothing to do (see --help)")

@@ -85,3 +85,7 @@ def podman_run(image: str, *args: str, devices=(), flags=(), check=True) -> subp
     if check:
         assert proc.returncode == 0, proc.stderr
     return proc
+
+
+# The package tests' session fixtures: the deb and a clean Debian root.
+from .packages import debian_image, debian_tarball, deb_package  # noqa: E402,F401

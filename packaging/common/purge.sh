@@ -1,0 +1,26 @@
+# What the agent wrote on the host: its state, the node's and the allocations' CDI specs
+# (the node's only when its hook is hostagent's), its node labels, the runtime shim front
+# 'hostagent runtime install-shim' wrote, the readiness markers it published.
+rm -rf /var/lib/hostagent /run/hostagent
+for spec in /etc/cdi/nvidia.com-gpu.json /var/run/cdi/nvidia.com-gpu.json; do
+    if [ -f "$spec" ] && grep -qF 'hostagent.hooks.main' "$spec"; then
+        rm -f "$spec"
+    fi
+done
+rm -f /var/run/cdi/hostagent.io-allocation_*.json /var/run/cdi/.hostagent.io-allocation_*
+rmdir --ignore-fail-on-non-empty /var/run/cdi 2>/dev/null || true
+rm -f /etc/kubernetes/node-feature-discovery/features.d/hostagent
+rmdir --ignore-fail-on-non-empty /etc/kubernetes/node-feature-discovery/features.d \
+    /etc/kubernetes/node-feature-discovery /etc/kubernetes 2>/dev/null || true
+shim=/usr/local/sbin/hostagent-runtime
+if [ -f "$shim" ] && grep -qF "hostagent runtime install-shim" "$shim"; then
+    rm -f "$shim"
+fi
+for marker in /run/nvidia/validations/*; do
+    if [ -f "$marker" ] && grep -qsF 'hostagent' "$marker"; then
+        rm -f "$marker"
+    fi
+done
+if getent group hostagent >/dev/null; then
+    groupdel hostagent || true
+fi

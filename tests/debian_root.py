@@ -1,0 +1,134 @@
+"""A clean Debian 12 root for tests that install things (packages, drivers) on a real
+distribution: made by mmdebstrap from Debian's own packages, once, and cached by its
+inputs, so a test session pays for it only the first time on a machine.
+
+    tarball = root_tarball()                  # minbase + systemd, dbus, python3 (bookworm)
+    image = podman_image(tarball)             # localhost/hostagent-test-debian:<key>
+    with booted(image) as box:                # systemd as PID 1 in podman
+        box.sh("apt-get install -y ./x.deb")
+
+Everything skips, saying why, where root, mmdebstrap, podman or Debian's archive is
+missing. The cache is $HOSTAGENT_TEST_CACHE, else $XDG_CACHE_HOME/hostagent-tests, else
+~/.cache/hostagent-tests; delete it to start over.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import os
+import shutil
+import subprocess
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+__all__ = ["BASE_PACKAGES", "cache_dir", "root_tarball", "podman_image", "booted", "Booted"]
+
+BASE_PACKAGES = ("systemd", "systemd-sysv", "dbus", "python3")
+SUITE = "bookworm"
+PODMAN_LIMITS = ("--ulimit", "nofile=1024:1024", "--ulimit", "nproc=1024:1024")
+
+
+def cache_dir() -> Path:
+    base = os.environ.get("HOSTAGENT_TEST_CACHE")
+    if not base:
+        base = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "hostagent-tests")
+    path = Path(base)
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def _require(*tools: str) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("a Debian root and systemd in podman need root here")
+    missing = [t for t in tools if not shutil.which(t)]
+    if missing:
+        pytest.skip(f"not installed: {', '.join(missing)} (.ci/run installs them)")
+
+
+@contextlib.contextmanager
+def _locked(path: Path):
+    """One builder per cache entry, across processes (other sessions share the cache)."""
+    with open(path.with_suffix(".lock"), "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        yield
+
+
+def root_tarball(include: tuple[str, ...] = BASE_PACKAGES, suite: str = SUITE) -> Path:
+    """``mmdebstrap --variant=minbase --include=...`` as a tarball, cached by its arguments."""
+    _require("mmdebstrap")
+    args = ["--variant=minbase", f"--include={','.join(sorted(include))}", suite]
+    key = hashlib.sha256(" ".join(args).encode()).hexdigest()[:16]
+    tarball = cache_dir() / f"debian-{suite}-{key}.tar"
+    with _locked(tarball):
+        if not tarball.exists():
+            partial = tarball.with_suffix(f".{os.getpid()}.partial")
+            done = subprocess.run(["mmdebstrap", "--quiet", *args, str(partial)], capture_output=True, text=True)
+            if done.returncode != 0:
+                partial.unlink(missing_ok=True)
+                tail = " ".join(done.stderr.strip().splitlines()[-3:])
+                pytest.skip(f"mmdebstrap could not make a Debian root (is Debian's archive reachable?): {tail}")
+            partial.rename(tarball)
+    return tarball
+
+
+def podman_image(tarball: Path) -> str:
+    """The tarball imported into podman once: ``localhost/hostagent-test-debian:<key>``."""
+    _require("podman", "runc")
+    tag = f"localhost/hostagent-test-debian:{tarball.stem.rsplit('-', 1)[-1]}"
+    with _locked(tarball):
+        if subprocess.run(["podman", "image", "exists", tag]).returncode != 0:
+            subprocess.run(["podman", "import", "-q", str(tarball), tag], check=True, capture_output=True)
+    return tag
+
+
+class Booted:
+    """A running container with systemd as PID 1."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def run(self, *cmd: str, check: bool = True, user: str | None = None, timeout: float = 120,
+            input: str | None = None) -> subprocess.CompletedProcess:
+        exec_cmd = ["podman", "exec", "-i"] + (["--user", user] if user else []) + [self.name, *cmd]
+        done = subprocess.run(exec_cmd, capture_output=True, text=True, timeout=timeout, input=input)
+        if check and done.returncode != 0:
+            raise AssertionError(f"{' '.join(cmd)} exited {done.returncode}:\n{done.stdout}\n{done.stderr}")
+        return done
+
+    def sh(self, script: str, **kw) -> subprocess.CompletedProcess:
+        return self.run("sh", "-ec", script, **kw)
+
+    def copy_in(self, source: Path, target: str) -> None:
+        subprocess.run(["podman", "cp", str(source), f"{self.name}:{target}"], check=True)
+
+    def wait_until(self, script: str, timeout: float = 30) -> None:
+        deadline = time.monotonic() + timeout
+        while True:
+            done = self.sh(script, check=False)
+            if done.returncode == 0:
+                return
+            if time.monotonic() > deadline:
+                raise AssertionError(f"not true after {timeout:.0f} s: {script}\n{done.stdout}{done.stderr}")
+            time.sleep(0.3)
+
+
+@contextlib.contextmanager
+def booted(image: str, *flags: str):
+    """Boot ``image`` with systemd (``--systemd=always --runtime runc``); removed afterwards.
+    ``--privileged`` stands in for a host: the units' sandboxing (mount namespaces,
+    device policies) needs what a real machine's systemd has."""
+    _require("podman", "runc")
+    name = f"hostagent-boot-{uuid.uuid4().hex[:10]}"
+    subprocess.run(["podman", "run", "-d", "--name", name, "--runtime", "runc", "--systemd=always", "--privileged",
+                    *PODMAN_LIMITS, *flags, image, "/sbin/init"], check=True, capture_output=True)
+    box = Booted(name)
+    try:
+        box.wait_until("systemctl is-system-running | grep -Eq 'running|degraded'", timeout=60)
+        yield box
+    finally:
+        subprocess.run(["podman", "rm", "-f", "-t", "0", name], capture_output=True)

@@ -1,0 +1,91 @@
+"""packaging/kubernetes: every manifest is valid against the Kubernetes OpenAPI schemas
+(strict: an unknown or misplaced field fails), and the DaemonSet asks for what the agent
+needs and no more."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from hostagent import __version__
+from hostagent.config import validate_data
+
+kv = pytest.importorskip("kubernetes_validate", reason="kubernetes-validate is in the [test] extra")
+
+MANIFESTS = Path(__file__).resolve().parents[2] / "packaging" / "kubernetes"
+# The oldest Kubernetes release still in wide use, and the newest the schemas know.
+VERSIONS = ("1.27.0", str(kv.latest_version()))
+HOST_PATHS = {"/run/hostagent", "/var/lib/hostagent", "/etc/cdi", "/var/run/cdi", "/dev",
+              "/var/lib/kubelet/device-plugins", "/etc/kubernetes/node-feature-discovery/features.d",
+              "/run/nvidia/validations"}
+
+
+def documents() -> list[tuple[str, dict]]:
+    out = []
+    for path in sorted(MANIFESTS.glob("*.yaml")):
+        if path.name != "kustomization.yaml":
+            out += [(path.name, doc) for doc in yaml.safe_load_all(path.read_text()) if doc]
+    return out
+
+
+def kind(name: str) -> dict:
+    return next(doc for _, doc in documents() if doc["kind"] == name)
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+@pytest.mark.parametrize("name, doc", documents(), ids=lambda v: v if isinstance(v, str) else v["kind"])
+def test_manifest_is_valid_for_kubernetes(name, doc, version):
+    kv.validate(doc, version, strict=True)
+
+
+def test_a_manifest_that_breaks_the_schema_is_caught():
+    broken = kind("DaemonSet")
+    broken["spec"]["template"]["spec"]["containers"][0]["livenessProbe"]["exec"]["command"] = "hostagentd --check"
+    with pytest.raises(kv.ValidationError):
+        kv.validate(broken, VERSIONS[-1], strict=True)
+    broken = kind("DaemonSet")
+    broken["spec"]["template"]["spec"]["tolerations"][0]["efect"] = "NoSchedule"
+    with pytest.raises(kv.ValidationError):
+        kv.validate(broken, VERSIONS[-1], strict=True)
+
+
+def test_kustomization_lists_every_manifest_and_tags_the_image_with_the_version():
+    kustomization = yaml.safe_load((MANIFESTS / "kustomization.yaml").read_text())
+    assert sorted(kustomization["resources"]) == sorted({name for name, _ in documents()})
+    container = kind("DaemonSet")["spec"]["template"]["spec"]["containers"][0]
+    assert container["image"] == f"localhost/hostagent:{__version__}"
+    assert kustomization["images"] == [{"name": "localhost/hostagent", "newTag": __version__}]
+
+
+def test_daemonset_runs_on_gpu_nodes_first_and_asks_only_for_what_the_agent_uses():
+    spec = kind("DaemonSet")["spec"]["template"]["spec"]
+    assert spec["priorityClassName"] == "system-node-critical"
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in spec["tolerations"]
+    terms = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    assert {t["matchExpressions"][0]["key"] for t in terms} == {"feature.node.kubernetes.io/pci-10de.present",
+                                                                "nvidia.com/gpu.present"}
+    assert not spec.get("hostNetwork") and not spec.get("hostPID") and not spec.get("hostIPC")
+    assert {v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v} == HOST_PATHS
+    (container,) = spec["containers"]
+    mounted = {m["name"] for m in container["volumeMounts"]}
+    assert mounted == {v["name"] for v in spec["volumes"]}
+    assert all("mountPropagation" not in m for m in container["volumeMounts"])
+    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+        assert container[probe]["exec"]["command"] == ["hostagentd", "--check"]
+    assert kind("DaemonSet")["spec"]["updateStrategy"]["type"] == "RollingUpdate"
+    # The stop grace covers the unit's TimeoutStopSec (a MIG rollback on stop).
+    assert spec["terminationGracePeriodSeconds"] >= 120
+
+
+def test_no_kubernetes_api_access_is_granted():
+    kinds = {doc["kind"] for _, doc in documents()}
+    assert not kinds & {"Role", "ClusterRole", "RoleBinding", "ClusterRoleBinding"}
+    assert kind("ServiceAccount")["automountServiceAccountToken"] is False
+    assert kind("DaemonSet")["spec"]["template"]["spec"]["serviceAccountName"] == "hostagent"
+
+
+def test_configmap_is_a_valid_hostagent_configuration():
+    config = yaml.safe_load(kind("ConfigMap")["data"]["config.yaml"])
+    assert validate_data(config)["metrics"]["address"] == "0.0.0.0"
