@@ -22,6 +22,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 import tomllib
 from pathlib import Path
 
@@ -36,7 +37,9 @@ MAN_SECTION_8 = ("hostagentd", "hostagent-hook", "hostagent-runtime")
 
 def run(cmd: list, **kw) -> None:
     print("+", " ".join(map(str, cmd)), file=sys.stderr, flush=True)
+    start = time.monotonic()
     subprocess.run([str(c) for c in cmd], check=True, **kw)
+    print(f"  ({time.monotonic() - start:.1f} s)", file=sys.stderr, flush=True)
 
 
 def scripts(src: Path) -> dict[str, str]:
@@ -51,10 +54,15 @@ def pip(*args) -> list:
     return [sys.executable, "-m", "pip", "--disable-pip-version-check", *args]
 
 
-def make_venv(src: Path, venv: Path, python: str) -> None:
+def make_venv(src: Path, venv: Path, python: str, work: Path) -> None:
+    # hostagent's wheel with the builder's setuptools (no isolated build environment to
+    # download and set up each time), then it and its pinned dependencies into the venv.
+    wheels = work / "wheels"
+    shutil.rmtree(wheels, ignore_errors=True)
+    run(pip("wheel", "--quiet", "--no-deps", "--no-build-isolation", "--wheel-dir", wheels, src))
     run([python, "-m", "venv", "--without-pip", venv])
     run(pip("--python", venv / "bin/python", "install", "--no-compile", "--no-warn-script-location",
-            "--constraint", HERE / "constraints.txt", src))
+            "--constraint", HERE / "constraints.txt", *wheels.glob("hostagent-*.whl")))
     cfg = venv / "pyvenv.cfg"
     cfg.write_text("".join(line for line in cfg.read_text().splitlines(True) if not line.startswith("command =")))
     for leftover in venv.glob("bin/[Aa]ctivate*"):
@@ -117,7 +125,7 @@ def stage(src: Path, dest: Path, python: str, version: str, work: Path) -> None:
     venv = dest / PREFIX.lstrip("/")
     if venv.exists():
         shutil.rmtree(venv)
-    make_venv(src, venv, python)
+    make_venv(src, venv, python, work)
     host_files(src, dest)
     generated_files(dest, venv, version, work / "tools", src)
     byte_compile(dest, venv)
