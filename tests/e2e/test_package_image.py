@@ -5,10 +5,8 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sysconfig
 import time
 import uuid
-from pathlib import Path
 
 import pytest
 
@@ -16,6 +14,7 @@ from hostagent import __version__
 from hostagent.client import Client
 from hostagent.hostroot import HostRoot
 
+from ..programs import script
 from .conftest import PODMAN_FLAGS
 from .packages import build
 
@@ -36,8 +35,7 @@ def image(tmp_path_factory, deb_package, debian_image):
 @pytest.fixture
 def sim_node(tmp_path):
     root = tmp_path / "node"
-    hostagent = Path(sysconfig.get_path("scripts")) / "hostagent"
-    subprocess.run([str(hostagent), "sim", "create", "--profile", "t4x2", "--root", str(root)], check=True,
+    subprocess.run([script("hostagent"), "sim", "create", "--profile", "t4x2", "--root", str(root)], check=True,
                    capture_output=True)
     return root
 

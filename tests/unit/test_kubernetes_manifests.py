@@ -17,6 +17,8 @@ kv = pytest.importorskip("kubernetes_validate", reason="kubernetes-validate is i
 MANIFESTS = Path(__file__).resolve().parents[2] / "packaging" / "kubernetes"
 # The oldest Kubernetes release still in wide use, and the newest the schemas know.
 VERSIONS = ("1.27.0", str(kv.latest_version()))
+# The image's own hostagentd, asking the agent for GET /v1/node on its socket.
+PROBE = ("hostagentd", "--check")
 HOST_PATHS = {"/run/hostagent", "/var/lib/hostagent", "/etc/cdi", "/var/run/cdi", "/dev",
               "/var/lib/kubelet/device-plugins", "/etc/kubernetes/node-feature-discovery/features.d",
               "/run/nvidia/validations"}
@@ -73,7 +75,7 @@ def test_daemonset_runs_on_gpu_nodes_first_and_asks_only_for_what_the_agent_uses
     assert mounted == {v["name"] for v in spec["volumes"]}
     assert all("mountPropagation" not in m for m in container["volumeMounts"])
     for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
-        assert container[probe]["exec"]["command"] == ["hostagentd", "--check"]
+        assert tuple(container[probe]["exec"]["command"]) == PROBE
     assert kind("DaemonSet")["spec"]["updateStrategy"]["type"] == "RollingUpdate"
     # The stop grace covers the unit's TimeoutStopSec (a MIG rollback on stop).
     assert spec["terminationGracePeriodSeconds"] >= 120
