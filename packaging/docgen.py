@@ -92,6 +92,7 @@ def config_template() -> str:
     import yaml
     from hostagent.config import schema
     sch = schema()
+
     def wrap(text: str, indent: str) -> str:
         return "".join(f"{indent}# {line}\n" for line in textwrap.wrap(" ".join(text.split()), 84))
     out = [f"# /etc/hostagent/config.yaml\n#\n{wrap(sch.get('description', ''), '')}"

@@ -8,7 +8,7 @@ needs around it. ``deb`` and ``rpm`` both install exactly this tree.
     DEST/etc/hostagent/config.yaml       every key, commented out, with its default
     DEST/usr/share/containers/oci/hooks.d/   the OCI hooks in hooks/
     DEST/usr/share/doc/hostagent/        README.md and docs/*.md
-    DEST/usr/share/man/man{1,8}/         one page per program and per hostagent command
+    DEST/usr/share/man/man{1,8}/         one page per program (hostagent's covers every command)
     DEST/usr/share/bash-completion/completions/
 
 The environment is made where it will not run (DEST), so the paths it records are fixed

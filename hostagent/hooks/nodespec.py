@@ -32,7 +32,12 @@ def _read(path: str) -> bytes:
         if st.st_uid != 0 or st.st_mode & 0o022:
             raise HookError(f"--from-spec {path}: must be owned by root and writable by no one else "
                             f"(owner uid {st.st_uid}, mode {stat.S_IMODE(st.st_mode):04o})")
-        data = os.read(fd, MAX_SPEC + 1)
+        data = b""
+        while len(data) <= MAX_SPEC:
+            chunk = os.read(fd, MAX_SPEC + 1 - len(data))
+            if not chunk:
+                break
+            data += chunk
     finally:
         os.close(fd)
     if len(data) > MAX_SPEC:

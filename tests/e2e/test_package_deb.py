@@ -8,10 +8,20 @@ remove and purge the package).
 from __future__ import annotations
 
 import json
+import re
+import subprocess
+import tomllib
+from pathlib import Path
 
 import pytest
+import yaml
+
+from hostagent.cli.main import COMMANDS
+from hostagent.config import schema
 
 from .. import debian_root
+
+SRC = Path(__file__).resolve().parents[2]
 
 pytestmark = [pytest.mark.root, pytest.mark.engine]
 
@@ -35,6 +45,30 @@ def processes(box, word: str) -> list[str]:
     """Command lines that contain ``word`` ([x]yz: not the grep's own shell)."""
     out = box.sh(f"grep -l '[{word[0]}]{word[1:]}' /proc/[0-9]*/cmdline 2>/dev/null || true").stdout
     return out.split()
+
+
+def test_deb_names_no_build_folder_and_documents_every_program(deb_package, tmp_path):
+    tree = tmp_path / "tree"
+    subprocess.run(["dpkg-deb", "-x", str(deb_package), str(tree)], check=True)
+    build_folder = str(deb_package.parent / "work").encode()
+    assert not [p for p in tree.rglob("*") if p.is_file() and not p.is_symlink() and build_folder in p.read_bytes()]
+    with open(SRC / "pyproject.toml", "rb") as f:
+        programs = tomllib.load(f)["project"]["scripts"]
+    for name in programs:
+        assert (tree / "usr/bin" / name).readlink() == Path("/opt/hostagent/bin") / name
+        assert (tree / "opt/hostagent/bin" / name).read_text().startswith("#!/opt/hostagent/bin/python -I\n")
+        assert [*tree.glob(f"usr/share/man/man[18]/{name}.[18].gz")], f"no man page for {name}"
+    completion = (tree / "usr/share/bash-completion/completions/hostagent").read_text()
+    assert all(re.search(rf"\b{command}\b", completion) for command in COMMANDS)
+    # Units run the packaged programs.
+    for unit in (tree / "lib/systemd/system").iterdir():
+        for program in re.findall(r"^Exec\w*=[-+@!]*(/\S+)", unit.read_text(), re.M):
+            if program.startswith("/usr/bin/hostagent"):
+                assert (tree / program.lstrip("/")).is_symlink(), f"{unit.name}: {program}"
+    # The configuration file: every section of the schema, nothing set.
+    config = (tree / "etc/hostagent/config.yaml").read_text()
+    assert yaml.safe_load(config) is None
+    assert all(f"# {section}:" in config for section in schema()["properties"])
 
 
 @pytest.fixture(scope="module")
