@@ -5,6 +5,7 @@
     python3 packaging/build.py rpm   --output DIR   # hostagent-<version>-1.<arch>.rpm (rpmbuild)
     python3 packaging/build.py image [--deb FILE] [--base IMAGE | --base-tarball TAR] [--output DIR]
     python3 packaging/build.py stage --dest DIR     # the installed tree both packages are made from
+                                                    # (deb/rpm --stage DIR: package that tree)
     python3 packaging/build.py version
 
 The version is hostagent's own (``hostagent.__version__``, which pyproject.toml reads):
@@ -31,6 +32,8 @@ PACKAGING = SRC / "packaging"
 RELEASE = "1"
 IMAGE = "localhost/hostagent"
 BASE_IMAGE = "localhost/hostagent-base:bookworm"
+# The distribution's interpreter of the builder's Python version: the environment's python.
+DEFAULT_PYTHON = f"/usr/bin/python3.{sys.version_info.minor}"
 COPY_IGNORE = shutil.ignore_patterns(".git", "build", "dist", "__pycache__", "*.egg-info", ".pytest_cache",
                                      ".hypothesis", "debian", "venv", ".venv")
 
@@ -83,7 +86,7 @@ def copy_source(work: Path) -> Path:
     return tree
 
 
-def build_deb(output: Path, work: Path) -> Path:
+def build_deb(output: Path, work: Path, stage: Path | None = None) -> Path:
     need("dpkg-buildpackage", "dh")
     tree = copy_source(work)
     debian = tree / "debian"
@@ -96,7 +99,8 @@ def build_deb(output: Path, work: Path) -> Path:
     (debian / "changelog").write_text(
         f"hostagent ({version()}-{RELEASE}) unstable; urgency=medium\n\n"
         f"  * hostagent {version()}.\n\n -- hostagent maintainers <maintainers@hostagent.invalid>  {date}\n")
-    env = {**os.environ, "SOURCE_DATE_EPOCH": epoch}
+    env = {k: v for k, v in os.environ.items() if k != "HOSTAGENT_STAGE"}
+    env.update({"SOURCE_DATE_EPOCH": epoch, **({"HOSTAGENT_STAGE": str(stage)} if stage else {})})
     staging.run(["dpkg-buildpackage", "-b", "-us", "-uc"], cwd=tree, env=env)
     arch = subprocess.run(["dpkg", "--print-architecture"], capture_output=True, text=True).stdout.strip()
     deb = work / f"hostagent_{version()}-{RELEASE}_{arch}.deb"
@@ -104,23 +108,21 @@ def build_deb(output: Path, work: Path) -> Path:
     return Path(shutil.copy2(deb, output))
 
 
-def build_rpm(output: Path, work: Path) -> Path:
+def build_rpm(output: Path, work: Path, stage: Path | None = None) -> Path:
     need("rpmbuild")
     tree = copy_source(work)
     top = work / "rpmbuild"
     spec = top / "SPECS/hostagent.spec"
     spec.parent.mkdir(parents=True, exist_ok=True)
     spec.write_text(snippets((PACKAGING / "rpm/hostagent.spec").read_text()))
-    python = f"/usr/bin/python3.{sys.version_info.minor}" if not os.environ.get("HOSTAGENT_PYTHON") \
-        else os.environ["HOSTAGENT_PYTHON"]
     epoch = source_date_epoch()
     date = subprocess.run(["date", "-u", "-d", f"@{epoch}", "+%a %b %d %Y"], capture_output=True, text=True,
                           check=True).stdout.strip()
-    env = {**os.environ, "SOURCE_DATE_EPOCH": epoch}
-    staging.run(["rpmbuild", "-bb", "--define", f"hostagent_changelog_date {date}", "--define", f"_topdir {top}", "--define", f"hostagent_version {version()}",
-                 "--define", f"hostagent_release {RELEASE}", "--define", f"hostagent_src {tree}",
-                 "--define", f"hostagent_python {python}", "--define", f"hostagent_builder {sys.executable}",
-                 spec], env=env)
+    defines = {"_topdir": top, "hostagent_version": version(), "hostagent_release": RELEASE,
+               "hostagent_changelog_date": date, "hostagent_src": tree, "hostagent_python": DEFAULT_PYTHON,
+               "hostagent_builder": sys.executable, **({"hostagent_stage": stage} if stage else {})}
+    staging.run(["rpmbuild", "-bb", *[a for k, v in defines.items() for a in ("--define", f"{k} {v}")], spec],
+                env={**os.environ, "SOURCE_DATE_EPOCH": epoch})
     rpm = next((top / "RPMS").glob(f"*/hostagent-{version()}-{RELEASE}.*.rpm"))
     output.mkdir(parents=True, exist_ok=True)
     return Path(shutil.copy2(rpm, output))
@@ -162,6 +164,7 @@ def main(argv=None) -> int:
     for name in ("deb", "rpm"):
         p = sub.add_parser(name, help=f"build the {name} package")
         p.add_argument("--output", type=Path, required=True, help="where the package goes")
+        p.add_argument("--stage", type=Path, help="package this tree that 'stage' made (default: stage one)")
     p = sub.add_parser("image", help="build the container image from the deb")
     p.add_argument("--deb", type=Path, help="an already built deb (default: build one)")
     base = p.add_mutually_exclusive_group()
@@ -170,7 +173,7 @@ def main(argv=None) -> int:
     p.add_argument("--output", type=Path, help="also save the image here as an OCI archive")
     p = sub.add_parser("stage", help="install the package tree into DEST (what deb and rpm run)")
     p.add_argument("--dest", type=Path, required=True)
-    p.add_argument("--python", default=f"/usr/bin/python3.{sys.version_info.minor}",
+    p.add_argument("--python", default=DEFAULT_PYTHON,
                    help="the interpreter the environment is built for (default: %(default)s)")
     p.add_argument("--work", type=Path, help="scratch folder (default: a temporary one)")
     sub.add_parser("version", help="print the version")
@@ -187,10 +190,9 @@ def main(argv=None) -> int:
         if args.what == "stage":
             os.environ.setdefault("SOURCE_DATE_EPOCH", source_date_epoch())
             staging.stage(SRC, args.dest.resolve(), args.python, version(), work)
-        elif args.what == "deb":
-            print(build_deb(args.output.resolve(), work))
-        elif args.what == "rpm":
-            print(build_rpm(args.output.resolve(), work))
+        elif args.what in ("deb", "rpm"):
+            build = build_deb if args.what == "deb" else build_rpm
+            print(build(args.output.resolve(), work, args.stage and args.stage.resolve()))
         else:
             print(build_image(args.deb and args.deb.resolve(), args.base,
                               args.base_tarball and args.base_tarball.resolve(),

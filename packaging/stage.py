@@ -18,7 +18,9 @@ folder (activate scripts, pip's direct_url.json) are dropped.
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -54,12 +56,24 @@ def pip(*args) -> list:
     return [sys.executable, "-m", "pip", "--disable-pip-version-check", *args]
 
 
+def builds_wheels() -> bool:
+    """Whether this interpreter can build hostagent's wheel itself: setuptools 61 or later,
+    with bdist_wheel (setuptools 70.1 and later, or the wheel package)."""
+    try:
+        import setuptools
+    except ImportError:
+        return False
+    version = tuple(int(p) for p in re.findall(r"\d+", setuptools.__version__)[:2])
+    return version >= (70, 1) or (version >= (61,) and importlib.util.find_spec("wheel") is not None)
+
+
 def make_venv(src: Path, venv: Path, python: str, work: Path) -> None:
-    # hostagent's wheel with the builder's setuptools (no isolated build environment to
-    # download and set up each time), then it and its pinned dependencies into the venv.
+    # hostagent's wheel, with the builder's setuptools where it can (no isolated build
+    # environment to set up each time), then it and its pinned dependencies into the venv.
     wheels = work / "wheels"
     shutil.rmtree(wheels, ignore_errors=True)
-    run(pip("wheel", "--quiet", "--no-deps", "--no-build-isolation", "--wheel-dir", wheels, src))
+    run(pip("wheel", "--quiet", "--no-deps", *(("--no-build-isolation",) if builds_wheels() else ()),
+            "--wheel-dir", wheels, src))
     run([python, "-m", "venv", "--without-pip", venv])
     run(pip("--python", venv / "bin/python", "install", "--no-compile", "--no-warn-script-location",
             "--constraint", HERE / "constraints.txt", *wheels.glob("hostagent-*.whl")))

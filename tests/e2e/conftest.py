@@ -88,4 +88,4 @@ def podman_run(image: str, *args: str, devices=(), flags=(), check=True) -> subp
 
 
 # The package tests' session fixtures: the deb and a clean Debian root.
-from .packages import debian_image, debian_tarball, deb_package  # noqa: E402,F401
+from .packages import deb_package, debian_image, debian_tarball, rpm_package, staged_tree  # noqa: E402,F401

@@ -47,11 +47,12 @@ def processes(box, word: str) -> list[str]:
     return out.split()
 
 
-def test_deb_names_no_build_folder_and_documents_every_program(deb_package, tmp_path):
+def test_deb_names_no_build_folder_and_documents_every_program(deb_package, staged_tree, tmp_path):
     tree = tmp_path / "tree"
     subprocess.run(["dpkg-deb", "-x", str(deb_package), str(tree)], check=True)
-    build_folder = str(deb_package.parent / "work").encode()
-    assert not [p for p in tree.rglob("*") if p.is_file() and not p.is_symlink() and build_folder in p.read_bytes()]
+    folders = [str(f).encode() for f in (deb_package.parent / "work", staged_tree.parent)]
+    assert not [p for p in tree.rglob("*") if p.is_file() and not p.is_symlink()
+                and any(f in p.read_bytes() for f in folders)]
     with open(SRC / "pyproject.toml", "rb") as f:
         programs = tomllib.load(f)["project"]["scripts"]
     for name in programs:
@@ -94,6 +95,8 @@ def test_apt_installs_it_and_starts_the_service_on_a_node_without_a_gpu(box, deb
                  "/usr/share/bash-completion/completions/hostagent"):
         box.run("test", "-e", path)
     assert "/etc/hostagent/config.yaml" in box.run("cat", "/var/lib/dpkg/info/hostagent.conffiles").stdout
+    # The hook's program runs isolated from PATH (it refuses otherwise).
+    assert "usage: hostagent-hook" in box.run("hostagent-hook", "--help").stdout
     box.run("getent", "group", "hostagent")
     # No GPU: the service is up and says why it has no inventory.
     box.wait_until("systemctl is-active hostagent")
@@ -160,6 +163,8 @@ def test_purge_leaves_nothing(box, deb_package):
     # commands the daemon's work is made of, since the simulated daemon writes under SIM).
     box.run("apt-get", "install", "-y", f"/root/{deb_package.name}", timeout=300)
     box.sh(f"mkdir -p /var/run/cdi && hostagent --simulate {SIM} cdi generate > /var/run/cdi/nvidia.com-gpu.json")
+    (hook,) = json.loads(box.run("cat", "/var/run/cdi/nvidia.com-gpu.json").stdout)["containerEdits"]["hooks"]
+    assert hook["path"] == hook["args"][0] == "/opt/hostagent/bin/python"     # the package's own interpreter
     box.sh(f"hostagent --simulate {SIM} labels > /etc/kubernetes/node-feature-discovery/features.d/hostagent")
     box.wait_until("test -S /run/hostagent/hostagent.sock || test -S " + f"{SIM}/run/hostagent/hostagent.sock")
     # The test's own files go first: the simulated node and the drop-ins.

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-import sys
 import tomllib
 from pathlib import Path
 
@@ -21,16 +20,10 @@ def rpm_query(rpm: Path, *args: str) -> str:
     return subprocess.run(["rpm", "-qp", *args, str(rpm)], capture_output=True, text=True, check=True).stdout
 
 
-@pytest.fixture(scope="module")
-def rpm(tmp_path_factory) -> Path:
-    if not shutil.which("rpmbuild"):
-        pytest.skip("rpmbuild is not installed (.ci/run installs Debian's rpm package)")
-    out = tmp_path_factory.mktemp("rpm")
-    done = subprocess.run([sys.executable, str(SRC / "packaging/build.py"), "rpm", "--output", str(out),
-                           "--work", str(out / "work")], capture_output=True, text=True, timeout=900)
-    assert done.returncode == 0, done.stderr[-6000:]
-    (rpm,) = out.glob("*.rpm")
-    return rpm
+@pytest.fixture
+def rpm(rpm_package) -> Path:
+    """Built once a session, from the installed tree the deb is made of."""
+    return rpm_package
 
 
 def test_rpm_is_named_and_versioned_from_the_package_version(rpm):
