@@ -103,9 +103,11 @@ def test_apt_installs_it_and_starts_the_service_on_a_node_without_a_gpu(box, deb
     status = box.run("systemctl", "show", "-p", "StatusText", "hostagent").stdout
     assert "libnvidia-ml.so.1 could not be loaded" in status
     assert box.run("hostagentd", "--check").returncode == 0
-    # The boot-time MIG unit is enabled, not run: it needs /etc/hostagent/mig.env.
-    assert box.run("systemctl", "is-enabled", "hostagent-mig").stdout.strip() == "enabled"
-    assert box.run("systemctl", "is-active", "hostagent-mig", check=False).stdout.strip() == "inactive"
+    # The boot-time MIG unit is enabled, not run: it needs /etc/hostagent/mig.env. The device
+    # plugin is enabled and waits for a kubelet (none here) instead of failing.
+    for unit in ("hostagent-mig", "hostagent-device-plugin"):
+        assert box.run("systemctl", "is-enabled", unit).stdout.strip() == "enabled"
+        assert box.run("systemctl", "is-active", unit, check=False).stdout.strip() == "inactive"
 
 
 def test_the_service_serves_a_simulated_node_through_a_drop_in_and_reloads(box):

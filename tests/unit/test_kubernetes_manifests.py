@@ -19,9 +19,13 @@ MANIFESTS = Path(__file__).resolve().parents[2] / "packaging" / "kubernetes"
 VERSIONS = ("1.27.0", str(kv.latest_version()))
 # The image's own hostagentd, asking the agent for GET /v1/node on its socket.
 PROBE = ("hostagentd", "--check")
-HOST_PATHS = {"/run/hostagent", "/var/lib/hostagent", "/etc/cdi", "/var/run/cdi", "/dev",
-              "/var/lib/kubelet/device-plugins", "/etc/kubernetes/node-feature-discovery/features.d",
-              "/run/nvidia/validations"}
+PLUGIN = ("hostagent", "device-plugin")
+AGENT_PATHS = {"/run/hostagent", "/var/lib/hostagent", "/etc/cdi", "/var/run/cdi", "/dev",
+               "/etc/kubernetes/node-feature-discovery/features.d", "/run/nvidia/validations"}
+# The device plugin: the agent's socket (read-only: connecting needs no write), the
+# kubelet's device plugin folder, its pod resources socket.
+PLUGIN_PATHS = {"/run/hostagent": True, "/var/lib/kubelet/device-plugins": False,
+                "/var/lib/kubelet/pod-resources": True}
 
 
 def documents() -> list[tuple[str, dict]]:
@@ -56,8 +60,8 @@ def test_a_manifest_that_breaks_the_schema_is_caught():
 def test_kustomization_lists_every_manifest_and_tags_the_image_with_the_version():
     kustomization = yaml.safe_load((MANIFESTS / "kustomization.yaml").read_text())
     assert sorted(kustomization["resources"]) == sorted({name for name, _ in documents()})
-    container = kind("DaemonSet")["spec"]["template"]["spec"]["containers"][0]
-    assert container["image"] == f"localhost/hostagent:{__version__}"
+    for container in kind("DaemonSet")["spec"]["template"]["spec"]["containers"]:
+        assert container["image"] == f"localhost/hostagent:{__version__}"
     assert kustomization["images"] == [{"name": "localhost/hostagent", "newTag": __version__}]
 
 
@@ -69,13 +73,22 @@ def test_daemonset_runs_on_gpu_nodes_first_and_asks_only_for_what_the_agent_uses
     assert {t["matchExpressions"][0]["key"] for t in terms} == {"feature.node.kubernetes.io/pci-10de.present",
                                                                 "nvidia.com/gpu.present"}
     assert not spec.get("hostNetwork") and not spec.get("hostPID") and not spec.get("hostIPC")
-    assert {v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v} == HOST_PATHS
-    (container,) = spec["containers"]
-    mounted = {m["name"] for m in container["volumeMounts"]}
-    assert mounted == {v["name"] for v in spec["volumes"]}
-    assert all("mountPropagation" not in m for m in container["volumeMounts"])
+    host_paths = {v["name"]: v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v}
+    agent, plugin = spec["containers"]
+
+    def mounts(container):
+        return {host_paths[m["name"]]: m.get("readOnly", False) for m in container["volumeMounts"]
+                if m["name"] in host_paths}
+    assert set(mounts(agent)) == AGENT_PATHS and mounts(plugin) == PLUGIN_PATHS
+    assert set(host_paths.values()) == AGENT_PATHS | set(PLUGIN_PATHS)
+    assert {m["name"] for c in (agent, plugin) for m in c["volumeMounts"]} == {v["name"] for v in spec["volumes"]}
+    assert all("mountPropagation" not in m for c in (agent, plugin) for m in c["volumeMounts"])
     for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
-        assert tuple(container[probe]["exec"]["command"]) == PROBE
+        assert tuple(agent[probe]["exec"]["command"]) == PROBE
+    # The plugin is an API client: no privilege, no capability, one image for both.
+    assert tuple(plugin["command"]) == PLUGIN and plugin["image"] == agent["image"]
+    assert plugin["securityContext"] == {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+                                         "capabilities": {"drop": ["ALL"]}}
     assert kind("DaemonSet")["spec"]["updateStrategy"]["type"] == "RollingUpdate"
     # The stop grace covers the unit's TimeoutStopSec (a MIG rollback on stop).
     assert spec["terminationGracePeriodSeconds"] >= 120
