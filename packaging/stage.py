@@ -83,6 +83,11 @@ def make_venv(src: Path, venv: Path, python: str, work: Path) -> None:
         leftover.unlink()
     for record in venv.glob("lib/python3*/site-packages/*.dist-info/direct_url.json"):
         record.unlink()
+    # Modes as dh_fixperms would leave them (rpm has nothing like it): some wheels (protobuf)
+    # ship their modules executable.
+    for path in (venv / "lib").rglob("*"):
+        if path.is_file() and not path.is_symlink() and not path.name.endswith(".so") and ".so." not in path.name:
+            path.chmod(0o644)
     shebang = f"#!{venv}/bin/python".encode()
     for script in (venv / "bin").iterdir():
         if script.is_file() and not script.is_symlink():
