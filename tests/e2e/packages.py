@@ -64,7 +64,7 @@ def rpm_package(tmp_path_factory, staged_tree) -> Path:
 @pytest.fixture(scope="session")
 def debian_tarball() -> Path:
     """A clean Debian 12 root with systemd (cached across sessions)."""
-    return debian_root.root_tarball()
+    return debian_root.root_tarball(debian_root.BASE_PACKAGES)
 
 
 @pytest.fixture(scope="session")
