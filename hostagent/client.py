@@ -166,8 +166,7 @@ class UnixSocketTransport(Transport):
                                        hint="start it: systemctl start hostagent") from None
             if e.errno == errno.EACCES:
                 raise PermissionDenied("no permission to connect to the agent's socket",
-                                       where=self.path,
-                                       hint="be root or a member of the hostagent group") from None
+                                       where=self.path, hint=_socket_access_hint(self.path)) from None
             raise UnavailableError(f"cannot connect to the agent: {e.strerror}", where=self.path) from None
         return sock
 
@@ -413,6 +412,20 @@ class Client:
         response = self.request("GET", "/v1/watch", query={"since": since})
         for line in response.lines():
             yield json.loads(line)
+
+
+def _socket_access_hint(path: str) -> str:
+    """Who may connect: root, and the members of the socket's group when it has one."""
+    try:
+        import grp
+        gid = os.stat(path).st_gid
+        group = grp.getgrgid(gid).gr_name if gid != 0 else None
+    except (OSError, KeyError):
+        group = None
+    if group is None:
+        return "only root may use it"
+    return (f"root and the members of group '{group}' may use it; to join: "
+            f"sudo usermod -aG {group} $USER, then log in again")
 
 
 def daemon_running(socket_path: str | os.PathLike) -> bool:

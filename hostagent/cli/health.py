@@ -137,6 +137,7 @@ def _line(update) -> str:
 
 
 def watch(args) -> int:
+    import dataclasses
     import json
     import logging
     import queue
@@ -146,6 +147,13 @@ def watch(args) -> int:
     from ..health import HealthMonitor
     host = host_from_args(args)
     options = _options(args, host)
+    if options.state_file and not _can_publish(host):
+        from .errors import rerun_as_root
+        again = rerun_as_root(getattr(args, "command_line", sys.argv[1:]))
+        print(f"hostagent: note: {host.run_dir}: permission denied: watching without publishing the state "
+              f"'health status' and 'health clear' use; run it as root to publish: {again} "
+              "(or pass --no-state-file)", file=sys.stderr)
+        options = dataclasses.replace(options, state_file=False)
     if not args.verbose:       # this command prints every event itself
         logging.getLogger("hostagent.health").setLevel(logging.ERROR)
     inventory = read_inventory(host)
@@ -189,6 +197,16 @@ def _note_whole_gpu_events(inventory) -> None:
         print(f"hostagent: warning: GPU {', '.join(map(str, gpus))}: NVML gives this user only the "
               "events of whole MIG-enabled GPUs; an error in a single MIG device is not seen "
               f"({PRIVILEGE_HINT} to see them)", file=sys.stderr, flush=True)
+
+
+def _can_publish(host) -> bool:
+    """Whether this process may write the state file in the run folder (made if missing)."""
+    from ..fileio import ensure_dir
+    try:
+        ensure_dir(host.run_dir)
+    except PermissionError:
+        return False
+    return os.access(host.run_dir, os.W_OK)
 
 
 def clear(args) -> int:

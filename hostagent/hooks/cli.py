@@ -29,6 +29,14 @@ _ALL_FLAGS = frozenset(f for flags in VERBS.values() for f in flags)
 
 USAGE = f"""usage: {PROG} [VERB] [FLAGS]   (run by the container engine; reads the OCI state on stdin)
 
+The OCI hook of hostagent's CDI specs: at a container's start, as host root, it makes the
+driver's library links in the container and refreshes its linker cache. The engine runs it
+as the spec's createContainer hook, with the command line 'hostagent cdi generate' writes:
+  python3 -I -S -c '...from hostagent.hooks.main import main...' VERB FLAGS
+It works only when started isolated (python3 -I), which the installed {PROG} program
+cannot be: that one answers --help and --version only. To run the hook by hand, as root
+with an OCI state on stdin: python3 -I -m hostagent.hooks VERB ...
+
 verbs:
   prepare          --link TARGET::LINK ... --device-link TARGET::LINK ... --folder DIR ...
                    links, then the linker cache (the verb when flags are given without one)

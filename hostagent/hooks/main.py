@@ -25,9 +25,19 @@ _LOADER_VARS = ("GCONV_PATH", "GLIBC_TUNABLES", "LOCPATH", "NLSPATH")
 def main(argv: list[str] | None = None) -> int:
     os.chdir("/")                    # never the container rootfs the engine may leave us in
     os.umask(0o022)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv in (["--version"], ["-V"]):
+        from .. import __version__
+        print(f"{cli.PROG} {__version__}")
+        return 0
     try:
+        if argv in (["--help"], ["-h"]):
+            # Answered even when not isolated (a console script cannot be): it reads and
+            # writes nothing but this text.
+            print(cli.USAGE)
+            return 0
         _check_environment()
-        req = cli.parse(sys.argv[1:] if argv is None else list(argv))
+        req = cli.parse(argv)
         for message in req.warnings:
             warn(message)
         if req.help:

@@ -92,6 +92,13 @@ def render_front(s: FrontSettings) -> str:
 # Do not edit: re-run install-shim instead. Every call except a create whose config.json
 # mentions a GPU request execs the low-level runtime directly, without starting Python.
 RUNTIME={q(s.runtime)}
+shim() {{
+    exec {q(s.python)} -I -S -c {q(bootstrap)} \\
+        --runtime "$RUNTIME" --config {q(s.config)} --cache-dir {q(s.cache_dir)} -- "$@"
+}}
+case ${{1-}} in
+    --help|-h|--version|-v) shim "$@" ;;    # the shim says what it is, then the runtime answers
+esac
 cmd= bundle=. skip=
 for arg do
     if [ -n "$skip" ]; then
@@ -116,8 +123,7 @@ done
 [ "$cmd" = create ] || exec "$RUNTIME" "$@"
 config=$bundle/config.json
 if {test}; then
-    exec {q(s.python)} -I -S -c {q(bootstrap)} \\
-        --runtime "$RUNTIME" --config {q(s.config)} --cache-dir {q(s.cache_dir)} -- "$@"
+    shim "$@"
 fi
 exec "$RUNTIME" "$@"
 """

@@ -123,16 +123,55 @@ def _options(argv: list[str]) -> tuple[dict, list[str]]:
     return opts, argv[i:]
 
 
+# Asked of the shim itself (by a person, or an engine's "runtime --version"): it says what it
+# is, then the low-level runtime answers as usual.
+_ABOUT = ("--help", "-h", "--version", "-v")
+
+
+def _about(opts: dict, args: list[str]) -> None:
+    """Answer --help or --version, then exec the low-level runtime with them (exit 0
+    without one)."""
+    from .. import __version__
+    from ..errors import HostagentError
+    try:
+        runtime = opts["runtime"] or find_runtime(_runtime_config(opts).low_level_runtimes)
+        name = runtime
+    except HostagentError as e:
+        runtime, name = None, f"the low-level runtime (none found here: {e.message})"
+    if args[0] in ("--version", "-v"):
+        print(f"hostagent-runtime version {__version__} (OCI runtime shim; runtime: {name})")
+    else:
+        print(f"hostagent-runtime {__version__}: the OCI runtime shim of hostagent. Container engines run it\n"
+              "as a runtime ('hostagent runtime configure' adds it). At a container's create it applies the\n"
+              "container's GPU requests (CDI device annotations, nvidia-container-devices mounts,\n"
+              "NVIDIA_VISIBLE_DEVICES) from the node's CDI specs to its config.json; every call then goes\n"
+              f"to {name}, unchanged. See hostagent's docs/runtime.md."
+              + (f" {os.path.basename(runtime)}'s own help follows.\n" if runtime else ""))
+    sys.stdout.flush()
+    if runtime is None:
+        sys.exit(0)
+    try:
+        os.execv(runtime, [os.path.basename(runtime), *args])
+    except OSError as e:
+        sys.exit(f"hostagent-runtime: {runtime}: {e.strerror}")
+
+
+def _runtime_config(opts: dict):
+    from ..config import load_config_cached
+    return load_config_cached(opts["config"], opts["cache_dir"]).runtime
+
+
 def main(argv: list[str] | None = None) -> None:
     from ..errors import HostagentError
     opts, args = _options(sys.argv[1:] if argv is None else argv)
+    if args[:1] and args[0] in _ABOUT:
+        _about(opts, args)
     try:
         from .requests import parse_call
         call = parse_call(args)
         config = None
         if call.command == "create" or not opts["runtime"]:
-            from ..config import load_config_cached
-            config = load_config_cached(opts["config"], opts["cache_dir"]).runtime
+            config = _runtime_config(opts)
         runtime = opts["runtime"] or find_runtime(config.low_level_runtimes)
         if call.command == "create":
             log = _file_logger(config.log_file)

@@ -35,7 +35,11 @@ def test_devices_json_and_yaml_agree(node):
     data = json.loads(hostagent("--simulate", node, "devices", "-o", "json").stdout)
     assert [g["name"] for g in data["gpus"]] == ["NVIDIA A100-SXM4-80GB"] * 2 + ["Tesla T4"]
     assert data["gpus"][2]["mig"] is None and data["gpus"][2]["mig_capable"] is False
-    assert data["gpus"][0]["mig_capable"] is True and data["gpus"][0]["mig"]["enabled"] is False
+    assert data["gpus"][0]["mig_capable"] is True
+    assert data["gpus"][0]["mig"]["mode"] == {"current": "disabled", "pending": "disabled"}
+    # PCI ids as nvidia-smi and mig-parted's device filters write them.
+    assert [(g["pci_device_id"], g["pci_subsystem_id"]) for g in data["gpus"]][1:] == [
+        ("0x20B210DE", "0x147F10DE"), ("0x1EB810DE", "0x12A210DE")]
     assert "profiles" not in data["gpus"][0]["mig"]           # only with --profiles
     assert [g["numa_node"] for g in data["gpus"]] == [0, 0, 1]
     keys = list(data["gpus"][0])
@@ -50,8 +54,11 @@ def test_devices_table_shows_mig_devices_and_profiles(node):
     env = {"HOSTAGENT_SIMULATE": str(node)}
     hostagent("sim", "reboot", env=env)           # nothing pending: a no-op for modes
     out = hostagent("devices", "--profiles", env=env).stdout
-    assert "Tesla T4" in out and "not MIG capable" in out
+    assert "GPU 2 (Tesla T4): not MIG capable" in out
     assert "3g.40gb" in out and "0,4 (size 4)" in out
+    # The two identical A100s share one profile table.
+    assert out.count("MIG GPU-instance profiles:") == 1
+    assert "GPUs 0-1 (NVIDIA A100-SXM4-80GB) MIG GPU-instance profiles:" in out
 
 
 def test_node_reports_versions_and_paths(node):
@@ -73,7 +80,7 @@ def test_sim_create_refuses_to_overwrite_and_rejects_unknown_profiles(tmp_path):
     assert again.returncode == 2 and "--force" in again.stderr
     hostagent("sim", "create", "--profile", "t4x2", "--root", tmp_path, "--force")
     bad = hostagent("sim", "create", "--profile", "dgx-z9", "--root", tmp_path / "new", check=False)
-    assert bad.returncode == 1 and "dgx-a100" in bad.stderr
+    assert bad.returncode == 2 and "dgx-a100" in bad.stderr
     assert not (tmp_path / "new").exists()
 
 
@@ -171,9 +178,14 @@ def test_sim_driver_unload_is_refused_while_a_gpu_is_held(node):
     assert not SimStore(node).read().driver_loaded
 
 
-def test_demo_runs_on_a_temporary_node():
+def test_demo_runs_on_a_temporary_node_and_names_no_folder_it_removed():
+    import re
+    import tempfile
+    before = set(os.listdir(tempfile.gettempdir()))
     out = hostagent("sim", "demo").stdout
     assert out.count("NVIDIA A100-SXM4-40GB") == 8 and "driver 550.90.07" in out
+    assert "hostagent-sim-" not in out and not re.search(r"/tmp/\S+", out)
+    assert not {d for d in set(os.listdir(tempfile.gettempdir())) - before if d.startswith("hostagent-sim-")}
 
 
 # ---- building a node where device nodes cannot be made -------------------------------
@@ -287,16 +299,19 @@ def test_a_corrupt_state_file_is_named_with_what_to_do(node):
     assert smi.returncode != 0 and "Traceback" not in smi.stderr and str(state) in smi.stderr
 
 
-def test_an_unexpected_file_error_is_one_line_naming_the_path_and_v_shows_the_trace(node):
+def test_an_unexpected_file_error_is_one_line_naming_the_path_and_v_gives_detail(node):
     lock = node / ".sim/lock"
     lock.unlink(missing_ok=True)
     lock.mkdir()                        # unusable as a lock file: not an error hostagent expects
     proc = hostagent("sim", "hold", "0", "--root", node, check=False)
     assert proc.returncode == 1 and proc.stderr.strip().splitlines() == [
         f"hostagent: error: {lock}: Is a directory (run with -v for details)"]
-    verbose = subprocess.run([sys.executable, "-m", "hostagent.cli.main", "-v", "sim", "hold", "0",
-                              "--root", str(node)], capture_output=True, text=True)
-    assert verbose.returncode == 1 and "Traceback" in verbose.stderr and "IsADirectoryError" in verbose.stderr
+    verbose = subprocess.run([sys.executable, "-m", "hostagent.cli.main", "sim", "hold", "0",
+                              "--root", str(node), "-v"], capture_output=True, text=True)
+    # -v adds what the system said, not a traceback.
+    assert verbose.returncode == 1 and "Traceback" not in verbose.stderr
+    assert verbose.stderr.splitlines()[0] == f"hostagent: error: {lock}: Is a directory"
+    assert f"hostagent: detail: IsADirectoryError: [Errno 21] Is a directory: '{lock}' [EISDIR]" in verbose.stderr
 
 
 def test_an_empty_simulate_or_root_is_refused_not_taken_for_the_host_or_cwd(node):

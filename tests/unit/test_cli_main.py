@@ -5,7 +5,8 @@ import sys
 
 import pytest
 
-from hostagent.cli.main import COMMANDS, _command_word, build_parser
+from hostagent.cli.main import COMMANDS, build_parser
+from hostagent.cli.parser import command_word, hoist_output
 
 
 @pytest.mark.parametrize("argv, word", [
@@ -15,13 +16,27 @@ from hostagent.cli.main import COMMANDS, _command_word, build_parser
     (["--sim", "node", "devices"], "devices"),          # argparse's abbreviations take a value too
     (["--s", "node", "devices"], "devices"),
     (["--sim=node", "devices"], "devices"),
+    (["-o", "devices", "node"], "node"),                # -o's value is not the command either
+    (["--out", "json", "-ojson", "devices"], "devices"),
     (["-v", "bogus", "devices"], None),                   # an unknown word: no command
     (["--", "devices"], None),
     (["--version"], None),
     ([], None),
 ])
 def test_command_word(argv, word):
-    assert _command_word(argv) == word
+    at = command_word(argv, COMMANDS)
+    assert (None if at is None else argv[at]) == word
+
+
+@pytest.mark.parametrize("argv, hoisted", [
+    (["-o", "json", "devices"], ["devices", "-o", "json"]),
+    (["-v", "-ojson", "--simulate", "/x", "mig", "status"], ["-v", "--simulate", "/x", "mig", "status", "-ojson"]),
+    (["--out=yaml", "health", "clear", "0", "--", "1"], ["health", "clear", "0", "--out=yaml", "--", "1"]),
+    (["devices", "-o", "json"], ["devices", "-o", "json"]),     # after the command already
+    (["-o", "json"], ["-o", "json"]),                           # no command: the top level says so
+])
+def test_output_before_the_command_is_moved_behind_it(argv, hoisted):
+    assert hoist_output(argv, command_word(argv, COMMANDS)) == hoisted
 
 
 def _commands(parser):

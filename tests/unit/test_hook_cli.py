@@ -162,9 +162,12 @@ def test_main_refuses_a_leaked_loader_environment(name, monkeypatch, capsys):
     assert f"refusing to run with {name} set" in capsys.readouterr().err
 
 
-def test_a_hook_not_started_isolated_refuses_whatever_it_is_asked(monkeypatch, capsys):
+def test_a_hook_not_started_isolated_refuses_whatever_it_is_asked_but_help(monkeypatch, capsys):
     monkeypatch.setattr("sys.flags", Flags(0))
-    for argv in (["--help"], ["no-such-verb"], ["create-symlinks", "--link", "a::/b"]):
+    assert hook_main.main(["--help"]) == 0          # reads and writes nothing: answered anyway
+    out = capsys.readouterr().out
+    assert out.startswith("usage: hostagent-hook") and "python3 -I -m hostagent.hooks" in out
+    for argv in (["--help", "prepare"], ["no-such-verb"], ["create-symlinks", "--link", "a::/b"]):
         assert hook_main.main(argv) == 1
         err = capsys.readouterr().err
         assert err.startswith("hostagent-hook: error: not started isolated (python3 -I)") and err.count("\n") == 1

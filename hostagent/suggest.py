@@ -1,0 +1,23 @@
+"""Did-you-mean for a mistyped word: a command, an option, a config or request key, a name."""
+
+from __future__ import annotations
+
+__all__ = ["closest", "did_you_mean", "unknown"]
+
+
+def closest(word: str, candidates) -> str | None:
+    """The candidate ``word`` was most likely meant to be, if one is close enough."""
+    import difflib        # here: only a mistake pays for it
+    found = difflib.get_close_matches(str(word), [str(c) for c in candidates], n=1, cutoff=0.6)
+    return found[0] if found else None
+
+
+def did_you_mean(word: str, candidates) -> str:
+    """`` (did you mean 'x'?)`` for the closest of ``candidates``, or an empty string."""
+    match = closest(word, candidates)
+    return f" (did you mean {match!r}?)" if match else ""
+
+
+def unknown(what: str, word: str, candidates) -> str:
+    """``unknown key 'devic' (did you mean 'device'?)``."""
+    return f"unknown {what} {word!r}{did_you_mean(word, candidates)}"

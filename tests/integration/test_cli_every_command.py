@@ -1,0 +1,159 @@
+"""What every command gets from the CLI, checked on every registered command and program:
+--help and --version, the global options after the command, its own usage on a mistake,
+and, run by a user who is not root, a one-line error that says how to run it as root.
+
+A new command fails ``test_every_command_has_a_sample`` until SAMPLES holds an invocation
+of it; the non-root check then runs that invocation."""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from hostagent.cli.main import build_parser, main
+from hostagent.sim.driverroot import create_node
+from tests.programs import PROGRAMS, script
+
+# One invocation of each command (after "hostagent --simulate ROOT"), on an a30x4 node
+# whose CDI spec exists, with containerd's folders; ROOT is the node.
+SAMPLES = {
+    "devices": [], "node": [], "labels": ["--write"], "serve": [],
+    "health status": [], "health watch": [], "health clear": ["--all"],
+    "cdi generate": ["--output", "ROOT/spec.json"], "cdi refresh": [], "cdi list": [],
+    "cdi validate": ["ROOT/var/run/cdi/nvidia.com-gpu.json"],
+    "mig apply": ["-c", "all-balanced"], "mig assert": ["-c", "all-disabled"],
+    "mig plan": ["-c", "all-balanced"], "mig export": [], "mig status": [],
+    "runtime configure": ["--runtime", "containerd"], "runtime revert": ["--runtime", "containerd"],
+    "runtime install-shim": [],
+    "sim profiles": [], "sim create": ["--root", "ROOT/another"], "sim demo": ["--profile", "t4x2"],
+    "sim hold": ["0"], "sim release": [], "sim xid": ["--gpu", "0", "--xid", "48"], "sim ecc": ["--gpu", "0"],
+    "sim lose": ["--gpu", "1"], "sim events": ["--gpu", "0", "off"], "sim reboot": [],
+    "sim driver": ["unload"],
+}
+# These change the node: as another user they must be refused, saying how to run them.
+NEED_ROOT = {"labels", "serve", "health clear", "cdi refresh", "mig apply", "runtime configure",
+             "runtime revert", "runtime install-shim", "sim create", "sim hold", "sim xid", "sim reboot",
+             "sim driver"}
+
+
+def leaves(parser=None, words=()):
+    """(words, parser) of every command and verb that runs something."""
+    parser = parser or build_parser()
+    subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    if not subs:
+        yield " ".join(words), parser
+        return
+    for name, sub in subs[0].choices.items():
+        yield from leaves(sub, (*words, name))
+
+
+COMMANDS = dict(leaves())
+
+
+def run(argv, capsys):
+    try:
+        code = main(argv)
+    except SystemExit as e:
+        code = e.code
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_every_command_has_a_sample():
+    assert set(COMMANDS) == set(SAMPLES), "give each new command a sample invocation in SAMPLES"
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_help_usage_and_global_options(command, capsys):
+    words = command.split()
+    code, out, err = run([*words, "--help"], capsys)
+    assert (code, err) == (0, "") and out.startswith(f"usage: hostagent {command} ")
+    assert "global options (before or after the command):" in out and "--simulate DIR" in out
+    # A mistake is reported with this command's usage, not the top level's.
+    code, out, err = run([*words, *SAMPLES[command], "--simulte=/x"], capsys)
+    assert code == 2 and out == ""
+    assert err.startswith(f"usage: hostagent {command} ")
+    assert err.splitlines()[-1].startswith(f"hostagent {command}: error: ")
+    assert "did you mean '--simulate'?" in err
+    # The global options parse after the command's words, and win there.
+    parser = COMMANDS[command]
+    ns, _ = parser.parse_known_args(["--simulate", "/after", "-v", *SAMPLES[command]])
+    assert ns.simulate == "/after" and ns.verbose is True
+
+
+def test_global_options_before_and_after_the_command_agree(make_node, capsys):
+    host, _ = make_node("t4x2")
+    root = str(host.root)
+    before = run(["-v", "-o", "json", "--simulate", root, "devices"], capsys)
+    after = run(["devices", "--simulate", root, "-v", "-o", "json"], capsys)
+    assert before[0] == after[0] == 0 and json.loads(before[1]) == json.loads(after[1])
+    assert run(["--simulate", "/nonexistent", "sim", "profiles", "--simulate", root], capsys)[0] == 0
+    code, _, err = run(["-o", "xml", "devices", "--simulate", root], capsys)
+    assert code == 2 and "hostagent devices: error: argument -o/--output: invalid choice: 'xml'" in err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["devics"], "invalid choice: 'devics' (choose from"),
+    (["cdi", "generat"], "(did you mean 'generate'?)"),
+    (["devices", "--profils"], "unrecognized arguments: --profils (did you mean '--profiles'?)"),
+    (["sim", "create", "--root", "x", "--profile", "dgx-a10"],
+     "unknown simulated node profile 'dgx-a10' (did you mean 'dgx-a100'?)"),
+    (["sim", "create", "--root", "x", "--engines", "containerd,cryo"], "unknown engine 'cryo' (did you mean 'crio'?)"),
+])
+def test_usage_errors_exit_2_with_a_suggestion(argv, message, capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run(argv, capsys)
+    assert code == 2 and out == "" and message in err, err
+    assert not os.listdir(tmp_path)
+
+
+@pytest.mark.parametrize("program", PROGRAMS)
+def test_every_program_answers_help_and_version(program):
+    from hostagent import __version__
+    path = script(program)
+    version = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=60)
+    assert version.returncode == 0 and version.stdout.startswith(f"{program} ") and __version__ in version.stdout
+    helped = subprocess.run([path, "--help"], capture_output=True, text=True, timeout=60)
+    assert helped.returncode == 0 and helped.stderr == "", helped.stderr
+    assert helped.stdout.lstrip().startswith(("usage:", program)) and len(helped.stdout.splitlines()) > 5
+
+
+@pytest.fixture(scope="module")
+def shared_node():
+    """A node another user can traverse but not change (owned by root, mode 0755)."""
+    import shutil
+    from hostagent.hostroot import HostRoot
+    from hostagent.cdi.refresh import configured_options, refresh
+    root = Path(tempfile.mkdtemp(prefix="ha-nonroot-"))
+    root.chmod(0o755)
+    create_node(root, "a30x4")
+    (root / "etc/containerd").mkdir(parents=True)
+    (root / "usr/local/sbin").mkdir(parents=True)
+    host = HostRoot.simulation(root)
+    refresh(host, configured_options(host))
+    yield root
+    shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run commands as another user")
+def test_every_command_run_by_another_user_says_how_to_run_it_as_root(shared_node):
+    lines = "".join(json.dumps(["--simulate", "ROOT", *c.split(), *SAMPLES[c]]) + "\n" for c in SAMPLES)
+    done = subprocess.run([sys.executable, str(Path(__file__).with_name("nonroot.py")), str(shared_node)],
+                          input=lines, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    results = dict(zip(SAMPLES, (json.loads(line) for line in done.stdout.splitlines())))
+    assert len(results) == len(SAMPLES)
+    for command, (argv, code, out) in results.items():
+        assert "Traceback" not in out, f"{command}:\n{out}"
+        if command in NEED_ROOT:
+            assert code == 1, f"{command} did not fail for another user:\n{out}"
+        if code != 0:           # notes may come first; the error is the last line, and the only one
+            errors = [line for line in out.splitlines() if line.startswith("hostagent: error: ")]
+            assert len(errors) == 1 and out.strip().splitlines()[-1] == errors[0], f"{command}:\n{out}"
+        if code != 0 and "ermission denied" in out:
+            assert f"run it as root" in out and f"sudo hostagent {' '.join(argv)}" in out, f"{command}:\n{out}"
