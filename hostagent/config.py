@@ -106,11 +106,10 @@ def validate_data(data, source: str = "config") -> dict:
     errors = sorted(validator.iter_errors(data), key=lambda e: list(map(str, e.absolute_path)))
     if errors:
         problems = []
+        from .schemamsg import describe
         for e in errors:
-            msg = e.message
-            if e.validator == "additionalProperties":
-                msg = msg.replace("Additional properties are not allowed", "unknown key(s)")
-            elif e.validator == "pattern" and e.schema.get("pattern") == "^/":
+            msg = describe(e)
+            if e.validator == "pattern" and e.schema.get("pattern") == "^/":
                 msg = f"{e.instance!r} must be an absolute path"
             problems.append(f"{_where(e.absolute_path)}: {msg}")
         docs = sorted({_SECTION_DOCS.get(e.absolute_path[0] if e.absolute_path else None, _TOP_DOC)

@@ -43,14 +43,15 @@ def decode(text: str | bytes, source: str, what: str, yaml_loader=None):
     if too_deep(raw):
         raise ConfigError(f"nested more than {MAX_NESTING} levels deep; not a {what}", where=source)
     try:
+        from .docerrors import syntax_error      # file:line:column, never the parser's own text
         if raw.lstrip().startswith(("{", "[")):
             try:
                 return json.loads(raw)
             except json.JSONDecodeError as e:
-                raise ConfigError(f"not valid JSON: {e}", where=source) from None
+                raise syntax_error(e, source, "JSON") from None
         try:
             return (yaml_loader or yaml.safe_load)(raw)
         except yaml.YAMLError as e:
-            raise ConfigError(f"not valid YAML or JSON: {e}".replace("\n", " "), where=source) from None
+            raise syntax_error(e, source, "YAML or JSON") from None
     except RecursionError:            # block-style nesting, which has no brackets to count
         raise ConfigError(f"nested too deeply to be a {what}", where=source) from None

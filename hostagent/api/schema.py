@@ -42,7 +42,8 @@ def parse_json(body: bytes):
     except UnicodeDecodeError as e:
         raise InvalidJson(f"the body is not UTF-8: {e.reason} at byte {e.start}") from None
     except json.JSONDecodeError as e:
-        raise InvalidJson(f"the body is not valid JSON: {e.msg}", line=e.lineno, column=e.colno) from None
+        raise InvalidJson(f"the body is not valid JSON: {e.msg} at line {e.lineno}, column {e.colno}",
+                          line=e.lineno, column=e.colno) from None
     except (ValueError, RecursionError) as e:
         raise InvalidJson(f"the body is not valid JSON: {e}") from None
 
@@ -75,8 +76,9 @@ def validate_body(operation_id: str, data) -> None:
     if not errors:
         return
     import jsonschema
+    from ..schemamsg import describe
     errors.sort(key=jsonschema.exceptions.relevance)
     best = jsonschema.exceptions.best_match(errors)
-    problems = [{"path": _where(e.absolute_path), "message": e.message[:300]}
+    problems = [{"path": _where(e.absolute_path), "message": describe(e)[:300]}
                 for e in sorted(errors, key=lambda e: list(map(str, e.absolute_path)))[:_MAX_ERRORS]]
-    raise UsageError(f"{_where(best.absolute_path)}: {best.message[:300]}", problems=problems)
+    raise UsageError(f"{_where(best.absolute_path)}: {describe(best)[:300]}", problems=problems)

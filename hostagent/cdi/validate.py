@@ -338,7 +338,8 @@ def read_spec(path: str | os.PathLike) -> tuple[dict, list[str]]:
         try:
             return loads(text.encode()), []
         except ValueError as e:
-            raise ConfigError(f"is not valid JSON: {e}", where=str(path)) from None
+            from ..docerrors import syntax_error
+            raise syntax_error(e, str(path), "JSON") from None
         except RecursionError:
             raise ConfigError("is nested too deeply to be a CDI spec", where=str(path)) from None
     import yaml
@@ -349,6 +350,7 @@ def read_spec(path: str | os.PathLike) -> tuple[dict, list[str]]:
     try:
         return load_go_yaml(text)
     except yaml.YAMLError as e:
-        raise ConfigError(f"is not valid YAML: {e}".replace("\n", " "), where=str(path)) from None
+        from ..docerrors import syntax_error
+        raise syntax_error(e, str(path)) from None
     except RecursionError:
         raise ConfigError("is nested too deeply to be a CDI spec", where=str(path)) from None

@@ -35,8 +35,8 @@ class Docker:
         try:
             self.data = json.loads(text) if text.strip() else {}
         except ValueError as e:
-            raise ConfigError(f"is not valid JSON: {e}", where=config,
-                              hint="fix the file by hand; nothing was changed") from None
+            from ..docerrors import syntax_error
+            raise syntax_error(e, config, "JSON", hint="fix the file by hand; nothing was changed") from None
         if not isinstance(self.data, dict):
             raise ConfigError("is not a JSON object", where=config)
         found = re.search(r"^\{\s*\n([ \t]+)\S", text)

@@ -20,8 +20,11 @@ def parse(text: str, where: str):
     try:
         return tomlkit.parse(text)
     except ParseError as e:
-        message = str(e).replace("Unexpected character: '\\x00'", "unexpected end of file")
-        raise ConfigError(f"is not valid TOML: {message}", where=where,
+        import re
+        message = re.sub(r" at line \d+ col \d+$", "", str(e))
+        end = "'\\x00'" in message                 # tomlkit's end of file, at no useful place
+        message = "unexpected end of file" if end else message
+        raise ConfigError(f"not valid TOML: {message}", where=where if end else f"{where}:{e.line}:{e.col + 1}",
                           hint="fix the file by hand; nothing was changed") from None
 
 

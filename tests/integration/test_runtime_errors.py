@@ -62,7 +62,7 @@ def nested_import_after_ours(r):
 
 @pytest.mark.parametrize("setup, args, code, message", [
     (lambda r: write(r, "etc/containerd/config.toml", "version = 2\n[plugins\n"),
-     ["--runtime", "containerd"], 1, "config.toml: is not valid TOML"),
+     ["--runtime", "containerd"], 1, "config.toml:2:9: not valid TOML"),
     (lambda r: write(r, "etc/containerd/config.toml", "version = 4\n"),
      ["--runtime", "containerd"], 1, "unknown containerd config version 4"),
     (lambda r: write(r, "etc/containerd/config.toml", 'version = "2"\n'),
@@ -122,16 +122,16 @@ def nested_import_after_ours(r):
      ["--runtime", "containerd"], 1, "etc/containerd: the directory does not exist"),
     (lambda r: None, ["--runtime", "containerd", "--config", "etc/containerd/config.toml"], 2, "must be an absolute path"),
     (lambda r: write(r, "etc/docker/daemon.json", '{"runtimes": {,}}'),
-     ["--runtime", "docker"], 1, "daemon.json: is not valid JSON: Expecting property name"),
+     ["--runtime", "docker"], 1, "daemon.json:1:15: not valid JSON: Expecting property name"),
     (lambda r: write(r, "etc/docker/daemon.json", "[]"), ["--runtime", "docker"], 1, "is not a JSON object"),
     (lambda r: write(r, "etc/docker/daemon.json", '{"runtimes": []}'), ["--runtime", "docker"], 1,
      "runtimes is not a JSON object"),
     (lambda r: None, ["--runtime", "docker", "--drop-in", "/etc/docker/x.json"], 2, "dockerd has no drop-in files"),
     (lambda r: None, ["--runtime", "crio", "--no-drop-in"], 2, "never edits its main file"),
     (lambda r: write(r, "etc/crio/crio.conf.d/10-broken.conf", "[crio.runtime\n"),
-     ["--runtime", "crio"], 1, "10-broken.conf: is not valid TOML"),
+     ["--runtime", "crio"], 1, "10-broken.conf:1:14: not valid TOML"),
     (lambda r: (r / "etc/hostagent").mkdir() or write(r, "etc/hostagent/config.yaml", "runtime:\n  cdi_spec_dirs: x\n"),
-     ["--runtime", "docker", "--cdi"], 1, "runtime.cdi_spec_dirs: 'x' is not of type 'array'"),
+     ["--runtime", "docker", "--cdi"], 1, "runtime.cdi_spec_dirs: must be of type array, not a string"),
 ])
 def test_bad_input(root, tmp_path, capsys, setup, args, code, message):
     setup(root)

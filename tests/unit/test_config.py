@@ -42,9 +42,11 @@ def test_empty_file_is_all_defaults(tmp_path):
 
 @pytest.mark.parametrize("text, where", [
     ("runtime:\n  cdi_spec_dirs: [/etc/cdi, relative]\n", "runtime.cdi_spec_dirs[1]: 'relative' must be an absolute path"),
-    ("runtime:\n  low_level_runtimes: runc\n", "runtime.low_level_runtimes: 'runc' is not of type 'array'"),
-    ("runtime:\n  typo: 1\n", "runtime: unknown key(s) ('typo' was unexpected)"),
-    ("nosuchsection: {}\n", "(top level): unknown key(s)"),
+    ("runtime:\n  low_level_runtimes: runc\n", "runtime.low_level_runtimes: must be of type array, not a string"),
+    ("runtime:\n  typo: 1\n", "runtime: unknown key 'typo'"),
+    ("runtime:\n  low_level_runtime: [runc]\n", "runtime: unknown key 'low_level_runtime' (did you mean 'low_level_runtimes'?)"),
+    ("nosuchsection: {}\n", "(top level): unknown key 'nosuchsection'"),
+    ("runtim: {}\n", "(top level): unknown key 'runtim' (did you mean 'runtime'?)"),
     ("runtime:\n  default_kind: gpu\n", "runtime.default_kind:"),
     ("hook:\n  interpreter: python3\n", "hook.interpreter: 'python3' must be an absolute path"),
 ])
