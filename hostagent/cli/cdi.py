@@ -143,12 +143,17 @@ def refresh(args) -> int:
 
 
 def list_devices(args) -> int:
-    from ..cdi.registry import list_devices as do_list
-    devices, errors = do_list(host_from_args(args))
-    emit({"devices": devices, "errors": errors}, args.output, lambda d: print(
+    from ..cdi.registry import SPEC_DIRS, list_devices as do_list
+    host = host_from_args(args)
+    devices, errors = do_list(host)
+    searched = [str(host.host(d)) for d in SPEC_DIRS]
+    emit({"devices": devices, "errors": errors, "searched": searched}, args.output, lambda d: d["devices"] and print(
         table(["DEVICE", "SPEC"], [[x.name, x.spec] for x in d["devices"]])))
     for e in errors:
         print(f"hostagent: warning: {e}", file=sys.stderr)
+    if not devices:
+        print(f"hostagent: note: no CDI devices in {' or '.join(searched)} (searched in that order); "
+              "'hostagent cdi refresh' writes this node's spec", file=sys.stderr)
     return 0
 
 
@@ -157,7 +162,8 @@ def validate(args) -> int:
     for path in args.files:
         problems, warnings = _check_file(path)
         for p in problems:
-            print(f"{path}: {p}")
+            # A syntax error's line and column follow the path as compilers write them.
+            print(f"{path}{'' if p.startswith(':') else ': '}{p}")
         if problems:
             failed += 1
         else:
@@ -174,7 +180,8 @@ def _check_file(path: str) -> tuple[list[str], list[str]]:
     try:
         doc, problems = read_spec(path)
     except HostagentError as e:
-        return [e.what], []
+        at = e.where[len(path):] if e.where and e.where.startswith(f"{path}:") else ""
+        return [f"{at}: {e.what}" if at else e.what], []
     except Exception as e:                # noqa: BLE001 - one file never stops the others
         return [f"cannot be read as a CDI spec ({type(e).__name__}: {e})"], []
     # An unquoted scalar is said once, with its cause, not again as a bad value.

@@ -104,13 +104,19 @@ def _uuid(key: str) -> str | None:
 
 def _document(gpu: dict, *, profiles: bool) -> dict:
     """A GPU's JSON/YAML entry: ``mig_capable`` said outright (``mig`` is null without MIG),
-    and ``mig.profiles`` only when asked for: an empty list would read as "no profiles"."""
+    the MIG mode as ``mode: {current, pending}``, PCI ids in nvidia-smi's hex, and
+    ``mig.profiles`` only when asked for: an empty list would read as "no profiles"."""
+    from ..devices.records import mig_mode, pci_id
     out = {}
     for key, value in gpu.items():
         if key == "mig":
             out["mig_capable"] = value is not None
-            if value is not None and not profiles:
-                value = {k: v for k, v in value.items() if k != "profiles"}
+            if value is not None:
+                value = {"mode": mig_mode(value["enabled"], value["pending"]),
+                         **{k: v for k, v in value.items() if k not in ("enabled", "pending")
+                            and (profiles or k != "profiles")}}
+        elif key in ("pci_device_id", "pci_subsystem_id"):
+            value = pci_id(value)
         out[key] = value
     return out
 
@@ -171,17 +177,33 @@ def render(inv, *, profiles: bool = False, health: DaemonHealth | None = None) -
             out.append(f"  GPU {index}: GPU instance {gi.id} ({gi.profile} at {gi.placement}) "
                        "has no compute instance")
     if profiles:
+        # Identical GPUs (same product, same profiles) share one table.
+        groups: dict[tuple, list[int]] = {}
         for g in inv.gpus:
+            groups.setdefault((g.name, g.mig and g.mig.profiles), []).append(g.index)
+        for (name, gpu_profiles), indices in groups.items():
+            head = f"{'GPUs' if len(indices) > 1 else 'GPU'} {_ranges(indices)} ({name})"
             out.append("")
-            if g.mig is None:
-                out.append(f"GPU {g.index} ({g.name}): not MIG capable")
+            if gpu_profiles is None:
+                out.append(f"{head}: not MIG capable")
                 continue
             rows = [[p.id, p.name, p.instances, f"{p.slices}/{p.memory_slices}", f"{p.memory_mib} MiB",
                      p.multiprocessors, f"{p.copy_engines}/{p.decoders}/{p.encoders}/{p.jpegs}/{p.ofas}",
                      (",".join(str(pl.start) for pl in p.placements) + f" (size {p.memory_slices})"
                       if p.placements else "-")]
-                    for p in g.mig.profiles]
-            out += [f"GPU {g.index} ({g.name}) MIG GPU-instance profiles:",
+                    for p in gpu_profiles]
+            out += [f"{head} MIG GPU-instance profiles:",
                     table(["ID", "NAME", "INSTANCES", "SLICES C/M", "MEMORY", "SMS",
                            "CE/DEC/ENC/JPG/OFA", "PLACEMENTS"], rows, indent="  ")]
     return "\n".join(out)
+
+
+def _ranges(indices: list[int]) -> str:
+    """``0-3,6`` for [0, 1, 2, 3, 6]."""
+    spans: list[list[int]] = []
+    for i in indices:
+        if spans and i == spans[-1][1] + 1:
+            spans[-1][1] = i
+        else:
+            spans.append([i, i])
+    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)

@@ -272,9 +272,9 @@ def run_status(args) -> int:
             if mig is None:
                 rows.append([g["index"], g["name"], "n/a", "-", "-"])
                 continue
-            mode = "enabled" if mig["enabled"] else "disabled"
-            if mig["enabled"] != mig["pending"]:
-                mode += f" (pending {'enabled' if mig['pending'] else 'disabled'})"
+            mode = mig["mode"]["current"]
+            if mig["mode"]["pending"] != mode:
+                mode += f" (pending {mig['mode']['pending']})"
             devices = ", ".join(f"{n}x {p}" for p, n in sorted(mig["devices"].items())) or "-"
             placements = ", ".join(f"{gi['profile']}@{gi['placement']['start']}:{gi['placement']['size']}"
                                    for gi in mig["gpu_instances"]) or "-"

@@ -142,19 +142,22 @@ def install_shim(args) -> int:
     text = render_front(front_settings(config.runtime, runtime=args.low_level_runtime,
                                        config=agent_config, cache_dir=cache_dir))
     current = read_one(host, path)
+    if not current.real.parent.is_dir():       # the same answer with --dry-run
+        from ..errors import NotFoundError
+        raise NotFoundError(f"the directory for the shim ({path}) does not exist", where=str(current.real.parent),
+                            hint=f"create it (mkdir -p {current.real.parent}), or give --path a folder "
+                                 "that exists and the same path to 'runtime configure --shim'")
     if args.dry_run:
         sys.stdout.write(diff([Change(current, text)]) if current.text != text else "no changes\n")
         return 0
     if current.text == text:
         print(f"{current.real} is up to date")
         return 0
-    if not current.real.parent.is_dir():
-        from ..errors import NotFoundError
-        raise NotFoundError("the directory does not exist", where=str(current.real.parent))
     try:
         write_atomic(current.real, text, mode=0o755)
     except OSError as e:
         from ..errors import HostagentError
-        raise HostagentError(f"cannot write: {e.strerror}", where=str(current.real)) from None
+        raise HostagentError(f"cannot write the shim: {e.strerror}", where=str(current.real),
+                             hint="nothing was changed") from None
     print(f"wrote {current.real}")
     return 0

@@ -26,6 +26,10 @@ def register(sub) -> None:
     v.add_argument("--force", action="store_true",
                    help="replace the simulated node already in that directory (everything under it "
                         "is removed first; a directory without one is never cleared)")
+    v.add_argument("--engines", type=_engines, default=(), metavar="LIST",
+                   help="comma list of container engines installed on the node (containerd, crio, "
+                        "docker): their configuration folders, and /usr/local/sbin for the runtime "
+                        "shim, so 'hostagent runtime' has engines to configure")
     v.set_defaults(run=create)
 
     v = verbs.add_parser("demo", help="create a node in a temporary directory and show it")
@@ -74,6 +78,17 @@ def register(sub) -> None:
     v.set_defaults(run=driver)
 
 
+def _engines(text: str) -> tuple[str, ...]:
+    import argparse
+    from ..sim.rootdir import ENGINE_DIRS
+    from ..suggest import unknown
+    names = tuple(dict.fromkeys(n.strip() for n in text.split(",") if n.strip()))
+    for name in names:
+        if name not in ENGINE_DIRS:
+            raise argparse.ArgumentTypeError(f"{unknown('engine', name, ENGINE_DIRS)}; known: {', '.join(ENGINE_DIRS)}")
+    return names
+
+
 def _verb(verbs, name, text):
     v = verbs.add_parser(name, help=text, description=text)
     v.add_argument("--root", help="the simulated node (default: --simulate or $HOSTAGENT_SIMULATE)")
@@ -113,8 +128,9 @@ def _node_kind(store) -> str:
 
 def create(args) -> int:
     from ..sim.rootdir import build_node
-    store = build_node(args.root, args.profile, replace=args.force)
-    print(f"created simulated node '{args.profile}' in {store.root}; device nodes: {_node_kind(store)}")
+    store = build_node(args.root, args.profile, replace=args.force, engines=args.engines)
+    print(f"created simulated node '{args.profile}' in {store.root}; device nodes: {_node_kind(store)}"
+          + (f"; engines: {', '.join(args.engines)}" if args.engines else ""))
     print(f"use it with: hostagent --simulate {store.root} devices")
     return 0
 
@@ -130,12 +146,16 @@ def demo(args) -> int:
     try:
         store = create_node(root, args.profile)
         inv = read_inventory(HostRoot.simulation(root))
-        print(f"Simulated node '{args.profile}' in {root}: driver {inv.driver_version}, "
-              f"CUDA {inv.cuda_driver_version}, NVML {inv.nvml_version}; "
-              f"device nodes: {_node_kind(store)}\n")
-        print(devices.render(inv, profiles=False))
+        kind = _node_kind(store)
     finally:
         shutil.rmtree(root, ignore_errors=True)
+    # The folder is gone once this prints: it is not named (sim create keeps a node).
+    print(f"Simulated node '{args.profile}', built in a temporary folder and removed again: "
+          f"driver {inv.driver_version}, CUDA {inv.cuda_driver_version}, NVML {inv.nvml_version}; "
+          f"device nodes: {kind}\n")
+    print(devices.render(inv, profiles=False))
+    print(f"\nTo keep a node and use the other commands on it: hostagent sim create --profile "
+          f"{args.profile} --root DIR, then hostagent --simulate DIR devices")
     return 0
 
 

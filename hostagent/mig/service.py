@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from ..devices import read_inventory
-from ..devices.records import Inventory
+from ..devices.records import Inventory, mig_mode
 from ..errors import StateError
 from ..hostroot import HostRoot
 from ..lock import node_lock
@@ -200,7 +200,7 @@ def status(host: HostRoot, *, on_layout_changed: Callable[[HostRoot], None] = _n
         layout = Layout.of(gpu)
         gpus.append({"index": gpu.index, "name": gpu.name, "uuid": gpu.uuid,
                      "mig": None if gpu.mig is None else {
-                         "enabled": layout.enabled, "pending": layout.pending,
+                         "mode": mig_mode(layout.enabled, layout.pending),
                          "devices": layout.counts(), "layout": layout.describe(),
                          "gpu_instances": layout.to_dict()["gpu_instances"]}})
     journal = Journal.load(host)

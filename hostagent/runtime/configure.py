@@ -60,8 +60,9 @@ def plan_configure(host, runtime: str, settings: Settings, *, config: str | None
     engine = mod.build(reader, config, drop_in, explicit=explicit)
     rendered = configure(engine, settings)
     snapshots = {path: reader.snapshot(path) for path in rendered}
-    return Plan(runtime, mod.SERVICE, files.changes(snapshots, rendered, make_parent={engine.drop_in}),
-                engine.notes, config, getattr(engine, "socket", ""))
+    changes = files.changes(snapshots, rendered, make_parent={engine.drop_in})
+    files.check_directories(changes)
+    return Plan(runtime, mod.SERVICE, changes, engine.notes, config, getattr(engine, "socket", ""))
 
 
 def backup_folder(host, runtime: str, backup_dir: str | None = None) -> Path:

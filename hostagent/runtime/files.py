@@ -21,7 +21,7 @@ from pathlib import Path
 from ..errors import ConfigError, HostagentError, NotFoundError, StateError
 from ..fileio import read_regular, remove_stale_temporaries, temp_path
 
-__all__ = ["Snapshot", "Change", "Reader", "read_one", "changes", "diff", "write"]
+__all__ = ["Snapshot", "Change", "Reader", "read_one", "changes", "check_directories", "diff", "write"]
 
 
 @dataclass(frozen=True)
@@ -139,6 +139,20 @@ def read_one_text(real: Path) -> str | None:
                          hint="nothing was changed") from None
 
 
+def check_directories(items: list[Change]) -> None:
+    """Fail as ``write`` would on a missing directory, before anything is written: a dry
+    run promises only what the real run does."""
+    for c in items:
+        folder = c.snapshot.real.parent
+        if c.new is not None and not folder.is_dir() and not (c.make_parent and folder.parent.is_dir()):
+            raise _no_directory(folder)
+
+
+def _no_directory(folder: Path) -> NotFoundError:
+    return NotFoundError("the directory does not exist", where=str(folder),
+                         hint="is the engine installed? nothing was changed")
+
+
 def _directory(real: Path, make: bool) -> Path:
     """The target's directory; a missing one is created only for a drop-in, and only when
     its parent exists (the engine's own folder missing means the engine is not there)."""
@@ -152,8 +166,7 @@ def _directory(real: Path, make: bool) -> Path:
             raise HostagentError(f"cannot create the directory: {e.strerror}", where=str(folder),
                                  hint="nothing was changed") from None
         return folder
-    raise NotFoundError("the directory does not exist", where=str(folder),
-                        hint="is the engine installed? nothing was changed")
+    raise _no_directory(folder)
 
 
 def _temp(real: Path, text: str, like: os.stat_result | None, make_parent: bool = False) -> str:

@@ -6,7 +6,7 @@ import functools
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import NotFoundError
+from ..errors import UsageError
 
 __all__ = ["GiProfileSpec", "CiProfileSpec", "MigSpec", "SkuSpec", "NodeProfile",
            "skus", "raw_skus", "sku_from_dict", "profile_names", "load_profile", "ci_profile_index"]
@@ -220,8 +220,10 @@ def profile_names() -> list[str]:
 @functools.cache
 def load_profile(name: str) -> NodeProfile:
     if name not in profile_names():
-        raise NotFoundError(f"no simulated node profile named {name!r}",
-                            hint=f"choose one of: {', '.join(profile_names())}")
+        from ..suggest import unknown
+        # A name from the command line (--profile): a usage error.
+        raise UsageError(unknown("simulated node profile", name, profile_names()),
+                         hint=f"choose one of: {', '.join(profile_names())} (hostagent sim profiles)")
     raw = _data(f"profiles/{name}.yaml")
     table = skus()
     slots = tuple(GpuSlot(table[group["sku"]], bus.lower())

@@ -15,7 +15,12 @@ from pathlib import Path
 from ..errors import HostagentError, StateError, UsageError
 from .store import SimStore
 
-__all__ = ["check_root", "build_node", "clear_node"]
+__all__ = ["check_root", "build_node", "clear_node", "ENGINE_DIRS"]
+
+# The folders an installed engine has (its configuration folder; its main file may be
+# missing, as engines run with their defaults then), and where the runtime shim goes.
+ENGINE_DIRS = {"containerd": ("etc/containerd",), "crio": ("etc/crio",), "docker": ("etc/docker",)}
+SHIM_DIR = "usr/local/sbin"
 
 # Kernel file systems: nothing can be built there, and the error would not say why.
 _PSEUDO = (Path("/proc"), Path("/sys"), Path("/dev"))
@@ -88,8 +93,9 @@ def _has_entries(directory: Path) -> bool:
         return any(entries)
 
 
-def build_node(text: str, profile: str, *, replace: bool = False) -> SimStore:
-    """Build a simulated node of ``profile`` in the directory ``text`` names.
+def build_node(text: str, profile: str, *, replace: bool = False, engines=()) -> SimStore:
+    """Build a simulated node of ``profile`` in the directory ``text`` names, with the
+    folders of the container ``engines`` named (see ENGINE_DIRS).
 
     ``replace`` clears a simulated node already there first. A build that fails leaves
     the directory as it found it, except a node being replaced, which is gone.
@@ -112,7 +118,11 @@ def build_node(text: str, profile: str, *, replace: bool = False) -> SimStore:
             raise UsageError("the directory holds files but no simulated node", where=str(root),
                              hint=_NEW_ROOT_HINT)
     try:
-        return create_node(root, profile)
+        store = create_node(root, profile)
+        folders = [d for e in engines for d in ENGINE_DIRS[e]] + ([SHIM_DIR] if engines else [])
+        for folder in folders:
+            (root / folder).mkdir(mode=0o755, parents=True, exist_ok=True)
+        return store
     except BaseException as e:
         if created:
             shutil.rmtree(new, ignore_errors=True)
