@@ -139,14 +139,14 @@ def install_shim(args) -> int:
     agent_config = args.agent_config or str(host.host(DEFAULT_PATH))
     cache_dir = absolute_path(args.cache_dir or str(host.run_dir), "--cache-dir",
                               hint="engines run the shim from a working directory of their own")
-    text = render_front(front_settings(config.runtime, runtime=args.low_level_runtime,
-                                       config=agent_config, cache_dir=cache_dir))
     current = read_one(host, path)
     if not current.real.parent.is_dir():       # the same answer with --dry-run
         from ..errors import NotFoundError
         raise NotFoundError(f"the directory for the shim ({path}) does not exist", where=str(current.real.parent),
                             hint=f"create it (mkdir -p {current.real.parent}), or give --path a folder "
                                  "that exists and the same path to 'runtime configure --shim'")
+    text = render_front(front_settings(config.runtime, runtime=args.low_level_runtime,
+                                       config=agent_config, cache_dir=cache_dir))
     if args.dry_run:
         sys.stdout.write(diff([Change(current, text)]) if current.text != text else "no changes\n")
         return 0
