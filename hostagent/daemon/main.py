@@ -329,7 +329,13 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.check:
         return check(HostRoot.from_env(args.simulate), args.config)
-    return run(HostRoot.from_env(args.simulate), args.config, args.log_level)
+    try:
+        return run(HostRoot.from_env(args.simulate), args.config, args.log_level)
+    except PermissionError as e:          # its run folder, socket or state: not root
+        from ..cli.errors import os_error
+        print(f"hostagentd: error: cannot start: {os_error(e)}; the daemon runs as root: "
+              "systemctl start hostagent, or sudo hostagentd", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

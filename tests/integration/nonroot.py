@@ -1,4 +1,4 @@
-"""Run hostagent commands as another user (uid/gid 65534), each in a forked child of this
+"""Run hostagent (or hostagentd) commands as another user (uid/gid 65534), each in a forked child of this
 process: ``python nonroot.py ROOT`` reads JSON argv lists on stdin, runs each with ROOT
 put in for the word ``ROOT``, and prints one JSON line per command: [argv, exit code,
 output]. A fork, not an exec: that user may not be able to read this interpreter, so
@@ -36,7 +36,11 @@ def import_everything() -> None:
 
 
 def run_as_nobody(argv: list[str]) -> tuple[int, str]:
+    """``hostagent ARGV`` (``hostagentd ARGS`` when ARGV starts with that word) as nobody."""
     from hostagent.cli.main import main
+    if argv[:1] == ["hostagentd"]:
+        from hostagent.daemon.main import main
+        argv = argv[1:]
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:

@@ -143,11 +143,15 @@ def shared_node():
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run commands as another user")
 def test_every_command_run_by_another_user_says_how_to_run_it_as_root(shared_node):
     lines = "".join(json.dumps(["--simulate", "ROOT", *c.split(), *SAMPLES[c]]) + "\n" for c in SAMPLES)
+    lines += json.dumps(["hostagentd", "--simulate", "ROOT"]) + "\n"
     done = subprocess.run([sys.executable, str(Path(__file__).with_name("nonroot.py")), str(shared_node)],
                           input=lines, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr
-    results = dict(zip(SAMPLES, (json.loads(line) for line in done.stdout.splitlines())))
-    assert len(results) == len(SAMPLES)
+    results = dict(zip([*SAMPLES, "hostagentd"], (json.loads(line) for line in done.stdout.splitlines())))
+    assert len(results) == len(SAMPLES) + 1
+    code, out = results.pop("hostagentd")[1:]
+    assert code == 1 and out.startswith("hostagentd: error: cannot start: ") and "Traceback" not in out
+    assert out.rstrip().endswith("the daemon runs as root: systemctl start hostagent, or sudo hostagentd"), out
     for command, (argv, code, out) in results.items():
         assert "Traceback" not in out, f"{command}:\n{out}"
         if command in NEED_ROOT:
