@@ -135,11 +135,11 @@ def _entry(raw, where: str) -> ConfigEntry:
     elif isinstance(devices, list) and all(_is_int(d) for d in devices):
         devices = tuple(devices)
     else:
-        # mig-parted's message (both of its decoding attempts), then what to write instead.
+        # What to write instead, then mig-parted's message (both of its decoding attempts).
         bad = next((d for d in devices if not _is_int(d)), None) if isinstance(devices, list) else devices
         as_list = _go_unmarshal(bad, "int") if isinstance(devices, list) else _go_unmarshal(devices, "[]int")
-        raise ValueError(f"{where}: ({_go_unmarshal(devices, 'string')}, {as_list}): 'devices' must be "
-                         f"\"all\" or a list of GPU indices such as [0, 1], not {_json(devices)}")
+        raise ValueError(f"{where}: 'devices' must be \"all\" or a list of GPU indices such as [0, 1], not "
+                         f"{_json(devices)} (mig-parted: {_go_unmarshal(devices, 'string')}, {as_list})")
 
     enabled = raw["mig-enabled"]
     if not isinstance(enabled, bool):
@@ -167,7 +167,8 @@ def _check_mig_devices(mig_devices: dict, where: str) -> None:
         if count is not None and not _is_int(count):
             hint = ("a string: write the number without quotes" if isinstance(count, str)
                     else "counts are whole numbers")
-            raise ValueError(f"{where}: {_go_unmarshal(count, 'int')}: the count of '{name}' is {_json(count)}, {hint}")
+            raise ValueError(f"{where}: the count of '{name}' is {_json(count)}, {hint} "
+                             f"(mig-parted: {_go_unmarshal(count, 'int')})")
         try:
             parse_profile(name)
         except ValueError as e:

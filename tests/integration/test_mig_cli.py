@@ -122,8 +122,8 @@ def test_errors_are_one_line_with_exit_codes(capsys, node, tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("version: v1\nmig-configs:\n  x:\n    - devices: 7\n      mig-enabled: false\n")
     code, _, err = run(capsys, host, "plan", "-f", bad, "-c", "x")
-    assert code == 1 and f"{bad}: mig-configs.x[0]: (json: cannot unmarshal number into Go value" in err
-    assert err.count("\n") == 1 and "'devices' must be \"all\" or a list of GPU indices" in err
+    assert code == 1 and f"{bad}: mig-configs.x[0]: 'devices' must be \"all\" or a list of GPU indices" in err
+    assert err.count("\n") == 1 and "(mig-parted: json: cannot unmarshal number" in err
     code, _, err = run(capsys, host, "apply", "-f", tmp_path / "missing.yaml", "-c", "x")
     assert code == 1 and "MIG config file not found" in err
     code, _, err = run(capsys, host, "apply", "--bogus")

@@ -116,14 +116,14 @@ def _one(entry: str) -> str:
     (_one("{devices: all}"), "missing required field: mig-enabled"),
     (_one("{devices: some, mig-enabled: false}"), "invalid string input for 'devices': some"),
     (_one("{devices: 7, mig-enabled: false}"),                                      # issue #44
-     "(json: cannot unmarshal number into Go value of type string, json: cannot unmarshal number into "
-     "Go value of type []int): 'devices' must be \"all\" or a list of GPU indices such as [0, 1], not 7"),
+     "'devices' must be \"all\" or a list of GPU indices such as [0, 1], not 7 (mig-parted: json: cannot "
+     "unmarshal number into Go value of type string, json: cannot unmarshal number into Go value of type []int)"),
     (_one("{devices: [0, x], mig-enabled: false}"),
-     "(json: cannot unmarshal array into Go value of type string, json: cannot unmarshal string into "
-     "Go value of type int)"),
+     "not [0, \"x\"] (mig-parted: json: cannot unmarshal array into Go value of type string, json: cannot "
+     "unmarshal string into Go value of type int)"),
     (_one("{devices: all, mig-enabled: true, mig-devices: {1g.5gb: '2'}}"),
-     "json: cannot unmarshal string into Go value of type int: the count of '1g.5gb' is \"2\", a string: "
-     "write the number without quotes"),
+     "the count of '1g.5gb' is \"2\", a string: write the number without quotes (mig-parted: json: cannot "
+     "unmarshal string into Go value of type int)"),
     (_one("{devices: all, mig-enabled: true, mig-devices: {1g.5gb: 1.5}}"),
      "json: cannot unmarshal number 1.5 into Go value of type int"),
     (_one("{devices: all, mig-enabled: true}"),
