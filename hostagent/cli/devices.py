@@ -35,7 +35,11 @@ def run(args) -> int:
     if args.output != "table":
         from .output import to_plain
         data = to_plain({"gpus": inv.gpus, "unreadable": inv.unreadable, "unread": inv.unread})
-        data["gpus"] = [_document(gpu, profiles=args.profiles) for gpu in data["gpus"]]
+        data["gpus"] = [_document(gpu) for gpu in data["gpus"]]
+        if args.profiles:       # once per kind of GPU, as the table shows them
+            data["mig_profiles"] = [{"gpus": indices, "product": name, "profiles": to_plain(profiles)}
+                                    for (name, profiles), indices in profile_groups(inv).items()
+                                    if profiles is not None]
         for gpu in data["gpus"]:
             gpu["health"] = health.get(gpu["uuid"])
             for dev in (gpu["mig"] or {}).get("devices", ()):
@@ -102,10 +106,10 @@ def _uuid(key: str) -> str | None:
     return None if key.startswith("gpu:") else key
 
 
-def _document(gpu: dict, *, profiles: bool) -> dict:
+def _document(gpu: dict) -> dict:
     """A GPU's JSON/YAML entry: ``mig_capable`` said outright (``mig`` is null without MIG),
-    the MIG mode as ``mode: {current, pending}``, PCI ids in nvidia-smi's hex, and
-    ``mig.profiles`` only when asked for: an empty list would read as "no profiles"."""
+    the MIG mode as ``mode: {current, pending}``, PCI ids in nvidia-smi's hex; its MIG
+    profiles are in ``mig_profiles``, once for all the GPUs that have the same."""
     from ..devices.records import mig_mode, pci_id
     out = {}
     for key, value in gpu.items():
@@ -113,8 +117,7 @@ def _document(gpu: dict, *, profiles: bool) -> dict:
             out["mig_capable"] = value is not None
             if value is not None:
                 value = {"mode": mig_mode(value["enabled"], value["pending"]),
-                         **{k: v for k, v in value.items() if k not in ("enabled", "pending")
-                            and (profiles or k != "profiles")}}
+                         **{k: v for k, v in value.items() if k not in ("enabled", "pending", "profiles")}}
         elif key in ("pci_device_id", "pci_subsystem_id"):
             value = pci_id(value)
         out[key] = value
@@ -177,11 +180,7 @@ def render(inv, *, profiles: bool = False, health: DaemonHealth | None = None) -
             out.append(f"  GPU {index}: GPU instance {gi.id} ({gi.profile} at {gi.placement}) "
                        "has no compute instance")
     if profiles:
-        # Identical GPUs (same product, same profiles) share one table.
-        groups: dict[tuple, list[int]] = {}
-        for g in inv.gpus:
-            groups.setdefault((g.name, g.mig and g.mig.profiles), []).append(g.index)
-        for (name, gpu_profiles), indices in groups.items():
+        for (name, gpu_profiles), indices in profile_groups(inv).items():
             head = f"{'GPUs' if len(indices) > 1 else 'GPU'} {_ranges(indices)} ({name})"
             out.append("")
             if gpu_profiles is None:
@@ -196,6 +195,15 @@ def render(inv, *, profiles: bool = False, health: DaemonHealth | None = None) -
                     table(["ID", "NAME", "INSTANCES", "SLICES C/M", "MEMORY", "SMS",
                            "CE/DEC/ENC/JPG/OFA", "PLACEMENTS"], rows, indent="  ")]
     return "\n".join(out)
+
+
+def profile_groups(inv) -> dict[tuple, list[int]]:
+    """(product, MIG profiles or None) -> the indices of the GPUs that have them: identical
+    GPUs share one entry."""
+    groups: dict[tuple, list[int]] = {}
+    for g in inv.gpus:
+        groups.setdefault((g.name, g.mig and g.mig.profiles), []).append(g.index)
+    return groups
 
 
 def _ranges(indices: list[int]) -> str:

@@ -45,9 +45,13 @@ def test_devices_json_and_yaml_agree(node):
     keys = list(data["gpus"][0])
     assert keys.index("mig_capable") == keys.index("mig") - 1
     assert yaml.safe_load(hostagent("--simulate", node, "devices", "-o", "yaml").stdout) == data
+    assert "mig_profiles" not in data
     with_profiles = json.loads(hostagent("--simulate", node, "devices", "--profiles", "-o", "json").stdout)
-    names = [p["name"] for p in with_profiles["gpus"][0]["mig"]["profiles"]]
+    groups = with_profiles["mig_profiles"]            # once for the two A100s; the T4 has none
+    assert [(g["gpus"], g["product"]) for g in groups] == [([0, 1], "NVIDIA A100-SXM4-80GB")]
+    names = [p["name"] for p in groups[0]["profiles"]]
     assert "3g.40gb" in names and "1g.10gb+me" in names
+    assert "profiles" not in with_profiles["gpus"][0]["mig"]
 
 
 def test_devices_table_shows_mig_devices_and_profiles(node):

@@ -134,8 +134,10 @@ def test_gpu_instances_are_all_read_when_nvml_reports_too_small_an_instance_coun
     done = subprocess.run([sys.executable, "-m", "hostagent.cli.main", "--simulate", str(host.root),
                            "devices", "--profiles", "-o", "json"], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
-    (gpu0, *_) = json.loads(done.stdout)["gpus"]
-    assert [p["instances"] for p in gpu0["mig"]["profiles"] if p["id"] == 14] == [1]   # as NVML says
+    doc = json.loads(done.stdout)
+    (gpu0, *_) = doc["gpus"]
+    (profiles,) = [g["profiles"] for g in doc["mig_profiles"] if 0 in g["gpus"]]
+    assert [p["instances"] for p in profiles if p["id"] == 14] == [1]   # as NVML says
     assert [g["placement"]["start"] for g in gpu0["mig"]["gpu_instances"]] == [0, 1, 2, 3]
     assert len(gpu0["mig"]["devices"]) == 4
 
