@@ -36,9 +36,10 @@ def import_everything() -> None:
 
 
 def run_as_nobody(argv: list[str]) -> tuple[int, str]:
-    """``hostagent ARGV`` (``hostagentd ARGS`` when ARGV starts with that word) as nobody."""
+    """``hostagent ARGV`` (the daemon's program with ARGS when ARGV is ``["daemon:", *ARGS]``)
+    as nobody."""
     from hostagent.cli.main import main
-    if argv[:1] == ["hostagentd"]:
+    if argv[:1] == ["daemon:"]:
         from hostagent.daemon.main import main
         argv = argv[1:]
     r, w = os.pipe()

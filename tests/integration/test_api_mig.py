@@ -360,7 +360,7 @@ def test_sigterm_during_the_start_up_apply_rolls_it_back_and_stops():
         out = subprocess.run([sys.executable, "-m", "hostagent.cli.main", "--simulate", str(root),
                               "devices", "-o", "json"], capture_output=True, text=True, check=True)
         gpus = json.loads(out.stdout)["gpus"]
-        assert [(g["mig"]["enabled"], g["mig"]["pending"]) for g in gpus] == [(False, False)] * 8
+        assert [g["mig"]["mode"] for g in gpus] == [{"current": "disabled", "pending": "disabled"}] * 8
 
 
 def test_sigterm_during_an_api_apply_rolls_it_back():

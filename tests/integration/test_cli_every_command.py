@@ -143,7 +143,7 @@ def shared_node():
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run commands as another user")
 def test_every_command_run_by_another_user_says_how_to_run_it_as_root(shared_node):
     lines = "".join(json.dumps(["--simulate", "ROOT", *c.split(), *SAMPLES[c]]) + "\n" for c in SAMPLES)
-    lines += json.dumps(["hostagentd", "--simulate", "ROOT"]) + "\n"
+    lines += json.dumps(["daemon:", "--simulate", "ROOT"]) + "\n"      # hostagentd
     done = subprocess.run([sys.executable, str(Path(__file__).with_name("nonroot.py")), str(shared_node)],
                           input=lines, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr
