@@ -35,7 +35,7 @@ YAML_AT = "3:4: not valid {kind}: expected ',' or ']', but got ':' (while parsin
 
 
 @pytest.mark.parametrize("argv, kind", [
-    (["runtime", "install-shim", "--dry-run", "--agent-config", "{f}"], "YAML"),        # hostagent's config
+    (["runtime", "install-shim", "--dry-run", "--agent-config", "{f}"], "YAML or JSON"),  # hostagent's config
     (["mig", "plan", "-f", "{f}"], "YAML or JSON"),                                    # mig-parted config
     (["mig", "apply", "-c", "x", "-k", "{f}"], "YAML or JSON"),                        # mig-parted hooks
 ])
