@@ -22,7 +22,7 @@ from tests.programs import PROGRAMS, script
 # One invocation of each command (after "hostagent --simulate ROOT"), on an a30x4 node
 # whose CDI spec exists, with containerd's folders; ROOT is the node.
 SAMPLES = {
-    "devices": [], "node": [], "labels": ["--write"], "serve": [],
+    "devices": [], "node": [], "labels": ["--write"], "serve": [], "device-plugin": [],
     "health status": [], "health watch": [], "health clear": ["--all"],
     "cdi generate": ["--output", "ROOT/spec.json"], "cdi refresh": [], "cdi list": [],
     "cdi validate": ["ROOT/var/run/cdi/nvidia.com-gpu.json"],
@@ -36,7 +36,7 @@ SAMPLES = {
     "sim driver": ["unload"],
 }
 # These change the node: as another user they must be refused, saying how to run them.
-NEED_ROOT = {"labels", "serve", "health clear", "cdi refresh", "mig apply", "runtime configure",
+NEED_ROOT = {"labels", "serve", "device-plugin", "health clear", "cdi refresh", "mig apply", "runtime configure",
              "runtime revert", "runtime install-shim", "sim create", "sim hold", "sim xid", "sim reboot",
              "sim driver"}
 
