@@ -160,4 +160,4 @@ def test_every_command_run_by_another_user_says_how_to_run_it_as_root(shared_nod
             errors = [line for line in out.splitlines() if line.startswith("hostagent: error: ")]
             assert len(errors) == 1 and out.strip().splitlines()[-1] == errors[0], f"{command}:\n{out}"
         if code != 0 and "ermission denied" in out:
-            assert f"run it as root" in out and f"sudo hostagent {' '.join(argv)}" in out, f"{command}:\n{out}"
+            assert "run it as root" in out and f"sudo hostagent {' '.join(argv)}" in out, f"{command}:\n{out}"
