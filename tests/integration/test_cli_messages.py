@@ -138,7 +138,8 @@ def test_cdi_list_says_where_it_looked(make_node, capsys):
 
 def test_mig_status_says_current_and_pending_mode(make_node, capsys):
     host, _ = make_node("a30x4")
-    assert run(["--simulate", host.root, "sim", "reboot"], capsys)[0] == 0
+    # A process holds GPU 0, so Ampere keeps the new mode pending (nvidia-smi says so).
+    assert run(["--simulate", host.root, "sim", "hold", "0"], capsys)[0] == 0
     subprocess.run([str(host.root / "usr/bin/nvidia-smi"), "-i", "0", "-mig", "1"], capture_output=True, check=True,
                    env={**os.environ, "HOSTAGENT_SIMULATE": str(host.root)})
     code, out, _ = run(["--simulate", host.root, "mig", "status", "-o", "json"], capsys)
@@ -146,6 +147,7 @@ def test_mig_status_says_current_and_pending_mode(make_node, capsys):
     assert code == 0 and modes[0] == {"current": "disabled", "pending": "enabled"}
     assert modes[1] == {"current": "disabled", "pending": "disabled"}
     assert "disabled (pending enabled)" in run(["--simulate", host.root, "mig", "status"], capsys)[1]
+    assert run(["--simulate", host.root, "sim", "release"], capsys)[0] == 0
 
 
 # ---- programs that are not the CLI --------------------------------------------------
