@@ -207,7 +207,7 @@ def test_devices_lists_every_gpu_and_mig_device_and_says_what_it_could_not_read(
     key = ("uuid", "index", "gi", "ci", "profile", "memory_mib", "multiprocessors", "decoders", "jpegs")
     for gpu, theirs in zip(mine["gpus"], root_view["gpus"]):
         assert gpu["minor"] == theirs["minor"]
-        if gpu["mig"] and gpu["mig"]["enabled"]:
+        if gpu["mig"] and gpu["mig"]["mode"]["current"] == "enabled":
             assert gpu["memory_mib"] is None and gpu["mig"]["gpu_instances"] == []
             assert [{k: d[k] for k in key} for d in gpu["mig"]["devices"]] == \
                 [{k: d[k] for k in key} for d in theirs["mig"]["devices"]]
