@@ -24,7 +24,8 @@ __all__ = ["main", "build_parser"]
 
 # Each command is the module of the same name in this package ('-' spelled '_'), registered
 # in this order.
-COMMANDS = ("devices", "health", "node", "cdi", "labels", "mig", "runtime", "sim", "serve", "device-plugin")
+COMMANDS = ("devices", "health", "node", "driver", "cdi", "labels", "mig", "runtime", "sim", "serve",
+            "device-plugin")
 
 
 def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:

@@ -77,6 +77,15 @@ def register(sub) -> None:
     v.add_argument("action", choices=["load", "unload"])
     v.set_defaults(run=driver)
 
+    from ..sim.faults import FAULTS
+    v = _verb(verbs, "fault", "break the node's driver as a real host breaks (or, with --clear, "
+                              "apply the admin's fix): " + "; ".join(f"{k}: {t}" for k, t in FAULTS.items()))
+    v.add_argument("name", choices=list(FAULTS), metavar="FAULT", help=", ".join(FAULTS))
+    v.add_argument("--gpu", type=int, help="the GPU (gpu-lost)")
+    v.add_argument("--version", help="the version the packages move to (mismatch; default: the next)")
+    v.add_argument("--clear", action="store_true", help="undo it the way an admin would")
+    v.set_defaults(run=fault)
+
 
 def _engines(text: str) -> tuple[str, ...]:
     import argparse
@@ -214,4 +223,14 @@ def driver(args) -> int:
     from ..sim import control
     control.set_driver_loaded(_store(args), args.action == "load")
     print(f"driver {args.action}ed")
+    return 0
+
+
+def fault(args) -> int:
+    from ..sim import faults
+    store = _store(args)
+    if args.clear:
+        print(faults.clear(store, args.name, gpu=args.gpu))
+    else:
+        print(f"{args.name}: {faults.inject(store, args.name, gpu=args.gpu, version=args.version)}")
     return 0

@@ -21,7 +21,7 @@ from ..hostroot import HostRoot
 from .records import (ComputeInstance, Gpu, GpuInstance, Inventory, MigDevice, MigProfile,
                       MigState, Placement, Unread, UnreadableGpu, sysfs_bus_id)
 
-__all__ = ["nvml_session", "read_inventory", "mig_profile_name"]
+__all__ = ["nvml_session", "read_inventory", "mig_profile_name", "load_nvml"]
 
 ARCHITECTURES = {N.NVML_DEVICE_ARCH_KEPLER: "kepler", N.NVML_DEVICE_ARCH_MAXWELL: "maxwell",
                  N.NVML_DEVICE_ARCH_PASCAL: "pascal", N.NVML_DEVICE_ARCH_VOLTA: "volta",
@@ -53,11 +53,16 @@ def _install_simulator(host: HostRoot) -> None:
     lib.store.read()
 
 
+def load_nvml(host: HostRoot) -> None:
+    """Make pynvml use this host's NVML: the simulated node's, or (by default) the real one."""
+    if host.simulated:
+        _install_simulator(host)
+
+
 @contextlib.contextmanager
 def nvml_session(host: HostRoot):
     """nvmlInit/nvmlShutdown around a block, with NVML's start-up errors made actionable."""
-    if host.simulated:
-        _install_simulator(host)
+    load_nvml(host)
     try:
         N.nvmlInit()
     except N.NVMLError as e:
@@ -69,8 +74,13 @@ def nvml_session(host: HostRoot):
         if e.value == N.NVML_ERROR_DRIVER_NOT_LOADED:
             raise DriverNotLoaded(
                 "NVML is installed but the NVIDIA kernel driver is not loaded",
-                hint="load it with 'modprobe nvidia' and check 'dmesg' for driver errors",
+                hint="load it with 'modprobe nvidia'; 'hostagent driver verify' says what stops it",
                 nvml_code=e.value) from None
+        if e.value == N.NVML_ERROR_LIB_RM_VERSION_MISMATCH:
+            raise NvmlError(
+                "Driver/library version mismatch: the NVIDIA libraries and the loaded kernel module "
+                "differ", hint="'hostagent driver verify' names both versions and the fix (often a "
+                "reboot)", nvml_code=e.value) from None
         if e.value == N.NVML_ERROR_NO_PERMISSION:
             raise NvmlError("no permission to open the NVIDIA devices",
                             hint="run as root or as a member of the group owning /dev/nvidiactl",

@@ -1,1 +1,2 @@
-"""Facts about the installed NVIDIA driver read from host files (not NVML)."""
+"""The NVIDIA driver: facts read from host files and NVML, the checks of ``driver verify``,
+and (``install``) its installation through the distribution's package manager."""

@@ -139,6 +139,7 @@ class NodeProfile:
     gpus: tuple[GpuSlot, ...]
     numa_nodes: int = 1      # GPUs spread over them in order; 0: the platform reports none
     minors: tuple[int, ...] = ()   # device minor of each GPU, by index; () means minor = index
+    nvswitches: int = 0      # NVSwitch chips on the baseboard (/proc/driver/nvidia-nvswitch)
 
     def minor(self, index: int) -> int:
         return self.minors[index] if self.minors else index
@@ -234,4 +235,5 @@ def load_profile(name: str) -> NodeProfile:
     return NodeProfile(name=name, description=raw["description"], machine=raw["machine"],
                        driver_version=str(raw["driver_version"]),
                        cuda_driver_version=int(raw["cuda_driver_version"]), gpus=slots,
-                       numa_nodes=int(raw.get("numa_nodes", 1)), minors=minors)
+                       numa_nodes=int(raw.get("numa_nodes", 1)), minors=minors,
+                       nvswitches=int(raw.get("nvswitches", 0)))

@@ -84,8 +84,11 @@ def stop_spawned(procs) -> None:
 def inject_xid(store: SimStore, gpu: int, xid: int, gi: int | None = None, ci: int | None = None):
     if xid <= 0:
         raise UsageError(f"XID must be a positive number, not {xid}")
+    from . import kmod
     with store.mutate() as state:
-        return state.add_event(_gpu_index(state, gpu), N.nvmlEventTypeXidCriticalError, xid, gi, ci)
+        event = state.add_event(_gpu_index(state, gpu), N.nvmlEventTypeXidCriticalError, xid, gi, ci)
+        kmod.log(store.root, _xid_line(state, gpu, xid, "simulated error"), level=3)
+        return event
 
 
 def inject_ecc(store: SimStore, gpu: int):
@@ -94,10 +97,19 @@ def inject_ecc(store: SimStore, gpu: int):
         return state.add_event(_gpu_index(state, gpu), N.nvmlEventTypeDoubleBitEccError, 0)
 
 
+def _xid_line(state: NodeState, gpu: int, xid: int, text: str) -> str:
+    """The driver's Xid line: ``NVRM: Xid (PCI:0000:07:00): 79, pid=..., <what>``."""
+    bus = state.gpus[gpu].pci_bus_id.rsplit(".", 1)[0]
+    return f"NVRM: Xid (PCI:{bus}): {xid}, pid='<unknown>', name=<unknown>, {text}"
+
+
 def lose_gpu(store: SimStore, gpu: int) -> None:
     """The GPU falls off the bus: XID 79, then every call on it returns GPU_IS_LOST."""
+    from . import kmod
     with store.mutate() as state:
         state.mark_lost(_gpu_index(state, gpu))
+        kmod.log(store.root, _xid_line(state, gpu, 79, "GPU has fallen off the bus."),
+                 f"NVRM: GPU {state.gpus[gpu].pci_bus_id}: GPU has fallen off the bus.", level=3)
 
 
 def set_event_support(store: SimStore, gpu: int, supported: bool) -> None:
@@ -108,25 +120,22 @@ def set_event_support(store: SimStore, gpu: int, supported: bool) -> None:
 
 
 def reboot(store: SimStore) -> None:
+    from . import kmod
     with store.mutate() as state:
         gone = state.reboot(store.facts)
+        kmod.boot(store.root, store.facts, state)     # the module on disk comes up
     stop_spawned(gone)
     remove_cap_nodes(store.root)      # a booted host's /dev has none for instances
 
 
 def set_driver_loaded(store: SimStore, loaded: bool) -> None:
-    """Unload (as ``rmmod nvidia``, refused while processes use GPUs) or load the driver."""
-    with store.mutate() as state:
-        if loaded:
-            state.driver_loaded = True
-            return
-        if not state.driver_loaded:
-            return
-        try:
-            state.unload_driver(store.facts)
-        except SimNvmlError:
-            raise StateError("cannot unload the driver: processes use GPUs (rmmod: Module nvidia "
-                             "is in use)", hint="release them first with 'hostagent sim release'") from None
+    """Unload (as ``rmmod nvidia``, refused while processes use GPUs) or load the driver
+    (``modprobe nvidia``: the module on disk, see sim/kmod.py)."""
+    from . import kmod
+    if loaded:
+        kmod.load(store)
+    else:
+        kmod.unload(store)
 
 
 def reset_gpus(store: SimStore, indices: list[int]) -> None:

@@ -13,9 +13,9 @@ import uuid as uuidlib
 from pathlib import Path
 
 from ..fileio import ensure_dir
-from . import catalog, unixsock
+from . import catalog, kmod, unixsock
 from .elf import write_shared_object
-from .files import FIXED_CAP_MINORS, NodeFiles, can_create_device_nodes, mig_minors
+from .files import FIXED_CAP_MINORS, NodeFiles, can_create_device_nodes
 from .node import NodeState, SimGpu
 from .store import SimStore
 
@@ -92,7 +92,7 @@ def create_node(root: str | os.PathLike, profile_name: str, *,
     used_skus = {g.sku for g in gpus}
     facts_raw = {"profile": profile.name, "driver_version": version,
                  "cuda_driver_version": profile.cuda_driver_version,
-                 "real_device_nodes": real_nodes,
+                 "real_device_nodes": real_nodes, "nvswitches": profile.nvswitches,
                  "majors": {"nvidia": NVIDIA_MAJOR, "nvidia-uvm": uvm_major, "nvidia-caps": caps_major},
                  "skus": {k: v for k, v in catalog.raw_skus().items() if k in used_skus}}
 
@@ -107,36 +107,19 @@ def create_node(root: str | os.PathLike, profile_name: str, *,
     for minor, mode in FIXED_CAP_MINORS.items():
         w.chardev(f"dev/nvidia-caps/nvidia-cap{minor}", caps_major, minor, mode)
 
-    # /proc and /sys
-    w.file("proc/devices", "Character devices:\n  1 mem\n  5 /dev/tty\n"
-           f"{NVIDIA_MAJOR} nvidia-frontend\n{uvm_major} nvidia-uvm\n{caps_major} nvidia-caps\n"
-           "\nBlock devices:\n  7 loop\n")
-    w.file("proc/modules",
-           "nvidia_uvm 1540096 0 - Live 0x0000000000000000 (PO)\n"
-           "nvidia_modeset 1314816 0 - Live 0x0000000000000000 (PO)\n"
-           "nvidia 56807424 2 nvidia_uvm,nvidia_modeset, Live 0x0000000000000000 (PO)\n")
-    w.file("proc/driver/nvidia/version",
-           f"NVRM version: NVIDIA UNIX x86_64 Kernel Module  {version}  Tue Jun  4 08:56:33 UTC 2024\n"
-           "GCC version:  gcc version 12.2.0 (Debian 12.2.0-14+deb12u1)\n")
-    w.file("sys/module/nvidia/version", f"{version}\n")
+    # /sys (the module's own files and /proc/driver come with loading it: sim/kmod.py)
+    w.file("proc/sys/kernel/osrelease", f"{kmod.KERNEL_RELEASE}\n", mode=0o444)
     w.file("sys/class/dmi/id/product_name", f"{profile.machine}\n", mode=0o444)
     for gpu in gpus:
         sku = catalog.skus()[gpu.sku]
-        w.file(f"sys/bus/pci/devices/{gpu.pci_bus_id}/class", "0x030200\n", mode=0o444)  # 3D controller
-        w.file(f"sys/bus/pci/devices/{gpu.pci_bus_id}/numa_node", f"{profile.numa_node(gpu.index)}\n",
-               mode=0o444)
-        w.file(f"proc/driver/nvidia/gpus/{gpu.pci_bus_id}/information",
-               f"Model: \t\t {sku.name}\nIRQ:   \t\t {120 + gpu.index}\nGPU UUID: \t {gpu.uuid}\n"
-               "Video BIOS: \t 92.00.45.00.06\nBus Type: \t PCIe\nDMA Size: \t 47 bits\n"
-               "DMA Mask: \t 0x7fffffffffff\n"
-               f"Bus Location: \t {gpu.pci_bus_id}\nDevice Minor: \t {gpu.minor}\n"
-               f"GPU Firmware: \t {version}\nGPU Excluded:\t No\n", mode=0o444)
-    for cap, minor in (("config", 1), ("monitor", 2)):
-        w.file(f"proc/driver/nvidia/capabilities/mig/{cap}",
-               f"DeviceFileMinor: {minor}\nDeviceFileMode: {0o400 if cap == 'config' else 0o444}\n"
-               "DeviceFileModify: 1\n", mode=0o444)
-    w.file("proc/driver/nvidia-caps/mig-minors",
-           "".join(f"{k} {v}\n" for k, v in mig_minors().items()), mode=0o444)
+        pci = f"sys/bus/pci/devices/{gpu.pci_bus_id}"
+        w.file(f"{pci}/vendor", "0x10de\n", mode=0o444)
+        w.file(f"{pci}/device", f"0x{sku.pci_device_id >> 16:04x}\n", mode=0o444)
+        w.file(f"{pci}/class", "0x030200\n", mode=0o444)  # 3D controller
+        w.file(f"{pci}/numa_node", f"{profile.numa_node(gpu.index)}\n", mode=0o444)
+    # NVSwitches: one entry each, as the nvidia-nvswitch module lists them.
+    for n in range(profile.nvswitches):
+        w.file(f"proc/driver/nvidia-nvswitch/devices/0000:{0xc0 + n:02x}:00.0", "", mode=0o444)
 
     # Driver libraries, firmware, config files, IPC.
     ensure_dir(root / LIB_DIR)
@@ -150,6 +133,7 @@ def create_node(root: str | os.PathLike, profile_name: str, *,
         w.link(f"{LIB_DIR}/{link}", target)
     for name in FIRMWARE:
         w.file(f"lib/firmware/nvidia/{version}/{name}", b"\0" * 64)
+    kmod.write_module_files(root, version, kmod.flavour_for(version))
     for rel, text in CONFIG_FILES.items():
         w.file(rel, text)
     ensure_dir(root / "run/nvidia-persistenced")
@@ -160,6 +144,8 @@ def create_node(root: str | os.PathLike, profile_name: str, *,
 
     store = SimStore(root)
     store.initialise(facts_raw, NodeState(gpus=gpus))
+    with store.mutate() as state:      # the driver loads at boot
+        kmod.bring_up(root, store.facts, state)
     return store
 
 

@@ -278,9 +278,21 @@ class FakeNvmlLibrary:
     def nvmlInitWithFlags(self, flags):
         if not self.store.exists():
             return N.NVML_ERROR_LIBRARY_NOT_FOUND
-        if not self._state().driver_loaded:
+        state = self._state()
+        if not state.driver_loaded:
             return N.NVML_ERROR_DRIVER_NOT_LOADED
+        # The library is the file libnvidia-ml.so.1 names (what packages install); it refuses
+        # a kernel module of another version, as nvidia-smi's "Driver/library version mismatch".
+        library = _library_version(self.store.root)
+        if library is None:
+            return N.NVML_ERROR_LIBRARY_NOT_FOUND
+        if library != self._driver_version(state):
+            return N.NVML_ERROR_LIB_RM_VERSION_MISMATCH
         self._initialised += 1
+
+    def _driver_version(self, state=None) -> str:
+        """The loaded kernel module's version (sim/kmod.py)."""
+        return (state or self._state()).driver.get("module_version") or self.facts.driver_version
 
     @nvml()
     def nvmlInit_v2(self):
@@ -292,11 +304,11 @@ class FakeNvmlLibrary:
 
     @nvml(P, c_uint)
     def nvmlSystemGetDriverVersion(self, buf, length):
-        _put_str(buf, length, self.facts.driver_version)
+        _put_str(buf, length, self._driver_version())
 
     @nvml(P, c_uint)
     def nvmlSystemGetNVMLVersion(self, buf, length):
-        _put_str(buf, length, f"{self.facts.cuda_driver_version // 1000}.{self.facts.driver_version}")
+        _put_str(buf, length, f"{self.facts.cuda_driver_version // 1000}.{self._driver_version()}")
 
     @nvml(P)
     def nvmlSystemGetCudaDriverVersion(self, ptr):
@@ -455,6 +467,27 @@ class FakeNvmlLibrary:
             info.gpuInstanceId = 0xFFFFFFFF if p.gi is None else p.gi
             info.computeInstanceId = 0xFFFFFFFF if p.ci is None else p.ci
 
+    @nvml(P, P)
+    def nvmlDeviceGetPersistenceMode(self, handle, ptr):
+        # On while nvidia-persistenced runs (its stand-in keeps no mode in the state).
+        self._gpu_only(handle)
+        from .tools import pid_alive, read_pid
+        from .tools.persistenced import PID_FILE
+        pid = read_pid(self.store.root / PID_FILE)
+        _put(ptr, c_uint, N.NVML_FEATURE_ENABLED if pid and pid_alive(pid) else N.NVML_FEATURE_DISABLED)
+
+    @nvml(P, P)
+    def nvmlDeviceGetGpuFabricInfo(self, handle, ptr):
+        # nvml.h: Hopper or newer; the fabric registers once the fabric manager runs.
+        state, gpu = self._gpu_only(handle)
+        if not self.facts.nvswitches or self._sku(gpu).nvml_architecture < ARCHITECTURES["hopper"]:
+            raise SimNvmlError(N.NVML_ERROR_NOT_SUPPORTED, "no NVSwitch fabric")
+        info = _struct(ptr, N.c_nvmlGpuFabricInfo_t)
+        running = state.driver.get("fabric_manager", True)
+        info.state = N.NVML_GPU_FABRIC_STATE_COMPLETED if running else N.NVML_GPU_FABRIC_STATE_NOT_STARTED
+        info.status = N.NVML_SUCCESS
+        info.cliqueId = 1 if running else 0
+
     # ---- MIG mode and MIG devices --------------------------------------------------
 
     def _mig_capable(self, handle):
@@ -590,7 +623,7 @@ class FakeNvmlLibrary:
         # nvml.h: the unversioned call fails only if the GPU lacks MIG; the V calls also
         # fail while MIG mode is disabled. Drivers such as R535 list no profile while MIG
         # is disabled, the unversioned call included (mig.md 1.1, ErrNoProfilesDiscovered).
-        lists_disabled = not self.facts.driver_version.startswith(NO_PROFILES_WHILE_DISABLED)
+        lists_disabled = not self._driver_version().startswith(NO_PROFILES_WHILE_DISABLED)
         _, prof = self._enabled_profile(handle, index=index, need_enabled=not lists_disabled)
         self._fill_gi_profile(_struct(ptr, N.c_nvmlGpuInstanceProfileInfo_t), prof, 1)
 
@@ -968,6 +1001,16 @@ class FakeNvmlLibrary:
     def nvmlEventSetFree(self, event_set):
         self._event_set(event_set)
         del self._event_sets[self._key(event_set)[1]]
+
+
+def _library_version(root) -> str | None:
+    """The version in the name of the file libnvidia-ml.so.1 points to; None without one."""
+    from .driverroot import LIB_DIR
+    try:
+        target = os.readlink(os.path.join(root, LIB_DIR, "libnvidia-ml.so.1"))
+    except OSError:
+        return None
+    return os.path.basename(target).partition("libnvidia-ml.so.")[2] or None
 
 
 def _normal_bus_id(bus_id: str) -> str:

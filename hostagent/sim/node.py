@@ -126,13 +126,15 @@ class NodeFacts:
     skus: dict[str, SkuSpec]
     real_device_nodes: bool
     majors: dict[str, int]
+    nvswitches: int = 0          # NVSwitch chips (HGX baseboards); 0: GPUs not fabric-attached
 
     @classmethod
     def from_dict(cls, raw: dict) -> "NodeFacts":
         return cls(profile=raw["profile"], driver_version=raw["driver_version"],
                    cuda_driver_version=raw["cuda_driver_version"],
                    skus={k: sku_from_dict(k, v) for k, v in raw["skus"].items()},
-                   real_device_nodes=raw["real_device_nodes"], majors=raw["majors"])
+                   real_device_nodes=raw["real_device_nodes"], majors=raw["majors"],
+                   nvswitches=raw.get("nvswitches", 0))
 
 
 @dataclass
@@ -145,6 +147,10 @@ class NodeState:
     boots: int = 0
     driver_loaded: bool = True
     booted_at: float = field(default_factory=time.time)   # counters such as energy start here
+    # The driver's kernel side (sim/kmod.py, sim/faults.py): module_version and flavour of
+    # the loaded module (absent: the node's driver_version), nouveau (loaded instead),
+    # fabric_manager (False: stopped).
+    driver: dict = field(default_factory=dict)
 
     MAX_EVENTS = 1000
 
@@ -164,7 +170,7 @@ class NodeState:
                    events=[SimEvent(**e) for e in raw["events"]],
                    next_seq=raw["next_seq"], boots=raw["boots"],
                    driver_loaded=raw.get("driver_loaded", True),
-                   booted_at=raw.get("booted_at", 0.0))
+                   booted_at=raw.get("booted_at", 0.0), driver=raw.get("driver", {}))
 
     # ---- lookups -------------------------------------------------------------------
 
