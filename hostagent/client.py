@@ -403,6 +403,14 @@ class Client:
     def labels(self) -> dict:
         return self.get("/v1/labels")
 
+    def driver(self) -> dict:
+        """The driver readiness gate and its last verification (``GET /v1/driver``)."""
+        return self.get("/v1/driver")
+
+    def verify_driver(self) -> dict:
+        """Verify the driver now (``POST /v1/driver/verify``, root)."""
+        return self.request("POST", "/v1/driver/verify").json()
+
     def metrics(self) -> str:
         """The Prometheus text exposition the socket serves at ``/metrics``."""
         return self.request("GET", "/metrics").body.decode()

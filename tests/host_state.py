@@ -12,7 +12,7 @@ import stat
 
 __all__ = ["HOST_DIRS", "listing", "changes"]
 
-HOST_DIRS = ("/run/hostagent", "/etc/cdi", "/var/run/cdi", "/etc/hostagent")
+HOST_DIRS = ("/run/hostagent", "/etc/cdi", "/var/run/cdi", "/etc/hostagent", "/run/nvidia/validations")
 
 
 def _entry(path: str) -> tuple:

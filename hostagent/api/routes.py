@@ -74,6 +74,10 @@ class App:
         "/v1/health": (Route("GET", "get_health", "operator"),),
         "/v1/health/clear": (Route("POST", "clear_health", "admin"),),
         "/v1/labels": (Route("GET", "get_labels", "operator"),),
+        "/v1/driver": (Route("GET", "get_driver", "operator"),),
+        "/v1/driver/verify": (Route("POST", "verify_driver", "admin"),),
+        "/v1/driver/maintenance": (Route("POST", "enter_maintenance", "admin"),
+                                   Route("DELETE", "leave_maintenance", "admin")),
         "/metrics": (Route("GET", "get_metrics", "operator"),),
     }
     PREFIX = {
@@ -340,6 +344,38 @@ class App:
                                        hint="see GET /v1/node")
             return {"revision": s.revision, **s.labels.view()}
         return self._snapshot_response(request, "labels", render)
+
+    # ---- driver -------------------------------------------------------------------
+
+    def get_driver(self, request: Request) -> Response:
+        """Not cached: each verification updates checked_at without a published change."""
+        return Response(200, _dumps({"revision": self.agent.snapshot.revision, **self.agent.driver.view()}))
+
+    def verify_driver(self, request: Request):
+        return self._verify_driver()
+
+    async def _verify_driver(self):
+        await self.agent.verify_driver("api request")
+        return Response(200, _dumps({"revision": self.agent.events.revision, **self.agent.driver.view()}))
+
+    def enter_maintenance(self, request: Request):
+        return self._maintenance(self._body(request, "enterDriverMaintenance"))
+
+    async def _maintenance(self, body):
+        gate = self.agent.driver
+        if gate.maintenance is not None and gate.maintenance["pid"] != body["pid"] and not gate._holder_gone():
+            raise ConflictError(f"the driver is being changed already: {gate.maintenance['operation']} "
+                                f"(pid {gate.maintenance['pid']})")
+        await gate.enter_maintenance(body["pid"], body["operation"])
+        return Response(200, _dumps({"revision": self.agent.events.revision, **gate.view(),
+                                     "allocations": list(self.agent.allocations)}))
+
+    def leave_maintenance(self, request: Request):
+        return self._leave()
+
+    async def _leave(self):
+        await self.agent.driver.leave_maintenance("maintenance ended")
+        return Response(200, _dumps({"revision": self.agent.events.revision, **self.agent.driver.view()}))
 
     def get_metrics(self, request: Request) -> Response:
         link = self.agent.metrics_link

@@ -64,6 +64,8 @@ class Agent:
         self.publish_listeners: list = []
         from ..metrics.agent import AgentMetrics
         self.metrics = AgentMetrics()     # API, MIG, CDI and health counters
+        from .driver import DriverGate
+        self.driver = DriverGate(self)    # the driver readiness gate (daemon/driver.py)
         self.health_link = None           # healthlink.HealthLink, metricslink.MetricsLink:
         self.metrics_link = None          # made and started by the daemon after the reconcile
         from .allocator import Allocator
@@ -106,11 +108,16 @@ class Agent:
         from ..cdi import refresh
         from ..cdi.spec import SpecOptions
         options = SpecOptions(hook_interpreter=self.interpreter())
+        held = not self.driver.ready         # no spec is written until the driver verifies
         try:
-            change, generated = refresh.refresh(self.host, options, inventory=inventory)
+            change, generated = refresh.refresh(self.host, options, inventory=inventory, dry_run=held)
         except HostagentError:
             self.metrics.cdi_refresh("failed")
             raise
+        if held and change.written:
+            log.warning("CDI spec not written (%s)", self.driver.why)
+            self.metrics.cdi_refresh("held")
+            return options, None, generated
         self.metrics.cdi_refresh("written" if change.written else "unchanged")
         return options, change, generated
 
@@ -127,12 +134,25 @@ class Agent:
         return out
 
     async def refresh(self, reason: str) -> int:
-        """Re-read the inventory; publish what changed. Returns the revision."""
+        """Re-read the inventory (verifying the driver first while it does not verify);
+        publish what changed. Returns the revision."""
+        if not self.driver.ready:
+            await self.driver.verify(reason)
         async with self.mutex:
             await self.refresh_locked(reason)
         return self.events.revision
 
+    async def verify_driver(self, reason: str) -> None:
+        """Verify the driver; once it verifies again, re-read the node (the CDI spec and
+        the allocations wait for that)."""
+        was_ready = self.driver.ready
+        await self.driver.verify(reason)
+        if self.driver.ready and not was_ready:
+            await self.refresh(reason)
+
     async def refresh_locked(self, reason: str) -> None:
+        if self.driver.maintenance is not None:
+            return                 # a driver install runs: NVML is left alone
         try:
             inventory, generated, options, change, labels = await self.blocking(self._read)
         except HostagentError as e:
@@ -166,7 +186,7 @@ class Agent:
                     listener(inventory)
                 except Exception:       # a feature's failure never stops the inventory
                     log.exception("inventory listener %r failed", listener)
-        if self._restore_pending:
+        if self._restore_pending and self.driver.ready:
             await self._restore_locked(list(self.allocations.values()), before)
             return
         self.publish(before)
@@ -218,6 +238,7 @@ class Agent:
                 "inventory": {"state": "error" if err else ("ok" if inv else "starting"),
                               "code": err.code if err else None,
                               "message": err.message if err else None},
+                "driver": self.driver.summary(),
                 "cdi": {"kind": self.spec_options.kind if self.spec_options else None,
                         "spec": str(self._spec_path()) if self.spec_options else None,
                         "devices": len(self.spec.device_names) if self.spec else 0,
@@ -271,6 +292,8 @@ class Agent:
         """Start-up reconcile: MIG (finish an interrupted apply, then the configured layout),
         the inventory and node spec, then the checkpointed allocations."""
         async with self.mutex:
+            self.driver.clear_stale_marker()
+            await self.driver.verify("start")
             saved = await self.blocking(checkpoint.load, self.host)
             # Loaded first so the MIG reconcile cannot take their devices away.
             self.allocations = {a.id: a for a in saved}
@@ -278,10 +301,11 @@ class Agent:
             await self.mig.reconcile(self.settings.mig, "start")
             await self.refresh_locked("start")
             if self._restore_pending and saved:
-                # The inventory is unreadable: keep the checkpoint untouched, the devices may
-                # come back with the driver; restored at the first successful read.
-                log.warning("inventory unreadable: %d allocation(s) kept unverified until it is",
-                            len(saved))
+                # The inventory is unreadable, or the driver does not verify: keep the
+                # checkpoint untouched, the devices may come back with the driver; restored
+                # at the first successful read with a verified driver.
+                log.warning("driver or inventory unusable: %d allocation(s) kept unverified until "
+                            "both are", len(saved))
 
     async def _restore_locked(self, saved: list, before=()) -> None:
         kept, dropped = await self.blocking(self.allocator.restore, saved)

@@ -120,6 +120,7 @@ class Allocator:
                     hint="release allocations no longer used, or raise allocations.max_total")
             if self.agent.inventory is None:
                 raise self._unavailable()
+            self.agent.driver.require("make an allocation")
             uuids = alloc_rules.select(
                 request, self._candidates(), self.agent.users(),
                 resolve=lambda name: self.agent.snapshot.lookup.get(name),

@@ -73,6 +73,8 @@ class Features:
         """Agent listener (loop thread): follow a changed inventory; start what waited for
         the first readable one."""
         waiting = False
+        if self.agent.driver.maintenance is not None:
+            return
         for link in self.links:
             if link.started:
                 link.inventory_changed(inventory)
@@ -82,6 +84,8 @@ class Features:
             self._spawn(self.start())
 
     async def check(self) -> None:
+        if self.agent.driver.maintenance is not None:
+            return                 # a driver install runs: the links stay stopped
         for link in self.links:
             try:
                 if link.enabled and not link.started and self.agent.inventory is not None:

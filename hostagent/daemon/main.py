@@ -84,7 +84,9 @@ class Daemon:
 
     def status_text(self) -> str:
         node = self.agent.snapshot.node
-        if node.get("inventory", {}).get("state") == "error":
+        if not self.agent.driver.ready:
+            text = f"degraded, retrying: {self.agent.driver.why}"
+        elif node.get("inventory", {}).get("state") == "error":
             text = f"serving; inventory unreadable: {node['inventory']['message']}"
         else:
             text = (f"serving {node.get('gpus', 0)} GPU(s), {node.get('mig_devices', 0)} MIG device(s), "
@@ -158,6 +160,7 @@ class Daemon:
         if interval:
             self._spawn(self._watchdog(interval))
         self._spawn(self._resync())
+        self._spawn(self.agent.driver.watch())
         self._spawn(self.features.supervise())
         await self._stop.wait()
 
@@ -178,6 +181,7 @@ class Daemon:
         except OSError:
             pass
         sock.close()
+        self.agent.driver.markers.not_ready()     # as the GPU operator's validator at its stop
         self.agent.close()
         return 0
 
@@ -192,6 +196,7 @@ class Daemon:
         rolled back), no socket was bound."""
         log.info("stopping: asked to stop during start-up")
         self.notifier.stopping()
+        self.agent.driver.markers.not_ready()
         self.agent.close()
         return 0
 
@@ -263,6 +268,8 @@ class Daemon:
         old, self.settings = self.settings, new
         self.agent.settings = new
         log.info("configuration reloaded from %s", new.source or "defaults (no file)")
+        self.agent.driver.reconfigure(new.sections)
+        await self.agent.driver.verify("reload")
         if new.mig != old.mig and new.mig.config is not None:
             async with self.agent.mutex:
                 await self.agent.mig.reconcile(new.mig, "reload")

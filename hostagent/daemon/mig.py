@@ -68,7 +68,7 @@ class MigOps:
                 progress(None, f"warning: the CDI spec was not refreshed: {e.message}")
             return
         if progress is not None:
-            progress(None, f"CDI spec: {change.describe()}")
+            progress(None, f"CDI spec: {change.describe() if change else 'not written: ' + self.agent.driver.why}")
 
     # ---- reads --------------------------------------------------------------------
 
@@ -122,6 +122,8 @@ class MigOps:
                              lock_timeout=60.0, stop_requested=self.agent.stop_requested.is_set)
 
     async def apply(self, body: dict) -> dict:
+        if not body.get("dry_run"):
+            self.agent.driver.require("apply a MIG layout")
         async with self.agent.mutex:
             started, progress, ok = [], [], False
             try:
@@ -153,6 +155,7 @@ class MigOps:
             return placed, dev
 
     async def create(self, body: dict) -> dict:
+        self.agent.driver.require("create a MIG instance")
         async with self.agent.mutex:
             try:
                 placed, dev = await self.agent.blocking(self._create_work, body["profile"], body.get("gpu"))
@@ -177,6 +180,7 @@ class MigOps:
             return dev
 
     async def destroy(self, uuid: str, force: bool = False) -> dict:
+        self.agent.driver.require("destroy a MIG instance")
         async with self.agent.mutex:
             before = self.agent.snapshot.devices.get(uuid)
             try:
@@ -206,7 +210,12 @@ class MigOps:
 
     async def reconcile(self, settings, reason: str) -> None:
         """Never fatal: a layout that cannot be applied is logged; the daemon serves on.
-        Without the driver, it is done when the driver is loaded."""
+        Without a verified driver, it is done when the driver is loaded and verifies."""
+        if not self.agent.driver.ready:
+            log.warning("MIG layout %r not applied yet (%s): %s; it is applied when the driver is "
+                        "loaded and verifies", settings.config, reason, self.agent.driver.why)
+            self._when_driver_ready(settings)
+            return
         try:
             notes, result = await self.agent.blocking(self._reconcile_work, settings)
         except (DriverNotLoaded, NvmlLibraryMissing) as e:
@@ -241,6 +250,21 @@ class MigOps:
             later, self._deferred = self._deferred, None
             self._later = asyncio.get_running_loop().create_task(self._reconcile_later(later))
         self.agent.inventory_listeners.append(driver_loaded)
+
+    def _when_driver_ready(self, settings) -> None:
+        """Reconcile once the driver gate opens. Loop thread."""
+        waiting = self._deferred is not None
+        self._deferred = settings
+        if waiting:
+            return
+
+        def driver_ready(ready: bool) -> None:
+            if not ready:
+                return
+            self.agent.driver.remove_listener(driver_ready)
+            later, self._deferred = self._deferred, None
+            self._later = asyncio.get_running_loop().create_task(self._reconcile_later(later))
+        self.agent.driver.add_listener(driver_ready)
 
     async def _reconcile_later(self, settings) -> None:
         async with self.agent.mutex:

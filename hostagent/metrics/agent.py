@@ -78,6 +78,12 @@ class AgentMetrics:
                                     "How long the last metric sample took.", registry=r)
         self.sample_calls = Gauge("hostagent_metrics_sample_nvml_calls",
                                   "NVML queries the last metric sample made.", registry=r)
+        self.driver_ready = Gauge("hostagent_driver_ready", "1 while the driver verifies (the daemon's "
+                                  "readiness gate is open), else 0.", registry=r)
+        self.driver_checks = Gauge("hostagent_driver_check", "Each driver check's last result: 1 for the "
+                                   "result it had, 0 for the others.", ["check", "result"], registry=r)
+        self.driver_verifications = Counter("hostagent_driver_verifications", "Driver verifications, by "
+                                            "outcome (usable, unusable).", ["outcome"], registry=r)
 
     # ---- what the daemon calls -------------------------------------------------------
 
@@ -105,6 +111,14 @@ class AgentMetrics:
             self.sample_calls.set(nvml_calls)
         else:
             self.sample_errors.inc()
+
+    def driver_verified(self, verdict) -> None:
+        from ..driver.verdict import RESULTS
+        self.driver_ready.set(1 if verdict.usable else 0)
+        self.driver_verifications.labels("usable" if verdict.usable else "unusable").inc()
+        for check in verdict.checks:
+            for result in RESULTS:
+                self.driver_checks.labels(check.name, result).set(1 if check.result == result else 0)
 
     def render(self) -> bytes:
         from prometheus_client import generate_latest

@@ -1,0 +1,67 @@
+"""The GPU operator's driver readiness marker, ``/run/nvidia/validations/driver-ready``.
+
+Its validator writes the file once the driver works, as shell ``KEY=VALUE`` lines that
+other operands source (``set -o allexport; . driver-ready``), and deletes it when the
+driver must be validated again; operator components wait for it before they start. The
+keys are the validator's, with the values it writes for a driver installed on the host
+(``IS_HOST_DRIVER=true``, roots ``/``, seen at ``/host`` from the operator's containers) or in
+another root such as the driver container's ``/run/nvidia/driver``.
+"""
+
+from __future__ import annotations
+
+import os
+
+from ..fileio import ensure_dir, remove, write_atomic
+from ..hostroot import HostRoot
+
+__all__ = ["DRIVER_READY", "driver_ready_content", "Markers"]
+
+DRIVER_READY = "driver-ready"
+
+
+def _host_path(host: HostRoot, path) -> str:
+    rel = os.path.relpath(path, host.root)
+    return "/" if rel == "." else "/" + rel
+
+
+def driver_ready_content(host: HostRoot) -> str:
+    driver = _host_path(host, host.driver())
+    dev = _host_path(host, host.dev().parent)
+    on_host = driver == "/"
+    return (f"IS_HOST_DRIVER={'true' if on_host else 'false'}\n"
+            f"NVIDIA_DRIVER_ROOT={driver}\n"
+            f"DRIVER_ROOT_CTR_PATH={'/host' if on_host else driver}\n"
+            f"NVIDIA_DEV_ROOT={dev}\n"
+            f"DEV_ROOT_CTR_PATH={'/host' if dev == '/' else dev}\n")
+
+
+class Markers:
+    def __init__(self, host: HostRoot, directory: str, enabled: bool = True):
+        self.host = host
+        self.enabled = enabled
+        self.path = host.host(directory) / DRIVER_READY
+
+    def written(self) -> bool:
+        return self.path.exists()
+
+    def ready(self) -> bool:
+        """Write the marker (atomically) unless it already says the same; True if written."""
+        if not self.enabled:
+            return False
+        content = driver_ready_content(self.host)
+        try:
+            if self.path.read_text() == content:
+                return False
+        except OSError:
+            pass
+        ensure_dir(self.path.parent, 0o755)
+        write_atomic(self.path, content, mode=0o644)
+        return True
+
+    def not_ready(self) -> bool:
+        """Remove the marker; True if there was one."""
+        if not self.enabled or not os.path.lexists(self.path):
+            return False
+        remove(self.path)
+        return True
