@@ -7,6 +7,11 @@ inputs, so a test session pays for it only the first time on a machine.
     with booted(image) as box:                # systemd as PID 1 in podman
         box.sh("apt-get install -y ./x.deb")
 
+    root = extract(root_tarball(()), dest)    # a plain minbase root in a folder, for chroot
+    chroot(root, "apt-get", "install", "-y", "x")
+    with overlay(base, work, target):         # a copy of a prepared root for one test
+        ...
+
 Everything skips, saying why, where root, mmdebstrap, podman or Debian's archive is
 missing. The cache is $HOSTAGENT_TEST_CACHE, else $XDG_CACHE_HOME/hostagent-tests, else
 ~/.cache/hostagent-tests; delete it to start over.
@@ -26,7 +31,8 @@ from pathlib import Path
 
 import pytest
 
-__all__ = ["BASE_PACKAGES", "cache_dir", "root_tarball", "podman_image", "booted", "Booted"]
+__all__ = ["BASE_PACKAGES", "cache_dir", "root_tarball", "podman_image", "booted", "Booted", "extract",
+           "chroot", "overlay"]
 
 BASE_PACKAGES = ("systemd", "systemd-sysv", "dbus", "python3")
 SUITE = "bookworm"
@@ -132,3 +138,44 @@ def booted(image: str, *flags: str):
         yield box
     finally:
         subprocess.run(["podman", "rm", "-f", "-t", "0", name], capture_output=True)
+
+
+def extract(tarball: Path, dest: Path) -> Path:
+    """Unpack ``tarball`` into ``dest`` (device nodes and owners as built: run as root)."""
+    dest.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["tar", "-xf", str(tarball), "-C", str(dest), "--numeric-owner"], check=True)
+    return dest
+
+
+def chroot(root: Path, *argv: str, check: bool = True, env: dict | None = None) -> subprocess.CompletedProcess:
+    """Run ``argv`` inside ``root`` (its own programs and files)."""
+    environ = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL": "C", "DEBIAN_FRONTEND": "noninteractive",
+               **(env or {})}
+    proc = subprocess.run(["chroot", str(root), *argv], capture_output=True, text=True, env=environ,
+                          stdin=subprocess.DEVNULL)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"{' '.join(argv)} failed in {root}:\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+@contextlib.contextmanager
+def overlay(base: Path, work: Path, target: Path):
+    """A writable copy of the root ``base`` at ``target`` for one test: an overlay mount
+    (instant) where the kernel offers one, else a full copy. Removed afterwards. (A copy at
+    the path the root was built at keeps paths written into it, as a simulated node's
+    tools have, pointing at the copy.)"""
+    upper, scratch = work / "upper", work / "work"
+    for d in (target, upper, scratch):
+        d.mkdir(parents=True, exist_ok=True)
+    mounted = subprocess.run(["mount", "-t", "overlay", "overlay", "-o",
+                              f"lowerdir={base},upperdir={upper},workdir={scratch}", str(target)],
+                             capture_output=True).returncode == 0
+    if not mounted:
+        subprocess.run(["cp", "-a", f"{base}/.", str(target)], check=True)
+    try:
+        yield target
+    finally:
+        if mounted:
+            subprocess.run(["umount", str(target)], capture_output=True)
+        else:
+            shutil.rmtree(target, ignore_errors=True)

@@ -38,6 +38,7 @@ DEV_LINKS = {"libcuda.so": "libcuda.so.1", "libnvidia-ml.so": "libnvidia-ml.so.1
 TOOLS = {  # binary -> module:function in hostagent.sim.tools
     "nvidia-smi": "nvidia_smi", "nvidia-cuda-mps-control": "mps_control",
     "nvidia-cuda-mps-server": "mps_server", "nvidia-persistenced": "persistenced",
+    "modprobe": "modprobe",
 }
 
 CONFIG_FILES = {

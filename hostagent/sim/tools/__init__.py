@@ -7,6 +7,7 @@ runs ``hostagent.sim.tools.<module>.main(root, argv)`` and exits with its return
     nvidia-cuda-mps-control  mps_control      MPS control daemon (-d/-f) and its front end
     nvidia-cuda-mps-server   mps_server       an MPS server, started by the control daemon
     nvidia-persistenced      persistenced     the persistence daemon
+    modprobe                 modprobe         loading and unloading the nvidia modules
 
 The tools run as ``python3 -I`` on every call, so this package and each module import
 only what they use. The helpers here are shared by the two daemons.
