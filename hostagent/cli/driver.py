@@ -92,7 +92,9 @@ def render_verdict(data: dict) -> str:
 def verify(args) -> int:
     from ..driver.verify import verify as run_checks
     _check_ignored(args.ignore)
-    verdict = run_checks(host_from_args(args), tuple(args.ignore))
+    host = host_from_args(args)
+    _note_interrupted(host)
+    verdict = run_checks(host, tuple(args.ignore))
     data = verdict.to_dict()
     emit(data, args.output, lambda d: print(render_verdict(d)))
     return 0 if verdict.usable else 1

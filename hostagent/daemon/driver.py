@@ -222,7 +222,21 @@ class DriverGate:
                 "cuda_version": v.cuda_version if v else None,
                 "markers": {"enabled": self.markers.enabled, "path": str(self.markers.path),
                             "written": self.markers.written()},
+                "interrupted": self._interrupted(),
                 "checks": [c.to_dict() for c in v.checks] if v else []}
+
+    def _interrupted(self) -> str | None:
+        """A driver install or rollback whose process is gone before it finished."""
+        from ..driver.journal import Journal
+        from ..errors import HostagentError
+        try:
+            journal = Journal.load(self.agent.host)
+        except HostagentError as e:
+            return e.message
+        if journal is None or journal.alive:
+            return None
+        return f"{journal.describe()} was interrupted: 'hostagent driver install' of that version or " \
+               "'hostagent driver rollback' finishes it"
 
     async def watch(self) -> None:
         """Re-verify: with back-off while not ready, every ``interval`` while ready. A

@@ -84,7 +84,9 @@ class Daemon:
 
     def status_text(self) -> str:
         node = self.agent.snapshot.node
-        if not self.agent.driver.ready:
+        if self.agent.driver.maintenance is not None:
+            text = f"maintenance: {self.agent.driver.why}"
+        elif not self.agent.driver.ready:
             text = f"degraded, retrying: {self.agent.driver.why}"
         elif node.get("inventory", {}).get("state") == "error":
             text = f"serving; inventory unreadable: {node['inventory']['message']}"

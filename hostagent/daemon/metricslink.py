@@ -100,6 +100,11 @@ class MetricsLink:
     def render(self) -> tuple[bytes, str]:
         """The page for the socket's ``GET /metrics`` and its content type."""
         service = self.service
+        if service is None and self.agent.driver.maintenance is not None:
+            # A driver install runs and the sampler let go of NVML: the agent's own metrics
+            # (hostagent_driver_ready 0 among them) are what there is to see.
+            from ..metrics.exposition import CONTENT_TYPE
+            return self.agent.metrics.render(), CONTENT_TYPE
         if service is None:
             raise UnavailableError("metrics are disabled (metrics.enabled: false)" if not self.enabled
                                    else "metrics are not available yet (no inventory)")

@@ -70,6 +70,7 @@ class Installer:
         self.progress = progress
         self.replan_rollback = replan_rollback
         self._stopped: list = []           # services this run stopped
+        self._allocations: list = []       # the agent's, when maintenance began
 
     # ---- the run ------------------------------------------------------------------------
 
@@ -164,7 +165,7 @@ class Installer:
 
     def _check_users(self, step: Step, plan: InstallPlan, outcome: Outcome) -> None:
         from .nodestate import gpu_processes
-        users = [f"allocation {a}" for a in getattr(self, "_allocations", [])] + gpu_processes(self.host)
+        users = [f"allocation {a}" for a in self._allocations] + gpu_processes(self.host)
         if users and not self.force:
             raise StateError(f"{len(users)} user(s) of the GPUs remain: {'; '.join(users[:10])}",
                              hint="release them (or drain the node), or pass --force to go on")

@@ -20,6 +20,7 @@ from ..hostroot import HostRoot
 __all__ = ["Runner", "CommandFailed", "Result"]
 
 PATH_DIRS = ("usr/local/sbin", "usr/local/bin", "usr/sbin", "usr/bin", "sbin", "bin")
+KERNEL_TOOLS = ("modprobe", "rmmod", "insmod", "nvidia-modprobe")
 ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL": "C",
        "DEBIAN_FRONTEND": "noninteractive", "APT_LISTCHANGES_FRONTEND": "none"}
 
@@ -60,11 +61,17 @@ class Runner:
     def has(self, program: str) -> bool:
         return self.find(program) is not None
 
-    def _simulator_tool(self, program: str) -> bool:
+    def _simulator_tool(self, program: str, found: str) -> bool:
+        """One of the simulator's stand-ins (what driverroot writes), not the root's own."""
         if not self.host.simulated:
             return False
         from ..sim.driverroot import TOOLS
-        return program in TOOLS
+        try:
+            with open(self.host.host(found), "rb") as f:
+                head = f.read(512)
+        except OSError:
+            return False
+        return program in TOOLS and b"backed by the simulated node" in head
 
     def argv(self, argv: list[str]) -> list[str]:
         """The command line that runs ``argv`` in the host root."""
@@ -75,8 +82,12 @@ class Runner:
                                 hint=f"install it (it is looked for in /{', /'.join(PATH_DIRS)})")
         if self.host.root == self.host.root.parent:            # "/"
             return [found, *argv[1:]]
-        if self._simulator_tool(program):
+        if self._simulator_tool(program, found):
             return [str(self.host.host(found)), *argv[1:]]
+        if self.host.simulated and program in KERNEL_TOOLS:
+            # A chrooted modprobe would load modules into this machine's kernel.
+            raise HostagentError(f"the simulated node has no {program} of its own", where=found,
+                                 hint="recreate the node with this version of hostagent")
         return ["chroot", str(self.host.root), found, *argv[1:]]
 
     def run(self, argv: list[str], *, check: bool = True, input: str | None = None) -> Result:

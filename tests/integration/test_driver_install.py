@@ -42,6 +42,11 @@ def prepared(tmp_path_factory, repo):
     (root / "etc/apt/sources.list").write_text("deb [trusted=yes] file:/srv/repo ./\n")
     for extra in (root / "etc/apt/sources.list.d").glob("*"):
         extra.unlink()
+    # Debian's /var/run and /var/lock point at /run by absolute links: inside a root used
+    # from outside (not chrooted) they would lead to this machine's /run.
+    for link, target in (("var/run", "../run"), ("var/lock", "../run/lock")):
+        (root / link).unlink()
+        (root / link).symlink_to(target)
     chroot(root, "apt-get", "update", "-q")
     chroot(root, "apt-get", "install", "-y", "-q", *(f"{p}={package_version(A)}" for p in DRIVER_PACKAGES))
     root.rename(base / "pristine")
@@ -172,3 +177,25 @@ def test_a_killed_install_is_reported_then_resumed(root):
     assert f"resuming the driver install of {B}" in resumed.stderr
     assert "hostagent: unload-modules:" not in resumed.stderr          # done before the kill
     assert loaded(root) == B and installed(root)["nvidia-driver"] == package_version(B)
+
+
+def test_with_the_daemon_running_the_install_holds_its_gpu_work(root):
+    from .agentd import AgentProcess
+    agent = AgentProcess(root, {"daemon": {"resync_interval": 0}, "driver": {"interval": 0}}).start()
+    try:
+        with agent.client() as c:
+            assert c.driver()["version"] == A
+            c.allocate("job", ["0"])
+            refused = hostagent(root, "driver", "install", "--version", B)
+            assert refused.returncode == 1 and "1 user(s) of the GPUs remain: allocation job" in refused.stdout
+            assert "--force" in refused.stdout and installed(root)["nvidia-driver"] == package_version(A)
+            assert c.driver()["state"] == "ready"                  # maintenance ended with the refusal
+            proc = hostagent(root, "driver", "install", "--version", B, "--force")
+            assert proc.returncode == 0, proc.stdout + proc.stderr
+            assert "going on although allocation job uses a GPU (--force)" in proc.stderr
+            driver = c.driver()
+            assert driver["state"] == "ready" and driver["version"] == B and driver["maintenance"] is None
+        log = agent.log()
+        assert f"driver maintenance: driver install {B} (pid" in log and "driver maintenance over" in log
+    finally:
+        agent.stop()
