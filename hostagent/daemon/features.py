@@ -72,9 +72,9 @@ class Features:
     def inventory_changed(self, inventory) -> None:
         """Agent listener (loop thread): follow a changed inventory; start what waited for
         the first readable one."""
-        waiting = False
         if self.agent.driver.maintenance is not None:
-            return
+            return                 # a driver install runs: the links stay stopped
+        waiting = False
         for link in self.links:
             if link.started:
                 link.inventory_changed(inventory)

@@ -20,8 +20,9 @@ from ..errors import StateError
 from ..fileio import ensure_dir, write_atomic
 from ..hostroot import HostRoot
 from .plan import InstallPlan
+from .probe import pid_alive
 
-__all__ = ["Journal", "read_history", "write_history", "driver_state_dir", "pid_alive"]
+__all__ = ["Journal", "read_history", "write_history", "driver_state_dir"]
 
 VERSION = 1
 
@@ -32,20 +33,6 @@ def driver_state_dir(host: HostRoot):
 
 def _stamp() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S%z")
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return True
 
 
 class Journal:

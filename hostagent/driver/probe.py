@@ -15,7 +15,7 @@ from ..hostroot import HostRoot
 from .facts import DriverFacts, ModuleFacts, NodeFile, NvmlGpu, PciGpu
 from .kmsg import read_kernel_log
 
-__all__ = ["probe", "PERSISTENCED_PID", "FABRICMANAGER_PID", "EFI_SECURE_BOOT", "architecture_of"]
+__all__ = ["probe", "pid_alive", "PERSISTENCED_PID", "FABRICMANAGER_PID", "EFI_SECURE_BOOT", "architecture_of"]
 
 PERSISTENCED_PID = "/var/run/nvidia-persistenced/nvidia-persistenced.pid"
 FABRICMANAGER_PID = "/var/run/nvidia-fabricmanager/nv-fabricmanager.pid"
@@ -54,18 +54,25 @@ def _read(path: Path) -> str | None:
         return None
 
 
-def _alive(pid_file: Path) -> int | None:
-    """The pid in ``pid_file`` if that process lives (not a zombie)."""
-    text = _read(pid_file)
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` lives (a zombie does not)."""
     try:
-        pid = int((text or "").strip())
         os.kill(pid, 0)
-    except (ValueError, ProcessLookupError, OverflowError):
-        return None
+    except (ProcessLookupError, OverflowError):
+        return False
     except PermissionError:
-        return pid
+        return True
     stat_line = _read(Path(f"/proc/{pid}/stat")) or ""
-    return None if stat_line.rpartition(")")[2].split()[:1] == ["Z"] else pid
+    return stat_line.rpartition(")")[2].split()[:1] != ["Z"]
+
+
+def _alive(pid_file: Path) -> int | None:
+    """The pid in ``pid_file`` if that process lives."""
+    try:
+        pid = int((_read(pid_file) or "").strip())
+    except ValueError:
+        return None
+    return pid if pid > 0 and pid_alive(pid) else None
 
 
 def _module(host: HostRoot, release: str | None) -> ModuleFacts:

@@ -97,8 +97,6 @@ def write_loaded(w: NodeFiles, facts, state, version: str, flavour: str) -> None
     """Everything the loaded nvidia, nvidia_uvm and nvidia_modeset modules show."""
     from .catalog import skus
     majors = facts.majors
-    # nvidia-frontend names the GPU major before R550.40 (NVIDIA container toolkit,
-    # internal/info/proc/devices); later drivers register "nvidia".
     w.file("proc/devices", "Character devices:\n  1 mem\n  5 /dev/tty\n"
            f"{majors['nvidia']} nvidia-frontend\n{majors['nvidia-uvm']} nvidia-uvm\n"
            f"{majors['nvidia-caps']} nvidia-caps\n\nBlock devices:\n  7 loop\n")

@@ -66,6 +66,8 @@ def test_module_not_loaded_names_the_file_and_the_fix():
     c = k.kernel_module(healthy(module=replace(unloaded, file=None, file_version=None)))
     assert "no nvidia module on disk for kernel 6.1.0-28-amd64" in " ".join(c.evidence)
     assert "install the driver's kernel module" in c.fix
+    assert "/sys/bus/pci/devices: no NVIDIA GPU on the PCI bus" in k.kernel_module(
+        healthy(module=unloaded, pci_gpus=())).evidence
     c = k.kernel_module(healthy(module=replace(unloaded, nouveau_loaded=True)))
     assert "blacklist nouveau" in c.fix
     # Everything that needs the module is skipped, not failed twice.

@@ -55,6 +55,8 @@ def kernel_module(f: DriverFacts) -> Check:
         return Check("kernel-module", OK, f"{m.name} {m.version} loaded ({m.flavour or 'unknown'} flavour)",
                      tuple(evidence))
     evidence += [_disk_evidence(f), *_log_lines(f, "probe-not-called", "unsigned-module", "rm-init-failed")]
+    if not f.pci_gpus:
+        evidence.append("/sys/bus/pci/devices: no NVIDIA GPU on the PCI bus")
     if m.nouveau_loaded:
         fix = f"nouveau holds the GPUs: {BLACKLIST}"
     elif not m.file:
