@@ -282,11 +282,12 @@ class FakeNvmlLibrary:
         if not state.driver_loaded:
             return N.NVML_ERROR_DRIVER_NOT_LOADED
         # The library is the file libnvidia-ml.so.1 names (what packages install); it refuses
-        # a kernel module of another version, as nvidia-smi's "Driver/library version mismatch".
+        # a kernel module of another version (as the kernel reports it in /sys/module), as
+        # nvidia-smi's "Driver/library version mismatch".
         library = _library_version(self.store.root)
         if library is None:
             return N.NVML_ERROR_LIBRARY_NOT_FOUND
-        if library != self._driver_version(state):
+        if library != _module_version(self.store.root, library):
             return N.NVML_ERROR_LIB_RM_VERSION_MISMATCH
         self._initialised += 1
 
@@ -1011,6 +1012,15 @@ def _library_version(root) -> str | None:
     except OSError:
         return None
     return os.path.basename(target).partition("libnvidia-ml.so.")[2] or None
+
+
+def _module_version(root, default: str) -> str:
+    """The loaded nvidia module's version, as /sys/module/nvidia/version says."""
+    try:
+        with open(os.path.join(root, "sys/module/nvidia/version")) as f:
+            return f.read().strip() or default
+    except OSError:
+        return default
 
 
 def _normal_bus_id(bus_id: str) -> str:

@@ -215,7 +215,13 @@ def bring_up(root: Path, facts, state) -> str | None:
         return None
     version, flavour = read_module(root)
     state.driver_loaded = True
-    state.driver.update(module_version=version, flavour=flavour)
+    state.driver["flavour"] = flavour
+    # NVML reports the node's driver_version (facts; docs/simulator.md: tests may set it by
+    # hand) until a module of another version comes up.
+    if version != facts.driver_version:
+        state.driver["module_version"] = version
+    else:
+        state.driver.pop("module_version", None)
     write_loaded(NodeFiles(root, facts.real_device_nodes), facts, state, version, flavour)
     log(root, "nvidia: loading out-of-tree module taints kernel.", f"NVRM: loading {banner(version, flavour)}")
     return version

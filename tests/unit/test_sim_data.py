@@ -173,9 +173,10 @@ def test_mig_profiles(key):
 @pytest.mark.parametrize("path", PROFILE_FILES, ids=lambda p: p.stem)
 def test_node_profile(path):
     prof = _load(path)
-    assert set(prof) - {"minors"} == {"description", "machine", "driver_version", "numa_nodes",
-                                      "cuda_driver_version", "gpus"}
+    assert set(prof) - {"minors", "nvswitches"} == {"description", "machine", "driver_version", "numa_nodes",
+                                                    "cuda_driver_version", "gpus"}
     assert isinstance(prof["numa_nodes"], int) and prof["numa_nodes"] >= 0
+    assert isinstance(prof.get("nvswitches", 0), int) and prof.get("nvswitches", 0) >= 0
     assert isinstance(prof["description"], str) and prof["description"]
     assert isinstance(prof["driver_version"], str)
     assert re.fullmatch(r"\d+\.\d+(\.\d+)?", prof["driver_version"])
