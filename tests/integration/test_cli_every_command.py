@@ -33,12 +33,15 @@ SAMPLES = {
     "sim profiles": [], "sim create": ["--root", "ROOT/another"], "sim demo": ["--profile", "t4x2"],
     "sim hold": ["0"], "sim release": [], "sim xid": ["--gpu", "0", "--xid", "48"], "sim ecc": ["--gpu", "0"],
     "sim lose": ["--gpu", "1"], "sim events": ["--gpu", "0", "off"], "sim reboot": [],
-    "sim driver": ["unload"],
+    "sim driver": ["unload"], "sim fault": ["no-uvm"],
+    "driver verify": [], "driver plan": ["--version", "550.90.07"],
+    "driver install": ["--version", "550.90.07", "--dry-run"], "driver rollback": ["--dry-run"],
+    "driver create-nodes": ["--dry-run"],
 }
 # These change the node: as another user they must be refused, saying how to run them.
 NEED_ROOT = {"labels", "serve", "device-plugin", "health clear", "cdi refresh", "mig apply", "runtime configure",
              "runtime revert", "runtime install-shim", "sim create", "sim hold", "sim xid", "sim reboot",
-             "sim driver"}
+             "sim driver", "sim fault"}
 
 
 def leaves(parser=None, words=()):
