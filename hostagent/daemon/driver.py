@@ -70,6 +70,7 @@ class DriverGate:
         self.verifications = 0
         self.maintenance: dict | None = None   # {"pid", "operation", "since"} while a driver install runs
         self._listeners: list = []
+        self._marker_error: str | None = None
         self._lock = asyncio.Lock()
         self._ready_event = asyncio.Event()
         if not self.settings.gate:
@@ -128,10 +129,14 @@ class DriverGate:
         """Worker thread: verify, then write or remove the marker."""
         from ..driver.verify import verify
         verdict = verify(self.agent.host, self.settings.ignore)
-        if verdict.usable:
-            self.markers.ready()
+        try:
+            self.markers.ready() if verdict.usable else self.markers.not_ready()
+        except OSError as e:            # a read-only or missing folder: the verdict stands
+            if self._marker_error != str(e):
+                log.warning("driver-ready marker not %s: %s", "written" if verdict.usable else "removed", e)
+            self._marker_error = str(e)
         else:
-            self.markers.not_ready()
+            self._marker_error = None
         return verdict
 
     async def verify(self, reason: str):

@@ -26,6 +26,8 @@ _NVML_FIX = {
     17: "the device nodes are blocked (cgroup device rules, a container without them): allow "
         "the nvidia character devices",
 }
+_NVML_TEXT = {12: "the NVML library libnvidia-ml.so.1 could not be loaded",
+              9: "the NVIDIA kernel driver is not loaded", 18: "Driver/library version mismatch"}
 _GPU_FIX = {
     15: "the GPU has fallen off the bus (Xid 79): drain the node, then reset the GPU "
         "(nvidia-smi -r -i <bus id>) or reboot; if it recurs, check power and the PCIe slot",
@@ -89,7 +91,8 @@ def nvml(f: DriverFacts) -> Check:
     if f.nvml_code is None:
         return Check("nvml", SKIPPED, "NVML was not asked")
     if not f.nvml_ok:
-        return Check("nvml", FAIL, f"NVML does not initialise: {f.nvml_error or _code(f.nvml_code)}",
+        why = _NVML_TEXT.get(f.nvml_code) or f.nvml_error or _code(f.nvml_code)
+        return Check("nvml", FAIL, f"NVML does not initialise: {why}",
                      (f"nvmlInit: {_code(f.nvml_code)}",),
                      _NVML_FIX.get(f.nvml_code, "see the rows above and the kernel log"))
     failing = [g for g in f.nvml_gpus if g.code]
