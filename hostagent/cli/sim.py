@@ -30,6 +30,9 @@ def register(sub) -> None:
                    help="comma list of container engines installed on the node (containerd, crio, "
                         "docker): their configuration folders, and /usr/local/sbin for the runtime "
                         "shim, so 'hostagent runtime' has engines to configure")
+    v.add_argument("--driver-version", metavar="VERSION",
+                   help="install this driver instead of the profile's (e.g. 495.29.05): NVML then "
+                        "answers as that branch does")
     v.set_defaults(run=create)
 
     v = verbs.add_parser("demo", help="create a node in a temporary directory and show it")
@@ -137,8 +140,10 @@ def _node_kind(store) -> str:
 
 def create(args) -> int:
     from ..sim.rootdir import build_node
-    store = build_node(args.root, args.profile, replace=args.force, engines=args.engines)
-    print(f"created simulated node '{args.profile}' in {store.root}; device nodes: {_node_kind(store)}"
+    store = build_node(args.root, args.profile, replace=args.force, engines=args.engines,
+                       driver_version=args.driver_version)
+    print(f"created simulated node '{args.profile}' (driver {store.facts.driver_version}) in {store.root}; "
+          f"device nodes: {_node_kind(store)}"
           + (f"; engines: {', '.join(args.engines)}" if args.engines else ""))
     print(f"use it with: hostagent --simulate {store.root} devices")
     return 0

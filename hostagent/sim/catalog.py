@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import functools
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import UsageError
 
 __all__ = ["GiProfileSpec", "CiProfileSpec", "MigSpec", "SkuSpec", "NodeProfile",
-           "skus", "raw_skus", "sku_from_dict", "profile_names", "load_profile", "ci_profile_index"]
+           "skus", "raw_skus", "sku_from_dict", "profile_names", "load_profile", "ci_profile_index",
+           "driver_branch", "cuda_version", "check_driver_version"]
 
 ARCHITECTURES = {"turing": 6, "ampere": 7, "ada": 8, "hopper": 9, "blackwell": 10}
 
@@ -179,10 +181,55 @@ def ci_multiprocessors(profiles: list[dict]) -> dict[int, tuple[tuple[int, int],
             for p in profiles}
 
 
-def sku_from_dict(key: str, raw: dict) -> SkuSpec:
+# The CUDA driver API each driver branch ships: nvidia-smi's "CUDA Version" (450.80.02 11.0,
+# 495.29.05 11.5, 535.129.03 12.2, 545.23.08 12.3, 550 12.4, 580.65.06 13.0 in published output).
+CUDA_BY_BRANCH = {450: 11000, 460: 11020, 470: 11040, 495: 11050, 510: 11060, 515: 11070,
+                  520: 11080, 525: 12000, 530: 12010, 535: 12020, 545: 12030, 550: 12040,
+                  555: 12050, 560: 12060, 565: 12070, 570: 12080, 575: 12090, 580: 13000}
+_VERSION = re.compile(r"\d{3}\.\d{1,3}(\.\d{1,3})?")
+
+
+def driver_branch(version: str) -> int:
+    """``550`` for ``550.90.07``."""
+    return int(version.split(".")[0])
+
+
+def check_driver_version(version: str) -> str:
+    """The version if it is one of a MIG-capable branch (R450 and later); UsageError otherwise."""
+    if not _VERSION.fullmatch(version or ""):
+        raise UsageError(f"{version!r} is not an NVIDIA driver version",
+                         hint="give one such as 550.90.07 or 495.29.05")
+    if driver_branch(version) < min(CUDA_BY_BRANCH):
+        raise UsageError(f"driver {version} is older than R450, the first with MIG",
+                         hint=f"give a version of R{min(CUDA_BY_BRANCH)} or later")
+    return version
+
+
+def cuda_version(version: str) -> int:
+    """The CUDA driver version of a driver version's branch (nvmlSystemGetCudaDriverVersion)."""
+    branch = driver_branch(check_driver_version(version))
+    return CUDA_BY_BRANCH[max(b for b in CUDA_BY_BRANCH if b <= branch)]
+
+
+def _on_branch(raw: dict, branch: int | None) -> dict:
+    """``raw`` with the values older driver branches report instead (``older_branches``:
+    each entry applies to branches before its ``before``, the oldest winning)."""
+    out = {k: v for k, v in raw.items() if k != "older_branches"}
+    for older in sorted(raw.get("older_branches", ()), key=lambda o: -o["before"]):
+        if branch is not None and branch < older["before"]:
+            out.update({k: v for k, v in older.items() if k != "before"})
+    return out
+
+
+def sku_from_dict(key: str, raw: dict, driver_version: str | None = None) -> SkuSpec:
+    """The SKU as a driver of ``driver_version`` shows it (None: the newest branch): its
+    figures on that branch, and only the MIG profiles the branch has (``since``)."""
+    branch = None if driver_version is None else driver_branch(driver_version)
+    raw = _on_branch(raw, branch)
     mig = raw.get("mig")
     if mig:
-        profiles = mig["gpu_instance_profiles"]
+        profiles = [_on_branch(p, branch) for p in mig["gpu_instance_profiles"]
+                    if branch is None or branch >= p.get("since", 0)]
         ci_sms = ci_multiprocessors(profiles)
         mig = MigSpec(
             memory_slices=mig["memory_slices"], compute_slices=mig["compute_slices"],

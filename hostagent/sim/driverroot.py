@@ -67,9 +67,14 @@ def _gpu_identity(profile: str, bus_id: str) -> tuple[str, str]:
     return uuid, serial
 
 
-def create_node(root: str | os.PathLike, profile_name: str, *,
-                real_nodes: bool | None = None, dynamic_majors: tuple[int, int] | None = None) -> SimStore:
+def create_node(root: str | os.PathLike, profile_name: str, *, real_nodes: bool | None = None,
+                dynamic_majors: tuple[int, int] | None = None,
+                driver_version: str | None = None) -> SimStore:
     """Build a simulated node of ``profile_name`` under ``root`` and return its store.
+
+    ``driver_version`` installs another driver than the profile's: its files carry that
+    version, and NVML answers as that branch does (figures and MIG profiles that differ by
+    branch, the CUDA version it ships: see ``catalog.sku_from_dict``).
 
     Device nodes are real character devices when this process may create them
     (``real_nodes`` decides otherwise), regular files if not. ``dynamic_majors`` fixes the (nvidia-uvm, nvidia-caps) majors; by default they are
@@ -82,7 +87,8 @@ def create_node(root: str | os.PathLike, profile_name: str, *,
         real_nodes = can_create_device_nodes(root)
     w = NodeFiles(root, real_nodes)
     uvm_major, caps_major = dynamic_majors or _free_majors()
-    version = profile.driver_version
+    version = catalog.check_driver_version(driver_version) if driver_version else profile.driver_version
+    cuda = catalog.cuda_version(version) if driver_version else profile.cuda_driver_version
 
     gpus = []
     for index, slot in enumerate(profile.gpus):
@@ -91,8 +97,7 @@ def create_node(root: str | os.PathLike, profile_name: str, *,
                            minor=profile.minor(index), serial=serial,
                            gi_ids="shuffled" if index % 2 else "placement"))
     used_skus = {g.sku for g in gpus}
-    facts_raw = {"profile": profile.name, "driver_version": version,
-                 "cuda_driver_version": profile.cuda_driver_version,
+    facts_raw = {"profile": profile.name, "driver_version": version, "cuda_driver_version": cuda,
                  "real_device_nodes": real_nodes, "nvswitches": profile.nvswitches,
                  "majors": {"nvidia": NVIDIA_MAJOR, "nvidia-uvm": uvm_major, "nvidia-caps": caps_major},
                  "skus": {k: v for k, v in catalog.raw_skus().items() if k in used_skus}}

@@ -132,7 +132,7 @@ class NodeFacts:
     def from_dict(cls, raw: dict) -> "NodeFacts":
         return cls(profile=raw["profile"], driver_version=raw["driver_version"],
                    cuda_driver_version=raw["cuda_driver_version"],
-                   skus={k: sku_from_dict(k, v) for k, v in raw["skus"].items()},
+                   skus={k: sku_from_dict(k, v, raw["driver_version"]) for k, v in raw["skus"].items()},
                    real_device_nodes=raw["real_device_nodes"], majors=raw["majors"],
                    nvswitches=raw.get("nvswitches", 0))
 

@@ -90,7 +90,9 @@ def test_expected_profiles_present():
 def test_sku_device_fields(key):
     sku = SKUS[key]
     assert DEVICE_KEYS <= set(sku), DEVICE_KEYS - set(sku)
-    assert set(sku) <= DEVICE_KEYS | {"mig"}, set(sku) - DEVICE_KEYS
+    assert set(sku) <= DEVICE_KEYS | {"mig", "older_branches"}, set(sku) - DEVICE_KEYS
+    for older in sku.get("older_branches", ()):      # what earlier driver branches report
+        assert isinstance(older["before"], int) and set(older) - {"before"} <= DEVICE_KEYS
     assert isinstance(sku["name"], str) and sku["name"]
     for field in ("pci_device_id", "pci_subsystem_id"):
         value = sku[field]
@@ -129,7 +131,8 @@ def test_mig_profiles(key):
     assert len(names) == len(set(names)), names
 
     for p in profiles:
-        assert set(p) == GI_KEYS, (p["name"], set(p) ^ GI_KEYS)
+        assert set(p) - {"since"} == GI_KEYS, (p["name"], set(p) ^ GI_KEYS)
+        assert p.get("since", 450) >= 450, p["name"]          # MIG came with R450
         name = p["name"]
         assert PROFILE_NAME_RE.match(name), name
         # "<G>g" in the name is the compute-slice count.

@@ -157,6 +157,17 @@ def test_media_extension_is_exclusive():
     assert code(state.create_gi, facts, 0, 20) == N.NVML_ERROR_INSUFFICIENT_RESOURCES
 
 
+def test_a30_media_extensions_share_one_jpeg_and_ofa():
+    # MIG user guide: "A single 1g (2g) profile can include media extensions"; the A30 has one
+    # JPEG decoder and one OFA, so 2g.12gb+me (id 6) and 1g.6gb+me (id 21) exclude each other.
+    facts, state = enabled("A30-24GB")
+    gi = state.create_gi(facts, 0, 6)
+    assert (gi.start, gi.size) == (0, 2)
+    assert code(state.create_gi, facts, 0, 21) == N.NVML_ERROR_INSUFFICIENT_RESOURCES
+    assert code(state.create_gi, facts, 0, 6) == N.NVML_ERROR_INSUFFICIENT_RESOURCES
+    state.create_gi(facts, 0, 5)             # a plain 2g.12gb beside it
+
+
 def test_destroy_refuses_while_in_use():
     facts, state = enabled(A100)
     gi = state.create_gi(facts, 0, 9)

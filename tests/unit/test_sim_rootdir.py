@@ -8,7 +8,7 @@ from hostagent.sim.rootdir import build_node
 
 
 def failing_build(error):
-    def create_node(root, profile):
+    def create_node(root, profile, **options):
         (root / "usr/lib").mkdir(parents=True)        # part of a node, then the failure
         (root / "usr/lib/half-written").write_text("")
         raise error
