@@ -16,12 +16,16 @@ timers, interleaved so machine noise hits every command alike:
 benchmark's. Without root (no device nodes, so no spec) the same command line comes from
 the function the spec generator calls.
 
-against a prepared container root holding a driver's worth of fake libraries (real ELF
-objects with SONAMEs). It also times the sandboxed ldconfig step in-process, so the
-share of a hook run spent there is visible. prepare needs root (namespaces, mounts);
-without it only the other rows are printed.
+against a prepared container root holding a full driver's libraries: those a spec
+generated for a simulated node mounts (an R550 driver root: every library with its SONAME
+and development links, the EGL platform libraries, vdpau), copied to their container
+paths, with that spec's --link and --folder arguments. --libraries N times a synthetic
+root instead (N libraries libcuda, libnvidia-benchI, two links each), as earlier figures
+were taken. It also times the sandboxed ldconfig step in-process, so the share of a hook
+run spent there is visible. prepare needs root (namespaces, mounts); without it only the
+other rows are printed.
 
-    python3 bench/hook.py [--runs 30] [--libraries 40]
+    python3 bench/hook.py [--runs 30] [--profile hgx-h200 | --libraries 40]
 """
 
 from __future__ import annotations
@@ -41,23 +45,50 @@ ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
 VERSION = "550.54.15"
 
 
-def build_root(base: str, count: int) -> tuple[str, bytes, list[str]]:
-    """A bundle whose rootfs has ``count`` driver libraries; returns (root, state, link args)."""
-    from hostagent.sim.elf import write_shared_object
+def _bundle(base: str) -> tuple[str, bytes]:
     root = os.path.join(base, "bundle", "rootfs")
-    libdir = os.path.join(root, LIB.lstrip("/"))
-    os.makedirs(libdir)
+    os.makedirs(os.path.join(root, LIB.lstrip("/")))
     os.makedirs(os.path.join(root, "etc"))
     with open(os.path.join(base, "bundle", "config.json"), "w") as f:
         json.dump({"ociVersion": "1.0.2", "root": {"path": "rootfs"}}, f)
+    state = json.dumps({"ociVersion": "1.0.2", "id": "bench", "status": "creating", "pid": os.getpid(),
+                        "bundle": os.path.join(base, "bundle")}).encode()
+    return root, state
+
+
+def build_root(base: str, count: int) -> tuple[str, bytes, list[str], list[str], str]:
+    """A bundle whose rootfs has ``count`` synthetic driver libraries; returns (root, state,
+    link args, folder args, description)."""
+    from hostagent.sim.elf import write_shared_object
+    root, state = _bundle(base)
+    libdir = os.path.join(root, LIB.lstrip("/"))
     links = []
     for i in range(count):
         name = "libcuda" if i == 0 else f"libnvidia-bench{i}"
         write_shared_object(os.path.join(libdir, f"{name}.so.{VERSION}"), f"{name}.so.1")
         links += ["--link", f"{name}.so.{VERSION}::{LIB}/{name}.so.1", "--link", f"{name}.so.1::{LIB}/{name}.so"]
-    state = json.dumps({"ociVersion": "1.0.2", "id": "bench", "status": "creating", "pid": os.getpid(),
-                        "bundle": os.path.join(base, "bundle")}).encode()
-    return root, state, links
+    return root, state, links, ["--folder", LIB], f"{count} synthetic libraries"
+
+
+def build_root_from_node(base: str, profile: str) -> tuple[str, bytes, list[str], list[str], str]:
+    """A bundle whose rootfs has the libraries a spec for a simulated ``profile`` node mounts,
+    and that spec's link and folder arguments (the library edits the generator discovers;
+    read without device nodes, so this works unprivileged too)."""
+    from hostagent.cdi.discover import Discovery
+    from hostagent.hostroot import HostRoot
+    from hostagent.sim import catalog
+    from hostagent.sim.driverroot import create_node
+    root, state = _bundle(base)
+    node = os.path.join(base, "node")
+    create_node(node, profile, real_nodes=False)
+    edits = Discovery(HostRoot.simulation(node), catalog.load_profile(profile).driver_version).libraries()
+    for m in edits.mounts:
+        dest = os.path.join(root, m.container_path.lstrip("/"))
+        os.makedirs(os.path.dirname(dest), exist_ok=True)
+        shutil.copyfile(m.host_path, dest)
+    links = [arg for target, link in edits.links for arg in ("--link", f"{target}::{link}")]
+    folders = [arg for folder in edits.folders for arg in ("--folder", folder)]
+    return root, state, links, folders, f"{len(edits.mounts)} libraries of a simulated {profile}'s spec"
 
 
 def spec_hook_command() -> tuple[list[str], str]:
@@ -86,7 +117,7 @@ def timed(cmd: list[str], stdin: bytes) -> float:
     return time.perf_counter() - start
 
 
-def sandbox_share(root: str, runs: int) -> list[float]:
+def sandbox_share(root: str, folders: list[str], runs: int) -> list[float]:
     """In-process times of the confined ldconfig step (fork, namespaces, mounts, exec, wait)."""
     from hostagent.hooks import hostbin
     from hostagent.hooks.inroot import Root
@@ -99,7 +130,7 @@ def sandbox_share(root: str, runs: int) -> list[float]:
         with Root(root) as r:
             for _ in range(runs):
                 start = time.perf_counter()
-                run_ldconfig(r.fd, fds, [LIB], 10)
+                run_ldconfig(r.fd, fds, folders, 10)
                 out.append(time.perf_counter() - start)
     finally:
         for fd in fds:
@@ -110,7 +141,10 @@ def sandbox_share(root: str, runs: int) -> list[float]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--runs", type=int, default=30)
-    ap.add_argument("--libraries", type=int, default=40, help="fake driver libraries in the root (default 40)")
+    what = ap.add_mutually_exclusive_group()
+    what.add_argument("--profile", default="hgx-h200",
+                      help="the simulated node whose spec's libraries fill the root (default hgx-h200)")
+    what.add_argument("--libraries", type=int, help="N synthetic libraries instead (earlier figures: 40)")
     args = ap.parse_args()
 
     py = sys.executable
@@ -118,7 +152,9 @@ def main() -> int:
     print(f"hook command line, from {origin}:\n  {' '.join(hook)} VERB ...\n")
     base = tempfile.mkdtemp(prefix="hostagent-hook-bench-")
     try:
-        root, state, links = build_root(base, args.libraries)
+        root, state, links, folders, described = (build_root(base, args.libraries) if args.libraries
+                                                   else build_root_from_node(base, args.profile))
+        print(f"container root: {described}, {len(links) // 2} links, {len(folders) // 2} folders\n")
         commands = {
             "python3 -I -S -c pass": [py, "-I", "-S", "-c", "pass"],
             "python3 -I -c pass": [py, "-I", "-c", "pass"],
@@ -128,8 +164,9 @@ def main() -> int:
         as_root = os.geteuid() == 0
         ldconfig = "/sbin/ldconfig.real" if os.path.exists("/sbin/ldconfig.real") else "/sbin/ldconfig"
         if as_root:
-            commands["hook prepare (links + ld cache)"] = hook + ["prepare", *links, "--folder", LIB]
-            commands["ldconfig -r ROOT (bare)"] = [ldconfig, "-i", "-X", "-r", root, "-C", "/bench.cache", LIB]
+            commands["hook prepare (links + ld cache)"] = hook + ["prepare", *links, *folders]
+            commands["ldconfig -r ROOT (bare)"] = [ldconfig, "-i", "-X", "-r", root, "-C", "/bench.cache",
+                                                   *folders[1::2]]
         for cmd in commands.values():                # warm caches; the first prepare writes everything
             timed(cmd, state)
         samples = {name: [] for name in commands}
@@ -138,7 +175,7 @@ def main() -> int:
             names = names[i % len(names):] + names[:i % len(names)]   # rotate the order too
             for name in names:
                 samples[name].append(timed(commands[name], state))
-        sandbox = sandbox_share(root, args.runs) if as_root else []
+        sandbox = sandbox_share(root, folders[1::2], args.runs) if as_root else []
     finally:
         shutil.rmtree(base, ignore_errors=True)
 

@@ -17,9 +17,9 @@ _HOST_CHANGES = pytest.StashKey[list]()
 @pytest.fixture
 def make_node(tmp_path_factory):
     """Build a simulated node; returns (HostRoot, SimStore)."""
-    def make(profile: str = "dgx-a100"):
+    def make(profile: str = "dgx-a100", **options):
         root = tmp_path_factory.mktemp(profile)
-        store = create_node(root, profile)
+        store = create_node(root, profile, **options)
         return HostRoot.simulation(root), store
     return make
 

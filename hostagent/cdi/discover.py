@@ -45,6 +45,15 @@ CONFIG_FILES = {
     "OpenCL/vendors/nvidia.icd": "/etc/OpenCL/vendors/nvidia.icd",
 }
 CONFIG_ROOTS = ("etc", "usr/share", "usr/local/share")
+# The EGL external platform libraries the files above name (libnvidia-egl-gbm.so.1, ...).
+# They carry versions of their own (libnvidia-egl-wayland.so.1.1.13), not the driver's, so
+# the ``lib*.so.<driver version>`` search misses them; the reference generator looks them
+# up as ``libnvidia-egl-<platform>.so.*.*`` (nvidia-container-toolkit
+# internal/discover/graphics.go; its generate log: "Selecting
+# /usr/lib/x86_64-linux-gnu/libnvidia-egl-gbm.so.1.1.2 as ..."), with GBM's backend link
+# gbm/nvidia-drm_gbm.so -> ../libnvidia-allocator.so.1.
+EGL_PLATFORM_LIBRARIES = tuple(f"libnvidia-egl-{p}" for p in ("gbm", "wayland", "wayland2", "xcb", "xlib"))
+GBM_BACKEND = "gbm/nvidia-drm_gbm.so"
 
 
 class MissingDeviceNode(NotFoundError):
@@ -129,8 +138,9 @@ class Discovery:
         return "/" + host_file.relative_to(self.host.driver()).as_posix()
 
     def libraries(self) -> Edits:
-        """Every ``lib*.so.<driver version>``, its SONAME and ``.so`` links that exist on the
-        host, and the folders whose linker cache must be refreshed."""
+        """Every ``lib*.so.<driver version>`` and EGL platform library, their SONAME and
+        ``.so`` links that exist on the host, GBM's backend link, and the folders whose
+        linker cache must be refreshed."""
         mounts, links, folders = [], [], []
         seen: set[Path] = set()
         suffix = f".so.{self.driver_version}"
@@ -142,11 +152,18 @@ class Discovery:
                 libs = sorted(p for p in folder.glob(f"lib*{suffix}") if p.is_file())
                 if not libs:
                     continue
+                libs += sorted(p for stem in EGL_PLATFORM_LIBRARIES for p in folder.glob(f"{stem}.so.*.*")
+                               if p.is_file() and not p.is_symlink())
                 cfolder = self._container_path(folder)
                 folders.append(cfolder)
                 for lib in libs:
                     mounts.append(Mount(str(lib.resolve()), self._container_path(lib)))
                     links += self._library_links(folder, cfolder, lib)
+                if (folder / GBM_BACKEND).is_symlink():
+                    target = os.readlink(folder / GBM_BACKEND)   # ../libnvidia-allocator.so.1
+                    if os.path.isabs(target):                    # a host path: the same library, beside
+                        target = f"../{os.path.basename(target)}"
+                    links.append((target, f"{cfolder}/{GBM_BACKEND}"))
         if not mounts:
             raise DriverFilesMissing(
                 f"no driver library (lib*{suffix}) in any of the driver's library folders",

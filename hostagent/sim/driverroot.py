@@ -13,27 +13,17 @@ import uuid as uuidlib
 from pathlib import Path
 
 from ..fileio import ensure_dir
-from . import catalog, kmod, unixsock
-from .elf import write_shared_object
+from . import catalog, driverlibs, kmod, unixsock
+from .elf import shared_object_bytes
 from .files import FIXED_CAP_MINORS, NodeFiles, can_create_device_nodes
 from .node import NodeState, SimGpu
 from .store import SimStore
 
-__all__ = ["create_node", "LIBRARIES", "TOOLS", "NVIDIA_MAJOR", "LIB_DIR"]
+__all__ = ["create_node", "TOOLS", "NVIDIA_MAJOR", "LIB_DIR"]
 
 NVIDIA_MAJOR = 195
-LIB_DIR = "usr/lib/x86_64-linux-gnu"
+LIB_DIR = driverlibs.LIB_DIR
 FIRMWARE = ("gsp_ga10x.bin", "gsp_tu10x.bin")
-
-# Library stem -> SONAME suffix ("" means the SONAME carries the full driver version).
-LIBRARIES = {
-    "libcuda": "1", "libcudadebugger": "1", "libnvidia-ml": "1",
-    "libnvidia-ptxjitcompiler": "1", "libnvidia-nvvm": "4", "libnvidia-cfg": "1",
-    "libnvidia-gpucomp": "", "libnvidia-allocator": "1", "libnvidia-opencl": "1",
-    "libnvidia-encode": "1", "libnvcuvid": "1",
-}
-# Development links the driver package also installs.
-DEV_LINKS = {"libcuda.so": "libcuda.so.1", "libnvidia-ml.so": "libnvidia-ml.so.1"}
 
 TOOLS = {  # binary -> module:function in hostagent.sim.tools
     "nvidia-smi": "nvidia_smi", "nvidia-cuda-mps-control": "mps_control",
@@ -41,14 +31,6 @@ TOOLS = {  # binary -> module:function in hostagent.sim.tools
     "modprobe": "modprobe",
 }
 
-CONFIG_FILES = {
-    "usr/share/glvnd/egl_vendor.d/10_nvidia.json":
-        '{"file_format_version": "1.0.0", "ICD": {"library_path": "libEGL_nvidia.so.0"}}\n',
-    "etc/OpenCL/vendors/nvidia.icd": "libnvidia-opencl.so.1\n",
-    "usr/share/vulkan/icd.d/nvidia_icd.json":
-        '{"file_format_version": "1.0.0", "ICD": {"library_path": "libGLX_nvidia.so.0", '
-        '"api_version": "1.3.277"}}\n',
-}
 
 
 def _free_majors(root_proc_devices: str = "/proc/devices", count: int = 2) -> list[int]:
@@ -128,20 +110,12 @@ def create_node(root: str | os.PathLike, profile_name: str, *, real_nodes: bool 
         w.file(f"proc/driver/nvidia-nvswitch/devices/0000:{0xc0 + n:02x}:00.0", "", mode=0o444)
 
     # Driver libraries, firmware, config files, IPC.
-    ensure_dir(root / LIB_DIR)
-    for stem, soname_suffix in LIBRARIES.items():
-        real = f"{stem}.so.{version}"
-        soname = f"{stem}.so.{soname_suffix or version}"
-        write_shared_object(root / LIB_DIR / real, soname)
-        if soname != real:
-            w.link(f"{LIB_DIR}/{soname}", real)
-    for link, target in DEV_LINKS.items():
-        w.link(f"{LIB_DIR}/{link}", target)
+    _install_libraries(w, version)
     for name in FIRMWARE:
         w.file(f"lib/firmware/nvidia/{version}/{name}", b"\0" * 64)
     kmod.write_module_files(root, version, kmod.flavour_for(version))
-    for rel, text in CONFIG_FILES.items():
-        w.file(rel, text)
+    for rel, content in driverlibs.config_files(catalog.driver_branch(version)).items():
+        w.file(rel, content)
     ensure_dir(root / "run/nvidia-persistenced")
     _unix_socket(root / "run/nvidia-persistenced/socket")
     ensure_dir(root / "tmp/nvidia-mps")
@@ -153,6 +127,23 @@ def create_node(root: str | os.PathLike, profile_name: str, *, real_nodes: bool 
     with store.mutate() as state:      # the driver loads at boot
         kmod.bring_up(root, store.facts, state)
     return store
+
+
+def _install_libraries(w: NodeFiles, version: str) -> None:
+    """Every library of the driver's branch with its SONAME and development links, the
+    32-bit copies, and GBM's backend link to the allocator."""
+    for lib in driverlibs.libraries(catalog.driver_branch(version)):
+        for base, machine in ((driverlibs.LIB_DIR, "x86_64"), (driverlibs.LIB32_DIR, "i386")):
+            if machine == "i386" and not lib.lib32:
+                continue
+            folder = f"{base}/{lib.folder}".rstrip("/")
+            real, soname = lib.file(version), lib.soname_of(version)
+            w.file(f"{folder}/{real}", shared_object_bytes(soname, machine=machine), mode=0o755)
+            if soname != real:
+                w.link(f"{folder}/{soname}", real)
+            if lib.dev_link:
+                w.link(f"{folder}/{lib.stem}.so", soname)
+    w.link(f"{driverlibs.LIB_DIR}/gbm/nvidia-drm_gbm.so", "../libnvidia-allocator.so.1")
 
 
 def _unix_socket(path: Path) -> None:

@@ -88,7 +88,7 @@ def test_common_edits_have_libraries_links_binaries_ipc_firmware_and_one_hook(ma
     assert hook["hookName"] == "createContainer" and hook["args"][:3] == [hook["path"], "-I", "-S"] and hook["args"][5] == "prepare"
     assert hook["env"] and all(not e.startswith(("LD_", "PYTHON")) for e in hook["env"])
     assert "libcuda.so.550.90.07::/usr/lib/x86_64-linux-gnu/libcuda.so.1" in hook["args"]
-    assert hook["args"][-2:] == ["--folder", "/usr/lib/x86_64-linux-gnu"]
+    assert hook["args"][-4:] == ["--folder", "/usr/lib/x86_64-linux-gnu", "--folder", "/usr/lib/x86_64-linux-gnu/vdpau"]
     socket_mount = next(m for m in edits["mounts"] if m["containerPath"].endswith("socket"))
     assert "ro" not in socket_mount["options"] and "noexec" in socket_mount["options"]
 
@@ -199,6 +199,29 @@ def test_graphics_config_files_and_tools_the_reference_mounts(make_node):
     mounts = {m["containerPath"]: m["hostPath"] for m in generate(host).spec["containerEdits"]["mounts"]}
     for rel, container_path in made.items():
         assert mounts[container_path] == str(host.driver(rel)), container_path
+
+
+@pytest.mark.parametrize("driver_version", ["550.90.07", "570.124.06"])
+def test_every_library_a_mounted_icd_or_platform_file_names_is_in_the_container(make_node, driver_version):
+    """A container given 10_nvidia_wayland.json gets libnvidia-egl-wayland.so.1 (versioned
+    1.1.13, not as the driver) with its SONAME link, and GBM's backend link."""
+    host, _ = make_node("hgx-h200", driver_version=driver_version)
+    edits = generate(host).spec["containerEdits"]
+    lib = "/usr/lib/x86_64-linux-gnu"
+    mounted = {m["containerPath"]: m["hostPath"] for m in edits["mounts"]}
+    [hook] = edits["hooks"]
+    links = dict(reversed(a.split("::")) for a in hook["args"] if "::" in a)
+    names = 0
+    for container_path, host_path in mounted.items():
+        if container_path.endswith((".json", ".icd")) and "vulkan/implicit" not in container_path:
+            text = Path(host_path).read_text()
+            soname = json.loads(text)["ICD"]["library_path"] if text.startswith("{") else text.strip()
+            assert f"{lib}/{links[f'{lib}/{soname}']}" in mounted, (container_path, soname)
+            names += 1
+    assert names == (7 if driver_version.startswith("570") else 5)
+    assert links[f"{lib}/gbm/nvidia-drm_gbm.so"] == "../libnvidia-allocator.so.1"
+    assert f"{lib}/libnvidia-allocator.so.1" in links
+    assert not any("i386" in path for path in mounted)      # 32-bit copies stay on the host
 
 
 def test_lost_gpu_is_left_out_and_said(make_node):

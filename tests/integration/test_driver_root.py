@@ -1,5 +1,6 @@
 """The generated driver root looks like a real host's."""
 
+import json
 import os
 import stat
 
@@ -9,7 +10,8 @@ from hostagent.errors import StateError
 from hostagent.devices import read_inventory
 from hostagent.hostroot import HostRoot
 from hostagent.sim import catalog
-from hostagent.sim.driverroot import LIB_DIR, LIBRARIES, create_node
+from hostagent.sim import driverlibs
+from hostagent.sim.driverroot import LIB_DIR, create_node
 from hostagent.sim.elf import read_soname
 from hostagent.sim import control
 from hostagent.sim.files import create_cap_nodes
@@ -61,17 +63,47 @@ def test_proc_files(tmp_path):
 def test_driver_libraries_are_elf_objects_with_sonames(tmp_path):
     create_node(tmp_path, "hgx-h200")
     version = catalog.load_profile("hgx-h200").driver_version
-    libdir = tmp_path / LIB_DIR
-    for stem, suffix in LIBRARIES.items():
-        real = libdir / f"{stem}.so.{version}"
-        soname = f"{stem}.so.{suffix or version}"
-        assert read_soname(real) == soname
-        assert (libdir / soname).resolve() == real.resolve()
-    assert os.readlink(libdir / "libcuda.so") == "libcuda.so.1"
+    libs = driverlibs.libraries(catalog.driver_branch(version))
+    assert len(libs) >= 34
+    for lib in libs:
+        for base, elf_class in ((driverlibs.LIB_DIR, 2), (driverlibs.LIB32_DIR, 1)):
+            if elf_class == 1 and not lib.lib32:
+                assert not (tmp_path / base / lib.folder / lib.file(version)).exists(), lib
+                continue
+            folder = tmp_path / base / lib.folder
+            real = folder / lib.file(version)
+            assert real.read_bytes()[4] == elf_class, real          # EI_CLASS: ELF32 / ELF64
+            if elf_class == 2:
+                assert read_soname(real) == lib.soname_of(version), real
+            else:                   # read_soname reads ELF64 only; test_sim_elf reads these with readelf
+                assert lib.soname_of(version).encode() + b"\0" in real.read_bytes(), real
+            assert (folder / lib.soname_of(version)).resolve() == real.resolve()
+            if lib.dev_link:
+                assert os.readlink(folder / f"{lib.stem}.so") == lib.soname_of(version)
+    assert os.readlink(tmp_path / LIB_DIR / "libcuda.so") == "libcuda.so.1"
+    assert (tmp_path / LIB_DIR / "libnvidia-egl-wayland.so.1.1.13").is_file()
+    assert (tmp_path / LIB_DIR / "vdpau/libvdpau_nvidia.so.1").is_symlink()
+    assert (tmp_path / LIB_DIR / "gbm/nvidia-drm_gbm.so").resolve() == \
+        (tmp_path / LIB_DIR / f"libnvidia-allocator.so.{version}").resolve()
     assert (tmp_path / f"lib/firmware/nvidia/{version}/gsp_ga10x.bin").is_file()
     assert stat.S_ISSOCK(os.lstat(tmp_path / "run/nvidia-persistenced/socket").st_mode)
     for tool in ("nvidia-smi", "nvidia-cuda-mps-control", "nvidia-cuda-mps-server", "nvidia-persistenced"):
         assert os.access(tmp_path / "usr/bin" / tool, os.X_OK)
+
+
+@pytest.mark.parametrize("driver_version", ["550.90.07", "570.124.06"])
+def test_every_library_an_icd_or_platform_file_names_exists(tmp_path, driver_version):
+    create_node(tmp_path, "hgx-h200", driver_version=driver_version)
+    configs = driverlibs.config_files(catalog.driver_branch(driver_version))
+    platforms = [rel for rel in configs if rel.startswith("usr/share/egl/egl_external_platform.d/")]
+    assert len(platforms) == (4 if driver_version.startswith("570") else 2)
+    for rel in configs:
+        if not rel.endswith((".json", ".icd")):
+            continue
+        text = (tmp_path / rel).read_text()
+        soname = json.loads(text)["ICD"]["library_path"] if rel.endswith(".json") else text.strip()
+        lib = tmp_path / LIB_DIR / soname
+        assert lib.is_symlink() and read_soname(lib) == soname, rel
 
 
 def test_capability_files_follow_instances_and_nodes_are_made_on_request(tmp_path):
