@@ -19,7 +19,7 @@ from .files import FIXED_CAP_MINORS, NodeFiles, can_create_device_nodes
 from .node import NodeState, SimGpu
 from .store import SimStore
 
-__all__ = ["create_node", "TOOLS", "NVIDIA_MAJOR", "LIB_DIR"]
+__all__ = ["create_node", "upgrade_libraries", "TOOLS", "NVIDIA_MAJOR", "LIB_DIR"]
 
 NVIDIA_MAJOR = 195
 LIB_DIR = driverlibs.LIB_DIR
@@ -144,6 +144,20 @@ def _install_libraries(w: NodeFiles, version: str) -> None:
             if lib.dev_link:
                 w.link(f"{folder}/{lib.stem}.so", soname)
     w.link(f"{driverlibs.LIB_DIR}/gbm/nvidia-drm_gbm.so", "../libnvidia-allocator.so.1")
+
+
+def upgrade_libraries(root: Path, real_nodes: bool, old: str, new: str) -> None:
+    """What upgrading the driver's packages does to its libraries: the ``old`` version's
+    files go, in every folder, and the ``new`` branch's are installed with their links (the
+    links move to them). Libraries with versions of their own stay."""
+    for lib in driverlibs.libraries(catalog.driver_branch(old)):
+        if lib.version:
+            continue
+        for base in (driverlibs.LIB_DIR, driverlibs.LIB32_DIR):
+            path = root / base / lib.folder / lib.file(old)
+            if path.is_file():
+                path.unlink()
+    _install_libraries(NodeFiles(root, real_nodes), new)
 
 
 def _unix_socket(path: Path) -> None:

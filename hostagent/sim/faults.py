@@ -34,22 +34,10 @@ def _bump(version: str) -> str:
 
 def _upgrade_packages(store: SimStore, old: str, new: str) -> None:
     """What upgrading the driver's packages leaves on disk: every ``*.so.<old>`` library
-    replaced by ``*.so.<new>`` (links moved), the new module built, the firmware renamed."""
-    from ..driver.elf import read_soname
-    from .driverroot import LIB_DIR
-    from .elf import write_shared_object
-    libdir = store.root / LIB_DIR
-    suffix = f".so.{old}"
-    for path in sorted(libdir.iterdir()):
-        if path.is_symlink() or not path.name.endswith(suffix):
-            continue
-        write_shared_object(libdir / (path.name[:-len(old)] + new), read_soname(path) or path.name)
-        path.unlink()
-    for link in libdir.iterdir():
-        if link.is_symlink() and os.readlink(link).endswith(suffix):
-            target = os.readlink(link)[:-len(old)] + new
-            link.unlink()
-            link.symlink_to(target)
+    replaced by ``*.so.<new>`` in every library folder (links moved, SONAMEs that carry the
+    version changed), the new module built, the firmware renamed."""
+    from .driverroot import upgrade_libraries
+    upgrade_libraries(store.root, store.facts.real_device_nodes, old, new)
     firmware = store.root / "lib/firmware/nvidia"
     if (firmware / old).is_dir():
         os.replace(firmware / old, firmware / new)

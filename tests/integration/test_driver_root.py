@@ -165,3 +165,28 @@ def test_driver_reload_drops_instances_and_their_capability_files(tmp_path):
     control.set_driver_loaded(store, True)
     gpu = read_inventory(HostRoot.simulation(tmp_path)).gpus[0]
     assert not gpu.mig.enabled and not gpu.mig.pending and not list(caps.rglob("access"))
+
+
+def test_a_package_upgrade_replaces_every_library_of_the_old_version(tmp_path):
+    """The version-mismatch fault upgrades the packages on disk: every folder's libraries
+    (vdpau, 32-bit copies) move to the new version, with SONAMEs that carry it, and a
+    spec generated after the reload mounts the new set."""
+    from hostagent.sim import faults
+    store = create_node(tmp_path, "dgx-a100")
+    old, new = store.facts.driver_version, "550.127.05"
+    faults.inject(store, "mismatch", version=new)
+    leftovers = [p for p in tmp_path.glob("usr/lib/**/*")
+                 if old in p.name or (p.is_symlink() and old in os.readlink(p))]
+    assert leftovers == []
+    for lib in driverlibs.libraries(catalog.driver_branch(new)):
+        real = tmp_path / LIB_DIR / lib.folder / lib.file(new)
+        assert read_soname(real) == lib.soname_of(new), real
+        assert (real.parent / lib.soname_of(new)).resolve() == real.resolve()
+        if lib.lib32:
+            assert (tmp_path / driverlibs.LIB32_DIR / lib.folder / lib.file(new)).is_file()
+    assert read_soname(tmp_path / LIB_DIR / f"libnvidia-glcore.so.{new}") == f"libnvidia-glcore.so.{new}"
+    faults.clear(store, "mismatch")
+    from hostagent.cdi.discover import Discovery
+    mounts = {m.container_path for m in Discovery(HostRoot.simulation(tmp_path), new).libraries().mounts}
+    assert f"/{LIB_DIR}/vdpau/libvdpau_nvidia.so.{new}" in mounts
+    assert len(mounts) == 33
