@@ -23,7 +23,7 @@ from .errors import ConfigError
 from .hooks.jsonmini import loads as _json_loads
 
 __all__ = ["DEFAULT_PATH", "Config", "RuntimeConfig", "HookConfig", "load_config", "load_config_cached",
-           "schema", "validate_data"]
+           "schema", "validate_data", "key_path"]
 
 DEFAULT_PATH = "/etc/hostagent/config.yaml"
 SCHEMA_FILE = os.path.join(os.path.dirname(__file__), "config.schema.json")
@@ -90,7 +90,8 @@ def _with_defaults(data: dict, sch: dict) -> dict:
     return out
 
 
-def _where(path) -> str:
+def key_path(path) -> str:
+    """A jsonschema error path as the dotted key path errors name: ``runtime.cdi_spec_dirs[1]``."""
     out = ""
     for part in path:
         out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
@@ -113,7 +114,7 @@ def validate_data(data, source: str = "config") -> dict:
             msg = describe(e)
             if e.validator == "pattern" and e.schema.get("pattern") == "^/":
                 msg = f"{e.instance!r} must be an absolute path"
-            problems.append(f"{_where(e.absolute_path)}: {msg}")
+            problems.append(f"{key_path(e.absolute_path)}: {msg}")
         docs = sorted({_SECTION_DOCS.get(e.absolute_path[0] if e.absolute_path else None, _TOP_DOC)
                        for e in errors})
         raise ConfigError("; ".join(problems), where=source,

@@ -47,6 +47,19 @@ class HostRoot:
     def dev(self, path: str | os.PathLike = "") -> Path:
         return (self.dev_root or self.root) / "dev" / str(path).lstrip("/")
 
+    def driver_tool(self, name: str) -> Path | None:
+        """One of the driver's programs (nvidia-smi, nvidia-cuda-mps-control): in the driver
+        root's usr/bin, or on PATH on a real host whose driver root is /; None if missing."""
+        path = self.driver("usr/bin") / name
+        if path.is_file():
+            return path
+        if not self.simulated and str(self.driver()) == "/":
+            import shutil
+            found = shutil.which(name)
+            if found:
+                return Path(found)
+        return None
+
     def proc(self, path: str | os.PathLike = "") -> Path:
         return self.root / "proc" / str(path).lstrip("/")
 

@@ -24,7 +24,7 @@ __all__ = ["main", "build_parser"]
 
 # Each command is the module of the same name in this package ('-' spelled '_'), registered
 # in this order.
-COMMANDS = ("devices", "health", "node", "driver", "cdi", "labels", "mig", "runtime", "sim", "serve",
+COMMANDS = ("devices", "health", "node", "driver", "cdi", "labels", "mig", "sharing", "runtime", "sim", "serve",
             "device-plugin")
 
 

@@ -7,7 +7,6 @@ the host's driver root.
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 
 from ..errors import NotFoundError, StateError
@@ -19,14 +18,10 @@ RESET_TIMEOUT = 300.0
 
 
 def nvidia_smi(host: HostRoot) -> str:
-    path = host.driver("usr/bin/nvidia-smi")
-    if path.is_file():
+    path = host.driver_tool("nvidia-smi")
+    if path is not None:
         return str(path)
-    if not host.simulated and str(host.driver()) == "/":    # a real host: also look on PATH
-        found = shutil.which("nvidia-smi")
-        if found:
-            return found
-    raise NotFoundError("nvidia-smi is needed to reset GPUs and was not found", where=str(path),
+    raise NotFoundError("nvidia-smi is needed to reset GPUs and was not found", where=str(host.driver("usr/bin/nvidia-smi")),
                         hint="install the NVIDIA driver utilities, or apply with --mode-only "
                              "--skip-reset and reboot")
 

@@ -47,11 +47,17 @@ def hold(store: SimStore, device: str, *, pid: int | None = None, name: str = "c
     """Make a process hold a GPU or MIG device until it exits or is released.
 
     Without ``pid`` a background process is started for the purpose; the driver drops the
-    hold the moment that process exits, as it does for real CUDA processes.
+    hold the moment that process exits, as it does for real CUDA processes. The GPU's compute
+    mode applies: PROHIBITED refuses every context, EXCLUSIVE_PROCESS a second process.
     """
     with store.mutate() as state:
         gpu, gi, ci = resolve_device(state, device)
         state.live_gpu(gpu)
+        why = state.context_refusal(gpu, -1 if pid is None else pid, gi, ci)
+        if why:
+            raise StateError(f"device {device}: {why}",
+                             hint="the GPU's compute mode allows no further CUDA process now (nvidia-smi -q "
+                                  "shows it; nvidia-smi -c DEFAULT changes it)")
         spawned = pid is None
         if spawned:
             pid = _spawn_holder()

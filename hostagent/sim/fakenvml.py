@@ -489,6 +489,20 @@ class FakeNvmlLibrary:
         info.status = N.NVML_SUCCESS
         info.cliqueId = 1 if running else 0
 
+    # ---- compute mode ----------------------------------------------------------------
+    # A whole-GPU setting (nvidia-smi -c takes a GPU): MIG device handles answer NOT_SUPPORTED,
+    # as the simulator's other GPU-wide queries on them do.
+
+    @nvml(P, P)
+    def nvmlDeviceGetComputeMode(self, handle, ptr):
+        _, gpu = self._gpu_only(handle)
+        _put(ptr, c_uint, gpu.compute_mode)
+
+    @nvml(P, c_uint)
+    def nvmlDeviceSetComputeMode(self, handle, mode):
+        _, gpu = self._gpu_only(handle)
+        self._mutate(lambda s: s.set_compute_mode(gpu.index, mode))
+
     # ---- MIG mode and MIG devices --------------------------------------------------
 
     def _mig_capable(self, handle):

@@ -91,6 +91,13 @@ class SimGpu:
     # How the driver numbers this GPU's instances (see gpu_instance_id): "placement", or
     # "shuffled" (seeded by the UUID), as published listings show on a host's other GPUs.
     gi_ids: str = "placement"
+    # nvmlComputeMode_t; nvml.h: "Under Linux it is not persistent across reboots and always
+    # resets to 'Default'" (a driver reload too: the setting lives in the loaded driver).
+    compute_mode: int = N.NVML_COMPUTEMODE_DEFAULT
+    # nvidia-smi compute-policy --set-timeslice: 0 Default, 1 Short, 2 Medium, 3 Long. No NVML
+    # call reads or sets it (the DRA driver runs nvidia-smi for it); kept beside the mode,
+    # which it shares the persistence of (the simulator's choice: no source says).
+    timeslice: int = 0
 
     def gi(self, gi_id: int) -> GpuInstance | None:
         return next((g for g in self.gis if g.id == gi_id), None)
@@ -221,6 +228,33 @@ class NodeState:
         gpu.mig_current = mode
         return N.NVML_SUCCESS
 
+    # ---- compute mode ----------------------------------------------------------------
+
+    COMPUTE_MODES = (N.NVML_COMPUTEMODE_DEFAULT, N.NVML_COMPUTEMODE_PROHIBITED,
+                     N.NVML_COMPUTEMODE_EXCLUSIVE_PROCESS)
+
+    def set_compute_mode(self, index: int, mode: int) -> None:
+        """nvmlDeviceSetComputeMode. EXCLUSIVE_THREAD is "Support Removed" (nvml.h), so it
+        is an invalid argument, as any value outside the enum."""
+        gpu = self.live_gpu(index)
+        if mode not in self.COMPUTE_MODES:
+            raise SimNvmlError(N.NVML_ERROR_INVALID_ARGUMENT, f"bad compute mode {mode}")
+        gpu.compute_mode = mode
+
+    def context_refusal(self, index: int, pid: int, gi: int | None = None, ci: int | None = None) -> str | None:
+        """Why process ``pid`` may not create a CUDA context on GPU ``index`` (or its MIG
+        device ``gi``/``ci``, each a device of its own to CUDA) now, as CUDA's
+        compute modes say (cudaComputeMode: PROHIBITED "No contexts can be created on this
+        device at this time", EXCLUSIVE_PROCESS "Only one context used by a single process
+        can be present on this device at a time"); None if it may. The text is CUDA's
+        cudaErrorDevicesUnavailable."""
+        gpu = self.gpu(index)
+        others = [p for p in self.processes_on(index, gi, ci) if p.pid != pid]
+        if gpu.compute_mode == N.NVML_COMPUTEMODE_PROHIBITED or (
+                gpu.compute_mode == N.NVML_COMPUTEMODE_EXCLUSIVE_PROCESS and others):
+            return "all CUDA-capable devices are busy or unavailable"
+        return None
+
     def reset_gpu(self, index: int) -> None:
         """A GPU reset (nvidia-smi -r): pending mode takes effect, instances vanish."""
         gpu = self.live_gpu(index)
@@ -236,6 +270,7 @@ class NodeState:
         for gpu in self.gpus:
             gpu.gis.clear()
             gpu.lost = False
+            gpu.compute_mode, gpu.timeslice = N.NVML_COMPUTEMODE_DEFAULT, 0
             if facts.skus[gpu.sku].mig_mode_persists:
                 gpu.mig_current = gpu.mig_pending
             else:
@@ -255,6 +290,7 @@ class NodeState:
             raise SimNvmlError(N.NVML_ERROR_IN_USE, "processes hold GPUs")
         for gpu in self.gpus:
             gpu.gis.clear()
+            gpu.compute_mode, gpu.timeslice = N.NVML_COMPUTEMODE_DEFAULT, 0
             if not facts.skus[gpu.sku].mig_mode_persists:
                 gpu.mig_current = gpu.mig_pending = MIG_DISABLE
         self.driver_loaded = False

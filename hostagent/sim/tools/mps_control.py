@@ -20,7 +20,10 @@ Reproduced behaviour:
   daemon process" on stderr, exit 1; a connection lost mid-command also exits 1. A
   rejected command prints its error on stdout and still exits 0, as the man page says.
 * Commands: ``get_server_list``, ``start_server -uid UID`` (spawns the
-  ``nvidia-cuda-mps-server`` stand-in from ``<root>/usr/bin`` as a child),
+  ``nvidia-cuda-mps-server`` stand-in from ``<root>/usr/bin`` as a child and waits for it
+  to create its contexts; a server the compute mode refuses, PROHIBITED or an
+  EXCLUSIVE_PROCESS device another process holds, makes it answer "Failed to start server:
+  ..." with CUDA's reason, this simulator's wording of what a client would be told),
   ``shutdown_server PID [-f]``, ``get_client_list PID``, ``quit [-t SECONDS]`` (stops
   the servers, removes the socket and pid file, logs ``Exit``),
   ``set_default_active_thread_percentage N`` / ``get_default_active_thread_percentage``
@@ -280,19 +283,30 @@ class Daemon:
         if uid_n in self.server_uid.values():
             return ""
         import subprocess
+        from .mps_server import READY_ENV
+        ready_r, ready_w = os.pipe()
         env = dict(os.environ, CUDA_MPS_PIPE_DIRECTORY=str(self.pipe),
-                   CUDA_MPS_LOG_DIRECTORY=str(self.logs))
+                   CUDA_MPS_LOG_DIRECTORY=str(self.logs), **{READY_ENV: str(ready_w)})
         try:
             proc = subprocess.Popen([str(self.root / "usr/bin/nvidia-cuda-mps-server")], env=env,
                                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                    stderr=subprocess.DEVNULL)
+                                    stderr=subprocess.DEVNULL, pass_fds=(ready_w,))
         except OSError as e:
             self.log(f"Failed to start server for user {uid_n}: {e}")
             return f"Failed to start server: {e.strerror}"
+        finally:
+            os.close(ready_w)
         self.servers[proc.pid] = proc
         self.server_uid[proc.pid] = uid_n
         self.server_atp[proc.pid] = self.default_atp
         self.log(f"Starting new server {proc.pid} for user {uid_n}")
+        verdict = _read_verdict(ready_r)
+        if verdict != "1":
+            proc.wait()
+            self._reap()
+            why = verdict[1:] or "the server exited"
+            self.log(f"Server {proc.pid} failed to start: {why}")
+            return f"Failed to start server: {why}"
         return ""
 
     def cmd_shutdown_server(self, pid: str, *force: str) -> str:
@@ -389,6 +403,21 @@ class Daemon:
             except FileNotFoundError:
                 pass
         self.log("Exit")
+
+
+def _read_verdict(fd: int, timeout: float = 10.0) -> str:
+    """The server's start-up verdict: "1", or "0" and why; "" if it exited without one."""
+    import select
+    data = b""
+    try:
+        while select.select([fd], [], [], timeout)[0]:
+            chunk = os.read(fd, 4096)
+            if not chunk:
+                break
+            data += chunk
+    finally:
+        os.close(fd)
+    return data.decode(errors="replace")
 
 
 def _percentage(value: str) -> float:

@@ -11,6 +11,13 @@ CUDA, entries after the first one that does not resolve are ignored), or every G
 when it is unset. Lost GPUs are skipped, and so are MIG-enabled GPUs named as whole
 GPUs (CUDA cannot use them whole). With the driver unloaded the server logs the
 failure and exits 1.
+
+The compute mode applies to the server's contexts as to any process's: "Exclusive-mode
+restrictions are applied to the MPS server, not MPS clients" (NVIDIA's MPS documentation,
+Limitations). A PROHIBITED device, or an EXCLUSIVE_PROCESS one another process already
+holds, refuses the context; the server logs CUDA's error and exits 1, holding nothing.
+The control daemon learns the outcome through the descriptor named by
+``HOSTAGENT_SIM_SERVER_READY`` (one byte ``1``, or ``0`` and the reason).
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ from . import log_line
 __all__ = ["main"]
 
 NAME = "nvidia-cuda-mps-server"
+READY_ENV = "HOSTAGENT_SIM_SERVER_READY"
 USED_MIB = 30     # a server context's footprint on each device
 
 
@@ -43,15 +51,28 @@ def main(root: str, argv: list[str]) -> int:
         held = _hold(store, os.environ.get("CUDA_VISIBLE_DEVICES"))
     except RuntimeError as e:
         log(str(e))
+        _tell(b"0" + str(e).encode())
         return 1
     for text in held:
         log(f"Creating server context on device {text}")
     log("Server has started")
+    _tell(b"1")
     signum = signal.sigwait(stop_signals)
     log(f"Received signal {signum}: server is shutting down")
     _release(store)
     log("Server exiting")
     return 0
+
+
+def _tell(message: bytes) -> None:
+    fd = os.environ.get(READY_ENV)
+    if not fd:
+        return
+    try:
+        os.write(int(fd), message)
+        os.close(int(fd))
+    except (OSError, ValueError):
+        pass
 
 
 def _hold(store, visible: str | None) -> list[str]:
@@ -71,11 +92,15 @@ def _hold(store, visible: str | None) -> list[str]:
                     wanted.append(resolve_device(state, ident))
                 except NotFoundError:
                     break
+        usable = [(gpu, gi, ci) for gpu, gi, ci in wanted
+                  if not state.gpus[gpu].lost and not (gi is None and state.gpus[gpu].mig_current == MIG_ENABLE)]
+        for gpu, gi, ci in usable:
+            why = state.context_refusal(gpu, os.getpid(), gi, ci)
+            if why:
+                where = f"{gpu}" if gi is None else f"{gpu} (GPU instance {gi}, compute instance {ci})"
+                raise RuntimeError(f"Failed to create a server context on device {where}: {why}")
         out = []
-        for gpu, gi, ci in wanted:
-            g = state.gpus[gpu]
-            if g.lost or (gi is None and g.mig_current == MIG_ENABLE):
-                continue
+        for gpu, gi, ci in usable:
             state.processes.append(SimProcess(pid=os.getpid(), gpu=gpu, gi=gi, ci=ci, name=NAME,
                                               used_mib=USED_MIB))
             out.append(f"{gpu}" if gi is None else f"{gpu} (GPU instance {gi}, compute instance {ci})")

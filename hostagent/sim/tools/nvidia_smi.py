@@ -16,8 +16,15 @@ real tool prints them):
   prints the real warning instead (``:In use by another client`` when a process or driver
   client holds the GPU, else ``:Not Supported`` plus the "Reboot the system or try
   nvidia-smi --gpu-reset" line, as a passed-through Ampere GPU shows). Both exit 0;
-* ``-c``/``--compute-mode``: accepted and reported, but NOT remembered (the simulated
-  state has no compute mode), so the summary always shows ``Default``;
+* ``-c``/``--compute-mode`` ``0|2|3|DEFAULT|PROHIBITED|EXCLUSIVE_PROCESS``: through
+  ``NodeState.set_compute_mode`` (what ``nvmlDeviceSetComputeMode`` does), so NVML, the
+  summary's ``Compute M.`` column (``Default``, ``E. Process``, ``Prohibited``) and
+  ``--query-gpu=compute_mode`` (``Default``, ``Exclusive_Process``, ``Prohibited``) agree.
+  ``1``/``EXCLUSIVE_THREAD`` is refused: nvml.h marks it "Support Removed";
+* ``compute-policy`` [``-i ID``] ``--set-timeslice 0|1|2|3`` (Default, Short, Medium, Long)
+  or ``-l``/``--list``: the command the DRA driver runs to set a GPU's time-slice (NVML has
+  no call for it); whole GPUs only (a MIG-enabled GPU's setting is kept too). The lines
+  it prints are this simulator's wording;
 * ``--query-gpu=FIELDS``/``--query-compute-apps=FIELDS`` with ``--format=csv[,noheader]
   [,nounits]``; an unknown field fails with ``Field "x" is not a valid field to query.``;
 * ``mig`` subcommand: ``-lgip``, ``-lgipp``, ``-lgi``, ``-lci``, ``-cgi LIST [-C]``,
@@ -114,6 +121,18 @@ MIG_OPTIONS = {
 }
 MIG_ACTIONS = ("lgip", "lgipp", "lgi", "lci", "cgi", "cci", "dci", "dgi")
 COMPUTE_MODES = {"0": "DEFAULT", "1": "EXCLUSIVE_THREAD", "2": "PROHIBITED", "3": "EXCLUSIVE_PROCESS"}
+MODE_VALUES = {"DEFAULT": N.NVML_COMPUTEMODE_DEFAULT, "EXCLUSIVE_THREAD": N.NVML_COMPUTEMODE_EXCLUSIVE_THREAD,
+               "PROHIBITED": N.NVML_COMPUTEMODE_PROHIBITED, "EXCLUSIVE_PROCESS": N.NVML_COMPUTEMODE_EXCLUSIVE_PROCESS}
+# How nvidia-smi spells each mode: the summary's Compute M. column, and --query-gpu=compute_mode.
+MODE_COLUMN = {0: "Default", 2: "Prohibited", 3: "E. Process"}
+MODE_QUERY = {0: "Default", 2: "Prohibited", 3: "Exclusive_Process"}
+POLICY_OPTIONS = {
+    "-h": ("help", FLAG), "--help": ("help", FLAG),
+    "-i": ("id", VALUE), "--id": ("id", VALUE),
+    "-l": ("list", FLAG), "--list": ("list", FLAG),
+    "--set-timeslice": ("timeslice", VALUE),
+}
+TIMESLICES = ("Default", "Short", "Medium", "Long")
 
 HELP = """NVIDIA System Management Interface -- simulated (hostagent)
 
@@ -127,6 +146,7 @@ nvidia-smi [OPTION1 [ARG1]] [OPTION2 [ARG2]] ...
     --query-gpu=                  Information about GPU (with --format=csv[,noheader][,nounits]).
     --query-compute-apps=         List of active compute processes.
     mig                           MIG management: -lgip -lgipp -lgi -lci -cgi [-C] -cci -dci -dgi
+    compute-policy                Compute policies: --set-timeslice 0|1|2|3 (Default, Short, Medium, Long), -l
 """
 
 
@@ -185,8 +205,9 @@ def _parse(argv: list[str], table: dict) -> dict:
 
 
 def _run(store: SimStore, argv: list[str]) -> int:
-    sub = argv[0] if argv and argv[0] == "mig" else None
-    opts = _parse(argv[1:] if sub else argv, MIG_OPTIONS if sub else MAIN_OPTIONS)
+    sub = argv[0] if argv and argv[0] in ("mig", "compute-policy") else None
+    table = {"mig": MIG_OPTIONS, "compute-policy": POLICY_OPTIONS}.get(sub, MAIN_OPTIONS)
+    opts = _parse(argv[1:] if sub else argv, table)
     if opts.get("help"):
         print(HELP, end="")
         return 0
@@ -211,6 +232,8 @@ def _create_cap_nodes(store: SimStore) -> None:
 
 def _command(store: SimStore, state: NodeState, sub: str | None, opts: dict) -> int:
     targets = _targets(state, opts.get("id"))
+    if sub == "compute-policy":
+        return _compute_policy(store, state, targets, opts)
     if sub:
         return _mig(store, state, targets, opts)
     actions = [k for k in ("list", "reset", "mig", "compute_mode", "query_gpu", "query_apps")
@@ -381,8 +404,42 @@ def _compute_mode(store, state, targets, opts) -> int:
     mode = COMPUTE_MODES.get(value, value if value in COMPUTE_MODES.values() else None)
     if mode is None:
         raise Exit(EXIT_ARG, BAD_ARGS)
+    if mode == "EXCLUSIVE_THREAD":
+        raise Exit(EXIT_ARG, f"Unable to set the compute mode to {mode}: Invalid Argument")
+
+    def change(s):
+        for i in targets:
+            s.set_compute_mode(i, MODE_VALUES[mode])
+    _mutate(store, change)
     for i in targets:
         print(f"Set compute mode to {mode} for GPU {bus_id(state.gpus[i])}.")
+    print("All done.")
+    return 0
+
+
+def _mutate(store: SimStore, change) -> None:
+    with store.mutate() as s:
+        change(s)
+
+
+def _compute_policy(store, state, targets, opts) -> int:
+    if ("timeslice" in opts) == bool(opts.get("list")):
+        raise Exit(EXIT_ARG, BAD_ARGS)
+    _check_lost(state, targets)
+    if opts.get("list"):
+        for i in targets:
+            print(f"GPU {bus_id(state.gpus[i])}: Timeslice: {TIMESLICES[state.gpus[i].timeslice]}")
+        return 0
+    value = str(opts["timeslice"])
+    if value not in ("0", "1", "2", "3"):
+        raise Exit(EXIT_ARG, BAD_ARGS)
+
+    def change(s):
+        for i in targets:
+            s.gpus[i].timeslice = int(value)
+    _mutate(store, change)
+    for i in targets:
+        print(f"Set timeslice to {TIMESLICES[int(value)]} ({value}) for GPU {bus_id(state.gpus[i])}.")
     print("All done.")
     return 0
 
@@ -414,6 +471,7 @@ def _gpu_fields(store: SimStore, state: NodeState):
         "memory.free": ("MiB", _unless_hidden(store, lambda g: sku(g).memory_mib - used(g))),
         "mig.mode.current": (None, lambda g: _mig_mode_text(store, g.mig_current, g)),
         "mig.mode.pending": (None, lambda g: _mig_mode_text(store, g.mig_pending, g)),
+        "compute_mode": (None, lambda g: MODE_QUERY.get(g.compute_mode, "Unknown")),
     }
 
 
@@ -513,7 +571,8 @@ def _summary(store, state, targets, opts) -> int:
         out += [_row((f"{i:>4}  {sku.name:<29}{pm:>4}  ", 41), (f"{bus_id(gpu):>19} Off ", 24),
                      (f"{'0':>21} ", 22)),
                 _row((f" N/A   32C    P0{'54W':>16} / {sku.power_limit_w:>4}W ", 41),
-                     (f"{memory:>23} ", 24), (f"{'0%':>8}{'Default':>13} ", 22)),
+                     (f"{memory:>23} ", 24),
+                     (f"{'0%':>8}{MODE_COLUMN.get(gpu.compute_mode, 'Unknown'):>13} ", 22)),
                 _row(("", 41), ("", 24), (f"{mig:>21} ", 22)),
                 _line(*cols)]
     out += _mig_table(store, state, targets)

@@ -1,0 +1,177 @@
+"""Applies a sharing plan to the node: compute modes through NVML, time-slices through
+``nvidia-smi compute-policy``, MPS daemons through ``mps``. Imperative shell of ``plan``.
+
+Steps run in the plan's order; daemons start (and stop) in parallel, each on its own
+device. A step that fails is reported and the others go on, except what depends on it (no
+daemon starts on a GPU whose compute mode could not be set). The sharing state is saved
+after every group of steps, so it always says what the node really has: an agent that
+supervises the daemons retries what failed.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from ..errors import HostagentError, NotFoundError, StateError
+from ..hostroot import HostRoot
+from . import mps
+from .config import INTERVALS
+from .plan import SharingPlan, Step, daemon_settings
+from .state import DaemonRecord, SharingState
+
+__all__ = ["StepResult", "ApplyReport", "execute", "set_interval"]
+
+PARALLEL = 8
+
+
+@dataclass
+class StepResult:
+    step: Step
+    error: str | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+    def to_dict(self) -> dict:
+        return {**self.step.to_dict(), "ok": self.ok, "error": self.error, "notes": self.notes}
+
+
+@dataclass
+class ApplyReport:
+    results: list[StepResult] = field(default_factory=list)
+
+    @property
+    def failed(self) -> list[StepResult]:
+        return [r for r in self.results if not r.ok]
+
+    def to_dict(self) -> dict:
+        return {"results": [r.to_dict() for r in self.results], "failed": len(self.failed)}
+
+
+def set_interval(host: HostRoot, uuid: str, interval: str) -> None:
+    """``nvidia-smi compute-policy -i <uuid> --set-timeslice <0..3>``, as the DRA driver sets
+    a GPU's time-slice (NVML has no call for it)."""
+    tool = host.driver_tool("nvidia-smi")
+    if tool is None:
+        raise NotFoundError("nvidia-smi is needed to set time-slices and was not found",
+                            where=str(host.driver("usr/bin/nvidia-smi")),
+                            hint="install the NVIDIA driver utilities, or leave 'interval' out")
+    cmd = [str(tool), "compute-policy", "-i", uuid, "--set-timeslice", str(INTERVALS.index(interval))]
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise StateError(f"cannot run {cmd[0]}: {e}") from None
+    if done.returncode != 0:
+        out = " ".join((done.stdout + done.stderr).split()) or "no output"
+        raise StateError(f"GPU {uuid}: time-slice {interval} not set (nvidia-smi exit {done.returncode}: {out})")
+
+
+def _modes(host: HostRoot, steps: list[Step], state: SharingState) -> dict[str, str]:
+    """Compute mode steps; errors by GPU uuid."""
+    from ..devices import nvml_session
+    from ..devices.computectl import ComputeControl
+    errors = {}
+    if not steps:
+        return errors
+    with nvml_session(host):
+        ctl = ComputeControl()
+        for s in steps:
+            try:
+                ctl.set_mode(s.target, s.detail["to"])
+            except HostagentError as e:
+                errors[s.target] = e.message
+                continue
+            if s.action == "restore_compute_mode":
+                state.saved_modes.pop(s.target, None)
+            else:
+                state.saved_modes.setdefault(s.target, s.detail["from"])
+    return errors
+
+
+def _intervals(host: HostRoot, steps: list[Step], state: SharingState) -> dict[str, str]:
+    errors = {}
+    for s in steps:
+        to = "Default" if s.action == "restore_interval" else s.detail["to"]
+        try:
+            set_interval(host, s.target, to)
+        except HostagentError as e:
+            errors[s.target] = e.message
+            continue
+        if to == "Default":
+            state.intervals.pop(s.target, None)
+        else:
+            state.intervals[s.target] = to
+    return errors
+
+
+def _parallel(fn, steps: list[Step]) -> dict[str, tuple[str | None, object]]:
+    """``fn(step)`` for each step at once; uuid -> (error, value)."""
+    def run(step):
+        try:
+            return step.target, (None, fn(step))
+        except HostagentError as e:
+            return step.target, (e.message, None)
+    if not steps:
+        return {}
+    with ThreadPoolExecutor(min(PARALLEL, len(steps)), thread_name_prefix="hostagent-mps") as pool:
+        return dict(pool.map(run, steps))
+
+
+def execute(host: HostRoot, plan: SharingPlan, state: SharingState, *, interpreter: str = sys.executable,
+            import_path: str | None = None) -> ApplyReport:
+    """Apply ``plan`` and record it in ``state`` (saved as it goes)."""
+    by_action: dict[str, list[Step]] = {}
+    for s in plan.steps:
+        by_action.setdefault(s.action, []).append(s)
+    errors: dict[tuple[str, str], str] = {}
+    notes: dict[str, list[str]] = {}
+
+    def stopped(step):
+        mps.stop(host, step.target)
+    for uuid, (error, _) in _parallel(stopped, by_action.get("stop_daemon", [])).items():
+        if error:
+            errors[("stop_daemon", uuid)] = error
+        else:
+            state.daemons.pop(uuid, None)
+    if "stop_daemon" in by_action and not state.daemons and not mps.find_daemons(host):
+        mps.unmount_shm(host)
+    state.save(host)
+
+    for action, fn in (("restore_interval", _intervals), ("restore_compute_mode", _modes),
+                       ("set_compute_mode", _modes), ("set_interval", _intervals)):
+        for uuid, error in fn(host, by_action.get(action, []), state).items():
+            errors[(action, uuid)] = error
+        state.save(host)
+
+    bad_gpus = {uuid for (action, uuid) in errors if action == "set_compute_mode"}
+
+    def started(step):
+        d = plan.desired.devices[step.target]
+        if d.gpu_uuid in bad_gpus:
+            raise StateError(f"not started: the compute mode of GPU {d.gpu_index} could not be set")
+        pid, said = mps.start(host, step.target, daemon_settings(d), interpreter, import_path)
+        notes[step.target] = said
+        return pid
+    for uuid, (error, pid) in _parallel(started, by_action.get("start_daemon", [])).items():
+        if error:
+            errors[("start_daemon", uuid)] = error
+            continue
+        before = state.daemons.get(uuid)
+        state.daemons[uuid] = DaemonRecord(uuid, pid, time.time(), daemon_settings(plan.desired.devices[uuid]),
+                                           before.restarts + 1 if before else 0)
+    for step in by_action.get("configure_daemon", []):
+        try:
+            mps.configure(host, step.target, daemon_settings(plan.desired.devices[step.target]))
+            state.daemons[step.target].settings = daemon_settings(plan.desired.devices[step.target])
+        except HostagentError as e:
+            errors[("configure_daemon", step.target)] = e.message
+    state.devices = dict(plan.desired.devices)
+    state.save(host)
+    return ApplyReport([StepResult(s, errors.get((s.action, s.target)), notes.get(s.target, []) if
+                                   s.action == "start_daemon" else []) for s in plan.steps])

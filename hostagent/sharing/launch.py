@@ -1,0 +1,80 @@
+"""Starts one MPS control daemon where its clients can reach its servers (standard library
+and ``hostagent.hooks.sysc`` only: it runs as ``python3 -I -S``).
+
+MPS clients and servers meet in ``/dev/shm`` as well as in the pipe directory. A client in a
+container has its own ``/dev/shm``, so the device plugin mounts one tmpfs (``<mps root>/shm``,
+``rw,nosuid,nodev,noexec,relatime,size=<MemTotal/2>``, mount-shm.go) as ``/dev/shm`` in its
+daemon's container and in every client container. A daemon started by hostagent runs on the
+host, so this launcher gives it the same view: it mounts the shared tmpfs once (at
+``/run/hostagent/mps/shm``, where containers get it from), enters a mount namespace of its
+own whose mounts follow the host's (slave), binds the tmpfs over ``/dev/shm`` there, and
+executes ``nvidia-cuda-mps-control -d`` with exactly the environment named on its command line
+(its own may hold what Python adds, such as a coerced LC_CTYPE). The servers the daemon starts
+inherit the namespace.
+
+Without the privilege to mount (not root), the daemon starts all the same and a ``note:``
+line on stderr says what clients in containers will miss.
+
+    launch SHM_DIR SIZE CONTROL_BINARY [NAME=VALUE ...]
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+__all__ = ["main", "command"]
+
+MS_SLAVE = 0x80000
+
+
+def command(interpreter: str, control: str, shm: os.PathLike, size: str, env: dict[str, str],
+            import_path: str | None = None) -> list[str]:
+    """The launcher's command line (``-I -S``: no environment, no site; the one directory
+    hostagent is installed in appended); ``env`` is the daemon's whole environment."""
+    if import_path is None:
+        from ..cdi.spec import HOOK_IMPORT_PATH
+        import_path = HOOK_IMPORT_PATH
+    boot = (f"import sys;sys.path.append({import_path!r});"
+            "from hostagent.sharing.launch import main;sys.exit(main(sys.argv[1:]))")
+    return [interpreter, "-I", "-S", "-c", boot, os.fspath(shm), size, control,
+            *(f"{k}={v}" for k, v in env.items())]
+
+
+def _shared_tmpfs(shm: str, size: str) -> None:
+    import fcntl
+
+    from ..hooks import sysc
+    os.makedirs(shm, 0o755, exist_ok=True)
+    with open(shm + ".lock", "a") as lock:      # daemons start in parallel: mount once
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not os.path.ismount(shm):
+            sysc.mount("shm", shm, "tmpfs", sysc.MS_NOSUID | sysc.MS_NODEV | sysc.MS_NOEXEC | sysc.MS_RELATIME,
+                       f"size={size},mode=1777")
+
+
+def _private_dev_shm(shm: str) -> None:
+    from ..hooks import sysc
+    sysc.unshare(sysc.CLONE_NEWNS)
+    sysc.mount(None, "/", None, sysc.MS_REC | MS_SLAVE)
+    sysc.mount(shm, "/dev/shm", None, sysc.MS_BIND)
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) < 3 or not all("=" in a for a in argv[3:]):
+        print("usage: launch SHM_DIR SIZE CONTROL_BINARY [NAME=VALUE ...]", file=sys.stderr)
+        return 2
+    shm, size, control = argv[:3]
+    env = dict(a.split("=", 1) for a in argv[3:])
+    try:
+        _shared_tmpfs(shm, size)
+        _private_dev_shm(shm)
+    except OSError as e:
+        print(f"note: MPS clients in containers cannot reach this daemon's servers: no shared /dev/shm "
+              f"({e.strerror or e})", file=sys.stderr, flush=True)
+    try:
+        os.execve(control, [control, "-d"], env)
+    except OSError as e:
+        print(f"cannot run {control}: {e.strerror}", file=sys.stderr)
+        return 127
+    return 0      # not reached

@@ -1,0 +1,166 @@
+"""The sharing operations as the CLI (without the daemon) and the daemon call them: observe the
+node, plan against the configuration, apply under the node lock, report.
+
+The configuration is persisted (``/etc/hostagent/sharing.yaml``) before the node changes, so
+an apply interrupted half-way is finished by the next ``apply``, ``off`` or agent start.
+"""
+
+from __future__ import annotations
+
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from ..devices import Inventory, read_inventory
+from ..errors import ConflictError
+from ..hostroot import HostRoot
+from ..lock import node_lock
+from . import mps
+from .config import EMPTY, SharingConfig, config_path, load_persisted, render
+from .executor import ApplyReport, execute
+from .plan import Live, SharingPlan, plan
+from .resolve import Desired, resolve
+from .state import SharingState
+
+__all__ = ["observe", "make_plan", "apply", "status", "Outcome", "refuse_allocated", "SharingBusy",
+           "device_names"]
+
+
+class SharingBusy(ConflictError):
+    code = "device_busy"
+
+
+@dataclass
+class Outcome:
+    plan: SharingPlan
+    report: ApplyReport | None = None          # None for a dry run
+
+    def to_dict(self) -> dict:
+        return {"plan": self.plan.to_dict(), "dry_run": self.report is None,
+                "report": self.report.to_dict() if self.report else None}
+
+
+def device_names(inventory: Inventory | None) -> dict[str, str]:
+    out = {}
+    for g in (inventory.gpus if inventory else ()):
+        out[g.uuid] = f"GPU {g.index}"
+        for d in (g.mig.devices if g.mig else ()):
+            out[d.uuid] = f"MIG device {d.name}"
+    return out
+
+
+def answering(host: HostRoot, uuids) -> frozenset[str]:
+    """The devices whose MPS daemon runs and answers (probed in parallel)."""
+    candidates = [u for u in sorted(set(uuids)) if mps.daemon_pid(host, u) is not None]
+    if not candidates:
+        return frozenset()
+    with ThreadPoolExecutor(min(8, len(candidates))) as pool:
+        return frozenset(u for u, ok in zip(candidates, pool.map(lambda u: mps.probe(host, u), candidates)) if ok)
+
+
+def compute_modes(host: HostRoot, inventory: Inventory, uuids) -> dict[str, str]:
+    from ..devices import nvml_session
+    from ..devices.computectl import ComputeControl
+    present = {g.uuid for g in inventory.gpus}
+    wanted = sorted(u for u in set(uuids) if u in present)
+    if not wanted:
+        return {}
+    with nvml_session(host):
+        ctl = ComputeControl()
+        return {u: ctl.mode(u) for u in wanted}
+
+
+def observe(host: HostRoot, inventory: Inventory, state: SharingState, desired: Desired) -> Live:
+    gpus = set(desired.gpus) | set(state.saved_modes) | {d.gpu_uuid for d in state.devices.values()}
+    daemons = set(state.daemons) | set(mps.find_daemons(host)) | set(desired.daemons)
+    return Live(compute_modes(host, inventory, gpus), answering(host, daemons), device_names(inventory))
+
+
+def make_plan(host: HostRoot, inventory: Inventory, config: SharingConfig,
+              state: SharingState | None = None) -> SharingPlan:
+    state = state if state is not None else SharingState.load(host)
+    desired = resolve(inventory, config)
+    return plan(desired, state, observe(host, inventory, state, desired))
+
+
+def refuse_allocated(state: SharingState, desired: Desired, allocations) -> None:
+    """A device in an allocation keeps its sharing: changing its strategy (or sharing an
+    unshared one, or the reverse) or taking replicas it uses away would pull the ground
+    from under a running container."""
+    busy: dict[str, list[str]] = {}
+    for a in allocations:
+        for uuid in a.devices:
+            before, after = state.devices.get(uuid), desired.devices.get(uuid)
+            same = (before is None and after is None) or (
+                before is not None and after is not None and before.strategy == after.strategy
+                and after.replicas >= before.replicas)
+            if not same:
+                busy.setdefault(uuid, []).append(a.id)
+    if busy:
+        names = "; ".join(f"{u} (allocation(s) {', '.join(ids)})" for u, ids in busy.items())
+        raise SharingBusy(f"the sharing of devices in use would change: {names}",
+                          hint="release those allocations first, or leave these devices' sharing as it is",
+                          devices=sorted(busy), allocations=sorted({i for ids in busy.values() for i in ids}))
+
+
+def _persist(host: HostRoot, config: SharingConfig) -> None:
+    from ..fileio import ensure_dir, remove, write_atomic
+    path = config_path(host)
+    if config.empty:
+        if path.exists():
+            remove(path)
+        return
+    ensure_dir(path.parent, 0o755)
+    write_atomic(path, render(config), mode=0o644)
+
+
+def apply(host: HostRoot, config: SharingConfig | None, *, dry_run: bool = False, allocations=(),
+          interpreter: str = sys.executable, lock_timeout: float | None = 60.0,
+          on_lock_wait=None) -> Outcome:
+    """Apply ``config`` (None: the persisted one, as at start; EMPTY: off). Bad input is
+    refused before anything changes; the configuration is persisted, then the node changed."""
+    with node_lock(host, "sharing apply", timeout=lock_timeout, on_wait=on_lock_wait):
+        config = load_persisted(host) if config is None else config
+        inventory = read_inventory(host)
+        state = SharingState.load(host)
+        desired = resolve(inventory, config)
+        refuse_allocated(state, desired, allocations)
+        p = plan(desired, state, observe(host, inventory, state, desired))
+        if dry_run:
+            return Outcome(p)
+        _persist(host, config)
+        return Outcome(p, execute(host, p, state, interpreter=interpreter))
+
+
+def status(host: HostRoot, inventory: Inventory | None = None, daemons: dict | None = None) -> dict:
+    """What is shared, how, and what the node shows: ``GET /v1/sharing`` and ``sharing status``.
+    ``daemons``: uuid -> the supervisor's view of each daemon (the daemon's own status);
+    without it, each daemon is probed."""
+    state = SharingState.load(host)
+    config = load_persisted(host)
+    inventory = inventory if inventory is not None else read_inventory(host)
+    present = set(device_names(inventory))
+    if daemons is None:
+        live = answering(host, set(state.daemons) | set(mps.find_daemons(host)))
+        daemons = {u: {"state": "ready" if u in live else "down"} for u in state.daemons}
+    modes = compute_modes(host, inventory, {d.gpu_uuid for d in state.devices.values()} | set(state.saved_modes))
+    devices = []
+    for uuid, d in sorted(state.devices.items(), key=lambda i: (i[1].gpu_index, i[1].kind, i[1].name)):
+        entry = {"uuid": uuid, "name": d.name, "kind": d.kind, "gpu_uuid": d.gpu_uuid, **d.to_dict(),
+                 "replica_ids": list(d.replica_ids), "present": uuid in present, "mps": None}
+        if d.strategy == "mps":
+            record = state.daemons.get(uuid)
+            entry["mps"] = {"pipe_directory": str(mps.pipe_dir(host, uuid)),
+                            "log_directory": str(mps.log_dir(host, uuid)),
+                            "pid": record.pid if record else None, "started": record.started if record else None,
+                            "restarts": record.restarts if record else 0,
+                            **daemons.get(uuid, {"state": "down"})}
+        devices.append(entry)
+    index = {g.uuid: g.index for g in inventory.gpus}
+    gpus = [{"uuid": u, "index": index.get(u), "compute_mode": modes.get(u),
+             "saved_compute_mode": state.saved_modes.get(u), "interval": state.intervals.get(u, "Default")}
+            for u in sorted(set(modes) | set(state.saved_modes) | set(state.intervals),
+                            key=lambda u: (index.get(u, 1 << 30), u))]
+    return {"config": {"path": str(config_path(host)), "document": config.document} if not config.empty else None,
+            "strategies": sorted({d.strategy for d in state.devices.values()}),
+            "devices": devices, "gpus": gpus}

@@ -1,0 +1,153 @@
+"""``hostagent sharing`` without the daemon, against real processes: the simulated driver's
+MPS control daemons, nvidia-smi and NVML."""
+
+import json
+import os
+import subprocess
+
+import pytest
+
+from hostagent.cli.main import main
+from hostagent.devices import nvml_session, read_inventory
+from hostagent.devices.computectl import ComputeControl
+from hostagent.sharing import mps
+
+from .mpsprocs import running, stop_all
+
+CONFIG = """version: v1
+sharing:
+  mps:
+    resources:
+    - name: nvidia.com/gpu
+      devices: [0, 1]
+      replicas: 4
+      activeThreadPercentage: 30
+  timeSlicing:
+    resources:
+    - name: gpu
+      devices: [2]
+      replicas: 3
+      interval: Short
+"""
+
+
+@pytest.fixture
+def node(make_node, tmp_path):
+    host, store = make_node("dgx-a100")
+    cfg = tmp_path / "sharing.yaml"
+    cfg.write_text(CONFIG)
+    yield host, cfg
+    assert stop_all(host.root) == [], "a test left MPS daemons running"
+
+
+def run(capsys, host, *args):
+    try:
+        code = main(["--simulate", str(host.root), "sharing", *map(str, args)])
+    except SystemExit as e:
+        code = e.code
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def modes(host):
+    inv = read_inventory(host)
+    with nvml_session(host):
+        return [ComputeControl().mode(g.uuid) for g in inv.gpus]
+
+
+def smi(host, *args):
+    return subprocess.run([str(host.driver("usr/bin/nvidia-smi")), *args], capture_output=True, text=True).stdout
+
+
+def test_apply_status_off(node, capsys):
+    host, cfg = node
+    code, out, err = run(capsys, host, "apply", "-f", cfg, "--dry-run")
+    assert code == 0 and "GPU 0: start its MPS control daemon (30% active threads" in out
+    assert "dry run: nothing was changed" in err and running(host.root) == []
+    assert not (host.root / "etc/hostagent/sharing.yaml").exists() and modes(host)[0] == "DEFAULT"
+
+    code, out, err = run(capsys, host, "apply", "-f", cfg)
+    assert code == 0, out + err
+    inv = read_inventory(host)
+    u0, u1 = inv.gpus[0].uuid, inv.gpus[1].uuid
+    assert modes(host)[:3] == ["EXCLUSIVE_PROCESS", "EXCLUSIVE_PROCESS", "DEFAULT"]
+    assert "Timeslice: Short" in smi(host, "compute-policy", "-l", "-i", "2")
+    assert (host.root / "etc/hostagent/sharing.yaml").exists()
+    for uuid in (u0, u1):
+        pid = mps.daemon_pid(host, uuid)
+        assert pid is not None and mps.probe(host, uuid)
+        env = dict(v.split("=", 1) for v in open(f"/proc/{pid}/environ").read().split("\0") if v)
+        # A clean environment: the directories and the one device, nothing of the agent's.
+        assert env["CUDA_VISIBLE_DEVICES"] == uuid and set(env) == {
+            "CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY", "CUDA_VISIBLE_DEVICES", "PATH"}
+        assert env["CUDA_MPS_PIPE_DIRECTORY"] == str(host.root / "run/hostagent/mps" / uuid / "pipe")
+        log = (mps.log_dir(host, uuid) / "control.log").read_text()
+        assert "Cmd:set_default_active_thread_percentage 30" in log
+        assert "Cmd:set_default_device_pinned_mem_limit 0 10240M" in log        # 40 GiB / 4 replicas
+    if os.geteuid() == 0:                     # the shared /dev/shm clients and servers meet in
+        assert os.path.ismount(mps.shm_dir(host))
+
+    code, out, err = run(capsys, host, "status", "-o", "json")
+    status = json.loads(out)
+    by_name = {d["name"]: d for d in status["devices"]}
+    assert by_name["0"]["mps"]["state"] == "ready" and by_name["0"]["replica_ids"][3] == f"{u0}::3"
+    assert by_name["2"]["strategy"] == "time-slicing" and by_name["2"]["interval"] == "Short"
+    code, out, _ = run(capsys, host, "apply", "-f", cfg)
+    assert code == 0 and out.strip() == "already in place, nothing changed"
+
+    code, out, err = run(capsys, host, "off")
+    assert code == 0, out + err
+    assert "GPU 0: compute mode EXCLUSIVE_PROCESS -> DEFAULT (as before sharing)" in out
+    assert running(host.root) == [] and not mps.daemon_dir(host, u0).exists()
+    assert modes(host)[:3] == ["DEFAULT"] * 3 and "Timeslice: Default" in smi(host, "compute-policy", "-l", "-i", "2")
+    assert not os.path.ismount(mps.shm_dir(host)) and not (host.root / "etc/hostagent/sharing.yaml").exists()
+    code, out, _ = run(capsys, host, "status")
+    assert out.strip() == "no device is shared"
+
+
+def test_the_compute_mode_keeps_other_processes_off_an_mps_gpu(node, capsys):
+    """EXCLUSIVE_PROCESS lets the MPS server be the GPU's one context: a client's server
+    starts through the daemon, a process bypassing MPS is refused, and an MPS server is
+    refused in turn on a GPU another process holds."""
+    host, cfg = node
+    assert run(capsys, host, "apply", "-f", cfg)[0] == 0
+    inv = read_inventory(host)
+    env = mps.environment(host, inv.gpus[0].uuid)
+    tool = str(host.driver("usr/bin/nvidia-cuda-mps-control"))
+    answer = subprocess.run([tool], input="start_server -uid 1000\nget_server_list\n", env=env,
+                            capture_output=True, text=True)
+    assert answer.returncode == 0 and answer.stdout.strip().isdigit()
+    held = subprocess.run(["hostagent" if False else os.path.join(os.path.dirname(os.sys.executable), "hostagent"),
+                           "--simulate", str(host.root), "sim", "hold", "0"], capture_output=True, text=True)
+    assert held.returncode == 1 and "all CUDA-capable devices are busy or unavailable" in held.stderr
+    assert subprocess.run([str(host.driver("usr/bin/nvidia-smi")), "-i", "1", "-c", "PROHIBITED"]).returncode == 0
+    env1 = mps.environment(host, inv.gpus[1].uuid)
+    refused = subprocess.run([tool], input="start_server -uid 1000\n", env=env1, capture_output=True, text=True)
+    assert "Failed to start server: Failed to create a server context on device 1: all CUDA-capable devices " \
+           "are busy or unavailable" in refused.stdout
+    assert "failed to start" in (mps.log_dir(host, inv.gpus[1].uuid) / "control.log").read_text()
+    # The agent set EXCLUSIVE_PROCESS, someone else PROHIBITED: status shows it, apply puts it right.
+    code, out, _ = run(capsys, host, "apply", "-f", cfg, "--dry-run")
+    assert "GPU 1: compute mode PROHIBITED -> EXCLUSIVE_PROCESS" in out
+    assert run(capsys, host, "off")[0] == 0
+    assert modes(host)[1] == "DEFAULT"
+
+
+@pytest.mark.parametrize("body, says", [
+    ("sharing:\n  mps:\n    resources:\n    - {name: gpu, replicas: 64}\n",
+     "64 replicas is more than the 48 MPS clients GPU 0"),
+    ("sharing:\n  mps:\n    resources:\n    - {name: nvidia.com/tpu, replicas: 2}\n", "no resource 'nvidia.com/tpu'"),
+    ("sharing:\n  mps:\n    resources:\n    - {name: gpu, replicas: 2, devices: [1]}\n"
+     "  timeSlicing:\n    resources:\n    - {name: gpu, replicas: 2, devices: [1]}\n",
+     "is shared with both MPS and time-slicing"),
+    ("sharing: {mps: {resources: [{name: gpu, replicas: 2}]}\n", "is not valid YAML"),
+])
+def test_bad_input_is_one_line_and_changes_nothing(node, capsys, tmp_path, body, says):
+    host, _ = node
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(body)
+    code, out, err = run(capsys, host, "apply", "-f", bad)
+    assert code == 1 and out == "" and err.count("\n") == 1 and says in err, err
+    assert err.startswith(f"hostagent: error: {bad}") or err.startswith("hostagent: error: ")
+    assert running(host.root) == [] and not (host.root / "etc/hostagent/sharing.yaml").exists()
+    assert not (host.root / "run/hostagent/mps").exists() and set(modes(host)) == {"DEFAULT"}
