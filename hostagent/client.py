@@ -411,6 +411,14 @@ class Client:
         """Verify the driver now (``POST /v1/driver/verify``, root)."""
         return self.request("POST", "/v1/driver/verify").json()
 
+    def sharing(self) -> dict:
+        """``GET /v1/sharing``: what is shared, how, and each MPS daemon's state."""
+        return self.get("/v1/sharing")
+
+    def sharing_apply(self, config: dict | None, dry_run: bool = False) -> dict:
+        """``PUT /v1/sharing`` (root): apply a sharing config document (None: off)."""
+        return self.request("PUT", "/v1/sharing", {"config": config, "dry_run": dry_run}).json()
+
     def metrics(self) -> str:
         """The Prometheus text exposition the socket serves at ``/metrics``."""
         return self.request("GET", "/metrics").body.decode()

@@ -30,14 +30,14 @@ SCHEMA_FILE = os.path.join(os.path.dirname(__file__), "config.schema.json")
 # Schema files of features that keep their sections beside their code (package-relative).
 SECTION_SCHEMAS = ("daemon/settings.schema.json", "health/settings.schema.json",
                    "metrics/settings.schema.json", "labels/settings.schema.json",
-                   "driver/settings.schema.json")
+                   "driver/settings.schema.json", "sharing/settings.schema.json")
 
 
 # Where each section's keys are documented, for the hint of a configuration error.
 _SECTION_DOCS = {"runtime": "docs/runtime.md", "hook": "docs/runtime.md", "daemon": "docs/daemon.md",
                  "api": "docs/daemon.md", "mig": "docs/daemon.md", "allocations": "docs/daemon.md",
                  "labels": "docs/labels.md", "health": "docs/health.md", "metrics": "docs/metrics.md",
-                 "driver": "docs/driver.md"}
+                 "driver": "docs/driver.md", "sharing": "docs/sharing.md"}
 _TOP_DOC = "docs/daemon.md"      # its Configuration section lists every section
 
 

@@ -78,6 +78,7 @@ class App:
         "/v1/driver/verify": (Route("POST", "verify_driver", "admin"),),
         "/v1/driver/maintenance": (Route("POST", "enter_maintenance", "admin"),
                                    Route("DELETE", "leave_maintenance", "admin")),
+        "/v1/sharing": (Route("GET", "get_sharing", "operator"), Route("PUT", "put_sharing", "admin")),
         "/metrics": (Route("GET", "get_metrics", "operator"),),
     }
     PREFIX = {
@@ -376,6 +377,14 @@ class App:
     async def _leave(self):
         await self.agent.driver.leave_maintenance("maintenance ended")
         return Response(200, _dumps({"revision": self.agent.events.revision, **self.agent.driver.view()}))
+
+    # ---- sharing ------------------------------------------------------------------
+
+    def get_sharing(self, request: Request) -> Response:
+        return Response(200, _dumps({"revision": self.agent.events.revision, **self.agent.sharing.view}))
+
+    def put_sharing(self, request: Request):
+        return self._json_result(self.agent.sharing.apply(self._body(request, "putSharing")))
 
     def get_metrics(self, request: Request) -> Response:
         link = self.agent.metrics_link

@@ -176,12 +176,14 @@ def run_apply(args) -> int:
     spec = _spec(args)
     hooks, env = hooks_of(args)
     from ..errors import DriverNotLoaded, NvmlLibraryMissing
+    from ..sharing.service import mig_guard, resume
     try:
         result = service.apply(host, spec, args.selected_config, mode_only=args.mode_only,
                                skip_reset=args.skip_reset, force=args.force, dry_run=args.dry_run,
                                hooks=hooks, hook_env=env, progress=_progress,
                                on_layout_changed=refresh_cdi, lock_timeout=args.lock_timeout,
-                               on_lock_wait=_waiting, refuse=checkpoint_guard(host, args.force))
+                               on_lock_wait=_waiting,
+                               refuse=mig_guard(host, checkpoint_guard(host, args.force), args.dry_run, _progress))
     except (DriverNotLoaded, NvmlLibraryMissing) as e:
         if not args.if_driver_loaded:
             raise
@@ -193,6 +195,7 @@ def run_apply(args) -> int:
         emit(result.plan.to_dict(), args.output, lambda _: print(render_plan(result.plan)))
         print("dry run: nothing was changed", file=sys.stderr)
         return 0
+    resume(host, _progress)
     print_applied(result.to_dict())
     return 0
 

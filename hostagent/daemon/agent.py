@@ -70,8 +70,10 @@ class Agent:
         self.metrics_link = None          # made and started by the daemon after the reconcile
         from .allocator import Allocator
         from .mig import MigOps
+        from .sharing import SharingOps
         self.allocator = Allocator(self)
         self.mig = MigOps(self)
+        self.sharing = SharingOps(self)
         self.mutex = asyncio.Lock()
         self._worker = ThreadPoolExecutor(1, thread_name_prefix="hostagent-worker")
 
@@ -257,7 +259,8 @@ class Agent:
         snapshot; build the next snapshot. Loop thread only."""
         for type_, payload in before:
             self.events.publish(type_, payload)
-        views = device_views(self.inventory, self.cdi_names, self.health, self.users(), self.default_health)
+        views = device_views(self.inventory, self.cdi_names, self.health, self.users(), self.default_health,
+                             self.sharing.devices())
         old = self.snapshot.devices
         for type_, uuid, changed in diff_devices(old, views):
             if type_ == "device_removed":

@@ -138,6 +138,8 @@ class Daemon:
         await self.agent.start()
         if self._stop.is_set():
             return self._stop_during_start()
+        self.notifier.status("starting: GPU sharing")
+        await self.agent.sharing.start()
         self.notifier.status("starting: health monitor and metrics")
         self.features = Features(self.agent, self._spawn)
         self.features.make(self.settings)
@@ -164,6 +166,7 @@ class Daemon:
         self._spawn(self._resync())
         self._spawn(self.agent.driver.watch())
         self._spawn(self.features.supervise())
+        self._spawn(self.agent.sharing.supervise())
         await self._stop.wait()
 
         log.info("stopping")
@@ -277,6 +280,7 @@ class Daemon:
                 await self.agent.mig.reconcile(new.mig, "reload")
         await self.features.reload(old, new)
         await self.agent.refresh("reload")
+        await self.agent.sharing.reload()
         self._ready()
 
 

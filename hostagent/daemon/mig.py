@@ -52,8 +52,18 @@ class MigOps:
         """Worker thread, while the loop holds the agent's mutex: the allocations stay put."""
         refuse_allocated(inventory, plan, list(self.agent.allocations.values()))
 
+    def _checked(self, dry_run: bool = False, note=None):
+        """``refuse`` for the MIG service: allocated devices stay put; then, right before the
+        change, the MPS daemons of the devices it takes away stop (a dry run names them)."""
+        from ..sharing.service import mig_guard
+        return mig_guard(self.host, self._refuse_busy, dry_run, note or (lambda gpu, message: None))
+
     async def _after(self, reason: str) -> None:
+        """The layout changed (or may have): publish it, then restart the MPS daemons of the
+        devices the sharing configuration still names."""
         await self.agent.refresh_locked(reason)
+        self.agent.sharing.paused = False
+        await self.agent.sharing.reconcile_locked(reason)
 
     def _refresh_spec(self, host, progress=None) -> None:
         """Worker thread, under the node lock, right after the layout changed (applied, rolled
@@ -109,12 +119,13 @@ class MigOps:
         spec, hooks = _spec(body), _hooks(body)
         env = flag_env(skip_reset=body.get("skip_reset", False), mode_only=body.get("mode_only", False))
 
-        def refuse(inventory, plan):
-            self._refuse_busy(inventory, plan)
-            started.append(True)            # past the refusals: counted as an apply
-
         def note(gpu, message):            # what the CLI prints on stderr when it acts itself
             progress.append({"gpu": gpu, "message": message})
+        checked = self._checked(body.get("dry_run", False), note)
+
+        def refuse(inventory, plan):
+            checked(inventory, plan)
+            started.append(True)            # past the refusals: counted as an apply
         return service.apply(self.host, spec, body.get("config"), mode_only=body.get("mode_only", False),
                              skip_reset=body.get("skip_reset", False), force=body.get("force", False),
                              dry_run=body.get("dry_run", False), hooks=hooks, hook_env=env, refuse=refuse,
@@ -126,6 +137,7 @@ class MigOps:
             self.agent.driver.require("apply a MIG layout")
         async with self.agent.mutex:
             started, progress, ok = [], [], False
+            self.agent.sharing.paused = True
             try:
                 result = await self.agent.blocking(self._apply_work, body, started, progress)
                 ok = True
@@ -175,7 +187,7 @@ class MigOps:
             recover(self.host, on_layout_changed=self._refresh_spec)
             inventory = read_inventory(self.host)
             dev, plan = remove_instance(inventory, uuid)
-            self._refuse_busy(inventory, plan)
+            self._checked()(inventory, plan)
             execute(self.host, inventory, plan, force=force, on_layout_changed=self._refresh_spec)
             return dev
 
@@ -183,6 +195,7 @@ class MigOps:
         self.agent.driver.require("destroy a MIG instance")
         async with self.agent.mutex:
             before = self.agent.snapshot.devices.get(uuid)
+            self.agent.sharing.paused = True
             try:
                 dev = await self.agent.blocking(self._destroy_work, uuid, force)
             finally:
@@ -203,20 +216,29 @@ class MigOps:
         if settings.config is None:
             return notes, None
         spec = load_spec(settings.config_file) if settings.config_file else None
-        result = service.apply(self.host, spec, settings.config, refuse=self._refuse_busy,
+        result = service.apply(self.host, spec, settings.config, refuse=self._checked(),
                                on_layout_changed=self._refresh_spec, lock_timeout=60.0,
                                stop_requested=self.agent.stop_requested.is_set)
         return notes + result.notes, result
 
     async def reconcile(self, settings, reason: str) -> None:
         """Never fatal: a layout that cannot be applied is logged; the daemon serves on.
-        Without a verified driver, it is done when the driver is loaded and verifies."""
+        Without a verified driver, it is done when the driver is loaded and verifies. The MPS
+        daemons it stopped start again with the sharing reconcile that follows (the agent's
+        start, a reload)."""
         if not self.agent.driver.ready:
             log.warning("MIG layout %r not applied yet (%s): %s; it is applied when the driver is "
                         "loaded and verifies", settings.config, reason, self.agent.driver.why)
             self._when_driver_ready(settings)
             return
         try:
+            await self._reconcile(settings, reason)
+        finally:
+            self.agent.sharing.paused = False
+
+    async def _reconcile(self, settings, reason: str) -> None:
+        try:
+            self.agent.sharing.paused = True
             notes, result = await self.agent.blocking(self._reconcile_work, settings)
         except (DriverNotLoaded, NvmlLibraryMissing) as e:
             log.warning("MIG layout %r not applied yet (%s): %s; it is applied when the driver is loaded",

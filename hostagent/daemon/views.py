@@ -45,13 +45,16 @@ def mig_view(dev: MigDevice, parent: Gpu) -> dict:
 
 
 def device_views(inventory: Inventory | None, cdi_names: dict[str, tuple[str, ...]],
-                 health: dict, users: dict[str, list[tuple[str, str]]], default_health) -> dict[str, dict]:
+                 health: dict, users: dict[str, list[tuple[str, str]]], default_health,
+                 sharing: dict[str, dict] | None = None) -> dict[str, dict]:
     """uuid -> view (without its revision), GPUs then MIG devices, in index order.
 
     A device is allocatable when the node spec describes it (a GPU with MIG enabled is
     used through its MIG devices, and a device missing its nodes is left out of the spec)
-    and it is not unhealthy.
+    and it is not unhealthy. ``sharing``: uuid -> how it is shared (``GET /v1/sharing``'s
+    device entries); its ``replicas`` are the ids a device plugin advertises for it.
     """
+    sharing = sharing or {}
     out: dict[str, dict] = {}
     if inventory is None:
         return out
@@ -68,6 +71,9 @@ def device_views(inventory: Inventory | None, cdi_names: dict[str, tuple[str, ..
         view["health"] = h.to_dict()
         view["allocatable"] = bool(names) and h.allocatable
         view["allocations"] = sorted(a for a, _ in users.get(uuid, ()))
+        shared = sharing.get(uuid)
+        view["sharing"] = shared
+        view["replicas"] = list(shared["replica_ids"]) if shared and names else [uuid] if names else []
     return out
 
 

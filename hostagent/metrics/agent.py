@@ -84,6 +84,11 @@ class AgentMetrics:
                                    "result it had, 0 for the others.", ["check", "result"], registry=r)
         self.driver_verifications = Counter("hostagent_driver_verifications", "Driver verifications, by "
                                             "outcome (usable, unusable).", ["outcome"], registry=r)
+        self.mps_up = Gauge("hostagent_mps_daemon_up", "1 if the device's MPS control daemon answers, else 0.",
+                            ["device"], registry=r)
+        self.mps_restarts = Counter("hostagent_mps_daemon_restarts",
+                                    "Restarts of the device's MPS control daemon after it died or stopped "
+                                    "answering.", ["device"], registry=r)
 
     # ---- what the daemon calls -------------------------------------------------------
 
@@ -103,6 +108,20 @@ class AgentMetrics:
 
     def health_event(self, kind: str, ignored: bool) -> None:
         self.health_events.labels(kind, "true" if ignored else "false").inc()
+
+    def mps_daemon(self, device: str, up: bool, restarts: int = 0, restarted: bool = False) -> None:
+        """The supervisor's view of one MPS daemon (``device``: the GPU or MIG UUID)."""
+        self.mps_up.labels(device).set(1 if up else 0)
+        counter = self.mps_restarts.labels(device)
+        if restarted:
+            counter.inc()
+
+    def mps_daemon_gone(self, device: str) -> None:
+        for family in (self.mps_up, self.mps_restarts):
+            try:
+                family.remove(device)
+            except KeyError:
+                pass
 
     def sample(self, seconds: float, nvml_calls: int, ok: bool = True) -> None:
         if ok:

@@ -155,7 +155,8 @@ def execute(host: HostRoot, plan: SharingPlan, state: SharingState, *, interpret
         d = plan.desired.devices[step.target]
         if d.gpu_uuid in bad_gpus:
             raise StateError(f"not started: the compute mode of GPU {d.gpu_index} could not be set")
-        pid, said = mps.start(host, step.target, daemon_settings(d), interpreter, import_path)
+        pid, said = mps.start(host, step.target, daemon_settings(d), interpreter, import_path,
+                              adopt=not step.detail.get("restart"))
         notes[step.target] = said
         return pid
     for uuid, (error, pid) in _parallel(started, by_action.get("start_daemon", [])).items():

@@ -28,12 +28,13 @@ from ..hostroot import HostRoot
 
 __all__ = ["MPS_ROOT", "PROBE", "MpsError", "daemon_dir", "pipe_dir", "log_dir", "shm_dir", "environment",
            "control_tool", "ask", "probe", "daemon_pid", "start", "configure", "stop", "find_daemons",
-           "shm_size", "unmount_shm"]
+           "shm_size", "unmount_shm", "alive", "PROBE_TIMEOUT"]
 
 MPS_ROOT = "/run/hostagent/mps"
 PID_FILE = "nvidia-cuda-mps-control.pid"
 PROBE = "get_default_active_thread_percentage"     # the device plugin's AssertHealthy
 ANSWER_TIMEOUT = 5.0       # one front-end run
+PROBE_TIMEOUT = 2.0        # one health probe: a daemon answers in milliseconds
 READY_TIMEOUT = 10.0       # from -d until the daemon answers
 QUIT_TIMEOUT = 5.0         # from quit until the daemon has exited, then SIGTERM, then SIGKILL
 SHM_FALLBACK = "65536k"    # the device plugin's, when /proc/meminfo cannot be read
@@ -95,7 +96,7 @@ def _percentage(lines: list[str] | None) -> float | None:
         return None
 
 
-def probe(host: HostRoot, uuid: str, timeout: float = ANSWER_TIMEOUT) -> bool:
+def probe(host: HostRoot, uuid: str, timeout: float = PROBE_TIMEOUT) -> bool:
     """Does the daemon answer (a number to get_default_active_thread_percentage)?"""
     return _percentage(ask(host, uuid, [PROBE], timeout)) is not None
 
@@ -106,10 +107,10 @@ def daemon_pid(host: HostRoot, uuid: str) -> int | None:
         pid = int((pipe_dir(host, uuid) / PID_FILE).read_text().strip() or 0)
     except (OSError, ValueError):
         return None
-    return pid if pid > 0 and _alive(pid) else None
+    return pid if pid > 0 and alive(pid) else None
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
     import psutil
     try:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
@@ -143,10 +144,11 @@ def _command(values: dict) -> list[str]:
 
 
 def start(host: HostRoot, uuid: str, settings: dict, interpreter: str = sys.executable,
-          import_path: str | None = None) -> tuple[int, list[str]]:
-    """Start the device's daemon (one that answers already is kept), send its defaults and
-    wait until it answers; (pid, notes from the launcher)."""
-    if daemon_pid(host, uuid) is not None and probe(host, uuid):
+          import_path: str | None = None, adopt: bool = True) -> tuple[int, list[str]]:
+    """Start the device's daemon, send its defaults and wait until it answers; (pid, notes
+    from the launcher). ``adopt``: one that answers already is kept; else (a restart of one
+    that stopped answering) whatever runs is ended first."""
+    if adopt and daemon_pid(host, uuid) is not None and probe(host, uuid):
         configure(host, uuid, settings)
         return daemon_pid(host, uuid), []
     _kill_leftover(host, uuid)
@@ -204,7 +206,7 @@ def stop(host: HostRoot, uuid: str, timeout: float = QUIT_TIMEOUT) -> None:
 
 def _wait_gone(pid: int, timeout: float) -> bool:
     deadline = time.monotonic() + timeout
-    while _alive(pid):
+    while alive(pid):
         if time.monotonic() >= deadline:
             return False
         time.sleep(0.02)
@@ -215,13 +217,13 @@ def _kill_leftover(host: HostRoot, uuid: str) -> None:
     """A daemon that no longer answers: ended by signal (its pid file names it)."""
     pid = daemon_pid(host, uuid)
     for sig in (signal.SIGTERM, signal.SIGKILL):
-        if pid is None or not _alive(pid):
+        if pid is None or not alive(pid):
             return
         try:
             os.kill(pid, sig)
         except ProcessLookupError:
             return
-        if _wait_gone(pid, QUIT_TIMEOUT / 2):
+        if _wait_gone(pid, 1.0):
             return
 
 

@@ -92,6 +92,7 @@ class GpuSharing:
 class Desired:
     devices: dict[str, DeviceSharing]          # device uuid -> its sharing
     gpus: dict[str, GpuSharing]                # GPU uuid -> what it needs
+    problems: tuple[str, ...] = ()             # entries left out (lenient resolve only)
 
     @property
     def daemons(self) -> dict[str, DeviceSharing]:
@@ -135,24 +136,34 @@ def _label(dev) -> str:
     return f"GPU {dev.index}" if isinstance(dev, Gpu) else f"MIG device {dev.name}"
 
 
-def _selected(inv: Inventory, config: SharingConfig, r: ResourceSpec) -> list:
+def _selected(inv: Inventory, config: SharingConfig, r: ResourceSpec, problems: list | None) -> list:
+    """The resource entry's devices. ``problems`` None: strict, a device or resource this node
+    lacks is an error; else it is noted there and left out (a configuration in force whose
+    MIG devices went with a layout change, or whose GPU fell off the bus)."""
+    def missing(what: str) -> None:
+        if problems is None:
+            raise _fail(what, config.source)
+        problems.append(what)
+
     devices = resource_devices(inv, r.name, config.mig_strategy)
     if devices is None:
         profiles = sorted({_mig_key(p.name) for g in inv.gpus if g.mig for p in g.mig.profiles})
         offered = ", ".join([GPU_RESOURCE] + [f"{PREFIX}/mig-{p}" for p in profiles])
-        raise _fail(f"{r.where}.name: no resource {r.name!r} on this node (it offers {offered})", config.source)
+        missing(f"{r.where}.name: no resource {r.name!r} on this node (it offers {offered})")
+        return []
     if r.devices == "all":
         return devices
     if isinstance(r.devices, int):
         if r.devices > len(devices):
-            raise _fail(f"{r.where}.devices: asks for the first {r.devices} device(s) of {r.name}, which has "
-                        f"{len(devices)}", config.source)
+            missing(f"{r.where}.devices: asks for the first {r.devices} device(s) of {r.name}, which has "
+                    f"{len(devices)}")
         return devices[:r.devices]
     out = []
     for ref in r.devices:
         dev = _find(inv, ref)
         if dev is None:
-            raise _fail(f"{r.where}.devices: no device {ref!r} on this node", config.source)
+            missing(f"{r.where}.devices: no device {ref!r} on this node")
+            continue
         if dev not in devices:
             why = (" (MIG is enabled on it: share its MIG devices, nvidia.com/mig-<profile>)"
                    if isinstance(dev, Gpu) and dev.mig_enabled else "")
@@ -190,11 +201,14 @@ def _device_sharing(inv: Inventory, s: StrategySpec, r: ResourceSpec, dev, sourc
                          pinned_memory_limit_mib=pinned or dev.memory_mib // r.replicas)
 
 
-def resolve(inv: Inventory, config: SharingConfig) -> Desired:
+def resolve(inv: Inventory, config: SharingConfig, strict: bool = True) -> Desired:
+    """``strict``: every device and resource must exist (an apply); else those missing are
+    left out and named in ``problems`` (the configuration in force, after the node changed)."""
     devices: dict[str, DeviceSharing] = {}
+    problems: list[str] | None = None if strict else []
     for s in config.strategies:
         for r in s.resources:
-            for dev in _selected(inv, config, r):
+            for dev in _selected(inv, config, r, problems):
                 d = _device_sharing(inv, s, r, dev, config.source)
                 before = devices.get(d.uuid)
                 if before is not None:
@@ -216,7 +230,7 @@ def resolve(inv: Inventory, config: SharingConfig) -> Desired:
         interval = d.interval if d.kind == "gpu" and d.interval not in (None, "Default") else None
         gpus[d.gpu_uuid] = GpuSharing(d.gpu_uuid, d.gpu_index, mode,
                                       interval or (before.interval if before else None))
-    return Desired(devices, gpus)
+    return Desired(devices, gpus, tuple(problems or ()))
 
 
 def _label_of(d: DeviceSharing) -> str:

@@ -37,7 +37,8 @@ class Outcome:
 
     def to_dict(self) -> dict:
         return {"plan": self.plan.to_dict(), "dry_run": self.report is None,
-                "report": self.report.to_dict() if self.report else None}
+                "report": self.report.to_dict() if self.report else None,
+                "problems": list(self.plan.desired.problems)}
 
 
 def device_names(inventory: Inventory | None) -> dict[str, str]:
@@ -116,19 +117,28 @@ def _persist(host: HostRoot, config: SharingConfig) -> None:
 
 def apply(host: HostRoot, config: SharingConfig | None, *, dry_run: bool = False, allocations=(),
           interpreter: str = sys.executable, lock_timeout: float | None = 60.0,
-          on_lock_wait=None) -> Outcome:
-    """Apply ``config`` (None: the persisted one, as at start; EMPTY: off). Bad input is
-    refused before anything changes; the configuration is persisted, then the node changed."""
+          on_lock_wait=None, only: set[str] | None = None, persist: bool = True) -> Outcome:
+    """Apply ``config``; bad input is refused before anything changes, then the configuration
+    is persisted and the node changed. ``config`` None: reconcile with the configuration in
+    force (a start, a restart of failed daemons, a changed node), where devices that went
+    away are left out and named in the plan's problems instead of failing it. ``only``:
+    just the steps on these devices and GPUs (one daemon's restart). ``persist`` False: the
+    configuration is the file already (a reload)."""
     with node_lock(host, "sharing apply", timeout=lock_timeout, on_wait=on_lock_wait):
-        config = load_persisted(host) if config is None else config
+        reconcile = config is None
+        config = load_persisted(host) if reconcile else config
         inventory = read_inventory(host)
         state = SharingState.load(host)
-        desired = resolve(inventory, config)
-        refuse_allocated(state, desired, allocations)
+        desired = resolve(inventory, config, strict=not reconcile)
+        if not reconcile:            # the node, not a new configuration, changed what it can have
+            refuse_allocated(state, desired, allocations)
         p = plan(desired, state, observe(host, inventory, state, desired))
+        if only is not None:
+            p = SharingPlan(p.desired, tuple(s for s in p.steps if s.target in only))
         if dry_run:
             return Outcome(p)
-        _persist(host, config)
+        if not reconcile and persist:
+            _persist(host, config)
         return Outcome(p, execute(host, p, state, interpreter=interpreter))
 
 
@@ -164,3 +174,67 @@ def status(host: HostRoot, inventory: Inventory | None = None, daemons: dict | N
     return {"config": {"path": str(config_path(host)), "document": config.document} if not config.empty else None,
             "strategies": sorted({d.strategy for d in state.devices.values()}),
             "devices": devices, "gpus": gpus}
+
+
+def mps_devices(host: HostRoot, devices) -> list[str]:
+    """Labels of the devices among ``devices`` that MPS shares now."""
+    state = SharingState.load(host)
+    return [f"GPU {d.name}" if d.kind == "gpu" else f"MIG device {d.name}"
+            for u, d in sorted(state.devices.items()) if d.strategy == "mps" and u in set(devices)]
+
+
+def pause(host: HostRoot, devices) -> list[str]:
+    """Stop the MPS daemons of these devices before a MIG change takes them away (their
+    servers hold the device: a reset or an instance's destruction fails while they run).
+    The configuration stays; the next reconcile (``apply(host, None)``) starts the daemons of
+    the devices it still names. Returns the labels of the daemons stopped."""
+    stopped = []
+    devices = set(devices)
+    with node_lock(host, "sharing: stop MPS daemons for a MIG change"):
+        state = SharingState.load(host)
+        for uuid, d in sorted(state.devices.items()):
+            if d.strategy != "mps" or uuid not in devices:
+                continue
+            if mps.daemon_pid(host, uuid) is not None or uuid in state.daemons:
+                mps.stop(host, uuid)
+                state.daemons.pop(uuid, None)
+                stopped.append(f"GPU {d.name}" if d.kind == "gpu" else f"MIG device {d.name}")
+        state.save(host)
+    return stopped
+
+
+def mig_guard(host: HostRoot, refuse, dry_run: bool, progress):
+    """``refuse`` for a MIG apply acting without the daemon: the caller's checks, then the
+    MPS daemons of the devices the change takes away stop right before it (a dry run names
+    them); ``resume`` restarts what the configuration still names afterwards."""
+    def guard(inventory, plan) -> None:
+        refuse(inventory, plan)
+        from ..daemon.migops import affected_devices
+        affected = affected_devices(inventory, plan)
+        if dry_run:
+            names = mps_devices(host, affected)
+            if names:
+                progress(None, f"MPS daemons of {', '.join(names)} would stop for the change")
+            return
+        stopped = pause(host, affected)
+        if stopped:
+            progress(None, f"MPS daemons of {', '.join(stopped)} stopped for the MIG change")
+    return guard
+
+
+def resume(host: HostRoot, progress) -> None:
+    """After a MIG change without the daemon: the sharing configuration in force is brought
+    back (daemons for the devices it names now). A failure is reported, never a reason to
+    undo the layout."""
+    from ..errors import HostagentError
+    from .config import config_path
+    if not config_path(host).exists():
+        return
+    try:
+        outcome = apply(host, None)
+    except HostagentError as e:
+        progress(None, f"warning: GPU sharing not restored: {e.message}")
+        return
+    for r in outcome.report.results if outcome.report else ():
+        if r.step.action == "start_daemon":
+            progress(None, ("" if r.ok else "FAILED: ") + r.step.describe() + ("" if r.ok else f": {r.error}"))

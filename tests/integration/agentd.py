@@ -139,4 +139,6 @@ class AgentProcess:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
+        from .mpsprocs import stop_all     # MPS daemons outlive the agent: stop them too
+        stop_all(self.root)
         shutil.rmtree(self.root, ignore_errors=True)

@@ -1,0 +1,169 @@
+"""Sharing in the daemon: the API, events, supervision of real MPS daemons (restart after a
+death or a hang, with back-off), adoption across an agent restart, MIG changes."""
+
+import os
+import signal
+import time
+
+import pytest
+
+from hostagent.errors import HostagentError
+from hostagent.sharing import mps
+
+from .agentd import FAST, AgentProcess, make_root
+from .mpsprocs import running
+
+CONFIG = {"version": "v1", "sharing": {
+    "mps": {"resources": [{"name": "nvidia.com/gpu", "devices": [0, 1], "replicas": 4}]},
+    "timeSlicing": {"resources": [{"name": "nvidia.com/gpu", "devices": [2], "replicas": 2, "interval": "Long"}]}}}
+SUPERVISION = {**FAST, "sharing": {"probe_interval": 0.3, "restart_backoff": 0.2, "restart_backoff_max": 1}}
+
+
+@pytest.fixture(scope="module")
+def agent():
+    proc = AgentProcess(make_root("dgx-a100"), SUPERVISION).start()
+    yield proc
+    try:
+        proc.stop()
+    finally:
+        proc.cleanup()
+        assert running(proc.root) == []
+
+
+def until(predicate, timeout=10.0, what="condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"no {what} after {timeout}s")
+
+
+def daemon(c, name):
+    return next(d for d in c.sharing()["devices"] if d["name"] == name)["mps"]
+
+
+def test_apply_through_the_api_publishes_devices_and_events(agent):
+    with agent.client() as c:
+        rev = c.node()["revision"]
+        out = c.sharing_apply(CONFIG)
+        assert out["report"]["failed"] == 0 and not out["dry_run"]
+        status = c.sharing()
+        assert status["config"]["document"] == CONFIG and status["strategies"] == ["mps", "time-slicing"]
+        d0 = daemon(c, "0")
+        assert d0["state"] == "ready" and d0["pid"] == mps.daemon_pid(agent.host, c.device("0")["uuid"])
+        dev0, dev2, dev3 = c.device("0"), c.device("2"), c.device("3")
+        assert dev0["replicas"] == [f"{dev0['uuid']}::{i}" for i in range(4)]
+        assert dev0["sharing"]["strategy"] == "mps" and dev0["sharing"]["mps"]["state"] == "ready"
+        assert dev2["sharing"]["interval"] == "Long" and len(dev2["replicas"]) == 2
+        assert dev3["sharing"] is None and dev3["replicas"] == [dev3["uuid"]]
+        events = []
+        for event in c.watch(since=rev):
+            events.append(event)
+            if event["type"] == "sharing_changed":
+                break
+        assert events[-1]["reason"] == "applied" and events[-1]["sharing"]["devices"][0]["name"] == "0"
+        # Bad input: one error, nothing changed.
+        with pytest.raises(HostagentError) as e:
+            c.sharing_apply({"sharing": {"mps": {"resources": [{"name": "gpu", "replicas": 99}]}}})
+        assert e.value.status == 400 and e.value.code == "invalid_config" and "99 replicas is more than the 48 MPS clients" in e.value.message
+        with pytest.raises(HostagentError) as e:
+            c.request("PUT", "/v1/sharing", {"config": {}, "force": True})
+        assert e.value.code == "invalid_argument"
+        assert c.sharing()["config"]["document"] == CONFIG
+        dry = c.sharing_apply(None, dry_run=True)
+        assert dry["dry_run"] and any(s["action"] == "stop_daemon" for s in dry["plan"]["steps"])
+        assert daemon(c, "1")["state"] == "ready"
+
+
+def test_a_dead_or_hung_daemon_is_restarted(agent):
+    with agent.client() as c:
+        uuid = c.device("0")["uuid"]
+        before = daemon(c, "0")
+        os.kill(before["pid"], signal.SIGKILL)
+        after = until(lambda: (d := daemon(c, "0"))["state"] == "ready" and d["pid"] != before["pid"] and d,
+                      what="restart after SIGKILL")
+        assert after["restarts"] == before["restarts"] + 1 and mps.probe(agent.host, uuid)
+        os.kill(after["pid"], signal.SIGSTOP)            # alive, but answers nothing
+        try:
+            again = until(lambda: (d := daemon(c, "0"))["state"] == "ready" and d["pid"] != after["pid"] and d,
+                          timeout=20, what="restart of a hung daemon")
+        finally:
+            try:
+                os.kill(after["pid"], signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+        assert again["restarts"] == after["restarts"] + 1
+        assert not mps.alive(after["pid"])               # the hung one was killed, not left beside
+        metrics = c.metrics()
+        assert f'hostagent_mps_daemon_restarts_total{{device="{uuid}"}} 2.0' in metrics
+        assert f'hostagent_mps_daemon_up{{device="{uuid}"}} 1.0' in metrics
+
+
+def test_a_restarted_agent_adopts_its_daemons(agent):
+    with agent.client() as c:
+        pids = {n: daemon(c, n)["pid"] for n in ("0", "1")}
+    assert agent.stop() == 0
+    assert all(mps.alive(p) for p in pids.values())        # the daemons outlive the agent
+    agent.start()
+    with agent.client() as c:
+        assert {n: daemon(c, n)["pid"] for n in ("0", "1")} == pids
+        assert daemon(c, "0")["state"] == "ready"
+    assert "MPS daemon of GPU 0 adopted" in agent.log()
+
+
+def test_off_through_the_api(agent):
+    with agent.client() as c:
+        out = c.sharing_apply(None)
+        assert out["report"]["failed"] == 0
+        assert c.sharing()["devices"] == [] and c.device("0")["sharing"] is None
+    assert running(agent.root) == [] and not os.path.ismount(mps.shm_dir(agent.host))
+
+
+def test_mps_on_mig_devices_follows_a_mig_change():
+    """MPS daemons serve MIG devices; a MIG change stops the daemons of the devices it takes
+    away (and only those: a sibling's daemon and its server go on), and the devices the
+    configuration names afterwards get daemons."""
+    root = make_root("hgx-h100")                         # Hopper: MIG mode applies at once
+    import subprocess
+    smi = str(root / "usr/bin/nvidia-smi")
+    subprocess.run([smi, "-i", "0", "-mig", "1"], check=True, capture_output=True)
+    subprocess.run([smi, "mig", "-i", "0", "-cgi", "1g.10gb,1g.10gb", "-C"], check=True, capture_output=True)
+    agent = AgentProcess(root, SUPERVISION).start()
+    try:
+        with agent.client(timeout=60) as c:
+            out = c.sharing_apply({"sharing": {"mps": {"resources": [
+                {"name": "nvidia.com/mig-1g.10gb", "replicas": 2, "activeThreadPercentage": 40}]}}})
+            assert out["report"]["failed"] == 0
+            migs = c.devices(type="mig")["mig_devices"]
+            assert [d["sharing"]["mps"]["state"] for d in migs] == ["ready", "ready"]
+            keep, gone = migs[0], migs[1]
+            env = mps.environment(agent.host, keep["uuid"])
+            server = subprocess.run([str(root / "usr/bin/nvidia-cuda-mps-control")], input="start_server -uid 0\n"
+                                    "get_server_list\n", env=env, capture_output=True, text=True).stdout.split()[-1]
+            keep_pid = keep["sharing"]["mps"]["pid"]
+            spec = {"version": "v1", "mig-configs": {"one": [{"devices": [0], "mig-enabled": True,
+                                                             "mig-devices": {"1g.10gb": 1}}]}}
+            plan = c.mig_apply("one", spec=spec, dry_run=True)
+            assert any("would stop" in p["message"] for p in plan["progress"]), plan["progress"]
+            result = c.mig_apply("one", spec=spec)
+            stopped = [p["message"] for p in result["progress"] if "MPS daemons" in p["message"]]
+            assert stopped == [f"MPS daemons of MIG device {gone['name']} stopped for the MIG change"], result["progress"]
+            (left,) = c.devices(type="mig")["mig_devices"]
+            assert left["uuid"] == keep["uuid"] and left["sharing"]["mps"]["pid"] == keep_pid
+            assert mps.alive(int(server))                      # its client's server was never touched
+            assert [d["name"] for d in c.sharing()["devices"]] == [keep["name"]]
+            assert not mps.daemon_dir(agent.host, gone["uuid"]).exists()
+            # A bigger layout: the new 1g.10gb devices get daemons of their own.
+            spec = {"version": "v1", "mig-configs": {"three": [{"devices": [0], "mig-enabled": True,
+                                                               "mig-devices": {"1g.10gb": 3}}]}}
+            c.mig_apply("three", spec=spec)
+            shared = c.sharing()["devices"]
+            assert len(shared) == 3 and {d["mps"]["state"] for d in shared} == {"ready"}
+            assert {d["active_thread_percentage"] for d in shared} == {40}
+            c.sharing_apply(None)
+        assert running(root) == []
+    finally:
+        agent.stop()
+        agent.cleanup()
