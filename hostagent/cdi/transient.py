@@ -66,11 +66,14 @@ def device_name(allocation_id: str, device: Gpu | MigDevice) -> str:
 
 def build_transient_spec(discovery: Discovery, allocation_id: str,
                          devices: list[Gpu | MigDevice], interpreter: str,
-                         kind: str = ALLOCATION_KIND) -> tuple[dict, dict]:
+                         kind: str = ALLOCATION_KIND, extra: dict[str, Edits] | None = None) -> tuple[dict, dict]:
     """The allocation's spec, and the same devices as plain edits (env, mounts, device
-    nodes, no hook) for callers that cannot use CDI. Raises MissingDeviceNode for a device
+    nodes, no hook) for callers that cannot use CDI. ``extra``: more edits for a device, by
+    UUID (an MPS client's pipe, shm and limits). Raises MissingDeviceNode for a device
     without its nodes."""
-    per_device = [(dev, discovery.gpu(dev) if isinstance(dev, Gpu) else discovery.mig_device(dev))
+    extra = extra or {}
+    per_device = [(dev, Edits.merge(discovery.gpu(dev) if isinstance(dev, Gpu) else discovery.mig_device(dev),
+                                    extra.get(dev.uuid, Edits())))
                   for dev in devices]
     described = [edits for _, edits in per_device]
     common = common_edits(discovery)

@@ -8,6 +8,13 @@ Sharing rules (after the device plugin and the DRA driver): an exclusive allocat
 devices are in no other allocation; time-sliced devices may be in several time-slicing
 allocations, MPS devices in several MPS allocations, but never both on one device (they
 need different compute modes), and at most ``max_per_device`` allocations on one device.
+
+A device the node's sharing configuration shares (``Candidate.shared``) is shared the way
+it says: its allocations take its replicas (``<uuid>::<n>``, as the device plugin names
+them; a plain name or a constraint takes a free one), at most one allocation a replica, and
+the request's strategy, if it names one, must be the configured one. MPS is there only where
+the configuration runs a daemon; an MPS allocation takes one device (a CUDA process talks to
+one MPS control daemon); ``failRequestsGreaterThanOne`` limits a request to one replica.
 """
 
 from __future__ import annotations
@@ -19,13 +26,22 @@ from dataclasses import dataclass, field
 
 from ..errors import ConflictError, UsageError
 
-__all__ = ["Allocation", "Candidate", "normalize", "select", "UnknownDevice", "DeviceBusy",
+__all__ = ["Allocation", "Candidate", "Selection", "normalize", "select", "UnknownDevice", "DeviceBusy",
            "DeviceNotAllocatable", "InsufficientDevices", "AllocationConflict", "ShareLimitReached",
-           "AllocationLimitReached", "ID_PATTERN"]
+           "AllocationLimitReached", "SharingMismatch", "ID_PATTERN", "replica_of"]
 
 ID_PATTERN = r"^[A-Za-z0-9]([A-Za-z0-9_.:/-]{0,126}[A-Za-z0-9])?$"
 _ID_RE = re.compile(ID_PATTERN)
 STRATEGIES = ("Exclusive", "TimeSlicing", "MPS")
+# The request's strategy names for the sharing configuration's ("mps", "time-slicing").
+REQUEST_STRATEGY = {"mps": "MPS", "time-slicing": "TimeSlicing"}
+_REPLICA = re.compile(r"^(.+)::([0-9]+)$")
+
+
+def replica_of(name: str) -> tuple[str, int] | None:
+    """``<uuid>::<n>`` -> (uuid, n); None for any other name."""
+    m = _REPLICA.match(name)
+    return (m.group(1), int(m.group(2))) if m else None
 
 
 class UnknownDevice(UsageError):
@@ -56,12 +72,18 @@ class AllocationLimitReached(ConflictError):
     code = "allocation_limit_reached"
 
 
+class SharingMismatch(ConflictError):
+    code = "sharing_mismatch"
+
+
 @dataclass(frozen=True)
 class Allocation:
     id: str
     devices: tuple[str, ...]         # UUIDs, in the order they were chosen
     request: dict                    # the normalised request: what makes a repeat idempotent
     created: float
+    replicas: tuple[str, ...] = ()   # the replica ids it holds (devices the sharing configuration shares)
+    shared_as: str | None = None     # "mps" or "time-slicing" when the configuration shares its devices
     # Derived from the host when the spec is written; not part of the checkpoint.
     cdi_devices: tuple[str, ...] = field(default=(), compare=False)
     container_edits: dict = field(default_factory=dict, compare=False)
@@ -69,11 +91,19 @@ class Allocation:
 
     @property
     def strategy(self) -> str:
-        return self.request["sharing"]["strategy"]
+        """The strategy it shares its devices under: the configured one on devices the
+        sharing configuration shares, else the request's."""
+        return REQUEST_STRATEGY[self.shared_as] if self.shared_as else self.request["sharing"]["strategy"]
+
+    @property
+    def sharing(self) -> dict:
+        return {**self.request["sharing"], "strategy": self.strategy}
 
     def checkpoint(self) -> dict:
-        return {"id": self.id, "devices": list(self.devices), "request": self.request,
-                "created": self.created}
+        out = {"id": self.id, "devices": list(self.devices), "request": self.request, "created": self.created}
+        if self.shared_as:
+            out.update(replicas=list(self.replicas), shared_as=self.shared_as)
+        return out
 
     @functools.cached_property
     def checkpoint_json(self) -> str:
@@ -85,7 +115,8 @@ class Allocation:
     @classmethod
     def from_checkpoint(cls, data: dict) -> "Allocation":
         return cls(id=data["id"], devices=tuple(data["devices"]), request=data["request"],
-                   created=float(data["created"]))
+                   created=float(data["created"]), replicas=tuple(data.get("replicas", ())),
+                   shared_as=data.get("shared_as"))
 
 
 @dataclass(frozen=True)
@@ -100,6 +131,15 @@ class Candidate:
     profile: str | None              # MIG profile; None for a GPU
     order: tuple                     # stable listing order
     unallocatable: str | None = None  # why it cannot be allocated at all, or None
+    shared: dict | None = None        # how the sharing configuration shares it (strategy, replica_ids,
+                                      # fail_requests_greater_than_one), None: it does not
+
+
+@dataclass(frozen=True)
+class Selection:
+    devices: list[str]               # UUIDs, in the order chosen
+    replicas: list[str] = field(default_factory=list)     # replica ids taken on shared devices
+    shared_as: str | None = None     # the configured strategy of shared devices
 
 
 def normalize(body: dict) -> dict:
@@ -155,18 +195,23 @@ def _shares(users: list[tuple[str, str]], strategy: str) -> bool:
 
 
 def select(request: dict, candidates: list[Candidate], users: dict[str, list[tuple[str, str]]],
-           resolve, healthy, max_per_device: int | None = None) -> list[str]:
-    """The UUIDs the request gets: named devices first, then each constraint group's.
+           resolve, healthy, max_per_device: int | None = None,
+           taken: dict[str, set[str]] | None = None) -> Selection:
+    """The devices (and replicas) the request gets: named devices first, then each
+    constraint group's.
 
     ``users``: uuid -> [(allocation id, strategy)] of other allocations; ``resolve(name)``
     -> uuid or None; ``healthy(uuid)`` -> bool; ``max_per_device``: allocations at most on
-    one device (None: no limit). Named devices are taken as named; each constraint group
-    takes the least shared, then smallest, then first matching devices (best fit: a small
-    request does not take a big device while a small one is free), passing over full ones.
+    one unshared device (None: no limit); ``taken``: uuid -> replica ids other allocations
+    hold. Named devices are taken as named; each constraint group takes the least shared,
+    then smallest, then first matching devices (best fit: a small request does not take a
+    big device while a small one is free), passing over full ones.
     """
     strategy = request["sharing"]["strategy"]
+    taken = taken or {}
     by_uuid = {c.uuid: c for c in candidates}
     chosen: list[str] = []
+    replicas: list[str] = []
 
     def full(uuid: str) -> bool:
         return max_per_device is not None and len(users.get(uuid, ())) >= max_per_device
@@ -178,47 +223,102 @@ def select(request: dict, candidates: list[Candidate], users: dict[str, list[tup
             return "unhealthy"
         return None
 
+    def mismatch(c: Candidate) -> str | None:
+        """Why the request's strategy cannot be had on ``c``; None if it can."""
+        if c.shared is None:
+            return ("it is not shared with MPS (MPS needs its control daemon: share it with MPS in the "
+                    "node's sharing configuration)") if strategy == "MPS" else None
+        if strategy != "Exclusive" and REQUEST_STRATEGY[c.shared["strategy"]] != strategy:
+            return f"the node shares it with {c.shared['strategy']}, not {strategy}"
+        return None
+
+    def free(c: Candidate) -> list[str]:
+        return [r for r in c.shared["replica_ids"] if r not in taken.get(c.uuid, ()) and r not in replicas]
+
+    def fits(c: Candidate) -> bool:
+        if c.shared is not None:
+            return bool(free(c))
+        return _shares(users.get(c.uuid, []), strategy) and not full(c.uuid)
+
     for item in request["devices"]:
         if "device" not in item:
             continue
-        uuid = resolve(item["device"])
-        if uuid is None or uuid not in by_uuid:
-            raise UnknownDevice(f"no device {item['device']!r} on this node",
-                                hint="name a device by index, UUID, MIG name (0:1) or CDI name as "
-                                     "GET /v1/devices lists them", device=item["device"])
+        name = item["device"]
+        replica = replica_of(name)
+        uuid = resolve(replica[0] if replica else name)
+        if uuid is None or uuid not in by_uuid or (replica and (
+                by_uuid[uuid].shared is None or name not in by_uuid[uuid].shared["replica_ids"])):
+            what = "replica" if replica else "device"
+            raise UnknownDevice(f"no {what} {name!r} on this node",
+                                hint="name a device by index, UUID, MIG name (0:1) or CDI name, or a replica "
+                                     "(<uuid>::<n>), as GET /v1/devices lists them", device=name)
         c = by_uuid[uuid]
-        if uuid in chosen:
-            raise UsageError(f"device {item['device']!r} is asked for twice", device=item["device"])
-        why = usable(c)
+        if uuid in chosen and (not replica or c.shared is None):
+            raise UsageError(f"device {name!r} is asked for twice", device=name)
+        why = usable(c) or mismatch(c)
         if why:
             raise DeviceNotAllocatable(f"device {c.name} ({c.uuid}) cannot be allocated: {why}",
                                        device=c.uuid, reason=why)
-        if not _shares(users.get(uuid, []), strategy):
+        if c.shared is not None:
+            want = name if replica else (free(c) or [None])[0]
+            if want in replicas:
+                raise UsageError(f"replica {name!r} is asked for twice", device=name)
+            if want is None or want not in free(c):
+                holders = sorted(a for a, _ in users.get(uuid, ()))
+                raise DeviceBusy(f"{'replica ' + name if replica else f'every replica of device {c.name} ({c.uuid})'} "
+                                 f"is in use by another allocation", device=c.uuid, allocations=holders)
+            replicas.append(want)
+        elif not _shares(users.get(uuid, []), strategy):
             raise DeviceBusy(f"device {c.name} ({c.uuid}) is in use by another allocation",
                              device=c.uuid, allocations=[a for a, _ in users[uuid]])
-        if full(uuid):
+        elif full(uuid):
             raise ShareLimitReached(
                 f"device {c.name} ({c.uuid}) is shared by {len(users[uuid])} allocations, the most "
                 f"allocations.max_per_device allows", device=c.uuid, limit=max_per_device,
                 hint="release one of them, use another device, or raise allocations.max_per_device")
-        chosen.append(uuid)
+        if uuid not in chosen:
+            chosen.append(uuid)
 
     for item in request["devices"]:
         if "device" in item:
             continue
         matching = [c for c in candidates if _matches(c, item["constraints"])]
-        shareable = [c for c in matching if c.uuid not in chosen and not usable(c)
-                     and _shares(users.get(c.uuid, []), strategy)]
-        free = [c for c in shareable if not full(c.uuid)]
-        free.sort(key=lambda c: (len(users.get(c.uuid, [])), c.memory_mib, c.order))
-        if len(free) < item["count"]:
-            at_limit = len(shareable) - len(free)
+        shareable = [c for c in matching if c.uuid not in chosen and not usable(c) and not mismatch(c)
+                     and (c.shared is not None or _shares(users.get(c.uuid, []), strategy))]
+        room = [c for c in shareable if fits(c)]
+        room.sort(key=lambda c: (len(users.get(c.uuid, [])), c.memory_mib, c.order))
+        if len(room) < item["count"]:
+            at_limit = len(shareable) - len(room)
             raise InsufficientDevices(
                 f"{item['count']} device(s) matching {item['constraints']} wanted, "
-                f"{len(free)} available ({len(matching)} match"
-                + (f", {at_limit} shared by allocations.max_per_device allocations already" if at_limit else "")
+                f"{len(room)} available ({len(matching)} match"
+                + (f", {at_limit} shared by allocations.max_per_device allocations or with every replica "
+                   f"taken already" if at_limit else "")
                 + ")",
-                wanted=item["count"], available=len(free), matching=len(matching),
+                wanted=item["count"], available=len(room), matching=len(matching),
                 at_share_limit=at_limit, constraints=item["constraints"])
-        chosen += [c.uuid for c in free[:item["count"]]]
-    return chosen
+        for c in room[:item["count"]]:
+            chosen.append(c.uuid)
+            if c.shared is not None:
+                replicas.append(free(c)[0])
+    return _shared_selection(chosen, replicas, by_uuid)
+
+
+def _shared_selection(chosen: list[str], replicas: list[str], by_uuid: dict[str, Candidate]) -> Selection:
+    """The devices chosen are shared one way (or not at all), an MPS allocation is one
+    device, and a shared resource that fails requests greater than one gets one replica."""
+    kinds = {by_uuid[u].shared["strategy"] if by_uuid[u].shared else None for u in chosen}
+    if len(kinds) > 1:
+        names = ", ".join(f"{by_uuid[u].name} ({by_uuid[u].shared['strategy'] if by_uuid[u].shared else 'not shared'})"
+                          for u in chosen)
+        raise SharingMismatch(f"the devices are shared in different ways: {names}",
+                              hint="an allocation takes devices the node shares one way (or unshared ones)")
+    shared_as = kinds.pop() if kinds else None
+    if shared_as == "mps" and len(chosen) > 1:
+        raise UsageError(f"an MPS allocation takes one device, not {len(chosen)}: each has its own MPS control "
+                         f"daemon, and a CUDA process talks to one", devices=chosen)
+    if shared_as and len(replicas) > 1 and any(by_uuid[u].shared["fail_requests_greater_than_one"] for u in chosen):
+        raise UsageError(f"maximum request size for shared resources is 1; found {len(replicas)}",
+                         hint="ask for one replica, or set failRequestsGreaterThanOne: false in the sharing "
+                              "configuration", replicas=replicas)
+    return Selection(chosen, replicas if shared_as else [], shared_as)

@@ -46,15 +46,33 @@ class Allocator:
         inv = self.agent.inventory
         if inv is None:
             return out
+        shared = self.agent.sharing.devices()
+
+        def why_not(uuid: str) -> str | None:
+            if not self.agent.cdi_names.get(uuid):
+                return "not in the CDI spec"
+            daemon = (shared.get(uuid) or {}).get("mps")
+            if daemon is not None and daemon["state"] != "ready":
+                return f"its MPS control daemon is {daemon['state']}" + (f" ({daemon['reason']})" if daemon["reason"] else "")
+            return None
         for gpu in inv.gpus:
             why = "MIG is enabled: allocate its MIG devices" if gpu.mig_enabled else None
             out.append(alloc_rules.Candidate(
                 gpu.uuid, str(gpu.index), "gpu", gpu.name, gpu.memory_mib, gpu.compute_capability,
-                None, (gpu.index, -1), why or (None if self.agent.cdi_names.get(gpu.uuid) else "not in the CDI spec")))
+                None, (gpu.index, -1), why or why_not(gpu.uuid), shared.get(gpu.uuid)))
             for d in (gpu.mig.devices if gpu.mig else ()):
                 out.append(alloc_rules.Candidate(
                     d.uuid, d.name, "mig", gpu.name, d.memory_mib, gpu.compute_capability, d.profile,
-                    (gpu.index, d.index), None if self.agent.cdi_names.get(d.uuid) else "not in the CDI spec"))
+                    (gpu.index, d.index), why_not(d.uuid), shared.get(d.uuid)))
+        return out
+
+    def _taken(self) -> dict[str, set[str]]:
+        """uuid -> the replica ids the allocations hold on it."""
+        out: dict[str, set[str]] = {}
+        for a in self.agent.allocations.values():
+            for r in a.replicas:
+                replica = alloc_rules.replica_of(r)
+                out.setdefault(replica[0] if replica else r, set()).add(r)
         return out
 
     def _records(self, uuids) -> list:
@@ -73,7 +91,8 @@ class Allocator:
         from ..cdi.render import render
         from ..fileio import ensure_dir, write_atomic
         discovery = Discovery(self.host, self.agent.inventory.driver_version)
-        spec, merged = transient.build_transient_spec(discovery, alloc.id, records, self.agent.interpreter())
+        spec, merged = transient.build_transient_spec(discovery, alloc.id, records, self.agent.interpreter(),
+                                                      extra=self._client_edits(alloc))
         path = transient.spec_file(self.host, alloc.id)
         ensure_dir(path.parent, 0o755)
         text = render(spec)
@@ -85,6 +104,18 @@ class Allocator:
             write_atomic(path, text, mode=0o644)
         return dataclasses.replace(alloc, cdi_devices=tuple(f"{spec['kind']}={d['name']}" for d in spec["devices"]),
                                    container_edits=merged, spec_path=str(path))
+
+    def _client_edits(self, alloc: alloc_rules.Allocation) -> dict:
+        """Worker: an MPS allocation's client edits (pipe, shm, limits) for its device. The
+        sharing state gives the limits, so a restore at start (before the sharing view
+        exists) writes the same spec."""
+        if alloc.shared_as != "mps":
+            return {}
+        from ..sharing.clients import mps_client_edits
+        from ..sharing.state import SharingState
+        devices = SharingState.load(self.host).devices
+        mps_config = alloc.request["sharing"].get("mpsConfig")
+        return {u: mps_client_edits(self.host, u, devices.get(u), mps_config) for u in alloc.devices}
 
     def _commit_new(self, alloc, records, others) -> alloc_rules.Allocation:
         """Worker: spec first, then the checkpoint (the commit point)."""
@@ -121,13 +152,15 @@ class Allocator:
             if self.agent.inventory is None:
                 raise self._unavailable()
             self.agent.driver.require("make an allocation")
-            uuids = alloc_rules.select(
+            chosen = alloc_rules.select(
                 request, self._candidates(), self.agent.users(),
                 resolve=lambda name: self.agent.snapshot.lookup.get(name),
                 healthy=lambda u: (self.agent.health.get(u) or self.agent.default_health).allocatable,
-                max_per_device=limits.max_per_device)
+                max_per_device=limits.max_per_device, taken=self._taken())
+            uuids = chosen.devices
             alloc = alloc_rules.Allocation(id=request["id"], devices=tuple(uuids), request=request,
-                                           created=time.time())
+                                           created=time.time(), replicas=tuple(chosen.replicas),
+                                           shared_as=chosen.shared_as)
             alloc = await self.agent.blocking(self._commit_new, alloc, self._records(uuids),
                                         list(self.agent.allocations.values()))
             self.agent.add_allocation(alloc)

@@ -79,7 +79,7 @@ def device_views(inventory: Inventory | None, cdi_names: dict[str, tuple[str, ..
 
 def allocation_view(alloc) -> dict:
     return {"id": alloc.id, "devices": list(alloc.devices), "cdi_devices": list(alloc.cdi_devices),
-            "spec_path": alloc.spec_path, "sharing": alloc.request["sharing"],
+            "spec_path": alloc.spec_path, "sharing": alloc.sharing, "replicas": list(alloc.replicas),
             "labels": alloc.request.get("labels", {}), "request": alloc.request,
             "created": round(alloc.created, 3), "container_edits": alloc.container_edits,
             "visible_devices": ",".join(alloc.devices)}

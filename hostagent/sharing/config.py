@@ -24,7 +24,7 @@ from ..errors import ConfigError
 from ..hostroot import HostRoot
 
 __all__ = ["ResourceSpec", "StrategySpec", "SharingConfig", "EMPTY", "INTERVALS", "parse", "load_text",
-           "load_file", "config_path", "load_persisted", "render", "resource_name", "DOC"]
+           "load_file", "config_path", "load_persisted", "render", "resource_name", "quantity_mib", "DOC"]
 
 SCHEMA_FILE = os.path.join(os.path.dirname(__file__), "config.schema.json")
 DOC = "docs/sharing.md"
@@ -115,9 +115,14 @@ def resource_name(raw: str, where: str, source: str | None) -> str:
     return name
 
 
-def _mib(quantity: str, where: str, source: str | None) -> int:
+def quantity_mib(quantity: str) -> int:
+    """A Kubernetes quantity of bytes (``10Gi``, ``1024M``, ``1073741824``) in whole MiB."""
     number, unit = re.fullmatch(r"([0-9]+)([A-Za-z]*)", quantity).groups()
-    mib = int(number) * _UNITS[unit] // 2**20
+    return int(number) * _UNITS[unit] // 2**20
+
+
+def _mib(quantity: str, where: str, source: str | None) -> int:
+    mib = quantity_mib(quantity)
     if mib < 1:
         raise _error(f"{where}: {quantity!r} is below 1 MiB", source)
     return mib

@@ -139,18 +139,18 @@ def test_sharing_rules(c):
     b = c.allocate("ts-2", ["4"], sharing={"strategy": "TimeSlicing"})
     assert a["devices"] == b["devices"]
     assert b["sharing"] == {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Default"}}
-    with pytest.raises(ConflictError) as e:
-        c.allocate("mps-1", ["4"], sharing={"strategy": "MPS"})
-    assert e.value.code == "device_busy"
+    with pytest.raises(ConflictError) as e:        # MPS needs the daemon the sharing configuration runs
+        c.allocate("mps-1", ["5"], sharing={"strategy": "MPS"})
+    assert e.value.code == "device_not_allocatable" and "not shared with MPS" in e.value.message
     with pytest.raises(ConflictError):
         c.allocate("excl", ["4"])
     # Constraint groups spread shared allocations over the least shared devices.
-    m = c.allocate("mps-2", [{"constraints": {"type": "gpu"}, "count": 2}],
-                   sharing={"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 50}})
+    m = c.allocate("ts-3", [{"constraints": {"type": "gpu"}, "count": 2}], sharing={"strategy": "TimeSlicing"})
     assert c.device("4")["uuid"] not in m["devices"]
     with pytest.raises(UsageError):
         c.allocate("bad", ["5"], sharing={"strategy": "TimeSlicing", "mpsConfig": {}})
     assert sorted(c.device("4")["allocations"]) == ["ts-1", "ts-2"]
+    assert c.allocation("ts-1")["replicas"] == []       # the node does not share it: no replicas
 
 
 def test_release(agent, c):

@@ -6,7 +6,7 @@ import pytest
 from hostagent.daemon.allocations import (AllocationConflict, Candidate, DeviceBusy,
                                           DeviceNotAllocatable, InsufficientDevices,
                                           ShareLimitReached, UnknownDevice, normalize, select)
-from hostagent.errors import UsageError
+from hostagent.errors import ConflictError, UsageError
 
 
 def cand(uuid, name, kind="gpu", memory=40960, profile=None, cc="8.0", product="NVIDIA A100-SXM4-40GB",
@@ -24,7 +24,7 @@ NAMES = {c.name: c.uuid for c in NODE} | {c.uuid: c.uuid for c in NODE}
 
 
 def pick(body, users=None, unhealthy=()):
-    return select(normalize(body), NODE, users or {}, NAMES.get, lambda u: u not in unhealthy)
+    return select(normalize(body), NODE, users or {}, NAMES.get, lambda u: u not in unhealthy).devices
 
 
 def test_normalize_defaults_and_cross_field_rules():
@@ -75,8 +75,9 @@ def test_sharing_and_conflicts():
     with pytest.raises(DeviceBusy):
         pick({"id": "a", "devices": [{"device": "1"}], "sharing": {"strategy": "TimeSlicing"}}, users)
     assert pick({"id": "a", "devices": [{"device": "2"}], "sharing": {"strategy": "TimeSlicing"}}, users) == ["G2"]
-    with pytest.raises(DeviceBusy):
+    with pytest.raises(DeviceNotAllocatable) as e:      # MPS only where the configuration runs a daemon
         pick({"id": "a", "devices": [{"device": "2"}], "sharing": {"strategy": "MPS"}}, users)
+    assert "not shared with MPS" in e.value.message
     # Shared constraint groups prefer the least shared device.
     got = pick({"id": "a", "devices": [{"constraints": {"type": "gpu", "product": "A100"}}],
                 "sharing": {"strategy": "TimeSlicing"}}, {"G2": [("ts", "TimeSlicing")]})
@@ -89,7 +90,7 @@ def test_shares_per_device_are_bounded():
     users = {"G1": [("a", "TimeSlicing"), ("b", "TimeSlicing")], "G2": [("c", "TimeSlicing")]}
 
     def limited(body, limit):
-        return select(normalize(body), NODE, users, NAMES.get, lambda u: True, max_per_device=limit)
+        return select(normalize(body), NODE, users, NAMES.get, lambda u: True, max_per_device=limit).devices
     assert limited({"id": "x", "devices": [{"device": "1"}], "sharing": ts}, 3) == ["G1"]
     with pytest.raises(ShareLimitReached) as e:
         limited({"id": "x", "devices": [{"device": "1"}], "sharing": ts}, 2)
@@ -108,3 +109,69 @@ def test_checkpoint_entries_render_once():
     a = Allocation("a", ("G1",), normalize({"id": "a", "devices": [{"device": "1"}]}), 1.5)
     assert json.loads(a.checkpoint_json) == a.checkpoint()
     assert a.checkpoint_json is a.checkpoint_json
+
+
+# ---- devices the node's sharing configuration shares ---------------------------------------
+
+def shared(c, strategy, replicas, fail=False):
+    import dataclasses
+    ids = [f"{c.uuid}::{i}" for i in range(replicas)] if replicas > 1 else [c.uuid]
+    return dataclasses.replace(c, shared={"strategy": strategy, "replica_ids": ids,
+                                          "fail_requests_greater_than_one": fail})
+
+
+SHARED = [NODE[0], NODE[1], shared(NODE[2], "mps", 1), NODE[3], shared(NODE[4], "mps", 4, fail=True),
+          shared(NODE[5], "time-slicing", 3), NODE[6]]
+
+
+def take(body, taken=None, users=None):
+    return select(normalize(body), SHARED, users or {}, NAMES.get, lambda u: True, taken=taken or {})
+
+
+def test_replicas_are_named_or_picked_and_held_once():
+    s = take({"id": "a", "devices": [{"device": "G1::2"}]})
+    assert (s.devices, s.replicas, s.shared_as) == (["G1"], ["G1::2"], "mps")
+    s = take({"id": "a", "devices": [{"device": "1"}]}, taken={"G1": {"G1::0"}}, users={"G1": [("x", "MPS")]})
+    assert s.replicas == ["G1::1"]                      # a plain name takes the first free replica
+    with pytest.raises(DeviceBusy) as e:
+        take({"id": "a", "devices": [{"device": "G1::0"}]}, taken={"G1": {"G1::0"}}, users={"G1": [("x", "MPS")]})
+    assert e.value.details["allocations"] == ["x"]
+    with pytest.raises(UnknownDevice):
+        take({"id": "a", "devices": [{"device": "G1::4"}]})          # 4 replicas: 0..3
+    with pytest.raises(UnknownDevice):
+        take({"id": "a", "devices": [{"device": "T0::0"}]})          # not shared: no replicas
+    full = {"G1": {f"G1::{i}" for i in range(4)}}
+    with pytest.raises(DeviceBusy) as e:
+        take({"id": "a", "devices": [{"device": "1"}]}, taken=full)
+    assert "every replica of device 1" in e.value.message
+    one = take({"id": "a", "devices": [{"device": "0:2"}]})            # one replica: the device itself
+    assert one.replicas == ["M1"] and one.shared_as == "mps"
+    with pytest.raises(DeviceBusy):
+        take({"id": "b", "devices": [{"device": "0:2"}]}, taken={"M1": {"M1"}})
+
+
+def test_configured_sharing_wins_and_limits_requests():
+    with pytest.raises(DeviceNotAllocatable) as e:
+        take({"id": "a", "devices": [{"device": "G1::0"}], "sharing": {"strategy": "TimeSlicing"}})
+    assert "shares it with mps, not TimeSlicing" in e.value.message
+    assert take({"id": "a", "devices": [{"device": "2"}], "sharing": {"strategy": "TimeSlicing"}}).shared_as \
+        == "time-slicing"
+    # failRequestsGreaterThanOne (the device plugin's words), and an MPS allocation is one device.
+    with pytest.raises(UsageError) as e:
+        take({"id": "a", "devices": [{"device": "G1::0"}, {"device": "G1::1"}]})
+    assert "maximum request size for shared resources is 1; found 2" in e.value.message
+    two = take({"id": "a", "devices": [{"device": "G2::0"}, {"device": "G2::1"}]})
+    assert two.devices == ["G2"] and two.replicas == ["G2::0", "G2::1"]
+    with pytest.raises(UsageError) as e:
+        take({"id": "a", "devices": [{"device": "G1::0"}, {"device": "0:2"}]})
+    assert "an MPS allocation takes one device" in e.value.message
+    with pytest.raises(ConflictError) as e:
+        take({"id": "a", "devices": [{"device": "G2::0"}, {"device": "3"}]})
+    assert e.value.code == "sharing_mismatch"
+    # Constraint groups take free replicas of matching shared devices, one per device.
+    group = {"id": "a", "devices": [{"constraints": {"type": "gpu", "product": "A100"}}],
+             "sharing": {"strategy": "TimeSlicing"}}
+    assert take(group, taken={"G2": {"G2::0"}}).replicas == ["G2::1"]
+    with pytest.raises(InsufficientDevices) as e:       # G1 is MPS's, G2's replicas are taken
+        take(group, taken={"G2": {"G2::0", "G2::1", "G2::2"}})
+    assert e.value.details["at_share_limit"] == 1
