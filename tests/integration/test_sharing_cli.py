@@ -4,6 +4,7 @@ MPS control daemons, nvidia-smi and NVML."""
 import json
 import os
 import subprocess
+import sysconfig
 
 import pytest
 
@@ -117,7 +118,7 @@ def test_the_compute_mode_keeps_other_processes_off_an_mps_gpu(node, capsys):
     answer = subprocess.run([tool], input="start_server -uid 1000\nget_server_list\n", env=env,
                             capture_output=True, text=True)
     assert answer.returncode == 0 and answer.stdout.strip().isdigit()
-    held = subprocess.run(["hostagent" if False else os.path.join(os.path.dirname(os.sys.executable), "hostagent"),
+    held = subprocess.run([os.path.join(sysconfig.get_path("scripts"), "hostagent"),
                            "--simulate", str(host.root), "sim", "hold", "0"], capture_output=True, text=True)
     assert held.returncode == 1 and "all CUDA-capable devices are busy or unavailable" in held.stderr
     assert subprocess.run([str(host.driver("usr/bin/nvidia-smi")), "-i", "1", "-c", "PROHIBITED"]).returncode == 0
