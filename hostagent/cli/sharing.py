@@ -88,6 +88,8 @@ def run_status(args) -> int:
 def print_outcome(out: dict) -> None:
     steps = out["plan"]["steps"]
     report = out.get("report")
+    for problem in out.get("problems", []):
+        print(f"hostagent: warning: {problem}", file=sys.stderr)
     if report is None:
         for s in steps:
             print(s["description"])

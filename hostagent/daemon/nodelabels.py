@@ -44,14 +44,27 @@ class LabelResult:
         return {"labels": self.labels, "file": {"path": self.path, "error": self.error}}
 
 
+def device_sharing(host: HostRoot) -> dict | None:
+    """uuid -> Sharing of the sharing configuration in force (hostagent's MPS daemons and
+    time-slicing); None when hostagent shares nothing, and the labels section says."""
+    from ..labels import Sharing
+    from ..sharing.state import SharingState, state_path
+    if not state_path(host).exists():
+        return None
+    return {u: Sharing(d.strategy, d.replicas, d.rename is not None)
+            for u, d in SharingState.load(host).devices.items()}
+
+
 def compute_and_write(host: HostRoot, inventory, settings: LabelSettings) -> LabelResult:
     """Worker thread: the labels of ``inventory``; the features file rewritten if they differ
-    from its content. A file that cannot be written is reported, never fatal."""
+    from its content. A file that cannot be written is reported, never fatal. The sharing
+    labels follow the sharing in force when hostagent shares devices, else the settings."""
     from ..labels import FEATURES_FILE, Sharing, node_labels, write_labels
     from ..labels.hostfacts import gpu_mode, machine_type
     labels = node_labels(inventory, mig_strategy=settings.mig_strategy,
                          sharing=Sharing(settings.sharing_strategy, settings.replicas),
-                         machine=machine_type(host), gpu_mode=gpu_mode(host, inventory))
+                         machine=machine_type(host), gpu_mode=gpu_mode(host, inventory),
+                         device_sharing=device_sharing(host))
     path = str(host.host(FEATURES_FILE))
     if not settings.write:
         return LabelResult(labels, path)       # no file: no time it was written

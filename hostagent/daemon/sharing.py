@@ -4,8 +4,8 @@ running are adopted, not restarted), MPS control daemons supervised, ``GET``/``P
 
 Supervision: a daemon whose process exits is noticed within a second; every
 ``sharing.probe_interval`` seconds each daemon is asked ``get_default_active_thread_percentage``
-through its pipe (the device plugin's probe, which it runs once, at start), and two failed
-probes in a row count as down. A down daemon is restarted after ``sharing.restart_backoff``
+through its pipe (the device plugin's probe, which it runs once, at start), and two probes in
+a row without an answer within ``sharing.probe_timeout`` count as down. A down daemon is restarted after ``sharing.restart_backoff``
 seconds, doubled after each restart that fails, up to ``sharing.restart_backoff_max``.
 Every node change goes through ``sharing.service`` on the agent's worker thread, under the
 agent's mutex and the node lock, as MIG changes do.
@@ -70,7 +70,7 @@ class SharingOps:
 
     def _setting(self, key: str) -> float:
         return (self.agent.settings.sections.get("sharing") or {}).get(key) or {
-            "probe_interval": 10.0, "restart_backoff": 1.0, "restart_backoff_max": 60.0}[key]
+            "probe_interval": 10.0, "probe_timeout": 5.0, "restart_backoff": 1.0, "restart_backoff_max": 60.0}[key]
 
     def gate(self) -> str | None:
         """Why MPS daemons may not start now; None when they may.
@@ -146,7 +146,7 @@ class SharingOps:
     async def apply(self, body: dict) -> dict:
         """``PUT /v1/sharing``: ``config`` a document (None: off), ``dry_run``."""
         from ..sharing.config import EMPTY, parse
-        config = EMPTY if body.get("config") is None else parse(body["config"], "request body 'config'")
+        config = EMPTY if body.get("config") is None else parse(body["config"], "the sharing configuration")
         dry_run = bool(body.get("dry_run"))
         async with self.agent.mutex:
             why = self.gate()
@@ -194,8 +194,7 @@ class SharingOps:
         for uuid, d in wanted.items():
             w = self.watches.get(uuid)
             if w is None:
-                w = self.watches[uuid] = Watch(uuid, f"GPU {d.name}" if d.kind == "gpu" else f"MIG device {d.name}",
-                                               d.gpu_uuid, since=now)
+                w = self.watches[uuid] = Watch(uuid, d.label, d.gpu_uuid, since=now)
             record = state.daemons.get(uuid)
             if w.state == "starting" and uuid not in started and record is not None:
                 log.info("MPS daemon of %s adopted (pid %s): it was running and answers", w.label, record.pid,
@@ -265,7 +264,7 @@ class SharingOps:
         if now >= self._next_probe:
             self._next_probe = now + self._setting("probe_interval")
             ready = [w for w in self.watches.values() if w.state == "ready"]
-            answers = await asyncio.to_thread(self._probe, [w.uuid for w in ready])
+            answers = await asyncio.to_thread(self._probe, [w.uuid for w in ready], self._setting("probe_timeout"))
             for w in ready:
                 if answers.get(w.uuid):
                     w.failures = 0
@@ -280,9 +279,9 @@ class SharingOps:
                   and w.next_restart <= time.monotonic()]:
             await self._restart(w)
 
-    def _probe(self, uuids: list[str]) -> dict[str, bool]:
+    def _probe(self, uuids: list[str], timeout: float) -> dict[str, bool]:
         from ..sharing.service import answering
-        live = answering(self.host, uuids)
+        live = answering(self.host, uuids, timeout)
         return {u: u in live for u in uuids}
 
     async def _restart(self, w: Watch) -> None:
@@ -322,9 +321,17 @@ class SharingOps:
         if _comparable(view) == _comparable(self.view):
             self.view = view
             return
-        self.view = view
+        before, self.view = self.view, view
         self.agent.events.publish("sharing_changed", {"reason": reason, "sharing": view})
-        self.agent.publish()
+        if _labelled(before) != _labelled(view) and self.agent.mutex.locked():
+            await self.agent.refresh_locked("sharing")     # the node labels follow the sharing
+        else:
+            self.agent.publish()
+
+
+def _labelled(view: dict) -> list:
+    """What of the view the node labels show."""
+    return [(d["uuid"], d["strategy"], d["replicas"], d["rename"]) for d in view.get("devices", ())]
 
 
 def _comparable(view: dict) -> dict:

@@ -101,18 +101,34 @@ def _gpu_labels(gpu: Gpu, count: int, sharing: Sharing | None) -> dict[str, str]
     return out
 
 
-def _full_gpu_labels(gpus: list[Gpu], sharing: Sharing) -> dict[str, str]:
+def _sharing_of(devices, sharing: Sharing, device_sharing: dict | None) -> Sharing:
+    """How a resource's devices are shared: the node-wide setting, or, from the devices'
+    own sharing (``device_sharing``: uuid -> Sharing, the configuration in force), the
+    strategy of the first shared device and the fewest replicas any device of it offers."""
+    if device_sharing is None:
+        return sharing
+    shared = [device_sharing[d.uuid] for d in devices if d.uuid in device_sharing and device_sharing[d.uuid].shared]
+    if not shared:
+        return Sharing()
+    first = shared[0]
+    return Sharing(first.strategy, min(s.replicas for s in shared if s.strategy == first.strategy),
+                   first.rename_by_default)
+
+
+def _full_gpu_labels(gpus: list[Gpu], sharing: Sharing, device_sharing: dict | None = None) -> dict[str, str]:
     """GFD's newGPULabelers: MIG-enabled models first (without sharing), then the models
     of GPUs not MIG-enabled (with it), each overriding the keys before it."""
     counts = Counter(g.name for g in gpus)
     labels: dict[str, str] = {}
-    for group_sharing, members in ((None, [g for g in gpus if g.mig_enabled]),
-                                   (sharing, [g for g in gpus if not g.mig_enabled])):
+    for shareable, members in ((False, [g for g in gpus if g.mig_enabled]),
+                               (True, [g for g in gpus if not g.mig_enabled])):
         first_of_model: dict[str, Gpu] = {}
         for g in members:
             first_of_model.setdefault(g.name, g)
         for g in reversed(first_of_model.values()):       # the lowest-indexed model last: it wins
-            labels.update(_gpu_labels(g, counts[g.name], group_sharing))
+            group = _sharing_of([m for m in members if m.name == g.name], sharing, device_sharing) \
+                if shareable else None
+            labels.update(_gpu_labels(g, counts[g.name], group))
     return labels
 
 
@@ -139,8 +155,11 @@ def _ci_slices(profile: str) -> int:
 
 def node_labels(inv: Inventory, *, mig_strategy: str = "none", sharing: Sharing = Sharing(),
                 machine: str = "unknown", gpu_mode: str = "compute",
-                timestamp: int | None = None) -> dict[str, str]:
-    """All labels for the node, as GFD would publish them."""
+                timestamp: int | None = None, device_sharing: dict | None = None) -> dict[str, str]:
+    """All labels for the node, as GFD would publish them. ``device_sharing`` (uuid ->
+    Sharing): the sharing in force, device by device, which then decides the sharing labels
+    instead of ``sharing``; ``mps.capable`` then says whether any device is shared with MPS
+    (MIG devices included: hostagent runs MPS on them, which GFD's rule did not foresee)."""
     if mig_strategy not in MIG_STRATEGIES:
         raise ValueError(f"unknown MIG strategy {mig_strategy!r}")
     gpus = list(inv.gpus)
@@ -161,7 +180,8 @@ def node_labels(inv: Inventory, *, mig_strategy: str = "none", sharing: Sharing 
         f"{P}gpu.machine": sanitise(machine) or "unknown",
         f"{P}gpu.mode": gpu_mode,
         f"{P}mig.capable": str(any(g.mig_capable for g in gpus)).lower(),
-        f"{P}mps.capable": str(sharing.strategy == "mps" and not any(g.mig_enabled for g in gpus)).lower(),
+        f"{P}mps.capable": str(any(s.strategy == "mps" for s in device_sharing.values()) if device_sharing is not None
+                               else sharing.strategy == "mps" and not any(g.mig_enabled for g in gpus)).lower(),
     }
     # No nvidia.com/vgpu.*: GFD's vgpu labeler emits vgpu.present (=true, with the host
     # driver's version and branch) only when vGPU devices exist, and nothing otherwise (its
@@ -170,13 +190,14 @@ def node_labels(inv: Inventory, *, mig_strategy: str = "none", sharing: Sharing 
     # absence, and hostagent does not run on vGPU guests' hosts.
     if timestamp is not None:
         labels[TIMESTAMP] = str(timestamp)
-    labels.update(_full_gpu_labels(gpus, sharing))
+    labels.update(_full_gpu_labels(gpus, sharing, device_sharing))
     if mig_strategy == "none":
         return labels
     labels[f"{P}mig.strategy"] = mig_strategy
     migs = [g for g in gpus if g.mig_enabled]
     if mig_strategy == "single":
-        labels.update(_single(gpus, migs, sharing))
+        labels.update(_single(gpus, migs, _sharing_of([d for g in migs for d in g.mig.devices], sharing,
+                                                      device_sharing)))
         return labels
     by_profile: dict[str, list[MigDevice]] = {}
     for g in migs:
@@ -184,7 +205,8 @@ def node_labels(inv: Inventory, *, mig_strategy: str = "none", sharing: Sharing 
             by_profile.setdefault(mig_name(d.profile), []).append(d)
     for name, devices in sorted(by_profile.items()):
         parent = next(g for g in migs if g.index == devices[0].parent_index)
-        labels.update(_mig_labels(f"{P}mig-{name}", parent.name, devices[0].profile, devices, sharing))
+        labels.update(_mig_labels(f"{P}mig-{name}", parent.name, devices[0].profile, devices,
+                                  _sharing_of(devices, sharing, device_sharing)))
     return labels
 
 

@@ -13,9 +13,11 @@ executes ``nvidia-cuda-mps-control -d`` with exactly the environment named on it
 inherit the namespace.
 
 Without the privilege to mount (not root), the daemon starts all the same and a ``note:``
-line on stderr says what clients in containers will miss.
+line on stderr says what clients in containers will miss. ``--unmount SHM_DIR`` takes the
+shared tmpfs away once no daemon is left.
 
     launch SHM_DIR SIZE CONTROL_BINARY [NAME=VALUE ...]
+    launch --unmount SHM_DIR
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from __future__ import annotations
 import os
 import sys
 
-__all__ = ["main", "command"]
+__all__ = ["main", "command", "unmount_command"]
 
 MS_SLAVE = 0x80000
 
@@ -60,7 +62,24 @@ def _private_dev_shm(shm: str) -> None:
     sysc.mount(shm, "/dev/shm", None, sysc.MS_BIND)
 
 
+def unmount_command(interpreter: str, shm: os.PathLike, import_path: str | None = None) -> list[str]:
+    return [*command(interpreter, "", shm, "", {}, import_path)[:5], "--unmount", os.fspath(shm)]
+
+
+def _unmount(shm: str) -> int:
+    from ..hooks import sysc
+    try:
+        if os.path.ismount(shm):
+            sysc.umount2(shm, sysc.MNT_DETACH)      # clients still holding it keep their view
+    except OSError as e:
+        print(f"cannot unmount {shm}: {e.strerror or e}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def main(argv: list[str]) -> int:
+    if len(argv) == 2 and argv[0] == "--unmount":
+        return _unmount(argv[1])
     if len(argv) < 3 or not all("=" in a for a in argv[3:]):
         print("usage: launch SHM_DIR SIZE CONTROL_BINARY [NAME=VALUE ...]", file=sys.stderr)
         return 2

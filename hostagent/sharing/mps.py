@@ -11,6 +11,11 @@ directory (NVIDIA's MPS documentation), which is how a restarted agent finds it 
 
 Limits use the device index the daemon sees: with ``CUDA_VISIBLE_DEVICES`` set, "the
 devices will be remapped by the MPS server" (MPS documentation), so its one device is 0.
+
+Under systemd the daemon (and the unmount of the shared /dev/shm) runs in a transient unit
+of its own (``systemd-run``, ``hostagent-mps-<uuid>.service``): outside the agent's sandbox,
+whose seccomp filter, namespaces and memory limit are the agent's, not what an MPS server
+needs, and outside its cgroup, so a restart of the agent leaves the daemons serving.
 """
 
 from __future__ import annotations
@@ -28,13 +33,12 @@ from ..hostroot import HostRoot
 
 __all__ = ["MPS_ROOT", "PROBE", "MpsError", "daemon_dir", "pipe_dir", "log_dir", "shm_dir", "environment",
            "control_tool", "ask", "probe", "daemon_pid", "start", "configure", "stop", "find_daemons",
-           "shm_size", "unmount_shm", "alive", "PROBE_TIMEOUT"]
+           "shm_size", "unmount_shm", "alive", "ANSWER_TIMEOUT"]
 
 MPS_ROOT = "/run/hostagent/mps"
 PID_FILE = "nvidia-cuda-mps-control.pid"
 PROBE = "get_default_active_thread_percentage"     # the device plugin's AssertHealthy
-ANSWER_TIMEOUT = 5.0       # one front-end run
-PROBE_TIMEOUT = 2.0        # one health probe: a daemon answers in milliseconds
+ANSWER_TIMEOUT = 5.0       # one front-end run: a daemon answers in milliseconds; the rest is margin
 READY_TIMEOUT = 10.0       # from -d until the daemon answers
 QUIT_TIMEOUT = 5.0         # from quit until the daemon has exited, then SIGTERM, then SIGKILL
 SHM_FALLBACK = "65536k"    # the device plugin's, when /proc/meminfo cannot be read
@@ -96,7 +100,7 @@ def _percentage(lines: list[str] | None) -> float | None:
         return None
 
 
-def probe(host: HostRoot, uuid: str, timeout: float = PROBE_TIMEOUT) -> bool:
+def probe(host: HostRoot, uuid: str, timeout: float = ANSWER_TIMEOUT) -> bool:
     """Does the daemon answer (a number to get_default_active_thread_percentage)?"""
     return _percentage(ask(host, uuid, [PROBE], timeout)) is not None
 
@@ -124,6 +128,26 @@ def find_daemons(host: HostRoot) -> list[str]:
         return sorted(p.name for p in host.host(MPS_ROOT).iterdir() if p.name != "shm" and p.is_dir())
     except FileNotFoundError:
         return []
+
+
+def _systemd(host: HostRoot) -> str | None:
+    """``systemd-run``'s path when the agent is a systemd service on a real host; None else."""
+    if host.simulated or not os.environ.get("INVOCATION_ID"):
+        return None
+    return shutil.which("systemd-run")
+
+
+def outside(host: HostRoot, cmd: list[str], uuid: str | None) -> list[str]:
+    """``cmd`` as it runs outside the agent's service: a transient unit of its own under
+    systemd (``uuid``: the daemon's device; None: wait for it, as for the unmount)."""
+    run = _systemd(host)
+    if run is None:
+        return cmd
+    if uuid is None:
+        return [run, "--quiet", "--collect", "--wait", "--description=hostagent: unmount the MPS /dev/shm",
+                "--", *cmd]
+    return [run, "--quiet", "--collect", f"--unit=hostagent-mps-{uuid}",
+            f"--description=hostagent: MPS control daemon of {uuid}", "--service-type=forking", "--", *cmd]
 
 
 def shm_size(host: HostRoot) -> str:
@@ -156,8 +180,8 @@ def start(host: HostRoot, uuid: str, settings: dict, interpreter: str = sys.exec
     from .launch import command
     for d in (pipe_dir(host, uuid), log_dir(host, uuid)):
         ensure_dir(d, 0o755)
-    cmd = command(interpreter, control_tool(host), shm_dir(host), shm_size(host), environment(host, uuid),
-                  import_path)
+    cmd = outside(host, command(interpreter, control_tool(host), shm_dir(host), shm_size(host),
+                                environment(host, uuid), import_path), uuid)
     try:
         done = subprocess.run(cmd, env={}, capture_output=True, text=True,
                               timeout=READY_TIMEOUT, stdin=subprocess.DEVNULL)
@@ -227,12 +251,16 @@ def _kill_leftover(host: HostRoot, uuid: str) -> None:
             return
 
 
-def unmount_shm(host: HostRoot) -> None:
+def unmount_shm(host: HostRoot, interpreter: str = sys.executable) -> None:
     """Take the shared /dev/shm away once no daemon uses it (not mounted: nothing to do)."""
+    from .launch import unmount_command
     path = shm_dir(host)
     if os.path.ismount(path):
-        from ..hooks.sysc import umount2
-        umount2(str(path), 2)            # MNT_DETACH: clients still holding it keep their view
+        done = subprocess.run(outside(host, unmount_command(interpreter, path), None), env={},
+                              capture_output=True, text=True, timeout=60)
+        if done.returncode != 0:
+            raise MpsError(f"cannot unmount the shared /dev/shm: {done.stderr.strip() or done.returncode}",
+                           where=str(path))
     for leftover in (path, path.with_name("shm.lock"), path.parent):
         try:
             leftover.unlink() if leftover.name == "shm.lock" else leftover.rmdir()

@@ -95,13 +95,8 @@ def plan(desired: Desired, state: SharingState, live: Live) -> SharingPlan:
     steps: list[Step] = []
 
     def label(uuid: str) -> str:
-        if uuid in desired.devices:
-            d = desired.devices[uuid]
-            return f"GPU {d.name}" if d.kind == "gpu" else f"MIG device {d.name}"
-        if uuid in state.devices:
-            d = state.devices[uuid]
-            return f"GPU {d.name}" if d.kind == "gpu" else f"MIG device {d.name}"
-        return live.names.get(uuid, uuid)
+        d = desired.devices.get(uuid) or state.devices.get(uuid)
+        return d.label if d else live.names.get(uuid, uuid)
 
     def gpu_label(uuid: str) -> str:
         g = desired.gpus.get(uuid)

@@ -68,6 +68,10 @@ class DeviceSharing:
     def replica_ids(self) -> tuple[str, ...]:
         return replica_ids(self.uuid, self.replicas)
 
+    @property
+    def label(self) -> str:
+        return f"GPU {self.name}" if self.kind == "gpu" else f"MIG device {self.name}"
+
     def to_dict(self) -> dict:
         out = {"strategy": self.strategy, "replicas": self.replicas, "resource": self.resource,
                "rename": self.rename, "fail_requests_greater_than_one": self.fail_requests_greater_than_one}
@@ -224,14 +228,10 @@ def resolve(inv: Inventory, config: SharingConfig, strict: bool = True) -> Desir
         before = gpus.get(d.gpu_uuid)
         if before is not None and before.compute_mode != mode:
             other = next(o for o in devices.values() if o.gpu_uuid == d.gpu_uuid and o.strategy != d.strategy)
-            raise _fail(f"GPU {d.gpu_index}: {_label_of(other)} is shared with {other.strategy} and "
-                        f"{_label_of(d)} with {d.strategy}; they need different compute modes of the GPU "
+            raise _fail(f"GPU {d.gpu_index}: {other.label} is shared with {other.strategy} and "
+                        f"{d.label} with {d.strategy}; they need different compute modes of the GPU "
                         f"({other.where}, {d.where})", config.source)
         interval = d.interval if d.kind == "gpu" and d.interval not in (None, "Default") else None
         gpus[d.gpu_uuid] = GpuSharing(d.gpu_uuid, d.gpu_index, mode,
                                       interval or (before.interval if before else None))
     return Desired(devices, gpus, tuple(problems or ()))
-
-
-def _label_of(d: DeviceSharing) -> str:
-    return f"GPU {d.name}" if d.kind == "gpu" else f"MIG device {d.name}"

@@ -50,13 +50,14 @@ def device_names(inventory: Inventory | None) -> dict[str, str]:
     return out
 
 
-def answering(host: HostRoot, uuids) -> frozenset[str]:
+def answering(host: HostRoot, uuids, timeout: float = mps.ANSWER_TIMEOUT) -> frozenset[str]:
     """The devices whose MPS daemon runs and answers (probed in parallel)."""
     candidates = [u for u in sorted(set(uuids)) if mps.daemon_pid(host, u) is not None]
     if not candidates:
         return frozenset()
     with ThreadPoolExecutor(min(8, len(candidates))) as pool:
-        return frozenset(u for u, ok in zip(candidates, pool.map(lambda u: mps.probe(host, u), candidates)) if ok)
+        answers = pool.map(lambda u: mps.probe(host, u, timeout), candidates)
+        return frozenset(u for u, ok in zip(candidates, answers) if ok)
 
 
 def compute_modes(host: HostRoot, inventory: Inventory, uuids) -> dict[str, str]:
@@ -179,8 +180,7 @@ def status(host: HostRoot, inventory: Inventory | None = None, daemons: dict | N
 def mps_devices(host: HostRoot, devices) -> list[str]:
     """Labels of the devices among ``devices`` that MPS shares now."""
     state = SharingState.load(host)
-    return [f"GPU {d.name}" if d.kind == "gpu" else f"MIG device {d.name}"
-            for u, d in sorted(state.devices.items()) if d.strategy == "mps" and u in set(devices)]
+    return [d.label for u, d in sorted(state.devices.items()) if d.strategy == "mps" and u in set(devices)]
 
 
 def pause(host: HostRoot, devices) -> list[str]:
@@ -198,7 +198,7 @@ def pause(host: HostRoot, devices) -> list[str]:
             if mps.daemon_pid(host, uuid) is not None or uuid in state.daemons:
                 mps.stop(host, uuid)
                 state.daemons.pop(uuid, None)
-                stopped.append(f"GPU {d.name}" if d.kind == "gpu" else f"MIG device {d.name}")
+                stopped.append(d.label)
         state.save(host)
     return stopped
 

@@ -108,8 +108,9 @@ def test_group_member_reads_and_allocates_but_does_not_administer(group_agent):
 def test_group_member_reads_health_labels_and_metrics_but_does_not_clear(group_agent):
     got = as_user(group_agent, [
         ["GET", "/v1/health", None], ["GET", "/v1/labels", None], ["GET", "/metrics", None],
-        ["POST", "/v1/health/clear", json.dumps({"all": True})]])
-    assert got == [(200, None), (200, None), (200, None), (403, "forbidden")]
+        ["POST", "/v1/health/clear", json.dumps({"all": True})], ["GET", "/v1/sharing", None],
+        ["PUT", "/v1/sharing", json.dumps({"config": None})]])
+    assert got == [(200, None), (200, None), (200, None), (403, "forbidden"), (200, None), (403, "forbidden")]
 
 
 def test_supplementary_group_counts(group_agent):

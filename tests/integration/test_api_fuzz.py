@@ -28,7 +28,7 @@ from hostagent.errors import HostagentError
 from .agentd import AgentProcess, make_root
 
 DOC = document()
-METHODS = ("get", "post", "delete")
+METHODS = ("get", "post", "put", "delete")
 OPERATIONS = {op["operationId"]: (path, method, op) for path, item in DOC["paths"].items()
               for method, op in item.items() if method in METHODS}
 # Answers to requests that no operation matches (documented in components.responses).
@@ -179,6 +179,11 @@ def plausible_body(operation_id: str, now: dict):
             {"available": st.just(ids), "size": st.integers(1, len(ids) + 1)},
             optional={"must_include": st.lists(st.sampled_from(ids), max_size=2, unique=True),
                       "policy": st.sampled_from(["distributed", "packed"])}))
+    if operation_id == "putSharing":        # plans, and off (nothing to stop): no daemons to leave behind
+        config = {"version": "v1", "sharing": {"mps": {"resources": [{"name": "nvidia.com/mig-1g.5gb", "replicas": 2}]},
+                                               "timeSlicing": {"resources": [{"name": "gpu", "replicas": 2}]}}}
+        return st.one_of(st.just({"config": None}), st.fixed_dictionaries({"config": st.just(config),
+                                                                            "dry_run": st.just(True)}))
     if operation_id == "clearHealth":
         return st.one_of(st.just({"all": True}),
                          st.fixed_dictionaries({"devices": st.lists(names, min_size=1, max_size=3)}))
@@ -236,7 +241,7 @@ def test_every_operation_answers_as_documented(agent, operation_id):
 
 def test_the_document_lists_every_operation_the_fuzzing_covers():
     assert {"createAllocation", "applyMig", "planMig", "createMigInstance", "destroyMigInstance",
-            "getHealth", "clearHealth", "getLabels", "getMetrics", "watch"} <= set(OPERATIONS)
+            "getHealth", "clearHealth", "getLabels", "getMetrics", "watch", "getSharing", "putSharing"} <= set(OPERATIONS)
 
 
 @settings(SETTINGS, max_examples=60)

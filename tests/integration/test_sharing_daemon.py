@@ -1,6 +1,7 @@
 """Sharing in the daemon: the API, events, supervision of real MPS daemons (restart after a
 death or a hang, with back-off), adoption across an agent restart, MIG changes."""
 
+import json
 import os
 import signal
 import time
@@ -16,7 +17,8 @@ from .mpsprocs import running
 CONFIG = {"version": "v1", "sharing": {
     "mps": {"resources": [{"name": "nvidia.com/gpu", "devices": [0, 1], "replicas": 4}]},
     "timeSlicing": {"resources": [{"name": "nvidia.com/gpu", "devices": [2], "replicas": 2, "interval": "Long"}]}}}
-SUPERVISION = {**FAST, "sharing": {"probe_interval": 0.3, "restart_backoff": 0.2, "restart_backoff_max": 1}}
+SUPERVISION = {**FAST, "sharing": {"probe_interval": 0.5, "probe_timeout": 2, "restart_backoff": 0.2,
+                                   "restart_backoff_max": 1}}
 
 
 @pytest.fixture(scope="module")
@@ -113,6 +115,62 @@ def test_a_restarted_agent_adopts_its_daemons(agent):
     assert "MPS daemon of GPU 0 adopted" in agent.log()
 
 
+def test_allocations_of_shared_devices(agent):
+    """Replicas are what a device plugin allocates: each held once, MPS clients get the
+    daemon's pipe, the shared /dev/shm and the limits in their CDI spec and plain edits."""
+    from hostagent.cdi.validate import validate_spec
+    config = {"version": "v1", "sharing": {
+        "mps": {"resources": [{"name": "gpu", "devices": [1], "replicas": 2, "pinnedMemoryLimit": "8Gi"}]},
+        "timeSlicing": {"failRequestsGreaterThanOne": False,
+                        "resources": [{"name": "gpu", "devices": [2], "replicas": 3}]}}}
+    with agent.client() as c:
+        c.sharing_apply(config)
+        try:
+            g1, g2 = c.device("1"), c.device("2")
+            a = c.allocate("pod-a", [g1["replicas"][1]])
+            assert (a["devices"], a["replicas"], a["sharing"]["strategy"]) == ([g1["uuid"]], [f"{g1['uuid']}::1"], "MPS")
+            env = a["container_edits"]["env"]
+            assert "CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps" in env and "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50" in env
+            assert "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=8192M" in env
+            mounts = {m["containerPath"]: m["hostPath"] for m in a["container_edits"]["mounts"]}
+            assert mounts["/tmp/nvidia-mps"] == str(mps.pipe_dir(agent.host, g1["uuid"]))
+            assert mounts["/dev/shm"] == str(mps.shm_dir(agent.host))
+            spec = json.loads(open(a["spec_path"]).read())
+            validate_spec(spec)
+            (device,) = spec["devices"]
+            assert "CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps" in device["containerEdits"]["env"]
+            assert {m["containerPath"] for m in device["containerEdits"]["mounts"]} >= {"/tmp/nvidia-mps", "/dev/shm"}
+            # The same replica twice, then the other one by plain name, then none is left.
+            with pytest.raises(HostagentError) as e:
+                c.allocate("pod-b", [g1["replicas"][1]])
+            assert e.value.code == "device_busy" and e.value.details["allocations"] == ["pod-a"]
+            b = c.allocate("pod-b", ["1"], sharing={"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 20}})
+            assert b["replicas"] == [f"{g1['uuid']}::0"] and "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=20" in b["container_edits"]["env"]
+            with pytest.raises(HostagentError) as e:
+                c.allocate("pod-c", ["1"])
+            assert e.value.code == "device_busy"
+            c.release("pod-b")
+            # failRequestsGreaterThanOne: MPS's default refuses two replicas; time-slicing here allows them.
+            with pytest.raises(HostagentError) as e:
+                c.allocate("pod-d", g1["replicas"][:1] + g2["replicas"][:1])
+            assert e.value.code == "sharing_mismatch"
+            t = c.allocate("pod-t", g2["replicas"][:2])
+            assert t["replicas"] == g2["replicas"][:2] and t["sharing"]["strategy"] == "TimeSlicing"
+            assert not any(e.startswith("CUDA_MPS") for e in t["container_edits"]["env"])
+            with pytest.raises(HostagentError) as e:
+                c.allocate("pod-m", ["3"], sharing={"strategy": "MPS"})
+            assert e.value.code == "device_not_allocatable" and "not shared with MPS" in e.value.message
+            # Devices in use keep their sharing.
+            with pytest.raises(HostagentError) as e:
+                c.sharing_apply(None)
+            assert e.value.code == "device_busy" and sorted(e.value.details["allocations"]) == ["pod-a", "pod-t"]
+            assert c.device("1")["allocations"] == ["pod-a"]
+        finally:
+            for alloc in c.allocations():
+                c.release(alloc["id"])
+        c.sharing_apply(CONFIG)
+
+
 def test_off_through_the_api(agent):
     with agent.client() as c:
         out = c.sharing_apply(None)
@@ -167,3 +225,22 @@ def test_mps_on_mig_devices_follows_a_mig_change():
     finally:
         agent.stop()
         agent.cleanup()
+
+
+def test_labels_follow_the_sharing_in_force(agent):
+    """GFD's keys from what is shared now: replicas, strategy, -SHARED, mps.capable."""
+    P = "nvidia.com/"
+    with agent.client() as c:
+        c.sharing_apply(CONFIG)
+        labels = c.labels()["labels"]
+        assert labels[P + "gpu.sharing-strategy"] == "mps" and labels[P + "gpu.replicas"] == "4"
+        assert labels[P + "gpu.product"] == "NVIDIA-A100-SXM4-40GB-SHARED" and labels[P + "mps.capable"] == "true"
+        renamed = {"version": "v1", "sharing": {"timeSlicing": {"renameByDefault": True, "resources": [
+            {"name": "gpu", "replicas": 6, "devices": [2, 3]}]}}}
+        c.sharing_apply(renamed)
+        labels = c.labels()["labels"]
+        assert labels[P + "gpu.sharing-strategy"] == "time-slicing" and labels[P + "gpu.replicas"] == "6"
+        assert labels[P + "gpu.product"] == "NVIDIA-A100-SXM4-40GB" and labels[P + "mps.capable"] == "false"
+        written = (agent.root / "etc/kubernetes/node-feature-discovery/features.d/hostagent").read_text()
+        assert f"{P}gpu.replicas=6\n" in written
+        c.sharing_apply(CONFIG)

@@ -122,3 +122,16 @@ def test_mps_support_and_client_limits_follow_the_compute_capability():
 
 def test_replica_ids():
     assert replica_ids("GPU-a", 1) == ("GPU-a",) and replica_ids("GPU-a", 2) == ("GPU-a::0", "GPU-a::1")
+
+
+def test_the_configuration_in_force_survives_devices_that_went_away():
+    """A reconcile (strict=False) leaves out what the node lacks now and says so."""
+    c = config(mps=[{"name": "mig-1g.5gb", "replicas": 2, "devices": ["3:0", "3:9"]}],
+               ts=[{"name": "mig-3g.20gb", "replicas": 2}, {"name": "gpu", "replicas": 2, "devices": 5}])
+    with pytest.raises(ConfigError):
+        resolve(node(), c)
+    d = resolve(node(), c, strict=False)
+    assert sorted(x.name for x in d.devices.values()) == ["0", "1", "2", "3:0"]
+    assert d.problems == ("sharing.mps.resources[0].devices: no device '3:9' on this node",
+                          "sharing.timeSlicing.resources[1].devices: asks for the first 5 device(s) of "
+                          "nvidia.com/gpu, which has 3")
