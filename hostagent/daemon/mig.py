@@ -231,6 +231,7 @@ class MigOps:
                         "loaded and verifies", settings.config, reason, self.agent.driver.why)
             self._when_driver_ready(settings)
             return
+        self.agent.sharing.paused = True
         try:
             await self._reconcile(settings, reason)
         finally:
@@ -238,7 +239,6 @@ class MigOps:
 
     async def _reconcile(self, settings, reason: str) -> None:
         try:
-            self.agent.sharing.paused = True
             notes, result = await self.agent.blocking(self._reconcile_work, settings)
         except (DriverNotLoaded, NvmlLibraryMissing) as e:
             log.warning("MIG layout %r not applied yet (%s): %s; it is applied when the driver is loaded",

@@ -103,12 +103,17 @@ class SharingOps:
         async with self.agent.mutex:
             await self.reconcile_locked(reason)
 
+    def _anything(self) -> bool:
+        """Is anything shared, or left to undo? (Else there is nothing to restore or reload.)"""
+        from ..sharing.config import config_path
+        from ..sharing.state import state_path
+        return bool(self.watches) or config_path(self.host).exists() or state_path(self.host).exists()
+
     async def reconcile_locked(self, reason: str) -> None:
         """Bring the node to the configuration in force; never fatal."""
         from ..sharing.config import config_path
-        from ..sharing.state import state_path
-        if not (self.watches or config_path(self.host).exists() or state_path(self.host).exists()):
-            return                          # nothing shared, nothing to restore
+        if not self._anything():
+            return
         why = self.gate()
         if why is not None:
             if self.waiting != why and config_path(self.host).exists():
@@ -164,7 +169,7 @@ class SharingOps:
     async def reload(self) -> None:
         """SIGHUP: the configuration file may have been edited; apply it as it is now."""
         from ..sharing.config import load_persisted
-        if self.gate() is not None:
+        if self.gate() is not None or not self._anything():
             return
         async with self.agent.mutex:
             try:

@@ -13,7 +13,7 @@ Limits use the device index the daemon sees: with ``CUDA_VISIBLE_DEVICES`` set, 
 devices will be remapped by the MPS server" (MPS documentation), so its one device is 0.
 
 Under systemd the daemon (and the unmount of the shared /dev/shm) runs in a transient unit
-of its own (``systemd-run``, ``hostagent-mps-<uuid>.service``): outside the agent's sandbox,
+of its own (``systemd-run``, ``hostagent-mps-<uuid>-<random>.service``): outside the agent's sandbox,
 whose seccomp filter, namespaces and memory limit are the agent's, not what an MPS server
 needs, and outside its cgroup, so a restart of the agent leaves the daemons serving.
 """
@@ -146,7 +146,8 @@ def outside(host: HostRoot, cmd: list[str], uuid: str | None) -> list[str]:
     if uuid is None:
         return [run, "--quiet", "--collect", "--wait", "--description=hostagent: unmount the MPS /dev/shm",
                 "--", *cmd]
-    return [run, "--quiet", "--collect", f"--unit=hostagent-mps-{uuid}",
+    # A name of its own each time: the unit of a daemon just ended may not be collected yet.
+    return [run, "--quiet", "--collect", f"--unit=hostagent-mps-{uuid}-{os.urandom(3).hex()}",
             f"--description=hostagent: MPS control daemon of {uuid}", "--service-type=forking", "--", *cmd]
 
 

@@ -152,3 +152,19 @@ def test_bad_input_is_one_line_and_changes_nothing(node, capsys, tmp_path, body,
     assert err.startswith(f"hostagent: error: {bad}") or err.startswith("hostagent: error: ")
     assert running(host.root) == [] and not (host.root / "etc/hostagent/sharing.yaml").exists()
     assert not (host.root / "run/hostagent/mps").exists() and set(modes(host)) == {"DEFAULT"}
+
+
+def test_mps_on_a_gpu_without_mps_support_is_refused(make_node, capsys, tmp_path):
+    """A Kepler-era board (compute capability 3.0, before MPS's 3.5): its facts edited as
+    the 535-driver test edits the driver version, so NVML reports it."""
+    host, store = make_node("t4x2")
+    facts = json.loads((host.root / ".sim/node.json").read_text())
+    facts["skus"]["T4"]["compute_capability"] = "3.0"
+    (host.root / ".sim/node.json").write_text(json.dumps(facts))
+    cfg = tmp_path / "mps.yaml"
+    cfg.write_text("sharing: {mps: {resources: [{name: gpu, replicas: 2}]}}\n")
+    code, out, err = run(capsys, host, "apply", "-f", cfg)
+    assert code == 1 and "does not support MPS (compute capability 3.5 or newer is needed)" in err, err
+    assert running(host.root) == [] and not (host.root / "etc/hostagent/sharing.yaml").exists()
+    cfg.write_text("sharing: {timeSlicing: {resources: [{name: gpu, replicas: 2}]}}\n")
+    assert run(capsys, host, "apply", "-f", cfg, "--dry-run")[0] == 0       # time-slicing needs no MPS
