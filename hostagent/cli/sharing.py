@@ -64,6 +64,13 @@ def render_status(data: dict) -> None:
         print("no device is shared" + ("" if data.get("config") is None else " (the configuration selects none)"))
     else:
         print(table(["DEVICE", "UUID", "STRATEGY", "REPLICAS", "RESOURCE", "SETTINGS", "MPS DAEMON"], rows))
+    for d in data["devices"]:
+        m = d.get("mps") or {}
+        if m.get("reason"):
+            print(f"MPS daemon of device {d['name']}: {m['state']}: {m['reason']}"
+                  + (f" (next try in {m['next_restart_in']:g} s)" if m.get("next_restart_in") is not None else ""))
+    if data.get("waiting"):
+        print(f"MPS daemons wait: {data['waiting']}")
     changed = [g for g in data["gpus"] if g.get("saved_compute_mode") or g.get("interval") != "Default"]
     if changed:
         print()

@@ -219,13 +219,17 @@ class SharingOps:
             self.agent.metrics.mps_daemon(uuid, w.state == "ready", w.restarts)
 
     def _down(self, w: Watch, reason: str, restart_failed: bool = False) -> None:
+        """Mark ``w`` down and schedule its restart: ``restart_backoff`` seconds, doubled after
+        each restart that failed, at most ``restart_backoff_max``."""
         if restart_failed:
             w.attempts += 1
         elif w.state == "down":
             return
-        delay = min(self._setting("restart_backoff") * 2 ** max(0, w.attempts - 1) if w.attempts else
-                    self._setting("restart_backoff"), self._setting("restart_backoff_max"))
-        if w.state != "down":
+        delay = min(self._setting("restart_backoff") * 2 ** w.attempts, self._setting("restart_backoff_max"))
+        if restart_failed:
+            log.warning("MPS daemon of %s did not start: %s; next try in %gs", w.label, reason, delay,
+                        extra={"fields": {"device": w.uuid}})
+        elif w.state != "down":
             log.warning("MPS daemon of %s down: %s; restarting in %gs", w.label, reason, delay,
                         extra={"fields": {"device": w.uuid}})
         w.state, w.reason, w.since = "down", reason, time.time()

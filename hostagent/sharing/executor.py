@@ -117,6 +117,8 @@ def _parallel(fn, steps: list[Step]) -> dict[str, tuple[str | None, object]]:
             return step.target, (None, fn(step))
         except HostagentError as e:
             return step.target, (e.message, None)
+        except OSError as e:             # a directory or program the step could not use
+            return step.target, (f"{e.filename or ''}: {e.strerror or e}".lstrip(": "), None)
     if not steps:
         return {}
     with ThreadPoolExecutor(min(PARALLEL, len(steps)), thread_name_prefix="hostagent-mps") as pool:
@@ -130,7 +132,7 @@ def execute(host: HostRoot, plan: SharingPlan, state: SharingState, *, interpret
     for s in plan.steps:
         by_action.setdefault(s.action, []).append(s)
     errors: dict[tuple[str, str], str] = {}
-    notes: dict[str, list[str]] = {}
+    notes: dict[tuple[str, str], list[str]] = {}
 
     def stopped(step):
         mps.stop(host, step.target)
@@ -139,8 +141,12 @@ def execute(host: HostRoot, plan: SharingPlan, state: SharingState, *, interpret
             errors[("stop_daemon", uuid)] = error
         else:
             state.daemons.pop(uuid, None)
-    if "stop_daemon" in by_action and not state.daemons and not mps.find_daemons(host):
-        mps.unmount_shm(host)
+    if "stop_daemon" in by_action and not plan.desired.daemons and not mps.find_daemons(host):
+        try:
+            mps.unmount_shm(host)
+        except HostagentError as e:      # the daemons are gone all the same: say so
+            last = by_action["stop_daemon"][-1]
+            notes[("stop_daemon", last.target)] = [f"note: {e.message}"]
     state.save(host)
 
     for action, fn in (("restore_interval", _intervals), ("restore_compute_mode", _modes),
@@ -157,7 +163,7 @@ def execute(host: HostRoot, plan: SharingPlan, state: SharingState, *, interpret
             raise StateError(f"not started: the compute mode of GPU {d.gpu_index} could not be set")
         pid, said = mps.start(host, step.target, daemon_settings(d), interpreter, import_path,
                               adopt=not step.detail.get("restart"))
-        notes[step.target] = said
+        notes[("start_daemon", step.target)] = said
         return pid
     for uuid, (error, pid) in _parallel(started, by_action.get("start_daemon", [])).items():
         if error:
@@ -174,5 +180,5 @@ def execute(host: HostRoot, plan: SharingPlan, state: SharingState, *, interpret
             errors[("configure_daemon", step.target)] = e.message
     state.devices = dict(plan.desired.devices)
     state.save(host)
-    return ApplyReport([StepResult(s, errors.get((s.action, s.target)), notes.get(s.target, []) if
-                                   s.action == "start_daemon" else []) for s in plan.steps])
+    return ApplyReport([StepResult(s, errors.get((s.action, s.target)), notes.get((s.action, s.target), []))
+                        for s in plan.steps])

@@ -16,14 +16,14 @@ from ..errors import ConflictError
 from ..hostroot import HostRoot
 from ..lock import node_lock
 from . import mps
-from .config import EMPTY, SharingConfig, config_path, load_persisted, render
+from .config import SharingConfig, config_path, load_persisted, render
 from .executor import ApplyReport, execute
 from .plan import Live, SharingPlan, plan
 from .resolve import Desired, resolve
 from .state import SharingState
 
-__all__ = ["observe", "make_plan", "apply", "status", "Outcome", "refuse_allocated", "SharingBusy",
-           "device_names"]
+__all__ = ["observe", "apply", "status", "Outcome", "refuse_allocated", "SharingBusy", "device_names",
+           "answering", "pause", "mig_guard", "resume", "mps_devices"]
 
 
 class SharingBusy(ConflictError):
@@ -76,13 +76,6 @@ def observe(host: HostRoot, inventory: Inventory, state: SharingState, desired: 
     gpus = set(desired.gpus) | set(state.saved_modes) | {d.gpu_uuid for d in state.devices.values()}
     daemons = set(state.daemons) | set(mps.find_daemons(host)) | set(desired.daemons)
     return Live(compute_modes(host, inventory, gpus), answering(host, daemons), device_names(inventory))
-
-
-def make_plan(host: HostRoot, inventory: Inventory, config: SharingConfig,
-              state: SharingState | None = None) -> SharingPlan:
-    state = state if state is not None else SharingState.load(host)
-    desired = resolve(inventory, config)
-    return plan(desired, state, observe(host, inventory, state, desired))
 
 
 def refuse_allocated(state: SharingState, desired: Desired, allocations) -> None:
@@ -199,14 +192,16 @@ def pause(host: HostRoot, devices) -> list[str]:
                 mps.stop(host, uuid)
                 state.daemons.pop(uuid, None)
                 stopped.append(d.label)
-        state.save(host)
+        if stopped:
+            state.save(host)
     return stopped
 
 
 def mig_guard(host: HostRoot, refuse, dry_run: bool, progress):
-    """``refuse`` for a MIG apply acting without the daemon: the caller's checks, then the
-    MPS daemons of the devices the change takes away stop right before it (a dry run names
-    them); ``resume`` restarts what the configuration still names afterwards."""
+    """``refuse`` for a MIG change (the daemon's, or the CLI's without it): the caller's
+    checks, then the MPS daemons of the devices the change takes away stop right before it
+    (a dry run names them). Afterwards the configuration in force is restored (the daemon's
+    reconcile, or ``resume``)."""
     def guard(inventory, plan) -> None:
         refuse(inventory, plan)
         from ..daemon.migops import affected_devices
@@ -227,7 +222,6 @@ def resume(host: HostRoot, progress) -> None:
     back (daemons for the devices it names now). A failure is reported, never a reason to
     undo the layout."""
     from ..errors import HostagentError
-    from .config import config_path
     if not config_path(host).exists():
         return
     try:
