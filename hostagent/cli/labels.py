@@ -27,7 +27,7 @@ def register(sub) -> None:
     p.add_argument("--mig-strategy", choices=["none", "single", "mixed"],
                    help="as GFD's --mig-strategy (default: none)")
     p.add_argument("--sharing-strategy", choices=["none", "time-slicing", "mps"],
-                   help="how GPUs are shared (default: none)")
+                   help="how GPUs are shared (default: the sharing hostagent has in force, else none)")
     p.add_argument("--replicas", type=int, help="replicas per device when shared (at least 2)")
     p.add_argument("--no-timestamp", action="store_true", help="leave out nvidia.com/gfd.timestamp")
     p.add_argument("--write", action="store_true",
@@ -60,7 +60,10 @@ def _refuse_write(host) -> None:
                                  "(systemctl reload hostagent), or stop the daemon first")
 
 
-def _compute(host, mig_strategy: str, sharing, *, timestamp: bool) -> dict:
+def _compute(host, mig_strategy: str, sharing, *, timestamp: bool, live_sharing: bool = False) -> dict:
+    """``live_sharing``: the sharing labels follow the sharing hostagent has in force (as the
+    daemon's do), when it shares devices, rather than ``sharing``."""
+    from ..daemon.nodelabels import device_sharing
     from ..devices import read_inventory
     from ..labels import node_labels
     from ..labels.hostfacts import gpu_mode, machine_type
@@ -69,7 +72,8 @@ def _compute(host, mig_strategy: str, sharing, *, timestamp: bool) -> dict:
     note_unread(inv)
     return node_labels(inv, mig_strategy=mig_strategy, sharing=sharing,
                        machine=machine_type(host), gpu_mode=gpu_mode(host, inv),
-                       timestamp=int(time.time()) if timestamp else None)
+                       timestamp=int(time.time()) if timestamp else None,
+                       device_sharing=device_sharing(host) if live_sharing else None)
 
 
 def run(args) -> int:
@@ -81,9 +85,10 @@ def run(args) -> int:
     if sharing.replicas < 1 or (sharing.strategy != "none" and sharing.replicas < 2):
         raise UsageError("--replicas must be at least 2 for a sharing strategy, 1 without")
     host = host_from_args(args)
+    live = args.sharing_strategy is None and args.replicas is None
     if args.write:
         _refuse_write(host)
-        labels = _compute(host, mig_strategy, sharing, timestamp=False)
+        labels = _compute(host, mig_strategy, sharing, timestamp=False, live_sharing=live)
         written, _ = write_labels(host, labels, timestamp=None if args.no_timestamp else int(time.time()))
         print(f"{host.host(FEATURES_FILE)}: {'written' if written else 'unchanged'}")
         return 0
@@ -94,7 +99,7 @@ def run(args) -> int:
         print("hostagent: note: computed here with the options given; the daemon's labels follow "
               "its config (run without them to see those)", file=sys.stderr)
     if labels is None:
-        labels = _compute(host, mig_strategy, sharing, timestamp=not args.no_timestamp)
+        labels = _compute(host, mig_strategy, sharing, timestamp=not args.no_timestamp, live_sharing=live)
     elif args.no_timestamp:
         labels.pop(TIMESTAMP, None)
     if args.output == "nfd":

@@ -168,3 +168,17 @@ def test_mps_on_a_gpu_without_mps_support_is_refused(make_node, capsys, tmp_path
     assert running(host.root) == [] and not (host.root / "etc/hostagent/sharing.yaml").exists()
     cfg.write_text("sharing: {timeSlicing: {resources: [{name: gpu, replicas: 2}]}}\n")
     assert run(capsys, host, "apply", "-f", cfg, "--dry-run")[0] == 0       # time-slicing needs no MPS
+
+
+def test_labels_without_the_daemon_follow_the_sharing_in_force(node, capsys):
+    host, cfg = node
+    assert run(capsys, host, "apply", "-f", cfg)[0] == 0
+    try:
+        assert main(["--simulate", str(host.root), "labels", "-o", "json"]) == 0
+        labels = json.loads(capsys.readouterr().out)
+        assert labels["nvidia.com/gpu.sharing-strategy"] == "mps" and labels["nvidia.com/gpu.replicas"] == "4"
+        assert labels["nvidia.com/mps.capable"] == "true"
+        assert main(["--simulate", str(host.root), "labels", "--sharing-strategy", "none", "-o", "json"]) == 0
+        assert json.loads(capsys.readouterr().out)["nvidia.com/gpu.sharing-strategy"] == "none"
+    finally:
+        assert run(capsys, host, "off")[0] == 0
