@@ -5,9 +5,9 @@ daemon answering.
 Each run applies a config that shares every GPU with MPS (8 control daemons to start, 8
 compute modes to set, 8 sets of defaults to send through the pipes), checks that all 8
 daemons answer ``get_default_active_thread_percentage`` (untimed), then turns sharing off
-(untimed). Timed beside it, alternately so machine noise hits both alike: the same
-command line listing the devices (``hostagent devices``), and the same apply through a
-running daemon (``PUT /v1/sharing``, the CLI's path when the daemon runs).
+(untimed). Timed beside it, alternately so machine noise hits both alike, the same command
+line listing the devices (``hostagent devices``); then, with the daemon running, the same
+apply as ``PUT /v1/sharing`` and as the command (which then goes through the daemon).
 
 The daemons are the simulator's stand-ins (a Python process each, as every MPS command's
 front end is): the figure is hostagent's orchestration plus those processes' start-up.
@@ -84,13 +84,16 @@ def main() -> int:
         deadline = time.monotonic() + 30
         while not sock.exists() and time.monotonic() < deadline:
             time.sleep(0.1)
-        api = []
+        api, cli = [], []
         with Client(socket_path=sock, timeout=60) as c:
             c.node()
             for _ in range(args.runs):
                 start = time.perf_counter()
                 c.sharing_apply(CONFIG)
                 api.append(time.perf_counter() - start)
+                ready.append(all_answer(host))
+                c.sharing_apply(None)
+                cli.append(timed(hostagent(root, "sharing", "apply", "-f", str(cfg))))
                 ready.append(all_answer(host))
                 c.sharing_apply(None)
     finally:
@@ -104,6 +107,7 @@ def main() -> int:
     print(f"MPS on 8 GPUs (simulated DGX A100), {args.runs} runs each, medians (min-max):")
     print(f"  hostagent sharing apply (CLI, no daemon):   {med(apply):.2f} s ({min(apply):.2f}-{max(apply):.2f})")
     print(f"  PUT /v1/sharing (through the daemon):       {med(api):.2f} s ({min(api):.2f}-{max(api):.2f})")
+    print(f"  hostagent sharing apply (CLI, daemon runs): {med(cli):.2f} s ({min(cli):.2f}-{max(cli):.2f})")
     print(f"  hostagent devices (same runs, interleaved): {med(devices):.2f} s "
           f"({min(devices):.2f}-{max(devices):.2f})")
     print(f"  apply / devices: {med(a / d for a, d in zip(apply, devices)):.1f}x")
