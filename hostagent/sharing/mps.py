@@ -25,6 +25,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -183,15 +184,20 @@ def start(host: HostRoot, uuid: str, settings: dict, interpreter: str = sys.exec
         ensure_dir(d, 0o755)
     cmd = outside(host, command(interpreter, control_tool(host), shm_dir(host), shm_size(host),
                                 environment(host, uuid), import_path), uuid)
-    try:
-        done = subprocess.run(cmd, env={}, capture_output=True, text=True,
-                              timeout=READY_TIMEOUT, stdin=subprocess.DEVNULL)
-    except subprocess.TimeoutExpired:
-        raise MpsError(f"the MPS control daemon of {uuid} did not start in {READY_TIMEOUT:g} s",
-                       where=str(log_dir(host, uuid))) from None
-    notes = [line for line in done.stderr.splitlines() if line.startswith("note: ")]
+    # Output to a file, not a pipe: a daemon that keeps the descriptors it inherited would
+    # otherwise hold the pipe open, and the run would wait for its end.
+    with tempfile.TemporaryFile("w+") as out:
+        try:
+            done = subprocess.run(cmd, env={}, stdin=subprocess.DEVNULL, stdout=out, stderr=out,
+                                  timeout=READY_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            raise MpsError(f"the MPS control daemon of {uuid} did not start in {READY_TIMEOUT:g} s",
+                           where=str(log_dir(host, uuid))) from None
+        out.seek(0)
+        said = out.read()
+    notes = [line for line in said.splitlines() if line.startswith("note: ")]
     if done.returncode != 0:
-        detail = "; ".join(ln for ln in (done.stdout + done.stderr).splitlines() if ln.strip()) or "no output"
+        detail = "; ".join(ln for ln in said.splitlines() if ln.strip()) or "no output"
         raise MpsError(f"the MPS control daemon of {uuid} did not start (exit {done.returncode}: {detail})",
                        where=str(log_dir(host, uuid)), hint="see control.log there")
     deadline = time.monotonic() + READY_TIMEOUT
