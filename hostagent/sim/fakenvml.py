@@ -501,6 +501,8 @@ class FakeNvmlLibrary:
     @nvml(P, c_uint)
     def nvmlDeviceSetComputeMode(self, handle, mode):
         _, gpu = self._gpu_only(handle)
+        if not privilege.sys_admin():   # nvml.h "Requires root/admin permissions"
+            raise SimNvmlError(N.NVML_ERROR_NO_PERMISSION, "compute modes need root")
         self._mutate(lambda s: s.set_compute_mode(gpu.index, mode))
 
     # ---- MIG mode and MIG devices --------------------------------------------------

@@ -15,6 +15,9 @@ from hostagent.sharing import mps
 
 from .mpsprocs import running, stop_all
 
+ROOT = pytest.mark.skipif(os.geteuid() != 0, reason="compute modes and MPS daemons need root "
+                          "(nvml.h: Requires root/admin permissions); CI runs as root")
+
 CONFIG = """version: v1
 sharing:
   mps:
@@ -60,6 +63,7 @@ def smi(host, *args):
     return subprocess.run([str(host.driver("usr/bin/nvidia-smi")), *args], capture_output=True, text=True).stdout
 
 
+@ROOT
 def test_apply_status_off(node, capsys):
     host, cfg = node
     code, out, err = run(capsys, host, "apply", "-f", cfg, "--dry-run")
@@ -106,6 +110,7 @@ def test_apply_status_off(node, capsys):
     assert out.strip() == "no device is shared"
 
 
+@ROOT
 def test_the_compute_mode_keeps_other_processes_off_an_mps_gpu(node, capsys):
     """EXCLUSIVE_PROCESS lets the MPS server be the GPU's one context: a client's server
     starts through the daemon, a process bypassing MPS is refused, and an MPS server is
@@ -170,6 +175,7 @@ def test_mps_on_a_gpu_without_mps_support_is_refused(make_node, capsys, tmp_path
     assert run(capsys, host, "apply", "-f", cfg, "--dry-run")[0] == 0       # time-slicing needs no MPS
 
 
+@ROOT
 def test_labels_without_the_daemon_follow_the_sharing_in_force(node, capsys):
     host, cfg = node
     assert run(capsys, host, "apply", "-f", cfg)[0] == 0

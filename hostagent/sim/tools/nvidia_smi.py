@@ -406,6 +406,7 @@ def _compute_mode(store, state, targets, opts) -> int:
         raise Exit(EXIT_ARG, BAD_ARGS)
     if mode == "EXCLUSIVE_THREAD":
         raise Exit(EXIT_ARG, f"Unable to set the compute mode to {mode}: Invalid Argument")
+    _need_root("set the compute mode")
 
     def change(s):
         for i in targets:
@@ -415,6 +416,14 @@ def _compute_mode(store, state, targets, opts) -> int:
         print(f"Set compute mode to {mode} for GPU {bus_id(state.gpus[i])}.")
     print("All done.")
     return 0
+
+
+def _need_root(what: str) -> None:
+    """Changing a GPU's compute settings "Requires root/admin permissions" (nvml.h); the
+    message is NVML's text, in this simulator's sentence."""
+    from ..privilege import sys_admin
+    if not sys_admin():
+        raise Exit(4, f"Unable to {what}: Insufficient Permissions")
 
 
 def _mutate(store: SimStore, change) -> None:
@@ -433,6 +442,7 @@ def _compute_policy(store, state, targets, opts) -> int:
     value = str(opts["timeslice"])
     if value not in ("0", "1", "2", "3"):
         raise Exit(EXIT_ARG, BAD_ARGS)
+    _need_root("set the timeslice")
 
     def change(s):
         for i in targets:
