@@ -86,6 +86,7 @@ def _schema() -> dict:
 def _problem(e, schema: dict) -> str:
     import jsonschema
     from ..config import key_path
+    from ..schemamsg import describe
     where = key_path(e.absolute_path)
     if e.absolute_path and e.absolute_path[-1] == "devices":
         if isinstance(e.instance, list) and e.instance:
@@ -96,11 +97,9 @@ def _problem(e, schema: dict) -> str:
                                  for i, v in bad)
         return (f"{where}: {e.instance!r} is not a device list: 'all', a count, or GPU indices, "
                 f"MIG names (0:1) and UUIDs")
-    if e.validator == "additionalProperties":
-        return f"{where}: {e.message.replace('Additional properties are not allowed', 'unknown key(s)')}"
     if e.validator == "enum" and e.absolute_path and e.absolute_path[-1] == "version":
         return f"{where}: unknown version {e.instance!r} (the device plugin's config has version v1)"
-    return f"{where}: {e.message}"
+    return f"{where}: {describe(e)}"
 
 
 def resource_name(raw: str, where: str, source: str | None) -> str:
@@ -175,26 +174,16 @@ def parse(data, source: str | None = None) -> SharingConfig:
     return SharingConfig(data, mig_strategy, tuple(strategies), source)
 
 
-def load_text(text: str, source: str | None = None) -> SharingConfig:
-    import yaml
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        raise _error(f"is not valid YAML or JSON: {e}".replace("\n", " "), source) from None
-    return parse(data, source)
+def load_text(text: str | bytes, source: str | None = None) -> SharingConfig:
+    """A sharing file's text, YAML or JSON."""
+    from ..textdoc import decode
+    return parse(decode(text, source or "<text>", "sharing configuration"), source)
 
 
 def load_file(path: str) -> SharingConfig:
-    """A sharing file; ``-`` reads standard input."""
-    import sys
-    if path == "-":
-        return load_text(sys.stdin.read(), "<stdin>")
-    try:
-        with open(path) as f:
-            text = f.read()
-    except OSError as e:
-        raise ConfigError(f"cannot read: {e.strerror}", where=path) from None
-    return load_text(text, path)
+    """A sharing file (a regular file of bounded size); ``-`` reads standard input."""
+    from ..fileio import read_config_file
+    return load_text(read_config_file(path, "sharing configuration"), "<stdin>" if path == "-" else path)
 
 
 def config_path(host: HostRoot):
@@ -203,14 +192,11 @@ def config_path(host: HostRoot):
 
 def load_persisted(host: HostRoot) -> SharingConfig:
     """The configuration in force; EMPTY when none was applied."""
+    from ..fileio import read_config_file
     path = config_path(host)
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
+    if not path.exists():
         return EMPTY
-    except OSError as e:
-        raise ConfigError(f"cannot read: {e.strerror}", where=str(path)) from None
-    return load_text(text, str(path))
+    return load_text(read_config_file(str(path), "sharing configuration"), str(path))
 
 
 def render(config: SharingConfig) -> str:

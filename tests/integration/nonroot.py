@@ -23,7 +23,8 @@ STDLIB = ("argparse", "asyncio", "base64", "collections", "concurrent.futures", 
           "importlib.metadata", "ipaddress", "itertools", "json", "logging", "logging.handlers", "pwd",
           "queue", "random", "re", "secrets", "selectors", "shlex", "shutil", "signal", "socket", "stat",
           "statistics", "string", "struct", "subprocess", "tempfile", "textwrap", "threading", "time",
-          "tomllib", "traceback", "typing", "urllib.parse", "uuid", "weakref", "zlib")
+          "tomllib", "traceback", "typing", "urllib.parse", "uuid", "weakref", "zlib",
+          "jsonschema")        # and its own standard modules (pprint, ...): sharing validates with it
 
 
 def import_everything() -> None:

@@ -37,11 +37,12 @@ SAMPLES = {
     "driver verify": [], "driver plan": ["--version", "550.90.07"],
     "driver install": ["--version", "550.90.07", "--dry-run"], "driver rollback": ["--dry-run"],
     "driver create-nodes": ["--dry-run"],
+    "sharing status": [], "sharing apply": ["-f", "ROOT/sharing.yaml"], "sharing off": [],
 }
 # These change the node: as another user they must be refused, saying how to run them.
 NEED_ROOT = {"labels", "serve", "device-plugin", "health clear", "cdi refresh", "mig apply", "runtime configure",
              "runtime revert", "runtime install-shim", "sim create", "sim hold", "sim xid", "sim reboot",
-             "sim driver", "sim fault"}
+             "sim driver", "sim fault", "sharing apply", "sharing off"}
 
 
 def leaves(parser=None, words=()):
@@ -137,6 +138,8 @@ def shared_node():
     create_node(root, "a30x4")
     (root / "etc/containerd").mkdir(parents=True)
     (root / "usr/local/sbin").mkdir(parents=True)
+    (root / "sharing.yaml").write_text("version: v1\nsharing:\n  timeSlicing:\n    resources:\n"
+                                       "    - {name: nvidia.com/gpu, replicas: 2}\n")
     host = HostRoot.simulation(root)
     refresh(host, configured_options(host))
     yield root

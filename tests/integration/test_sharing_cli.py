@@ -146,7 +146,7 @@ def test_the_compute_mode_keeps_other_processes_off_an_mps_gpu(node, capsys):
     ("sharing:\n  mps:\n    resources:\n    - {name: gpu, replicas: 2, devices: [1]}\n"
      "  timeSlicing:\n    resources:\n    - {name: gpu, replicas: 2, devices: [1]}\n",
      "is shared with both MPS and time-slicing"),
-    ("sharing: {mps: {resources: [{name: gpu, replicas: 2}]}\n", "is not valid YAML"),
+    ("sharing: {mps: {resources: [{name: gpu, replicas: 2}]}\n", "not valid YAML or JSON"),
 ])
 def test_bad_input_is_one_line_and_changes_nothing(node, capsys, tmp_path, body, says):
     host, _ = node

@@ -64,10 +64,10 @@ def test_hostagent_keys_and_device_lists():
     ({"sharing": {"mps": {"resources": [{"name": "gpu", "replicas": 0}]}}},
      "sharing.mps.resources[0].replicas: 0 is less than the minimum of 1"),
     ({"sharing": {"timeSlicing": {"resources": []}}}, "sharing.timeSlicing.resources: [] "),
-    ({"sharing": {"mps": {}}}, "sharing.mps: 'resources' is a required property"),
-    ({"sharing": {"mps": {"resources": [{"name": "gpu"}]}}}, "'replicas' is a required property"),
+    ({"sharing": {"mps": {}}}, "sharing.mps: missing the required key 'resources'"),
+    ({"sharing": {"mps": {"resources": [{"name": "gpu"}]}}}, "missing the required key 'replicas'"),
     ({"sharing": {"mps": {"resources": [{"name": "gpu", "replica": 2, "replicas": 2}]}}},
-     "sharing.mps.resources[0]: unknown key(s) ('replica' was unexpected)"),
+     "sharing.mps.resources[0]: unknown key 'replica' (did you mean 'replicas'?)"),
     ({"version": "v2"}, "version: unknown version 'v2'"),
     ({"sharing": {"timeSlicing": {"resources": [{"name": "gpu", "replicas": 2, "devices": "some"}]}}},
      "sharing.timeSlicing.resources[0].devices: 'some' is not a device list"),
@@ -76,11 +76,11 @@ def test_hostagent_keys_and_device_lists():
     ({"sharing": {"mps": {"resources": [{"name": "GPU", "replicas": 2}]}}},
      "sharing.mps.resources[0].name: incorrect format for resource name 'nvidia.com/GPU'"),
     ({"sharing": {"mps": {"resources": [{"name": "gpu", "replicas": 2, "interval": "Short"}]}}},
-     "unknown key(s) ('interval' was unexpected)"),       # an interval is time-slicing's
+     "sharing.mps.resources[0]: unknown key 'interval'"),       # an interval is time-slicing's
     ({"sharing": {"mps": {"resources": [{"name": "gpu", "replicas": 2, "pinnedMemoryLimit": "1000K"}]}}},
      "sharing.mps.resources[0].pinnedMemoryLimit: '1000K' is below 1 MiB"),
     ({"sharing": {"timeslicing": {"resources": [{"name": "gpu", "replicas": 2}]}}},
-     "sharing: unknown key(s) ('timeslicing' was unexpected)"),
+     "sharing: unknown key 'timeslicing' (did you mean 'timeSlicing'?)"),
     ([1, 2], "must be a mapping"),
 ])
 def test_bad_files_are_one_error_naming_the_key(doc, says):
@@ -93,4 +93,4 @@ def test_bad_files_are_one_error_naming_the_key(doc, says):
 def test_malformed_yaml():
     with pytest.raises(ConfigError) as e:
         load_text("sharing: [unclosed", "bad.yaml")
-    assert e.value.message.startswith("bad.yaml: is not valid YAML") and "\n" not in e.value.message
+    assert e.value.message.startswith("bad.yaml:1:19: not valid YAML or JSON") and "\n" not in e.value.message
