@@ -192,6 +192,10 @@ class DriverGate:
                     await link.stop()
                 except Exception:
                     log.exception("%s did not stop for maintenance", type(link).__name__)
+        try:                # MPS servers hold GPUs: the modules could not unload
+            await self.agent.sharing.stop_daemons("driver maintenance")
+        except Exception:
+            log.exception("MPS daemons did not stop for maintenance")
 
     async def leave_maintenance(self, reason: str) -> None:
         """The install is over (or its process gone): verify again; the monitor and the

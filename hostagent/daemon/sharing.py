@@ -5,13 +5,15 @@ running are adopted, not restarted), MPS control daemons supervised, ``GET``/``P
 Supervision: a daemon whose process exits is noticed within a second; every
 ``sharing.probe_interval`` seconds each daemon is asked ``get_default_active_thread_percentage``
 through its pipe (the device plugin's probe, which it runs once, at start), and two probes in
-a row without an answer within ``sharing.probe_timeout`` count as down. A down daemon is restarted after ``sharing.restart_backoff``
-seconds, doubled after each restart that fails, up to ``sharing.restart_backoff_max``.
-Every node change goes through ``sharing.service`` on the agent's worker thread, under the
-agent's mutex and the node lock, as MIG changes do.
+a row without an answer within ``sharing.probe_timeout`` count as down. A down daemon is
+restarted after ``sharing.restart_backoff`` seconds, doubled after each restart that fails,
+up to ``sharing.restart_backoff_max``. Every node change goes through ``sharing.service`` on
+the agent's worker thread, under the agent's mutex and the node lock, as MIG changes do.
 
-The daemons outlive the agent: a stop or restart of hostagentd leaves them serving their
-clients, and the next start adopts them.
+The driver's readiness gate decides when daemons may start (``gate``): until the driver
+verifies they wait, and say why; a driver install (the gate's maintenance) stops them, and
+they start again once the new driver verifies. The daemons outlive the agent: a stop or
+restart of hostagentd leaves them serving their clients, and the next start adopts them.
 """
 
 from __future__ import annotations
@@ -73,11 +75,11 @@ class SharingOps:
             "probe_interval": 10.0, "probe_timeout": 5.0, "restart_backoff": 1.0, "restart_backoff_max": 60.0}[key]
 
     def gate(self) -> str | None:
-        """Why MPS daemons may not start now; None when they may.
-
-        The driver's readiness gate plugs in here. Until it exists daemons start once NVML
-        initialises: the inventory reads.
-        """
+        """Why MPS daemons may not start now; None when they may: the driver's readiness
+        gate (a daemon started on a driver that does not verify would fail, or hold the GPUs
+        a driver install must unload), then an inventory to resolve the configuration with."""
+        if not self.agent.driver.ready:
+            return self.agent.driver.why
         error = self.agent.inventory_error
         if error is not None:
             return f"NVML cannot be used: {error.message}"
@@ -91,8 +93,33 @@ class SharingOps:
         """At daemon start: restore the configuration in force (adopting daemons that still
         answer); later, whenever the node's devices change."""
         self.agent.inventory_listeners.append(self._inventory_changed)
+        self.agent.driver.add_listener(self._driver_changed)
         self._started = True
         await self.reconcile("start")
+
+    def _driver_changed(self, ready: bool) -> None:
+        """Gate listener (loop thread): the daemons that waited start once the driver verifies."""
+        if ready and self._started:
+            asyncio.get_running_loop().create_task(self.reconcile("driver ready"))
+
+    async def stop_daemons(self, reason: str) -> None:
+        """Stop every MPS daemon (a driver install needs the GPUs free); the configuration
+        stays, and the daemons start again once the driver verifies."""
+        from ..sharing.service import pause
+        from ..sharing.state import SharingState
+        async with self.agent.mutex:
+            state = await self.agent.blocking(SharingState.load, self.host)
+            mps_devices = [u for u, d in state.devices.items() if d.strategy == "mps"]
+            if not mps_devices:
+                return
+            stopped = await self.agent.blocking(pause, self.host, mps_devices)
+            if stopped:
+                log.warning("MPS daemons of %s stopped: %s", ", ".join(stopped), reason)
+            self.waiting = self.gate() or reason
+            for w in self.watches.values():
+                w.state, w.reason, w.pid = "waiting", self.waiting, None
+                self.agent.metrics.mps_daemon(w.uuid, False, w.restarts)
+            await self._publish("waiting")
 
     def _inventory_changed(self, inventory) -> None:
         """Agent listener (loop thread): a MIG change, a GPU lost or back, the driver back."""

@@ -247,3 +247,26 @@ def test_labels_follow_the_sharing_in_force(agent):
         written = (agent.root / "etc/kubernetes/node-feature-discovery/features.d/hostagent").read_text()
         assert f"{P}gpu.replicas=6\n" in written
         c.sharing_apply(CONFIG)
+
+
+def test_a_driver_install_stops_the_daemons_until_the_driver_verifies(agent):
+    """The driver's maintenance (driver install) closes the gate: the daemons stop (their
+    servers would keep the modules from unloading) and wait, saying why; they start again
+    once the driver verifies."""
+    with agent.client() as c:
+        c.sharing_apply(CONFIG)
+        before = daemon(c, "0")["pid"]
+        c.request("POST", "/v1/driver/maintenance", {"pid": os.getpid(), "operation": "test install"})
+        try:
+            status = c.sharing()
+            assert status["waiting"] and "the driver is being changed (test install" in status["waiting"]
+            assert {d["mps"]["state"] for d in status["devices"] if d["mps"]} == {"waiting"}
+            assert running(agent.root) == [] and not mps.alive(before)
+            with pytest.raises(HostagentError) as e:
+                c.sharing_apply(CONFIG)
+            assert e.value.code == "unavailable" and "the driver is being changed" in e.value.message
+        finally:
+            c.request("DELETE", "/v1/driver/maintenance")
+        after = until(lambda: (d := daemon(c, "0"))["state"] == "ready" and d, what="daemons after the driver")
+        assert after["pid"] != before and c.sharing()["waiting"] is None
+    assert "MPS daemons of GPU 0, GPU 1 stopped: driver maintenance" in agent.log()
