@@ -296,3 +296,47 @@ def test_allocations_expire_without_the_pod_resources_api(node):
     time.sleep(0.1)
     assert never.reconcile(None) == [] and len(node.owned()) == 1
     node.wait_released()
+
+
+def test_shared_gpus_are_advertised_and_allocated_as_replicas(node):
+    """Time-slicing on GPUs 6 and 7 (renamed .shared, one replica a request), MPS on GPU 5."""
+    from .mpsprocs import running
+    k = node.kubelet
+    gpu = k.endpoint(GPU)
+    before = len(k.registrations)
+    config = {"version": "v1", "sharing": {
+        "timeSlicing": {"renameByDefault": True, "failRequestsGreaterThanOne": True,
+                        "resources": [{"name": "nvidia.com/gpu", "devices": [6, 7], "replicas": 3}]},
+        "mps": {"resources": [{"name": "nvidia.com/gpu", "devices": [5], "replicas": 2}]}}}
+    g5, g6, g7 = uuids(node, 5, 6, 7)
+    with node.client() as c:
+        c.sharing_apply(config)
+        try:
+            shared = k.endpoint(GPU + ".shared", after=before)
+            replicas = [f"{u}::{n}" for u in (g6, g7) for n in range(3)]
+            assert shared.wait(all_healthy(6)) == [(r, "Healthy", [1]) for r in replicas]
+            listed = gpu.wait(lambda l: len(l) == 7 and all(h == "Healthy" for _, h, _ in l))
+            assert [i for i, _, _ in listed] == uuids(node, 0, 1, 2, 3, 4) + [f"{g5}::0", f"{g5}::1"]
+            # Replicas spread over the GPUs; two containers share GPU 6.
+            assert k.prefer(GPU + ".shared", replicas, 2) == [f"{g6}::0", f"{g7}::0"]
+            a = node.admit("pod-s1", GPU + ".shared", [f"{g6}::0"])
+            node.admit("pod-s2", GPU + ".shared", [f"{g6}::1"])
+            assert [d.name for d in a.cdi_devices] == [f"nvidia.com/gpu={g6}"] and a.envs["NVIDIA_VISIBLE_DEVICES"] == g6
+            assert sorted(x["replicas"][0] for x in node.owned()) == [f"{g6}::0", f"{g6}::1"]
+            with pytest.raises(grpc.RpcError) as e:
+                k.allocate(GPU + ".shared", [f"{g6}::2", f"{g7}::0"])
+            assert "maximum request size for shared resources is 1" in e.value.details()
+            # MPS: the allocation's own spec, which gives the client its daemon's pipe.
+            m = node.admit("pod-m", GPU, [f"{g5}::1"])
+            [alloc] = [x for x in node.owned() if x["replicas"] == [f"{g5}::1"]]
+            assert [d.name for d in m.cdi_devices] == alloc["cdi_devices"]
+            spec = yaml.safe_load(Path(alloc["spec_path"]).read_text())
+            assert "CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps" in spec["devices"][0]["containerEdits"]["env"]
+            node.wait_released()
+        finally:
+            node.kubelet.pods.clear()
+            node.wait_released()
+            c.sharing_apply(None)
+    shared.wait(lambda l: l == [])
+    gpu.wait(all_healthy(8))
+    assert running(node.root) == []
