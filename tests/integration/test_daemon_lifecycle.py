@@ -40,6 +40,19 @@ class NotifySocket:
             self.messages.append(m)
         raise AssertionError(f"no {key} notification; got {self.messages}")
 
+    def wait_for_status(self, prefix: str) -> str:
+        """The first STATUS that starts with ``prefix``; those before it (a start-up step
+        that finished late, a step of the change) are passed over."""
+        seen = []
+        while True:
+            try:
+                status = self.wait_for("STATUS")["STATUS"]
+            except (AssertionError, TimeoutError) as e:
+                raise AssertionError(f"no status starting {prefix!r}; got {seen}") from e
+            if status.startswith(prefix):
+                return status
+            seen.append(status)
+
     def pending(self) -> list[dict]:
         """Every message not yet taken (call once the sender has exited)."""
         self.sock.setblocking(False)
@@ -300,13 +313,11 @@ def test_status_follows_allocations_releases_and_mig_changes(root):
         notify.messages.clear()                          # the start-up's
         with agent.client() as c:
             c.allocate("a", ["0"])
-            assert notify.wait_for("STATUS")["STATUS"].startswith("serving 8 GPU(s), 0 MIG device(s), 1 allocation(s)")
+            notify.wait_for_status("serving 8 GPU(s), 0 MIG device(s), 1 allocation(s)")
             c.release("a")
-            assert notify.wait_for("STATUS")["STATUS"].startswith("serving 8 GPU(s), 0 MIG device(s), 0 allocation(s)")
+            notify.wait_for_status("serving 8 GPU(s), 0 MIG device(s), 0 allocation(s)")
             c.request("POST", "/v1/mig/apply", {"config": "all-1g.5gb"})
-            status = notify.wait_for("STATUS")["STATUS"]
-            while "56 MIG device(s)" not in status:      # the mode change, then the instances
-                status = notify.wait_for("STATUS")["STATUS"]
+            notify.wait_for_status("serving 8 GPU(s), 56 MIG device(s)")   # after the mode change
             c.refresh()                                  # nothing changed: nothing sent
         agent.stop()
         assert [m["STATUS"] for m in notify.pending()] == ["stopping"], notify.messages
