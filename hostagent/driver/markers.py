@@ -20,14 +20,9 @@ __all__ = ["DRIVER_READY", "driver_ready_content", "Markers"]
 DRIVER_READY = "driver-ready"
 
 
-def _host_path(host: HostRoot, path) -> str:
-    rel = os.path.relpath(path, host.root)
-    return "/" if rel == "." else "/" + rel
-
-
 def driver_ready_content(host: HostRoot) -> str:
-    driver = _host_path(host, host.driver())
-    dev = _host_path(host, host.dev().parent)
+    driver = host.shown(host.driver())
+    dev = host.shown(host.dev().parent)
     on_host = driver == "/"
     return (f"IS_HOST_DRIVER={'true' if on_host else 'false'}\n"
             f"NVIDIA_DRIVER_ROOT={driver}\n"

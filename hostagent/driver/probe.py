@@ -39,14 +39,6 @@ def architecture_of(device_id: int) -> str:
     return "pre-turing"
 
 
-def _shown(host: HostRoot, path) -> str:
-    """A path as it is on the host (without a simulated node's directory)."""
-    try:
-        return "/" + Path(path).relative_to(host.root).as_posix()
-    except ValueError:
-        return str(path)
-
-
 def _read(path: Path) -> str | None:
     try:
         return path.read_text()
@@ -92,7 +84,7 @@ def _module(host: HostRoot, release: str | None) -> ModuleFacts:
         name=name, version=version.strip() if version else None, banner=banner,
         uvm_loaded=host.sys("module/nvidia_uvm").is_dir(),
         nouveau_loaded=host.sys("module/nouveau").is_dir(),
-        file=_shown(host, file) if file else None, file_version=info.version if info else None,
+        file=host.shown(file) if file else None, file_version=info.version if info else None,
         file_flavour=info.flavour if info else None, file_signed=info.signed if info else None)
 
 
@@ -120,10 +112,10 @@ def _userspace(host: HostRoot, library: str) -> tuple[str | None, str | None]:
         link = host.driver(rel) / library
         if not os.path.lexists(link):
             continue
-        target = os.path.basename(os.path.realpath(link)) if link.is_symlink() else link.name
+        target = host.resolve(link).name if link.is_symlink() else link.name
         stem = library.rsplit(".so.", 1)[0] + ".so."
         version = target[len(stem):] if target.startswith(stem) and target != library else None
-        return version, _shown(host, link.parent / target)
+        return version, host.shown(link.parent / target)
     return None, None
 
 
@@ -289,7 +281,7 @@ def probe(host: HostRoot, *, nvml: bool = True) -> DriverFacts:
         simulated=host.simulated, kernel_release=release, module=module,
         userspace_version=userspace, userspace_library=library, cuda_library=cuda_library,
         majors=majors, gpu_minors=_gpu_minors(host), pci_gpus=pci_gpus, nodes=_nodes(host),
-        firmware_files=firmware, firmware_dir=_shown(host, firmware_dir) if firmware_dir else None,
+        firmware_files=firmware, firmware_dir=host.shown(firmware_dir) if firmware_dir else None,
         firmware_next=firmware_next,
         persistenced=_alive(host.host(PERSISTENCED_PID)), nvswitches=nvswitches,
         fabricmanager=_alive(host.host(FABRICMANAGER_PID)), secure_boot=_secure_boot(host),

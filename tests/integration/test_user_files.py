@@ -91,7 +91,7 @@ def special_files(tmp_path):
     directory, a character device, a symlink to a FIFO, a file over the size limit."""
     os.mkfifo(tmp_path / "fifo")
     (tmp_path / "folder").mkdir()
-    (tmp_path / "link").symlink_to(tmp_path / "fifo")
+    (tmp_path / "link").symlink_to("fifo")       # relative: read in a host root, an absolute one is the host's
     big = tmp_path / "big"
     with open(big, "wb") as f:
         f.truncate(MAX_USER_FILE + 1)

@@ -1,0 +1,91 @@
+"""HostRoot: symlinks resolve inside the root as the host resolves them, and paths written
+for a mounted host's programs are the host's."""
+
+import errno
+import os
+from pathlib import Path
+
+import pytest
+
+from hostagent.errors import StateError, UsageError
+from hostagent.fileio import ensure_dir, write_atomic
+from hostagent.hostroot import DRIVER_ROOT_ENV, HOST_ROOT_ENV, SIMULATE_ENV, HostRoot, resolve_within
+
+
+@pytest.fixture
+def debian(tmp_path):
+    """A Debian-like root: /var/run -> /run and merged /usr (relative /lib -> usr/lib)."""
+    root = tmp_path / "host"
+    for d in ("run", "usr/lib", "var", "etc"):
+        (root / d).mkdir(parents=True)
+    (root / "var/run").symlink_to("/run")
+    (root / "lib").symlink_to("usr/lib")
+    return root
+
+
+def test_an_absolute_symlink_resolves_inside_the_root_and_a_write_stays_there(debian):
+    host = HostRoot(root=debian)
+    assert host.cdi_dir == debian / "run/cdi"               # not this machine's /run/cdi
+    assert host.host("/lib/modules") == debian / "usr/lib/modules"
+    ensure_dir(host.cdi_dir)
+    write_atomic(host.cdi_dir / "nvidia.com-gpu.json", "{}")
+    assert (debian / "run/cdi/nvidia.com-gpu.json").read_text() == "{}"
+
+
+def test_dot_dot_and_link_chains_never_leave_the_root(debian):
+    (debian / "etc/up").symlink_to("../../../../../../tmp")
+    (debian / "etc/a").symlink_to("/etc/b")
+    (debian / "etc/b").symlink_to("../var/run")
+    host = HostRoot(root=debian)
+    assert host.host("/etc/up/x") == debian / "tmp/x"
+    assert host.host("/../../etc/a/nvidia") == debian / "run/nvidia"
+    (debian / "etc/loop").symlink_to("/etc/loop")
+    with pytest.raises(OSError) as e:
+        host.host("/etc/loop/x")
+    assert e.value.errno == errno.ELOOP
+
+
+def test_the_driver_root_is_a_root_of_its_own(debian):
+    lib = debian / "run/nvidia/driver/usr/lib/x86_64-linux-gnu"
+    lib.mkdir(parents=True)
+    (lib / "libnvidia-ml.so.550.54.15").write_bytes(b"")
+    (lib / "libnvidia-ml.so.1").symlink_to("/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.550.54.15")
+    host = HostRoot.mounted_at(debian, "/var/run/nvidia/driver")
+    assert host.driver_root == debian / "run/nvidia/driver"
+    assert host.resolve(host.driver("usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1")) == lib / "libnvidia-ml.so.550.54.15"
+    assert host.on_host(lib / "libnvidia-ml.so.550.54.15") == \
+        "/run/nvidia/driver/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.550.54.15"
+
+
+def test_on_host_removes_a_mounted_root_only(debian, tmp_path):
+    mounted = HostRoot.mounted_at(debian)
+    assert mounted.on_host(debian / "dev/nvidia0") == "/dev/nvidia0" and mounted.on_host(debian) == "/"
+    with pytest.raises(StateError):
+        mounted.on_host(tmp_path / "elsewhere")
+    # A simulated node's files are on this machine: engines here use its paths as they are.
+    assert HostRoot.simulation(debian).on_host(debian / "dev/nvidia0") == str(debian / "dev/nvidia0")
+    assert HostRoot().on_host("/dev/nvidia0") == "/dev/nvidia0"
+    assert HostRoot().host("/var/run/cdi") == Path("/var/run/cdi")   # "/": no resolution at all
+
+
+def test_options_and_environment(monkeypatch, debian, tmp_path):
+    for name in (SIMULATE_ENV, HOST_ROOT_ENV, DRIVER_ROOT_ENV):
+        monkeypatch.delenv(name, raising=False)
+    assert HostRoot.from_env() == HostRoot()
+    monkeypatch.setenv(HOST_ROOT_ENV, str(debian))
+    monkeypatch.setenv(DRIVER_ROOT_ENV, "/run/nvidia/driver")
+    host = HostRoot.from_env()
+    assert host.mounted and not host.simulated and host.driver_root == debian / "run/nvidia/driver"
+    both = HostRoot.from_env(simulate=str(debian))
+    assert both.mounted and both.simulated
+    with pytest.raises(UsageError):
+        HostRoot.from_env(simulate=str(tmp_path))
+    monkeypatch.delenv(HOST_ROOT_ENV)
+    # Without a mounted root the driver root is a path on this machine.
+    assert HostRoot.from_env(simulate=str(debian), driver_root=str(tmp_path)).driver_root == tmp_path
+
+
+def test_resolve_within_keeps_what_does_not_exist(tmp_path):
+    assert resolve_within(tmp_path, "/a/b/c") == tmp_path / "a/b/c"
+    os.symlink("/a", tmp_path / "x")
+    assert resolve_within(tmp_path, "x/new") == tmp_path / "a/new"
