@@ -14,7 +14,7 @@ from ..driver import nvcaps
 from ..driver.elf import read_soname
 from ..errors import HostagentError, NotFoundError
 from ..hostroot import HostRoot
-from .edits import IPC_MOUNT_OPTIONS, DeviceNode, Edits, Mount
+from .edits import IPC_MOUNT_OPTIONS, LIBRARY_MOUNT_OPTIONS, DeviceNode, Edits, Mount
 
 __all__ = ["Discovery", "MissingDeviceNode"]
 
@@ -89,7 +89,7 @@ class Discovery:
                                         where=str(host_path),
                                         hint="on a simulated node, create it as root") from None
             return None
-        return DeviceNode(path=container_path, host_path=str(host_path), major=os.major(st.st_rdev),
+        return DeviceNode(path=container_path, host_path=self.host.on_host(host_path), major=os.major(st.st_rdev),
                           minor=os.minor(st.st_rdev), file_mode=stat.S_IMODE(st.st_mode))
 
     def control_nodes(self) -> Edits:
@@ -137,6 +137,10 @@ class Discovery:
     def _container_path(self, host_file: Path) -> str:
         return "/" + host_file.relative_to(self.host.driver()).as_posix()
 
+    def _mount(self, path: Path, container_path: str, options=LIBRARY_MOUNT_OPTIONS) -> Mount:
+        """A mount of ``path`` (on this machine) by the path the host's engines know it by."""
+        return Mount(self.host.on_host(path), container_path, options)
+
     def libraries(self) -> Edits:
         """Every ``lib*.so.<driver version>`` and EGL platform library, their SONAME and
         ``.so`` links that exist on the host, GBM's backend link, and the folders whose
@@ -146,9 +150,9 @@ class Discovery:
         suffix = f".so.{self.driver_version}"
         for rel in LIBRARY_DIRS:
             for folder in (self.host.driver(rel), self.host.driver(rel) / "vdpau"):
-                if not folder.is_dir() or folder.resolve() in seen:
+                if not folder.is_dir() or self.host.resolve(folder) in seen:
                     continue
-                seen.add(folder.resolve())
+                seen.add(self.host.resolve(folder))
                 libs = sorted(p for p in folder.glob(f"lib*{suffix}") if p.is_file())
                 if not libs:
                     continue
@@ -157,7 +161,7 @@ class Discovery:
                 cfolder = self._container_path(folder)
                 folders.append(cfolder)
                 for lib in libs:
-                    mounts.append(Mount(str(lib.resolve()), self._container_path(lib)))
+                    mounts.append(self._mount(self.host.resolve(lib), self._container_path(lib)))
                     links += self._library_links(folder, cfolder, lib)
                 if (folder / GBM_BACKEND).is_symlink():
                     target = os.readlink(folder / GBM_BACKEND)   # ../libnvidia-allocator.so.1
@@ -190,9 +194,9 @@ class Discovery:
         mounts = []
         for name in BINARIES:
             for rel in BINARY_DIRS:
-                path = self.host.driver(rel) / name
+                path = self.host.resolve(self.host.driver(rel) / name)
                 if path.is_file():
-                    mounts.append(Mount(str(path.resolve()), f"/usr/bin/{name}"))
+                    mounts.append(self._mount(path, f"/usr/bin/{name}"))
                     break
         return Edits(mounts=tuple(mounts))
 
@@ -201,12 +205,12 @@ class Discovery:
         for rel in IPC_SOCKETS:
             path = self.host.host(rel)
             try:
-                if not stat.S_ISSOCK(os.stat(path).st_mode) or path.resolve() in seen:
+                if not stat.S_ISSOCK(os.stat(path).st_mode) or self.host.resolve(path) in seen:
                     continue
             except OSError:
                 continue
-            seen.add(path.resolve())
-            mounts.append(Mount(str(path), "/" + rel.removeprefix("var/"), IPC_MOUNT_OPTIONS))
+            seen.add(self.host.resolve(path))
+            mounts.append(self._mount(path, "/" + rel.removeprefix("var/"), IPC_MOUNT_OPTIONS))
         return Edits(mounts=tuple(mounts))
 
     def firmware(self) -> Edits:
@@ -220,7 +224,7 @@ class Discovery:
         for d in dirs:
             found = sorted(self.host.driver(d).glob(f"nvidia/{self.driver_version}/gsp*.bin"))
             if found:
-                return Edits(mounts=tuple(Mount(str(p), self._container_path(p)) for p in found))
+                return Edits(mounts=tuple(self._mount(p, self._container_path(p)) for p in found))
         return Edits()
 
     def config_files(self) -> Edits:
@@ -229,7 +233,7 @@ class Discovery:
             # Vulkan's files also sit directly under the driver root in some layouts (GKE).
             for root in CONFIG_ROOTS + (("",) if rel.startswith("vulkan/") else ()):
                 path = self.host.driver(root) / rel
-                if path.is_file():
-                    mounts.append(Mount(str(path), container_path))
+                if self.host.resolve(path).is_file():
+                    mounts.append(self._mount(path, container_path))
                     break
         return Edits(mounts=tuple(mounts))

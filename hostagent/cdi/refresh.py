@@ -48,11 +48,13 @@ class SpecChange:
 
 
 def configured_options(host: HostRoot, **options) -> SpecOptions:
-    """SpecOptions with the hook interpreter /etc/hostagent/config.yaml names, if any."""
+    """SpecOptions with the hook interpreter /etc/hostagent/config.yaml names, if any, and
+    the hook program's home on the host (``hookhome``)."""
     from ..config import load_config
-    interpreter = load_config(host.config_file).hook.interpreter     # None: this interpreter
-    if interpreter:
-        options.setdefault("hook_interpreter", interpreter)
+    from .hookhome import hook_home
+    home = hook_home(host, load_config(host.config_file).hook.interpreter)   # None: this interpreter
+    options.setdefault("hook_interpreter", home.interpreter)
+    options.setdefault("hook_import_path", home.import_path)
     return SpecOptions(**options)
 
 
@@ -100,6 +102,9 @@ def refresh(host: HostRoot, options: SpecOptions = SpecOptions(), *, dry_run: bo
         change = SpecChange(str(path), written=True, created=old_text is None, mode_fixed=old_text == text,
                             **_diff(_parse(old_text), generated.spec))
         if not dry_run:
+            if host.mounted:                 # the hook the spec names, on the host
+                from .hookhome import install_hook_program
+                install_hook_program(host)
             ensure_dir(path.parent, 0o755)
             write_atomic(path, text, mode=0o644)
         return change, generated

@@ -15,7 +15,7 @@ from ..hostroot import HostRoot
 from .discover import Discovery
 from .edits import Edits
 from .plain import plain_edits
-from .spec import common_edits, edits_to_cdi, hook_work
+from .spec import HOOK_IMPORT_PATH, common_edits, edits_to_cdi, hook_work
 from .version import minimum_version
 
 __all__ = ["ALLOCATION_KIND", "safe_id", "spec_file_name", "spec_file", "device_name",
@@ -66,7 +66,8 @@ def device_name(allocation_id: str, device: Gpu | MigDevice) -> str:
 
 def build_transient_spec(discovery: Discovery, allocation_id: str,
                          devices: list[Gpu | MigDevice], interpreter: str,
-                         kind: str = ALLOCATION_KIND, extra: dict[str, Edits] | None = None) -> tuple[dict, dict]:
+                         kind: str = ALLOCATION_KIND, extra: dict[str, Edits] | None = None, *,
+                         import_path: str = HOOK_IMPORT_PATH) -> tuple[dict, dict]:
     """The allocation's spec, and the same devices as plain edits (env, mounts, device
     nodes, no hook) for callers that cannot use CDI. ``extra``: more edits for a device, by
     UUID (an MPS client's pipe, shm and limits). Raises MissingDeviceNode for a device
@@ -80,6 +81,7 @@ def build_transient_spec(discovery: Discovery, allocation_id: str,
     spec = {"cdiVersion": "", "kind": kind,
             "devices": [{"name": device_name(allocation_id, dev), "containerEdits": edits.to_cdi()}
                         for dev, edits in per_device],
-            "containerEdits": edits_to_cdi(Edits.merge(common, hook_work(described)), interpreter)}
+            "containerEdits": edits_to_cdi(Edits.merge(common, hook_work(described)), interpreter,
+                                           import_path=import_path)}
     spec["cdiVersion"] = minimum_version(spec)
     return spec, plain_edits(Edits.merge(common, *described), [dev.uuid for dev in devices])

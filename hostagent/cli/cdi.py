@@ -40,7 +40,6 @@ def _spec_flags(v) -> None:
     v.add_argument("--class", dest="device_class", default="gpu")
     v.add_argument("--device-name-strategy", default="index,uuid",
                    help="comma list of index, uuid, type-index (default: index,uuid)")
-    v.add_argument("--driver-root", metavar="DIR", help="where the driver's files are (default: the host root)")
     v.add_argument("--dev-root", metavar="DIR", help="where /dev is (default: the host root)")
     v.add_argument("--no-all-device", action="store_true", help="leave out the 'all' device")
     v.add_argument("--cdi-version", default="auto", help="auto (the lowest the content needs) or X.Y.Z")
@@ -51,9 +50,8 @@ def _host_and_options(args):
     from ..cdi.naming import parse_strategies
     from ..cdi.refresh import configured_options
     host = host_from_args(args)
-    if args.driver_root or args.dev_root:
-        host = dataclasses.replace(host, driver_root=args.driver_root or host.driver_root,
-                                   dev_root=args.dev_root or host.dev_root)
+    if args.dev_root:
+        host = dataclasses.replace(host, dev_root=host.host(args.dev_root) if host.mounted else args.dev_root)
     options = configured_options(host, vendor=args.vendor, device_class=args.device_class,
                                  name_strategies=parse_strategies(args.device_name_strategy),
                                  all_device=not args.no_all_device, cdi_version=args.cdi_version)

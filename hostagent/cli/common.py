@@ -12,7 +12,8 @@ DEFAULT_SOCKET = "/run/hostagent/hostagent.sock"
 
 def host_from_args(args):
     from ..hostroot import HostRoot
-    return HostRoot.from_env(getattr(args, "simulate", None))
+    return HostRoot.from_env(getattr(args, "simulate", None), getattr(args, "host_root", None),
+                             getattr(args, "driver_root", None))
 
 
 def daemon_socket(host):

@@ -54,8 +54,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser(argv)
     args = parser.parse_args(hoist_output(argv, command_word(argv, COMMANDS)))
     args.command_line = argv        # for a command's own advice (errors.rerun_as_root)
-    if args.simulate is not None and not args.simulate.strip():
-        parser.error("--simulate needs a directory (an empty one would mean the real host)")
+    for option in ("simulate", "host_root"):
+        if getattr(args, option) is not None and not getattr(args, option).strip():
+            parser.error(f"--{option.replace('_', '-')} needs a directory (an empty one would mean the real host)")
     import logging
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
                         format="hostagent: %(levelname)s: %(message)s")

@@ -1,6 +1,6 @@
 """The command line's parsers: what every command gets without asking.
 
-- The global options (``--simulate``, ``-v``) are accepted after the command and its verb
+- The global options (``--simulate``, ``--host-root``, ``--driver-root``, ``-v``) are accepted after the command and its verb
   as well as before them: every command's parser is a ``CommandParser``, which adds them
   (``add_subparsers`` hands its class down to the verbs' parsers). Given after the command
   they win; given before, they stand unless repeated after.
@@ -21,7 +21,7 @@ from ..suggest import closest, did_you_mean
 __all__ = ["Parser", "CommandParser", "add_global_options", "command_word", "hoist_output"]
 
 # Top-level options that take a value, with the prefixes argparse accepts for them.
-_VALUED = ("--simulate", "--output")
+_VALUED = ("--simulate", "--host-root", "--driver-root", "--output")
 
 
 def add_global_options(parser, *, top: bool) -> None:
@@ -29,6 +29,12 @@ def add_global_options(parser, *, top: bool) -> None:
     kw = {} if top else {"default": argparse.SUPPRESS}
     group.add_argument("--simulate", metavar="DIR",
                        help="run against the simulated node in DIR (also: HOSTAGENT_SIMULATE)", **kw)
+    group.add_argument("--host-root", metavar="DIR",
+                       help="the host's / is mounted at DIR, as in a container (also: HOSTAGENT_HOST_ROOT); "
+                            "files written for the host name host paths", **kw)
+    group.add_argument("--driver-root", metavar="DIR",
+                       help="where the NVIDIA driver's files are, such as /run/nvidia/driver "
+                            "(also: HOSTAGENT_DRIVER_ROOT; default: the host root)", **kw)
     group.add_argument("-v", "--verbose", action="store_true",
                        help="log debug detail to stderr, and say more about an error", **kw)
 

@@ -134,6 +134,12 @@ def install_shim(args) -> int:
     from ..runtime.files import Change, diff, read_one
     from ..runtime.front import DEFAULT_SHIM_PATH, front_settings, render_front
     host = host_from_args(args)
+    if host.mounted:
+        from ..errors import UsageError
+        raise UsageError("the runtime shim runs the host's own hostagent installation, which a container "
+                         "(--host-root) cannot write for it",
+                         hint="install hostagent on the host for the shim, or use the engine's own CDI "
+                              "support: 'hostagent runtime configure --cdi'")
     config = _agent_config(host, args)
     path = args.path or DEFAULT_SHIM_PATH
     agent_config = args.agent_config or str(host.host(DEFAULT_PATH))

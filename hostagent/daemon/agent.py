@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -86,9 +85,10 @@ class Agent:
     def close(self) -> None:
         self._worker.shutdown(wait=True, cancel_futures=True)
 
-    def interpreter(self) -> str:
-        hook = self.settings.sections.get("hook") or {}
-        return hook.get("interpreter") or sys.executable
+    def hook_home(self):
+        """The hook program's interpreter and import path as the host runs them."""
+        from ..cdi.hookhome import hook_home
+        return hook_home(self.host, (self.settings.sections.get("hook") or {}).get("interpreter"))
 
     # ---- inventory and the node spec ------------------------------------------------
 
@@ -109,7 +109,8 @@ class Agent:
         the metrics; (options, change, generated)."""
         from ..cdi import refresh
         from ..cdi.spec import SpecOptions
-        options = SpecOptions(hook_interpreter=self.interpreter())
+        home = self.hook_home()
+        options = SpecOptions(hook_interpreter=home.interpreter, hook_import_path=home.import_path)
         held = not self.driver.ready         # no spec is written until the driver verifies
         try:
             change, generated = refresh.refresh(self.host, options, inventory=inventory, dry_run=held)

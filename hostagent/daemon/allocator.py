@@ -91,8 +91,9 @@ class Allocator:
         from ..cdi.render import render
         from ..fileio import ensure_dir, write_atomic
         discovery = Discovery(self.host, self.agent.inventory.driver_version)
-        spec, merged = transient.build_transient_spec(discovery, alloc.id, records, self.agent.interpreter(),
-                                                      extra=self._client_edits(alloc))
+        home = self.agent.hook_home()
+        spec, merged = transient.build_transient_spec(discovery, alloc.id, records, home.interpreter,
+                                                      extra=self._client_edits(alloc), import_path=home.import_path)
         path = transient.spec_file(self.host, alloc.id)
         ensure_dir(path.parent, 0o755)
         text = render(spec)

@@ -315,6 +315,12 @@ def build_parser() -> argparse.ArgumentParser:
     add_arguments(parser)
     parser.add_argument("--simulate", metavar="DIR",
                         help="run against the simulated node in DIR (also: HOSTAGENT_SIMULATE)")
+    parser.add_argument("--host-root", metavar="DIR",
+                        help="the host's / is mounted at DIR, as in the DaemonSet's container "
+                             "(also: HOSTAGENT_HOST_ROOT)")
+    parser.add_argument("--driver-root", metavar="DIR",
+                        help="where the NVIDIA driver's files are on the host, such as /run/nvidia/driver "
+                             "(also: HOSTAGENT_DRIVER_ROOT; default: the host root)")
     parser.add_argument("--check", action="store_true",
                         help="do not start: ask the running daemon for its status (GET /v1/node on api.socket) "
                              "and exit 0 if it answers, 1 if not (a liveness probe)")
@@ -340,10 +346,15 @@ def main(argv: list[str] | None = None) -> int:
     """``hostagentd``: the daemon alone, for the systemd unit."""
     hold_hangups()          # before parsing too: the unit's reload may come that early
     args = build_parser().parse_args(argv)
-    if args.check:
-        return check(HostRoot.from_env(args.simulate), args.config)
     try:
-        return run(HostRoot.from_env(args.simulate), args.config, args.log_level)
+        host = HostRoot.from_env(args.simulate, args.host_root, args.driver_root)
+    except HostagentError as e:
+        print(f"hostagentd: error: {e.message}", file=sys.stderr)
+        return 2
+    if args.check:
+        return check(host, args.config)
+    try:
+        return run(host, args.config, args.log_level)
     except PermissionError as e:          # its run folder, socket or state: not root
         from ..cli.errors import os_error
         print(f"hostagentd: error: cannot start: {os_error(e)}; the daemon runs as root: "

@@ -54,23 +54,36 @@ def _install_simulator(host: HostRoot) -> None:
 
 
 def load_nvml(host: HostRoot) -> None:
-    """Make pynvml use this host's NVML: the simulated node's, or (by default) the real one."""
+    """Make pynvml use this host's NVML: the simulated node's, the host's library under its
+    root or driver root, or (on this machine's own root) the one pynvml finds."""
+    from .nvmllib import load_host_library, own_library
     if host.simulated:
         _install_simulator(host)
+    elif own_library(host):
+        load_host_library(host)
 
 
 @contextlib.contextmanager
 def nvml_session(host: HostRoot):
     """nvmlInit/nvmlShutdown around a block, with NVML's start-up errors made actionable."""
-    load_nvml(host)
+    from .nvmllib import SONAME, library_path, own_library
     try:
+        load_nvml(host)
         N.nvmlInit()
     except N.NVMLError as e:
+        elsewhere = not host.simulated and own_library(host)
         if e.value == N.NVML_ERROR_LIBRARY_NOT_FOUND:
             raise NvmlLibraryMissing(
-                "the NVML library libnvidia-ml.so.1 could not be loaded",
-                hint="install the NVIDIA driver's user-space libraries, or pass --simulate DIR "
-                     "to use a simulated node", nvml_code=e.value) from None
+                f"the NVML library {SONAME} could not be loaded",
+                where=str(library_path(host) or host.driver()) if elsewhere else None,
+                hint="install the NVIDIA driver's user-space libraries, " +
+                     ("or name the root they are installed under with --driver-root"
+                      if elsewhere else "or pass --simulate DIR to use a simulated node"),
+                nvml_code=e.value) from None
+        if e.value == N.NVML_ERROR_FUNCTION_NOT_FOUND and elsewhere:
+            raise NvmlLibraryMissing(f"{SONAME} has no nvmlInit_v2: it is not NVIDIA's NVML library",
+                                     where=str(library_path(host)), nvml_code=e.value,
+                                     hint="check the driver root holds the NVIDIA driver's libraries") from None
         if e.value == N.NVML_ERROR_DRIVER_NOT_LOADED:
             raise DriverNotLoaded(
                 "NVML is installed but the NVIDIA kernel driver is not loaded",

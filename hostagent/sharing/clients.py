@@ -45,5 +45,5 @@ def mps_client_edits(host: HostRoot, uuid: str, device: DeviceSharing | None, mp
         env.append(f"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE={threads}")
     if pinned is not None:
         env.append(f"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0={pinned}M")
-    return Edits(env=tuple(env), mounts=(Mount(str(mps.pipe_dir(host, uuid)), CONTAINER_PIPE, IPC_MOUNT_OPTIONS),
-                                         Mount(str(mps.shm_dir(host)), "/dev/shm", IPC_MOUNT_OPTIONS)))
+    return Edits(env=tuple(env), mounts=(Mount(host.on_host(mps.pipe_dir(host, uuid)), CONTAINER_PIPE, IPC_MOUNT_OPTIONS),
+                                         Mount(host.on_host(mps.shm_dir(host)), "/dev/shm", IPC_MOUNT_OPTIONS)))

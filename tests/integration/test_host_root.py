@@ -1,0 +1,109 @@
+"""A host's / mounted elsewhere (--host-root), as the DaemonSet's container sees it at /host:
+files land under the root, and what the host's programs read names host paths."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pynvml
+import pytest
+
+import hostagent
+from hostagent.cdi.validate import validate_spec
+from hostagent.devices.nvmllib import load_host_library
+from hostagent.hostroot import HostRoot, resolve_within
+from hostagent.sim.driverroot import LIB_DIR
+
+from ..programs import script
+
+ROOT_ONLY = pytest.mark.skipif(os.geteuid() != 0, reason="specs read major/minor from real character devices (root)")
+
+
+def debian_like(root: Path) -> Path:
+    """What a Debian host has and the simulator does not make: /var/run -> /run, and a
+    python3 (here one that runs this machine's) for the hook."""
+    (root / "var").mkdir(exist_ok=True)
+    (root / "var/run").symlink_to("/run")
+    (root / "usr/bin/python3").write_text(f"#!/bin/sh\nexec {sys.executable} \"$@\"\n")
+    (root / "usr/bin/python3").chmod(0o755)
+    return root
+
+
+def run(*args, check=True):
+    done = subprocess.run([script("hostagent"), *args], capture_output=True, text=True, timeout=60,
+                          env={k: v for k, v in os.environ.items() if not k.startswith("HOSTAGENT_")})
+    assert not check or done.returncode == 0, done.stderr
+    return done
+
+
+def host_paths(spec: dict) -> set[str]:
+    """Every path of the host the spec names: its mounts' and device nodes' (a node without
+    hostPath is at its path on the host)."""
+    out = set()
+    for edits in [spec["containerEdits"]] + [d["containerEdits"] for d in spec["devices"]]:
+        out |= {m["hostPath"] for m in edits.get("mounts", ())}
+        out |= {n.get("hostPath", n["path"]) for n in edits.get("deviceNodes", ())}
+    return out
+
+
+@ROOT_ONLY
+def test_a_mounted_node_gets_a_spec_of_host_paths_under_its_own_cdi_folder(make_node):
+    host, _ = make_node("t4x2")
+    root = debian_like(host.root)
+    as_simulated = json.loads(run("--simulate", str(root), "cdi", "generate").stdout)
+    out = run("--simulate", str(root), "--host-root", str(root), "cdi", "refresh")
+    # /var/run/cdi is the root's /run/cdi (its /var/run -> /run), never this machine's.
+    assert f"{root}/run/cdi/nvidia.com-gpu.json: created" in out.stdout
+    spec = json.loads((root / "run/cdi/nvidia.com-gpu.json").read_text())
+    assert validate_spec(spec) == []
+    paths = host_paths(spec)
+    assert paths and not [p for p in paths if p.startswith(str(root))]
+    # Every host path is a file of the host (its links followed as the host would).
+    assert all(resolve_within(root, p).exists() for p in paths)
+    # The same spec as the simulated node's, the root taken off its paths; the hook is
+    # the host's python3 with the copy of the hook program kept on the host.
+    assert {str(root) + p for p in paths} == host_paths(as_simulated)
+    [hook] = spec["containerEdits"]["hooks"]
+    assert hook["path"] == "/usr/bin/python3" and "sys.path.append('/var/lib/hostagent/hook')" in hook["args"][4]
+    copy = root / "var/lib/hostagent/hook/hostagent/hooks/main.py"
+    assert copy.read_bytes() == (Path(hostagent.__file__).parent / "hooks/main.py").read_bytes()
+    program = subprocess.run([sys.executable, "-I", "-S", "-c", hook["args"][4].replace(
+        "/var/lib/hostagent/hook", str(root / "var/lib/hostagent/hook")), "--version"],
+        capture_output=True, text=True)
+    assert program.returncode == 0 and hostagent.__version__ in program.stdout + program.stderr
+
+
+def test_nvml_is_the_hosts_library_found_under_the_root_or_driver_root(make_node, tmp_path):
+    host, _ = make_node("t4x2")
+    root = host.root
+    lib = root / LIB_DIR
+    real = os.readlink(lib / "libnvidia-ml.so.1")
+    (lib / "libnvidia-ml.so.1").unlink()                   # an absolute link, read as the host would
+    (lib / "libnvidia-ml.so.1").symlink_to(f"/{LIB_DIR}/{real}")
+    try:
+        assert load_host_library(HostRoot.mounted_at(root)) == lib / real
+        assert pynvml.nvmlLib._name == str(lib / real)
+    finally:
+        pynvml.nvmlLib = None
+    # The simulator's library is an ELF with no code: loaded, it lacks NVML's functions.
+    out = run("--host-root", str(root), "devices", check=False)
+    assert out.returncode == 1
+    assert out.stderr == (f"hostagent: error: {lib / real}: libnvidia-ml.so.1 has no nvmlInit_v2: it is not "
+                          "NVIDIA's NVML library (check the driver root holds the NVIDIA driver's libraries)\n")
+    # The GPU operator's layout: the driver in its own root on the host.
+    other = tmp_path / "host"
+    (other / "run/nvidia").mkdir(parents=True)
+    os.rename(root, other / "run/nvidia/driver")
+    out = run("--host-root", str(other), "--driver-root", "/run/nvidia/driver", "devices", check=False)
+    assert f"{other}/run/nvidia/driver/{LIB_DIR}/{real}: libnvidia-ml.so.1 has no nvmlInit_v2" in out.stderr
+    out = run("--host-root", str(other), "devices", check=False)
+    assert out.stderr.startswith(f"hostagent: error: {other}: the NVML library libnvidia-ml.so.1 could not be loaded")
+    assert "--driver-root" in out.stderr
+
+
+def test_the_runtime_shim_is_not_written_from_a_container(tmp_path):
+    out = run("--host-root", str(tmp_path), "runtime", "install-shim", check=False)
+    assert out.returncode == 2 and "runtime configure --cdi" in out.stderr
+    assert list(tmp_path.iterdir()) == []
