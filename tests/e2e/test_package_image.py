@@ -7,6 +7,7 @@ import json
 import subprocess
 import time
 import uuid
+from pathlib import Path
 
 import pytest
 
@@ -77,3 +78,87 @@ def test_image_is_tagged_with_the_version_and_runs_the_agent_on_a_simulated_node
         assert not socket.exists()
     finally:
         podman("rm", "-f", "-t", "0", name, check=False)
+
+
+DAEMONSET = Path(__file__).resolve().parents[2] / "packaging/kubernetes/daemonset.yaml"
+CONFIGMAP = DAEMONSET.with_name("configmap.yaml")
+
+
+def daemonset_agent():
+    """The agent container of the DaemonSet and the host paths of its volumes."""
+    import yaml
+    pod = yaml.safe_load(DAEMONSET.read_text())["spec"]["template"]["spec"]
+    host_paths = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v}
+    return pod["containers"][0], host_paths
+
+
+def for_this_machine(spec: dict, tree: Path, vendor: str) -> dict:
+    """The spec as this machine's engines need it when the host's / is ``tree``: every host
+    path it names (mounts, nodes, the hook and its import path) found under ``tree``."""
+    import re
+    spec = json.loads(json.dumps(spec))
+    spec["kind"] = f"{vendor}/gpu"
+    for edits in [spec["containerEdits"]] + [d["containerEdits"] for d in spec["devices"]]:
+        for m in edits.get("mounts", ()):
+            m["hostPath"] = f"{tree}{m['hostPath']}"
+        for n in edits.get("deviceNodes", ()):
+            n["hostPath"] = f"{tree}{n.get('hostPath', n['path'])}"
+        for h in edits.get("hooks", ()):
+            h["args"] = [re.sub(r"sys\.path\.append\('(/[^']*)'\)", lambda m: f"sys.path.append('{tree}{m[1]}')", a)
+                         for a in h["args"]]
+            h["path"] = h["args"][0] = f"{tree}{h['path']}"
+    return spec
+
+
+def test_the_daemonset_agent_serves_a_host_mounted_at_host_with_specs_of_host_paths(image, podman_image, tmp_path):
+    """The DaemonSet's agent container (its mounts, environment and configuration) on a host
+    whose / is ``tree``: a Debian-like tree that is not the machine's root (its /var/run ->
+    /run), with the simulator's driver in it. The spec it writes names host paths; with
+    those found under ``tree``, a container on this machine starts with the GPU, the
+    driver's libraries and the links the hook (the host's copy, by the host's python3)
+    makes."""
+    import yaml
+    from .conftest import host_cdi_spec, podman_run
+    tree = tmp_path / "host"
+    subprocess.run([script("hostagent"), "sim", "create", "--profile", "t4x2", "--root", str(tree)], check=True,
+                   capture_output=True)
+    (tree / "var").mkdir()
+    (tree / "var/run").symlink_to("/run")
+    (tree / "usr/bin/python3").write_text("#!/bin/sh\nexec /usr/bin/python3 \"$@\"\n")
+    (tree / "usr/bin/python3").chmod(0o755)
+    config = tmp_path / "config"
+    config.mkdir()
+    (config / "config.yaml").write_text(yaml.safe_load(CONFIGMAP.read_text())["data"]["config.yaml"])
+
+    agent, host_paths = daemonset_agent()
+    flags = ["-v", f"{config}:/etc/hostagent:ro", "-v", f"{tree / '.sim'}:/host/.sim"]   # the simulator's state
+    for m in agent["volumeMounts"]:
+        if m["name"] in host_paths and m["mountPath"] != "/dev":    # this machine's /dev stays its own
+            (tree / host_paths[m["name"]].lstrip("/")).mkdir(parents=True, exist_ok=True)   # DirectoryOrCreate
+            flags += ["-v", f"{tree}{host_paths[m['name']]}:{m['mountPath']}" + (":ro" if m.get("readOnly") else "")]
+    flags += [a for e in agent["env"] for a in ("-e", f"{e['name']}={e['value']}")]
+    name = f"hostagent-hostroot-{uuid.uuid4().hex[:8]}"
+    podman("run", "-d", "--name", name, *PODMAN_FLAGS, *flags, "-e", "HOSTAGENT_SIMULATE=/host", image, *agent["args"])
+    try:
+        written = tree / "run/cdi/nvidia.com-gpu.json"
+        deadline = time.monotonic() + 60
+        while not written.exists():
+            assert time.monotonic() < deadline, podman("logs", name).stderr
+            time.sleep(0.2)
+        assert podman("exec", name, "hostagentd", "--check").returncode == 0
+        assert (tree / "run/nvidia/validations/driver-ready").read_text().startswith("IS_HOST_DRIVER=true\n")
+    finally:
+        podman("rm", "-f", "-t", "10", name, check=False)
+    spec = json.loads(written.read_text())
+    text = json.dumps(spec)
+    assert "/host/" not in text and str(tree) not in text
+    [hook] = spec["containerEdits"]["hooks"]
+    assert hook["path"] == "/usr/bin/python3"
+
+    vendor = f"e2e-{uuid.uuid4().hex[:8]}.hostagent.test"
+    with host_cdi_spec(f"{vendor}-gpu.json", json.dumps(for_this_machine(spec, tree, vendor))):
+        out = podman_run(podman_image, "sh", "-c",
+                         "stat -c '%F %t:%T' /dev/nvidia0; readlink /usr/lib/x86_64-linux-gnu/libcuda.so.1; "
+                         "ldconfig -p | grep -c libnvidia-ml.so.1", devices=[f"{vendor}/gpu=0"]).stdout
+    version = json.loads((tree / ".sim/node.json").read_text())["driver_version"]
+    assert out.splitlines() == ["character special file c3:0", f"libcuda.so.{version}", "1"], out

@@ -20,7 +20,8 @@ VERSIONS = ("1.27.0", str(kv.latest_version()))
 # The image's own hostagentd, asking the agent for GET /v1/node on its socket.
 PROBE = ("hostagentd", "--check")
 PLUGIN = ("hostagent", "device-plugin")
-AGENT_PATHS = {"/run/hostagent", "/var/lib/hostagent", "/etc/cdi", "/var/run/cdi", "/dev",
+# The agent: the host's / read-only at /host, and read-write over it what it writes.
+AGENT_PATHS = {"/", "/run/hostagent", "/var/lib/hostagent", "/etc/cdi", "/run/cdi", "/dev",
                "/etc/kubernetes/node-feature-discovery/features.d", "/run/nvidia/validations"}
 # The device plugin: the agent's socket (read-only: connecting needs no write), the
 # kubelet's device plugin folder, its pod resources socket.
@@ -82,7 +83,16 @@ def test_daemonset_runs_on_gpu_nodes_first_and_asks_only_for_what_the_agent_uses
     assert set(mounts(agent)) == AGENT_PATHS and mounts(plugin) == PLUGIN_PATHS
     assert set(host_paths.values()) == AGENT_PATHS | set(PLUGIN_PATHS)
     assert {m["name"] for c in (agent, plugin) for m in c["volumeMounts"]} == {v["name"] for v in spec["volumes"]}
-    assert all("mountPropagation" not in m for c in (agent, plugin) for m in c["volumeMounts"])
+    # Under /host, each at its host path (resolved: /var/run is a link to /run on hosts).
+    env = {e["name"]: e.get("value") for e in agent["env"]}
+    assert env["HOSTAGENT_HOST_ROOT"] == "/host"
+    for m in agent["volumeMounts"]:
+        if m["name"] in host_paths and m["mountPath"] != "/dev":
+            assert m["mountPath"] == "/host" + host_paths[m["name"]].rstrip("/"), m
+            assert not host_paths[m["name"]].startswith("/var/run/")
+            assert m.get("readOnly", False) == (m["mountPath"] == "/host")
+    propagated = [m for c in (agent, plugin) for m in c["volumeMounts"] if "mountPropagation" in m]
+    assert [(m["mountPath"], m["mountPropagation"]) for m in propagated] == [("/host", "HostToContainer")]
     for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
         assert tuple(agent[probe]["exec"]["command"]) == PROBE
     # The plugin is an API client: no privilege, no capability, one image for both.
