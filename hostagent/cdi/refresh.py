@@ -97,14 +97,14 @@ def refresh(host: HostRoot, options: SpecOptions = SpecOptions(), *, dry_run: bo
                                 removed=_diff(_parse(old_text), {})["removed"])
             return change, GeneratedSpec(spec=None, problems=(*e.left_out, e))
         text = render(generated.spec)
+        if host.mounted and not dry_run:     # the hook the spec names, on the host (this version's)
+            from .hookhome import install_hook_program
+            install_hook_program(host)
         if old_text == text and old_mode == 0o644:
             return SpecChange(str(path), written=False), generated
         change = SpecChange(str(path), written=True, created=old_text is None, mode_fixed=old_text == text,
                             **_diff(_parse(old_text), generated.spec))
         if not dry_run:
-            if host.mounted:                 # the hook the spec names, on the host
-                from .hookhome import install_hook_program
-                install_hook_program(host)
             ensure_dir(path.parent, 0o755)
             write_atomic(path, text, mode=0o644)
         return change, generated

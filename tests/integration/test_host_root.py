@@ -73,6 +73,13 @@ def test_a_mounted_node_gets_a_spec_of_host_paths_under_its_own_cdi_folder(make_
         "/var/lib/hostagent/hook", str(root / "var/lib/hostagent/hook")), "--version"],
         capture_output=True, text=True)
     assert program.returncode == 0 and hostagent.__version__ in program.stdout + program.stderr
+    # Another version's copy (an older image) is replaced even when the spec is unchanged.
+    copy.write_text("raise SystemExit('old')\n")
+    (copy.parent / "gone.py").write_text("")
+    out = run("--simulate", str(root), "--host-root", str(root), "cdi", "refresh")
+    assert out.stdout.endswith(": unchanged\n")
+    assert copy.read_bytes() == (Path(hostagent.__file__).parent / "hooks/main.py").read_bytes()
+    assert not (copy.parent / "gone.py").exists()
 
 
 def test_nvml_is_the_hosts_library_found_under_the_root_or_driver_root(make_node, tmp_path):
