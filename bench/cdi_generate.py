@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
 """Whole-process time of `hostagent cdi generate` on a simulated DGX A100 with every GPU
-in all-1g.5gb (56 MIG devices), side by side with `python3 -c pass`.
+in all-1g.5gb (56 MIG devices), side by side with `python3 -c pass`, and the same node
+seen as a host mounted at its directory (`--host-root`, as the DaemonSet's container runs:
+paths resolved within the root, host paths in the spec).
 
 Both run this interpreter: hostagent through the console script installed beside it (or
 `-m hostagent.cli.main`), never a `hostagent` found on PATH, which may be a wrapper (a
@@ -12,6 +14,7 @@ pyenv shim is a bash script that starts pyenv first) and would be timed with it.
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import statistics
 import subprocess
@@ -47,11 +50,16 @@ def main() -> int:
                     gi = s.create_gi(store.facts, gpu, 19, (start, 1))
                     s.create_ci(store.facts, gpu, gi.id, 0)
         create_cap_nodes(store.root, store.facts)
+        with open(f"{root}/usr/bin/python3", "w") as f:            # the hook's, on a mounted host
+            f.write(f"#!/bin/sh\nexec {sys.executable} \"$@\"\n")
+        os.chmod(f"{root}/usr/bin/python3", 0o755)
         script = console_script()
         cli = [sys.executable, script] if script else [sys.executable, "-m", "hostagent.cli.main"]
         commands = {"python3 -c pass": [sys.executable, "-c", "pass"],
                     "hostagent cdi generate (56 MIG devices)": cli + ["--simulate", root, "cdi", "generate",
-                                                                      "--output", f"{root}/spec.json"]}
+                                                                      "--output", f"{root}/spec.json"],
+                    "  the same, --host-root (mounted host)": cli + ["--simulate", root, "--host-root", root, "cdi",
+                                                                    "generate", "--output", f"{root}/spec2.json"]}
         for cmd in commands.values():
             timed(cmd)
         samples = {name: [] for name in commands}

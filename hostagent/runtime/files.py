@@ -89,7 +89,7 @@ class Reader:
         real_pattern = os.path.join(glob.escape(prefix), pattern.lstrip("/"))
         for real in glob.glob(real_pattern, include_hidden=True):
             if os.path.isfile(real):
-                out.append("/" + os.path.relpath(real, prefix) if prefix != "/" else real)
+                out.append(self.host.shown(real))
         return sorted(out)
 
 
