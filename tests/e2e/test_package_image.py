@@ -47,6 +47,15 @@ def podman(*args: str, check: bool = True) -> subprocess.CompletedProcess:
     return done
 
 
+def wait_for(path: Path, container: str, timeout: float = 60) -> Path:
+    """``path``, once the agent in ``container`` has made it (its log if it never does)."""
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert time.monotonic() < deadline, podman("logs", container).stderr
+        time.sleep(0.2)
+    return path
+
+
 def test_image_is_tagged_with_the_version_and_runs_the_agent_on_a_simulated_node(image, sim_node):
     assert image == f"localhost/hostagent:{__version__}"
     labels = json.loads(podman("image", "inspect", "-f", "{{json .Labels}}", image).stdout)
@@ -56,11 +65,7 @@ def test_image_is_tagged_with_the_version_and_runs_the_agent_on_a_simulated_node
     podman("run", "-d", "--name", name, *PODMAN_FLAGS, "-v", f"{sim_node}:{sim_node}",
            "-e", f"HOSTAGENT_SIMULATE={sim_node}", image)
     try:
-        socket = sim_node / "run/hostagent/hostagent.sock"
-        deadline = time.monotonic() + 60
-        while not socket.exists():
-            assert time.monotonic() < deadline, podman("logs", name).stderr
-            time.sleep(0.2)
+        socket = wait_for(sim_node / "run/hostagent/hostagent.sock", name)
         # The agent in the container answers the host's client on the shared socket.
         with Client.for_host(HostRoot.simulation(sim_node), timeout=10) as client:
             node = client.node()
@@ -140,11 +145,7 @@ def test_the_daemonset_agent_serves_a_host_mounted_at_host_with_specs_of_host_pa
     name = f"hostagent-hostroot-{uuid.uuid4().hex[:8]}"
     podman("run", "-d", "--name", name, *PODMAN_FLAGS, *flags, "-e", "HOSTAGENT_SIMULATE=/host", image, *agent["args"])
     try:
-        written = tree / "run/cdi/nvidia.com-gpu.json"
-        deadline = time.monotonic() + 60
-        while not written.exists():
-            assert time.monotonic() < deadline, podman("logs", name).stderr
-            time.sleep(0.2)
+        written = wait_for(tree / "run/cdi/nvidia.com-gpu.json", name)
         assert podman("exec", name, "hostagentd", "--check").returncode == 0
         assert (tree / "run/nvidia/validations/driver-ready").read_text().startswith("IS_HOST_DRIVER=true\n")
     finally:
