@@ -99,6 +99,10 @@ def test_nvml_is_the_hosts_library_found_under_the_root_or_driver_root(make_node
     assert out.returncode == 1
     assert out.stderr == (f"hostagent: error: {lib / real}: libnvidia-ml.so.1 has no nvmlInit_v2: it is not "
                           "NVIDIA's NVML library (check the driver root holds the NVIDIA driver's libraries)\n")
+    # The driver's checks read the host's files and name them as the host does.
+    out = run("--host-root", str(root), "driver", "verify", check=False)
+    assert f"/{LIB_DIR}/{real}: user-space version" in out.stdout and str(root) not in out.stdout
+    assert "NVML does not initialise: Function Not Found" in out.stdout
     # The GPU operator's layout: the driver in its own root on the host.
     other = tmp_path / "host"
     (other / "run/nvidia").mkdir(parents=True)
