@@ -21,7 +21,7 @@ VERSIONS = ("1.27.0", str(kv.latest_version()))
 PROBE = ("hostagentd", "--check")
 PLUGIN = ("hostagent", "device-plugin")
 # The agent: the host's / read-only at /host, and read-write over it what it writes.
-AGENT_PATHS = {"/", "/run/hostagent", "/var/lib/hostagent", "/etc/cdi", "/run/cdi", "/dev",
+AGENT_PATHS = {"/", "/run/hostagent", "/var/lib/hostagent", "/etc/hostagent", "/etc/cdi", "/run/cdi", "/dev",
                "/etc/kubernetes/node-feature-discovery/features.d", "/run/nvidia/validations"}
 # The device plugin: the agent's socket (read-only: connecting needs no write), the
 # kubelet's device plugin folder, its pod resources socket.
