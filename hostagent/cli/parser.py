@@ -1,9 +1,10 @@
 """The command line's parsers: what every command gets without asking.
 
-- The global options (``--simulate``, ``--host-root``, ``--driver-root``, ``-v``) are accepted after the command and its verb
-  as well as before them: every command's parser is a ``CommandParser``, which adds them
-  (``add_subparsers`` hands its class down to the verbs' parsers). Given after the command
-  they win; given before, they stand unless repeated after.
+- The global options (``--simulate``, ``--host-root``, ``--driver-root``, ``-v``) are
+  accepted after the command and its verb as well as before them: every command's parser
+  is a ``CommandParser``, which adds them (``add_subparsers`` hands its class down to the
+  verbs' parsers). Given after the command they win; given before, they stand unless
+  repeated after.
 - ``-o``/``--output`` before the command is moved behind it (``hoist_output``), so the
   command's own option takes it, with the command's own choices and error.
 - A mistake is reported by the parser of the command it was made in, with that command's
