@@ -58,13 +58,20 @@ def pid_alive(pid: int) -> bool:
     return stat_line.rpartition(")")[2].split()[:1] != ["Z"]
 
 
-def _alive(pid_file: Path) -> int | None:
-    """The pid in ``pid_file`` if that process lives."""
+def _alive(host: HostRoot, pid_file: str) -> int | None:
+    """The pid in the host's ``pid_file`` if that process lives. A mounted host's pids are
+    those of its /proc (this process may be in a PID namespace of its own, a container's);
+    a simulated node's daemons are this machine's processes."""
     try:
-        pid = int((_read(pid_file) or "").strip())
+        pid = int((_read(host.host(pid_file)) or "").strip())
     except ValueError:
         return None
-    return pid if pid > 0 and pid_alive(pid) else None
+    if pid <= 0:
+        return None
+    if host.mounted and not host.simulated:
+        stat_line = _read(host.proc(f"{pid}/stat"))
+        return pid if stat_line and stat_line.rpartition(")")[2].split()[:1] != ["Z"] else None
+    return pid if pid_alive(pid) else None
 
 
 def _module(host: HostRoot, release: str | None) -> ModuleFacts:
@@ -283,6 +290,6 @@ def probe(host: HostRoot, *, nvml: bool = True) -> DriverFacts:
         majors=majors, gpu_minors=_gpu_minors(host), pci_gpus=pci_gpus, nodes=_nodes(host),
         firmware_files=firmware, firmware_dir=host.shown(firmware_dir) if firmware_dir else None,
         firmware_next=firmware_next,
-        persistenced=_alive(host.host(PERSISTENCED_PID)), nvswitches=nvswitches,
-        fabricmanager=_alive(host.host(FABRICMANAGER_PID)), secure_boot=_secure_boot(host),
+        persistenced=_alive(host, PERSISTENCED_PID), nvswitches=nvswitches,
+        fabricmanager=_alive(host, FABRICMANAGER_PID), secure_boot=_secure_boot(host),
         kernel_log=read_kernel_log(host), **answers)

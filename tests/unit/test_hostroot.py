@@ -89,3 +89,18 @@ def test_resolve_within_keeps_what_does_not_exist(tmp_path):
     assert resolve_within(tmp_path, "/a/b/c") == tmp_path / "a/b/c"
     os.symlink("/a", tmp_path / "x")
     assert resolve_within(tmp_path, "x/new") == tmp_path / "a/new"
+
+
+def test_a_mounted_hosts_daemons_are_looked_up_in_its_proc(debian):
+    from hostagent.driver.probe import PERSISTENCED_PID, _alive
+    host = HostRoot.mounted_at(debian)
+    pid_file = debian / "run/nvidia-persistenced/nvidia-persistenced.pid"
+    pid_file.parent.mkdir(parents=True)
+    pid_file.write_text(f"{os.getpid()}\n")        # a pid of this machine's, not of the host's /proc
+    assert _alive(host, PERSISTENCED_PID) is None
+    (debian / f"proc/{os.getpid()}").mkdir(parents=True)
+    stat_file = debian / f"proc/{os.getpid()}/stat"
+    stat_file.write_text(f"{os.getpid()} (nvidia-persiste) S 1 1 1 0\n")
+    assert _alive(host, PERSISTENCED_PID) == os.getpid()
+    stat_file.write_text(f"{os.getpid()} (nvidia-persiste) Z 1 1 1 0\n")
+    assert _alive(host, PERSISTENCED_PID) is None
