@@ -135,6 +135,17 @@ class HostRoot:
                 return Path(found)
         return None
 
+    def driver_command(self, name: str) -> list[str] | None:
+        """The command line that runs the driver's program ``name`` as the host would: on a
+        mounted host in its driver root (chroot: the program needs the host's libraries,
+        not this container's); else the program itself. None if missing."""
+        path = self.driver_tool(name)
+        if path is None:
+            return None
+        if self.mounted and not self.simulated:
+            return ["chroot", str(self.driver_root or self.root), "/" + path.relative_to(self.driver()).as_posix()]
+        return [str(path)]
+
     def proc(self, path: str | os.PathLike = "") -> Path:
         return self.host(f"proc/{str(path).lstrip('/')}")
 

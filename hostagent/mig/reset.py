@@ -17,10 +17,11 @@ __all__ = ["reset_gpus", "nvidia_smi"]
 RESET_TIMEOUT = 300.0
 
 
-def nvidia_smi(host: HostRoot) -> str:
-    path = host.driver_tool("nvidia-smi")
-    if path is not None:
-        return str(path)
+def nvidia_smi(host: HostRoot) -> list[str]:
+    """The command line of the host's nvidia-smi (``HostRoot.driver_command``)."""
+    command = host.driver_command("nvidia-smi")
+    if command is not None:
+        return command
     raise NotFoundError("nvidia-smi is needed to reset GPUs and was not found", where=str(host.driver("usr/bin/nvidia-smi")),
                         hint="install the NVIDIA driver utilities, or apply with --mode-only "
                              "--skip-reset and reboot")
@@ -28,7 +29,7 @@ def nvidia_smi(host: HostRoot) -> str:
 
 def reset_gpus(host: HostRoot, bus_ids: list[str], *, timeout: float = RESET_TIMEOUT) -> None:
     """Reset exactly these GPUs; all or nothing, as nvidia-smi does it."""
-    cmd = [nvidia_smi(host), "-r", "-i", ",".join(bus_ids)]
+    cmd = [*nvidia_smi(host), "-r", "-i", ",".join(bus_ids)]
     try:
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:

@@ -57,12 +57,12 @@ class ApplyReport:
 def set_interval(host: HostRoot, uuid: str, interval: str) -> None:
     """``nvidia-smi compute-policy -i <uuid> --set-timeslice <0..3>``, as the DRA driver sets
     a GPU's time-slice (NVML has no call for it)."""
-    tool = host.driver_tool("nvidia-smi")
+    tool = host.driver_command("nvidia-smi")
     if tool is None:
         raise NotFoundError("nvidia-smi is needed to set time-slices and was not found",
                             where=str(host.driver("usr/bin/nvidia-smi")),
                             hint="install the NVIDIA driver utilities, or leave 'interval' out")
-    cmd = [str(tool), "compute-policy", "-i", uuid, "--set-timeslice", str(INTERVALS.index(interval))]
+    cmd = [*tool, "compute-policy", "-i", uuid, "--set-timeslice", str(INTERVALS.index(interval))]
     try:
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     except (OSError, subprocess.TimeoutExpired) as e:

@@ -104,3 +104,15 @@ def test_a_mounted_hosts_daemons_are_looked_up_in_its_proc(debian):
     assert _alive(host, PERSISTENCED_PID) == os.getpid()
     stat_file.write_text(f"{os.getpid()} (nvidia-persiste) Z 1 1 1 0\n")
     assert _alive(host, PERSISTENCED_PID) is None
+
+
+def test_a_mounted_hosts_driver_programs_run_in_its_root(debian, tmp_path):
+    smi = debian / "run/nvidia/driver/usr/bin/nvidia-smi"
+    smi.parent.mkdir(parents=True)
+    smi.write_text("")
+    assert HostRoot.mounted_at(debian, "/run/nvidia/driver").driver_command("nvidia-smi") == \
+        ["chroot", str(debian / "run/nvidia/driver"), "/usr/bin/nvidia-smi"]
+    assert HostRoot.mounted_at(debian).driver_command("nvidia-smi") is None
+    # A simulated node's stand-ins run on this machine, mounted or not.
+    assert HostRoot.mounted_at(debian, "/run/nvidia/driver", simulated=True).driver_command("nvidia-smi") == [str(smi)]
+    assert HostRoot(root=debian, driver_root=debian / "run/nvidia/driver").driver_command("nvidia-smi") == [str(smi)]
