@@ -311,13 +311,16 @@ class Client:
         return self.get("/v1/allocations/" + quote(alloc_id, safe=""))
 
     def allocate(self, alloc_id: str, devices: list, sharing: dict | None = None,
-                 labels: dict | None = None) -> dict:
+                 labels: dict | None = None, cdi_names: str | None = None) -> dict:
         """``devices``: names ("0", a UUID, "0:1", a CDI name) or ``{"constraints": {...},
-        "count": n}`` items."""
+        "count": n}`` items; ``cdi_names``: ``node`` for the node spec's names and no
+        transient spec (the agent's default: ``allocation``)."""
         items = [d if isinstance(d, dict) else {"device": str(d)} for d in devices]
         body = {"id": alloc_id, "devices": items}
         if sharing:
             body["sharing"] = sharing
+        if cdi_names:
+            body["cdi_names"] = cdi_names
         if labels:
             body["labels"] = labels
         return self.request("POST", "/v1/allocations", body).json()

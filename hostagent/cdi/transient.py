@@ -67,17 +67,18 @@ def device_name(allocation_id: str, device: Gpu | MigDevice) -> str:
 def build_transient_spec(discovery: Discovery, allocation_id: str,
                          devices: list[Gpu | MigDevice], interpreter: str,
                          kind: str = ALLOCATION_KIND, extra: dict[str, Edits] | None = None, *,
-                         import_path: str = HOOK_IMPORT_PATH) -> tuple[dict, dict]:
+                         import_path: str = HOOK_IMPORT_PATH, common: Edits | None = None) -> tuple[dict, dict]:
     """The allocation's spec, and the same devices as plain edits (env, mounts, device
     nodes, no hook) for callers that cannot use CDI. ``extra``: more edits for a device, by
-    UUID (an MPS client's pipe, shm and limits). Raises MissingDeviceNode for a device
-    without its nodes."""
+    UUID (an MPS client's pipe, shm and limits); ``common``: ``common_edits(discovery)``
+    when the caller has it already (the driver's files, found once per node spec). Raises
+    MissingDeviceNode for a device without its nodes."""
     extra = extra or {}
     per_device = [(dev, Edits.merge(discovery.gpu(dev) if isinstance(dev, Gpu) else discovery.mig_device(dev),
                                     extra.get(dev.uuid, Edits())))
                   for dev in devices]
     described = [edits for _, edits in per_device]
-    common = common_edits(discovery)
+    common = common_edits(discovery) if common is None else common
     spec = {"cdiVersion": "", "kind": kind,
             "devices": [{"name": device_name(allocation_id, dev), "containerEdits": edits.to_cdi()}
                         for dev, edits in per_device],

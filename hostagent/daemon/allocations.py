@@ -87,13 +87,20 @@ class Allocation:
     # Derived from the host when the spec is written; not part of the checkpoint.
     cdi_devices: tuple[str, ...] = field(default=(), compare=False)
     container_edits: dict = field(default_factory=dict, compare=False)
-    spec_path: str = field(default="", compare=False)
+    spec_path: str | None = field(default=None, compare=False)   # None: no transient spec
 
     @property
     def strategy(self) -> str:
         """The strategy it shares its devices under: the configured one on devices the
         sharing configuration shares, else the request's."""
         return REQUEST_STRATEGY[self.shared_as] if self.shared_as else self.request["sharing"]["strategy"]
+
+    @property
+    def own_spec(self) -> bool:
+        """Whether it gets a transient CDI spec of its own: when asked for (the default), and
+        always for an MPS client, whose pipe, shared memory and limits no node spec holds.
+        Otherwise its names are the node spec's, and nothing is written but the checkpoint."""
+        return self.request.get("cdi_names") != "node" or self.shared_as == "mps"
 
     @property
     def sharing(self) -> dict:
@@ -165,6 +172,8 @@ def normalize(body: dict) -> dict:
     if strategy == "TimeSlicing":
         sharing.setdefault("timeSlicingConfig", {}).setdefault("interval", "Default")
     out = {"id": body["id"], "devices": devices, "sharing": sharing}
+    if body.get("cdi_names", "allocation") != "allocation":     # the default is left out, as before
+        out["cdi_names"] = body["cdi_names"]
     if body.get("labels"):
         out["labels"] = dict(sorted(body["labels"].items()))
     return out

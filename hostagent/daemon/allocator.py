@@ -28,6 +28,7 @@ class Allocator:
     def __init__(self, agent):
         self.agent = agent
         self.host = agent.host
+        self._files = None      # (node spec, Discovery, common edits): _driver_files()
 
     def _same_request(self, existing: dict, request: dict) -> bool:
         """The same request, devices named by index, UUID, MIG or CDI name alike: a plugin
@@ -83,17 +84,47 @@ class Allocator:
                 by_uuid[d.uuid] = d
         return [by_uuid[u] for u in uuids]
 
-    def _write_spec(self, alloc: alloc_rules.Allocation, records) -> alloc_rules.Allocation:
-        """Worker: render and write the allocation's transient spec; returns the allocation
-        with the derived fields filled in."""
-        import dataclasses
+    def _driver_files(self):
+        """Worker: (Discovery, common edits) for the node spec in force. The driver's files
+        (libraries, binaries, config files: most of an allocation's cost when found afresh)
+        are found once per node spec generation, so an allocation describes the driver the
+        node spec does; a refresh (resync, MIG change, driver install) finds them again."""
         from ..cdi.discover import Discovery
+        from ..cdi.spec import common_edits
+        spec = self.agent.spec
+        if self._files is None or self._files[0] is not spec:
+            discovery = Discovery(self.host, self.agent.inventory.driver_version)
+            self._files = (spec, discovery, common_edits(discovery))
+        return self._files[1], self._files[2]
+
+    def _node_names(self, alloc: alloc_rules.Allocation) -> tuple[str, ...]:
+        """The devices' names in the node spec, by UUID where it has them (stable across
+        index changes)."""
+        out = []
+        for uuid in alloc.devices:
+            names = self.agent.cdi_names.get(uuid) or ()
+            out.append(next((n for n in names if n.endswith("=" + uuid)), names[0] if names else uuid))
+        return tuple(out)
+
+    def _prepare(self, alloc: alloc_rules.Allocation, records) -> alloc_rules.Allocation:
+        """Worker: the allocation's container edits, and its transient spec written when it
+        has one of its own; returns the allocation with the derived fields filled in.
+
+        The spec is written atomically but not fsynced: it lives in /run (a tmpfs, gone at a
+        reboot) and the daemon's start rewrites the spec of every allocation it keeps from
+        the checkpoint, so durability would buy nothing; the checkpoint is the durable
+        record."""
+        import dataclasses
         from ..cdi.render import render
         from ..fileio import ensure_dir, write_atomic
-        discovery = Discovery(self.host, self.agent.inventory.driver_version)
+        discovery, common = self._driver_files()
         home = self.agent.hook_home()
         spec, merged = transient.build_transient_spec(discovery, alloc.id, records, home.interpreter,
-                                                      extra=self._client_edits(alloc), import_path=home.import_path)
+                                                      extra=self._client_edits(alloc), import_path=home.import_path,
+                                                      common=common)
+        if not alloc.own_spec:
+            return dataclasses.replace(alloc, cdi_devices=self._node_names(alloc), container_edits=merged,
+                                       spec_path=None)
         path = transient.spec_file(self.host, alloc.id)
         ensure_dir(path.parent, 0o755)
         text = render(spec)
@@ -102,7 +133,7 @@ class Allocator:
         except OSError:
             unchanged = False
         if not unchanged:
-            write_atomic(path, text, mode=0o644)
+            write_atomic(path, text, mode=0o644, durable=False)
         return dataclasses.replace(alloc, cdi_devices=tuple(f"{spec['kind']}={d['name']}" for d in spec["devices"]),
                                    container_edits=merged, spec_path=str(path))
 
@@ -121,7 +152,7 @@ class Allocator:
     def _commit_new(self, alloc, records, others) -> alloc_rules.Allocation:
         """Worker: spec first, then the checkpoint (the commit point)."""
         with node_lock(self.host, f"allocate {alloc.id}"):
-            alloc = self._write_spec(alloc, records)
+            alloc = self._prepare(alloc, records)
             faults.point("allocate:after_spec")
             checkpoint.save(self.host, [*others, alloc])
             faults.point("allocate:after_checkpoint")
@@ -171,14 +202,15 @@ class Allocator:
             return True, alloc
 
     def _commit_release(self, alloc, others) -> None:
-        """Worker: checkpoint first (the commit point), then remove the spec."""
+        """Worker: checkpoint first (the commit point), then remove the spec (if it has one)."""
         with node_lock(self.host, f"release {alloc.id}"):
             checkpoint.save(self.host, others)
             faults.point("release:after_checkpoint")
-            try:
-                os.unlink(transient.spec_file(self.host, alloc.id))
-            except FileNotFoundError:
-                pass
+            if alloc.own_spec:
+                try:
+                    os.unlink(transient.spec_file(self.host, alloc.id))
+                except FileNotFoundError:
+                    pass
             faults.point("release:after_spec")
 
     async def release(self, alloc_id: str) -> alloc_rules.Allocation:
@@ -214,10 +246,10 @@ class Allocator:
                     dropped.append((alloc.id, f"device(s) {', '.join(gone)} gone or no longer allocatable"))
                     continue
                 try:
-                    kept.append(self._write_spec(alloc, self._records(alloc.devices)))
+                    kept.append(self._prepare(alloc, self._records(alloc.devices)))
                 except HostagentError as e:
                     dropped.append((alloc.id, e.message))
-            owned = {transient.safe_id(a.id) for a in kept}
+            owned = {transient.safe_id(a.id) for a in kept if a.own_spec}
             for sid, path in transient.transient_spec_files(self.host).items():
                 if sid not in owned:
                     os.unlink(path)

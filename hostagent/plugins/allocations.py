@@ -114,6 +114,9 @@ class Allocations:
         self.link = link
         self.strategies = tuple(strategies)
         self.cdi_names = cdi_names
+        # The agent writes a transient spec only when its names are answered: a node-spec
+        # answer needs nothing but the checkpoint (an MPS client gets its spec regardless).
+        self.agent_names = "allocation" if cdi_names == "allocation" and "cdi-cri" in self.strategies else "node"
         self.grace = grace
         self.expiry = expiry
         self._ledger: dict[str, _Entry] = {}
@@ -146,7 +149,7 @@ class Allocations:
         client = self.link.client()
         for _ in range(2):
             try:
-                return client.allocate(aid, devices, labels=labels)
+                return client.allocate(aid, devices, labels=labels, cdi_names=self.agent_names)
             except ConflictError as e:
                 if e.code == "allocation_conflict":          # an older plugin's request
                     self._release(aid, "made with another request")
@@ -159,7 +162,7 @@ class Allocations:
                     raise
                 for other in in_way:
                     self._release(other, "the kubelet allocated its devices again")
-        return client.allocate(aid, devices, labels=labels)
+        return client.allocate(aid, devices, labels=labels, cdi_names=self.agent_names)
 
     def _release(self, alloc_id: str, why: str) -> None:
         self.link.client().release(alloc_id, missing_ok=True)

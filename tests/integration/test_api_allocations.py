@@ -3,6 +3,7 @@ transient spec, and restarts."""
 
 import json
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -165,6 +166,51 @@ def test_release(agent, c):
     assert c.release("rel", missing_ok=True) is None
     with pytest.raises(NotFoundError):
         c.allocation("rel")
+
+
+def test_node_names_answer_without_a_transient_spec(agent, c):
+    before = spec_files(agent)
+    gpus = c.devices()["gpus"]
+    own = c.allocate("own", ["5"])
+    c.release("own")
+    a = c.allocate("ns/pod/node-named", ["5", "0:1"], cdi_names="node")
+    mig = c.device("0:1")
+    assert a["cdi_devices"] == [f"nvidia.com/gpu={gpus[5]['uuid']}", f"nvidia.com/gpu={mig['uuid']}"]
+    node_spec = json.loads(Path(c.node()["cdi"]["spec"]).read_text())
+    assert {n.split("=", 1)[1] for n in a["cdi_devices"]} <= {d["name"] for d in node_spec["devices"]}
+    assert a["spec_path"] is None and spec_files(agent) == before
+    # The same edits as an allocation with a spec of its own, where CDI cannot be used.
+    gpu5 = {n["path"] for n in own["container_edits"]["deviceNodes"]}
+    assert gpu5 <= {n["path"] for n in a["container_edits"]["deviceNodes"]}
+    assert a["container_edits"]["mounts"] == own["container_edits"]["mounts"]
+    assert a["visible_devices"] == f"{gpus[5]['uuid']},{mig['uuid']}"
+    # Idempotent as any other; asked again for a spec of its own, it is another request.
+    assert c.allocate("ns/pod/node-named", [gpus[5]["uuid"], mig["uuid"]], cdi_names="node") == a
+    with pytest.raises(ConflictError) as e:
+        c.allocate("ns/pod/node-named", ["5", "0:1"])
+    assert e.value.code == "allocation_conflict"
+    assert c.device("5")["allocations"] == ["ns/pod/node-named"]
+    assert c.release("ns/pod/node-named")["id"] == "ns/pod/node-named" and spec_files(agent) == before
+
+
+def test_allocations_follow_the_driver_files_of_the_node_spec(agent, c):
+    """The driver's files are found once per node spec: a refresh finds a new one for the
+    node spec and the allocations made after it alike."""
+    added = agent.root / "usr/share/X11/xorg.conf.d/10-nvidia.conf"
+    target = "/usr/share/X11/xorg.conf.d/10-nvidia.conf"
+    first = c.allocate("before", ["6"], cdi_names="node")
+    assert target not in {m["containerPath"] for m in first["container_edits"]["mounts"]}
+    added.parent.mkdir(parents=True, exist_ok=True)
+    added.write_bytes(b"optix")
+    try:
+        c.refresh()
+        after = c.allocate("after", ["7"], cdi_names="node")
+        assert target in {m["containerPath"] for m in after["container_edits"]["mounts"]}
+        node_spec = json.loads(Path(c.node()["cdi"]["spec"]).read_text())
+        assert target in {m["containerPath"] for m in node_spec["containerEdits"]["mounts"]}
+    finally:
+        added.unlink()
+        c.refresh()
 
 
 def test_sharing_limits_per_device_and_node(agent):

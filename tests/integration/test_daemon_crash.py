@@ -96,6 +96,33 @@ def test_crash_while_releasing(point):
         agent.cleanup()
 
 
+def test_node_named_allocation_survives_a_crash_without_a_spec():
+    """An allocation answered with the node spec's names has no spec: the checkpoint alone
+    is its commit point and its record across a crash."""
+    root = make_root()
+    agent = AgentProcess(root)
+    agent.env = {"HOSTAGENT_FAULT": "allocate:after_checkpoint"}
+    agent.start()
+    try:
+        crash_during(agent, lambda c: c.allocate("node/x", ["1"], cdi_names="node"))
+        stray = root / f"var/run/cdi/{KIND}node_x.json"          # none of its own: removed
+        stray.write_text("{}")
+        agent.env = {}
+        agent.start()
+        with agent.client() as c:
+            [alloc] = c.allocations()
+            gpu = c.device("1")
+            assert alloc["id"] == "node/x" and alloc["devices"] == [gpu["uuid"]]
+            assert alloc["cdi_devices"] == [f"nvidia.com/gpu={gpu['uuid']}"] and alloc["spec_path"] is None
+            assert c.allocate("node/x", ["1"], cdi_names="node") == alloc       # the plugin's retry
+        assert not stray.exists() and not list((root / "var/run/cdi").glob(KIND + "*"))
+        checkpoint = json.loads((root / "var/lib/hostagent/allocations.json").read_text())
+        assert [a["request"].get("cdi_names") for a in checkpoint["allocations"]] == ["node"]
+    finally:
+        agent.stop()
+        agent.cleanup()
+
+
 def test_random_kill9_under_load():
     """A client allocates and releases as fast as it can; the daemon is killed at random
     moments. Every allocation the client was told about survives unless it was released;

@@ -137,6 +137,8 @@ def test_allocate_answers_names_of_the_node_spec_and_records_the_allocation(node
     assert names == [f"{spec['kind']}={u}" for u in ids] and set(names) <= in_spec
     [alloc] = node.owned()
     assert alloc["devices"] == ids and alloc["labels"]["resource"] == GPU
+    # Answered with the node spec's names, the allocation needs no spec of its own.
+    assert alloc["spec_path"] is None and not list((node.root / "var/run/cdi").glob("hostagent.io-*"))
     # A kubelet retry (or an app container reusing its init container's devices): the same one.
     again = node.kubelet.allocate(GPU, list(reversed(ids))).container_responses[0]
     assert [d.name for d in again.cdi_devices] == names and [a["id"] for a in node.owned()] == [alloc["id"]]

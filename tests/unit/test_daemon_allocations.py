@@ -111,6 +111,20 @@ def test_checkpoint_entries_render_once():
     assert a.checkpoint_json is a.checkpoint_json
 
 
+def test_only_node_names_leave_the_transient_spec_out():
+    from hostagent.daemon.allocations import Allocation
+    body = {"id": "a", "devices": [{"device": "1"}]}
+    # The default is left out of the request, so checkpoints made before the field compare equal.
+    assert "cdi_names" not in normalize(body) and normalize({**body, "cdi_names": "allocation"}) == normalize(body)
+    node = normalize({**body, "cdi_names": "node"})
+    assert node["cdi_names"] == "node" and node != normalize(body)
+    assert Allocation("a", ("G1",), normalize(body), 1.0).own_spec
+    assert not Allocation("a", ("G1",), node, 1.0).own_spec
+    # An MPS client's pipe, shared memory and limits are in no node spec: it gets its own.
+    assert Allocation("a", ("G1",), node, 1.0, replicas=("G1",), shared_as="mps").own_spec
+    assert not Allocation("a", ("G1",), node, 1.0, replicas=("G1::0",), shared_as="time-slicing").own_spec
+
+
 # ---- devices the node's sharing configuration shares ---------------------------------------
 
 def shared(c, strategy, replicas, fail=False):

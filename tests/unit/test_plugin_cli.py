@@ -35,3 +35,10 @@ def test_bad_flags_are_usage_errors(capsys, argv, words):
     with pytest.raises(SystemExit) as e:
         main(["device-plugin", *argv])
     assert e.value.code == 2 and words in capsys.readouterr().err
+
+
+def test_the_agent_writes_a_spec_only_when_the_plugin_answers_its_names():
+    from hostagent.plugins.allocations import Allocations
+    assert Allocations(None).agent_names == "node"
+    assert Allocations(None, cdi_names="allocation").agent_names == "allocation"
+    assert Allocations(None, ("envvar", "edits"), cdi_names="allocation").agent_names == "node"
