@@ -25,18 +25,31 @@ __all__ = ["bind_socket", "instance_lock", "group_id"]
 log = logging.getLogger("hostagent.daemon")
 
 
-def group_id(name: str) -> int | None:
+def group_id(name: str, host: HostRoot | None = None) -> int | None:
+    """The group's id; a mounted host's (from its /etc/group: the host's users connect, and
+    this container's own groups are not theirs)."""
+    if host is None or not host.mounted:
+        try:
+            return grp.getgrnam(name).gr_gid
+        except KeyError:
+            return None
     try:
-        return grp.getgrnam(name).gr_gid
-    except KeyError:
+        lines = host.host("/etc/group").read_text().splitlines()
+    except OSError:
         return None
+    for line in lines:
+        fields = line.split(":")
+        if len(fields) >= 3 and fields[0] == name and fields[2].isdigit():
+            return int(fields[2])
+    return None
 
 
-def bind_socket(path: Path, group: str, mode: int, backlog: int = 1024) -> tuple[socket.socket, int | None]:
-    """A listening socket at ``path``: ``mode``, group ``group``; root-only (group bits
-    cleared) when the group does not exist. Returns the socket and the group's id."""
+def bind_socket(path: Path, group: str, mode: int, backlog: int = 1024,
+                host: HostRoot | None = None) -> tuple[socket.socket, int | None]:
+    """A listening socket at ``path``: ``mode``, group ``group`` (of ``host``); root-only
+    (group bits cleared) when the group does not exist. Returns the socket and the group's id."""
     ensure_dir(path.parent, 0o755)
-    gid = group_id(group)
+    gid = group_id(group, host)
     if gid is None:
         mode &= 0o700
         log.warning("group %r does not exist: the API socket is root-only (mode %04o); "

@@ -149,7 +149,7 @@ class Daemon:
             await self.features.stop(exiting=True)
             return self._stop_during_start()
         api = self.settings.api
-        sock, gid = bind_socket(self.socket_path, api.group, api.mode)
+        sock, gid = bind_socket(self.socket_path, api.group, api.mode, host=self.host)
         inode = os.stat(self.socket_path).st_ino
         self.server = ApiServer(App(self.agent), _server_options(api, gid))
         await self.server.start(sock)

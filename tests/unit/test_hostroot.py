@@ -116,3 +116,13 @@ def test_a_mounted_hosts_driver_programs_run_in_its_root(debian, tmp_path):
     # A simulated node's stand-ins run on this machine, mounted or not.
     assert HostRoot.mounted_at(debian, "/run/nvidia/driver", simulated=True).driver_command("nvidia-smi") == [str(smi)]
     assert HostRoot(root=debian, driver_root=debian / "run/nvidia/driver").driver_command("nvidia-smi") == [str(smi)]
+
+
+def test_a_mounted_hosts_group_is_the_hosts(debian):
+    import grp
+    from hostagent.daemon.listen import group_id
+    mine = grp.getgrgid(os.getgid()).gr_name           # a group of this machine's
+    (debian / "etc/group").write_text("hostagent:x:4321:alice,bob\n")
+    host = HostRoot.mounted_at(debian)
+    assert group_id("hostagent", host) == 4321
+    assert group_id(mine, host) is None and group_id(mine) == os.getgid()
