@@ -214,18 +214,27 @@ class Discovery:
         return Edits(mounts=tuple(mounts))
 
     def firmware(self) -> Edits:
+        """The GSP firmware of this driver version, where the kernel looks for it: first the
+        folder its firmware_class.path names (a host path: the GPU operator's driver
+        container sets /run/nvidia/driver/lib/firmware), then the driver root's."""
         release = os.uname().release
         dirs = []
         custom = self.host.sys("module/firmware_class/parameters/path")
         if custom.is_file() and custom.read_text().strip():
-            dirs.append(custom.read_text().strip())
-        dirs += [f"/lib/firmware/updates/{release}", "/lib/firmware/updates",
-                 f"/lib/firmware/{release}", "/lib/firmware"]
+            dirs.append(self.host.host(custom.read_text().strip()))
+        dirs += [self.host.driver(d) for d in (f"/lib/firmware/updates/{release}", "/lib/firmware/updates",
+                                               f"/lib/firmware/{release}", "/lib/firmware")]
         for d in dirs:
-            found = sorted(self.host.driver(d).glob(f"nvidia/{self.driver_version}/gsp*.bin"))
+            found = sorted(d.glob(f"nvidia/{self.driver_version}/gsp*.bin"))
             if found:
-                return Edits(mounts=tuple(self._mount(p, self._container_path(p)) for p in found))
+                return Edits(mounts=tuple(self._mount(p, self._firmware_path(d, p)) for p in found))
         return Edits()
+
+    def _firmware_path(self, folder: Path, path: Path) -> str:
+        try:
+            return self._container_path(path)
+        except ValueError:                 # a firmware folder outside the driver root
+            return "/lib/firmware/" + path.relative_to(folder).as_posix()
 
     def config_files(self) -> Edits:
         mounts = []

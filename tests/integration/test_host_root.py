@@ -118,3 +118,34 @@ def test_the_runtime_shim_is_not_written_from_a_container(tmp_path):
     out = run("--host-root", str(tmp_path), "runtime", "install-shim", check=False)
     assert out.returncode == 2 and "runtime configure --cdi" in out.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+def test_the_gpu_operators_layout_the_driver_in_its_own_root(make_node, tmp_path):
+    """A host that is not a simulated node: its driver in /run/nvidia/driver (the driver
+    container's root), the kernel's firmware path set to it. What a spec needs of the driver
+    is found there, named by host paths, and mounted where the driver root puts it."""
+    from hostagent.cdi.discover import Discovery
+    from hostagent.cdi.spec import common_edits
+    node, store = make_node("t4x2")
+    version = store.facts.driver_version
+    root = tmp_path / "host"
+    (root / "run/nvidia").mkdir(parents=True)
+    (root / "var").mkdir()
+    (root / "var/run").symlink_to("/run")
+    os.rename(node.root, root / "run/nvidia/driver")
+    (root / "sys/module/firmware_class/parameters").mkdir(parents=True)
+    (root / "sys/module/firmware_class/parameters/path").write_text("/var/run/nvidia/driver/lib/firmware\n")
+    edits = common_edits(Discovery(HostRoot.mounted_at(root, "/run/nvidia/driver"), version))
+    mounts = {m.container_path: m.host_path for m in edits.mounts}
+    assert mounts[f"/{LIB_DIR}/libcuda.so.{version}"] == f"/run/nvidia/driver/{LIB_DIR}/libcuda.so.{version}"
+    assert mounts["/usr/bin/nvidia-smi"] == "/run/nvidia/driver/usr/bin/nvidia-smi"
+    assert mounts[f"/lib/firmware/nvidia/{version}/gsp_tu10x.bin"] == \
+        f"/run/nvidia/driver/lib/firmware/nvidia/{version}/gsp_tu10x.bin"
+    assert all(p.startswith("/run/nvidia/driver/") and resolve_within(root, p).is_file() for p in mounts.values())
+    assert not [c for c in mounts if "nvidia/driver" in c]
+    # A firmware folder of the kernel's outside the driver root: found through the host.
+    os.rename(root / "run/nvidia/driver/lib/firmware", root / "opt")
+    (root / "sys/module/firmware_class/parameters/path").write_text("/opt\n")
+    edits = Discovery(HostRoot.mounted_at(root, "/run/nvidia/driver"), version).firmware()
+    assert {m.container_path: m.host_path for m in edits.mounts}[f"/lib/firmware/nvidia/{version}/gsp_tu10x.bin"] == \
+        f"/opt/nvidia/{version}/gsp_tu10x.bin"
