@@ -11,9 +11,11 @@ device-plugin`` in its own process) and calls it over gRPC as the kubelet does:
      app container reusing its init container's devices): the agent answers idempotently;
      beside it, the same idempotent request to the agent alone through the Python client;
    - *new set*: a set overlapping the last one, so each call releases the allocation the
-     kubelet handed out again and creates one (transient CDI spec and checkpoint, fsynced);
-   - beside them, the agent alone: ``POST /v1/allocations`` plus ``DELETE`` through the
-     Python client, the floor the second kind cannot go below.
+     kubelet handed out again and creates one, in one request (``replaces``) and one
+     checkpoint write (fsynced);
+   - beside them, the agent alone through the Python client: the same create replacing the
+     last (the floor of the second kind), and ``POST /v1/allocations`` plus ``DELETE`` with
+     the node spec's names and with a transient spec of its own (two commits each).
 2. ``GetPreferredAllocation`` latency (4 of 8 GPUs), p50/p99.
 3. XID to ``ListAndWatch``: the time from injecting XID 79 on a GPU (through the simulated
    NVML's event API, as the driver would raise it) to the kubelet's stream carrying that
@@ -23,6 +25,7 @@ device-plugin`` in its own process) and calls it over gRPC as the kubelet does:
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import signal
 import subprocess
@@ -57,6 +60,7 @@ def main() -> int:
     parser.add_argument("--calls", type=int, default=1000)
     parser.add_argument("--xids", type=int, default=20)
     args = parser.parse_args()
+    print("load average at start: %.2f %.2f %.2f" % os.getloadavg())
 
     from hostagent.sim.control import inject_xid
     from hostagent.sim.store import SimStore
@@ -92,11 +96,17 @@ def main() -> int:
             new = timed(lambda i: kubelet.allocate(GPU, sets[i % 2]), args.calls)
             print(f"  new set (release + create)   {percentiles(new)}")
 
-            def agent_alone(i):
-                c.allocate(f"bench-{i}", [gpus[7]])
-                c.release(f"bench-{i}")
-            alone = timed(agent_alone, args.calls)
-            print(f"  agent alone (create+release) {percentiles(alone)}")
+            c.allocate("bench-r-1", [gpus[7]], cdi_names="node")
+            replacing = timed(lambda i: c.allocate(f"bench-r{i}", [gpus[7]], cdi_names="node",
+                                                   replaces=[f"bench-r{i - 1}"]), args.calls)
+            c.release(f"bench-r{args.calls - 1}")
+            print(f"  agent alone (create replacing the last, node names) {percentiles(replacing)}")
+            for names in ("node", "allocation"):
+                def agent_alone(i):
+                    c.allocate(f"bench-{i}", [gpus[7]], cdi_names=names)
+                    c.release(f"bench-{i}")
+                alone = timed(agent_alone, args.calls)
+                print(f"  agent alone (create+release, {names} names) {percentiles(alone)}")
 
             prefer = timed(lambda i: kubelet.prefer(GPU, gpus, 4), args.calls)
             print(f"GetPreferredAllocation (4 of 8) {percentiles(prefer)}")
@@ -112,6 +122,7 @@ def main() -> int:
                 c.clear_health([str(index)])
                 endpoint.wait(lambda l: all(h == "Healthy" for _, h, _ in l), timeout=30)
             print(f"XID 79 -> ListAndWatch Unhealthy {percentiles(latencies)}")
+        print("load average at end: %.2f %.2f %.2f" % os.getloadavg())
         return 0
     finally:
         if plugin is not None:

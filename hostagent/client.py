@@ -311,16 +311,19 @@ class Client:
         return self.get("/v1/allocations/" + quote(alloc_id, safe=""))
 
     def allocate(self, alloc_id: str, devices: list, sharing: dict | None = None,
-                 labels: dict | None = None, cdi_names: str | None = None) -> dict:
+                 labels: dict | None = None, cdi_names: str | None = None, replaces=()) -> dict:
         """``devices``: names ("0", a UUID, "0:1", a CDI name) or ``{"constraints": {...},
         "count": n}`` items; ``cdi_names``: ``node`` for the node spec's names and no
-        transient spec (the agent's default: ``allocation``)."""
+        transient spec (the agent's default: ``allocation``); ``replaces``: ids of
+        allocations to release in the same commit."""
         items = [d if isinstance(d, dict) else {"device": str(d)} for d in devices]
         body = {"id": alloc_id, "devices": items}
         if sharing:
             body["sharing"] = sharing
         if cdi_names:
             body["cdi_names"] = cdi_names
+        if replaces:
+            body["replaces"] = list(replaces)
         if labels:
             body["labels"] = labels
         return self.request("POST", "/v1/allocations", body).json()

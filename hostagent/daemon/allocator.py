@@ -67,10 +67,12 @@ class Allocator:
                     (gpu.index, d.index), why_not(d.uuid), shared.get(d.uuid)))
         return out
 
-    def _taken(self) -> dict[str, set[str]]:
-        """uuid -> the replica ids the allocations hold on it."""
+    def _taken(self, leaving=frozenset()) -> dict[str, set[str]]:
+        """uuid -> the replica ids the allocations (but those ``leaving``) hold on it."""
         out: dict[str, set[str]] = {}
         for a in self.agent.allocations.values():
+            if a.id in leaving:
+                continue
             for r in a.replicas:
                 replica = alloc_rules.replica_of(r)
                 out.setdefault(replica[0] if replica else r, set()).add(r)
@@ -149,22 +151,30 @@ class Allocator:
         mps_config = alloc.request["sharing"].get("mpsConfig")
         return {u: mps_client_edits(self.host, u, devices.get(u), mps_config) for u in alloc.devices}
 
-    def _commit_new(self, alloc, records, others) -> alloc_rules.Allocation:
-        """Worker: spec first, then the checkpoint (the commit point)."""
+    def _commit_new(self, alloc, records, others, replaced) -> alloc_rules.Allocation:
+        """Worker: spec first, then the checkpoint (the commit point; the allocations it
+        replaces leave it in the same write), then the replaced ones' specs go."""
         with node_lock(self.host, f"allocate {alloc.id}"):
             alloc = self._prepare(alloc, records)
             faults.point("allocate:after_spec")
             checkpoint.save(self.host, [*others, alloc])
             faults.point("allocate:after_checkpoint")
+            self._remove_specs(replaced)
         return alloc
 
     async def allocate(self, body: dict) -> tuple[bool, alloc_rules.Allocation]:
-        """Create (True) or return the identical existing (False) allocation."""
+        """Create (True) or return the identical existing (False) allocation. The
+        allocations ``body["replaces"]`` names (those that exist) are released in the same
+        commit: their devices are free for this one, and a refused request releases none."""
         request = alloc_rules.normalize(body)
         async with self.agent.mutex:
+            replaced = [self.agent.allocations[r] for r in dict.fromkeys(body.get("replaces") or ())
+                        if r in self.agent.allocations and r != request["id"]]
             existing = self.agent.allocations.get(request["id"])
             if existing is not None:
                 if self._same_request(existing.request, request):
+                    if replaced:
+                        await self._release_locked(replaced, f"replaced by {existing.id}")
                     return False, existing
                 raise alloc_rules.AllocationConflict(
                     f"allocation {request['id']!r} exists with a different request",
@@ -176,7 +186,8 @@ class Allocator:
                     f"allocation id {request['id']!r} names the same spec file as {clash!r}",
                     id=request["id"], clashes_with=clash)
             limits = self.agent.settings.allocations
-            if len(self.agent.allocations) >= limits.max_total:
+            leaving = frozenset(a.id for a in replaced)
+            if len(self.agent.allocations) - len(leaving) >= limits.max_total:
                 raise alloc_rules.AllocationLimitReached(
                     f"the node has {len(self.agent.allocations)} allocations, the most "
                     f"allocations.max_total allows", limit=limits.max_total,
@@ -184,34 +195,61 @@ class Allocator:
             if self.agent.inventory is None:
                 raise self._unavailable()
             self.agent.driver.require("make an allocation")
+            users = self.agent.users()
+            if leaving:
+                users = {u: [x for x in held if x[0] not in leaving] for u, held in users.items()}
             chosen = alloc_rules.select(
-                request, self._candidates(), self.agent.users(),
+                request, self._candidates(), users,
                 resolve=lambda name: self.agent.snapshot.lookup.get(name),
                 healthy=lambda u: (self.agent.health.get(u) or self.agent.default_health).allocatable,
-                max_per_device=limits.max_per_device, taken=self._taken())
+                max_per_device=limits.max_per_device, taken=self._taken(leaving))
             uuids = chosen.devices
             alloc = alloc_rules.Allocation(id=request["id"], devices=tuple(uuids), request=request,
                                            created=time.time(), replicas=tuple(chosen.replicas),
                                            shared_as=chosen.shared_as)
-            alloc = await self.agent.blocking(self._commit_new, alloc, self._records(uuids),
-                                        list(self.agent.allocations.values()))
+            others = [a for a in self.agent.allocations.values() if a.id not in leaving]
+            alloc = await self.agent.blocking(self._commit_new, alloc, self._records(uuids), others, replaced)
+            for old in replaced:
+                self.agent.remove_allocation(old.id)
+                log.info("allocation %s released: replaced by %s", old.id, alloc.id,
+                         extra={"fields": {"allocation_id": old.id}})
             self.agent.add_allocation(alloc)
             log.info("allocation %s created: %s", alloc.id, ", ".join(alloc.cdi_devices),
                      extra={"fields": {"allocation_id": alloc.id}})
-            self.agent.publish([("allocation_created", {"allocation": allocation_view(alloc)})])
+            self.agent.publish([*self._deleted(replaced, f"replaced by {alloc.id}"),
+                                ("allocation_created", {"allocation": allocation_view(alloc)})])
             return True, alloc
 
-    def _commit_release(self, alloc, others) -> None:
-        """Worker: checkpoint first (the commit point), then remove the spec (if it has one)."""
-        with node_lock(self.host, f"release {alloc.id}"):
-            checkpoint.save(self.host, others)
-            faults.point("release:after_checkpoint")
+    @staticmethod
+    def _deleted(allocs, reason: str) -> list:
+        return [("allocation_deleted", {"allocation": allocation_view(a), "reason": reason}) for a in allocs]
+
+    def _remove_specs(self, allocs) -> None:
+        for alloc in allocs:
             if alloc.own_spec:
                 try:
                     os.unlink(transient.spec_file(self.host, alloc.id))
                 except FileNotFoundError:
                     pass
+
+    def _commit_release(self, allocs, others) -> None:
+        """Worker: checkpoint first (the commit point), then remove the specs (of those that
+        have one)."""
+        with node_lock(self.host, f"release {', '.join(a.id for a in allocs)}"):
+            checkpoint.save(self.host, others)
+            faults.point("release:after_checkpoint")
+            self._remove_specs(allocs)
             faults.point("release:after_spec")
+
+    async def _release_locked(self, allocs, reason: str) -> None:
+        gone = {a.id for a in allocs}
+        others = [a for a in self.agent.allocations.values() if a.id not in gone]
+        await self.agent.blocking(self._commit_release, allocs, others)
+        for alloc in allocs:
+            self.agent.remove_allocation(alloc.id)
+            log.info("allocation %s released%s", alloc.id, "" if reason == "released" else f": {reason}",
+                     extra={"fields": {"allocation_id": alloc.id}})
+        self.agent.publish(self._deleted(allocs, reason))
 
     async def release(self, alloc_id: str) -> alloc_rules.Allocation:
         async with self.agent.mutex:
@@ -221,11 +259,7 @@ class Allocator:
                 raise NotFoundError(f"no allocation {alloc_id!r}: already released, or never made",
                                     id=alloc_id, hint="nothing to release; a retried release may "
                                     "take this as done")
-            others = [a for a in self.agent.allocations.values() if a.id != alloc_id]
-            await self.agent.blocking(self._commit_release, alloc, others)
-            self.agent.remove_allocation(alloc_id)
-            log.info("allocation %s released", alloc_id, extra={"fields": {"allocation_id": alloc_id}})
-            self.agent.publish([("allocation_deleted", {"allocation": allocation_view(alloc), "reason": "released"})])
+            await self._release_locked([alloc], "released")
             return alloc
 
     def _unavailable(self):

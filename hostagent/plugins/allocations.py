@@ -133,36 +133,41 @@ class Allocations:
         aid = allocation_id(resource, ids)
         labels = {"owner": OWNER, "resource": resource}
         with self._lock:
+            in_way = [other for other, entry in self._ledger.items()
+                      if other != aid and entry.resource == resource and entry.ids & set(ids)]
             try:
-                for other, entry in list(self._ledger.items()):
-                    if other != aid and entry.resource == resource and entry.ids & set(ids):
-                        self._release(other, "the kubelet allocated its devices again")
-                alloc = self._create(aid, devices, set(ids), labels)
+                alloc, replaced = self._create(aid, devices, set(ids), labels, in_way)
             except HostagentError as e:
                 raise grpc_error(e) from None
+            for other in replaced:
+                self._ledger.pop(other, None)
+                log.info("released allocation %s: the kubelet allocated its devices again", other)
             self._ledger[aid] = _Entry(resource, frozenset(ids), time.monotonic())
         return container_response(alloc, self.link.view.devices, self.strategies, self.cdi_names)
 
-    def _create(self, aid: str, devices: list[str], ids: set, labels: dict) -> dict:
-        """The agent's allocation; this plugin's allocations in the way (made by an earlier
-        run, not in the ledger yet) are released first, as those in the ledger are."""
+    def _create(self, aid: str, devices: list[str], ids: set, labels: dict, in_way: list[str]) -> tuple[dict, list]:
+        """The agent's allocation, and the ids of this plugin's allocations in its way that
+        it replaced: released by the same request (one commit in the agent), those in the
+        ledger and, when the agent finds more (an earlier run's, not in the ledger yet),
+        those too."""
         client = self.link.client()
+        replaces = list(in_way)
         for _ in range(2):
             try:
-                return client.allocate(aid, devices, labels=labels, cdi_names=self.agent_names)
+                return client.allocate(aid, devices, labels=labels, cdi_names=self.agent_names,
+                                       replaces=replaces), replaces
             except ConflictError as e:
                 if e.code == "allocation_conflict":          # an older plugin's request
                     self._release(aid, "made with another request")
                     continue
                 if e.code != "device_busy":
                     raise
-                in_way = [a["id"] for a in client.allocations()
-                          if owned(a["id"]) and a["id"] != aid and kubelet_ids(a) & ids]
-                if not in_way:
+                more = [a["id"] for a in client.allocations() if owned(a["id"]) and a["id"] != aid
+                        and a["id"] not in replaces and kubelet_ids(a) & ids]
+                if not more:
                     raise
-                for other in in_way:
-                    self._release(other, "the kubelet allocated its devices again")
-        return client.allocate(aid, devices, labels=labels, cdi_names=self.agent_names)
+                replaces += more
+        return client.allocate(aid, devices, labels=labels, cdi_names=self.agent_names, replaces=replaces), replaces
 
     def _release(self, alloc_id: str, why: str) -> None:
         self.link.client().release(alloc_id, missing_ok=True)

@@ -213,6 +213,37 @@ def test_allocations_follow_the_driver_files_of_the_node_spec(agent, c):
         c.refresh()
 
 
+def test_replaces_releases_in_the_same_commit(agent, c):
+    start = c.node()["revision"]
+    c.allocate("old", ["1", "2"])
+    c.allocate("keep", ["3"], cdi_names="node")
+    with pytest.raises(ConflictError) as e:
+        c.allocate("new", ["2", "4"])
+    assert e.value.code == "device_busy"
+    # A refused request releases nothing.
+    with pytest.raises(ConflictError) as e:
+        c.allocate("new", ["3", "4"], replaces=["old"])
+    assert e.value.code == "device_busy" and {a["id"] for a in c.allocations()} == {"old", "keep"}
+    # Its devices are free for the new one; an id already gone is skipped.
+    new = c.allocate("new", ["2", "4"], cdi_names="node", replaces=["old", "gone-already"])
+    assert {a["id"] for a in c.allocations()} == {"keep", "new"}
+    assert "hostagent.io-allocation_old.json" not in spec_files(agent)
+    saved = json.loads((agent.root / "var/lib/hostagent/allocations.json").read_text())
+    assert sorted(a["id"] for a in saved["allocations"]) == ["keep", "new"]
+    assert c.device("2")["allocations"] == ["new"] and c.device("1")["allocations"] == []
+    # A retry is the same request, with or without what it replaced.
+    assert c.allocate("new", ["2", "4"], cdi_names="node") == new
+    # The replaced allocation's deletion comes before the creation that replaced it.
+    events = []
+    with agent.client() as w:
+        for e in w.watch(since=start):
+            if e["type"].startswith("allocation_"):
+                events.append((e["type"], e["allocation"]["id"], e.get("reason")))
+            if e["type"] == "allocation_created" and e["allocation"]["id"] == "new":
+                break
+    assert events[-2:] == [("allocation_deleted", "old", "replaced by new"), ("allocation_created", "new", None)]
+
+
 def test_sharing_limits_per_device_and_node(agent):
     """allocations.max_per_device bounds how many allocations share one device and
     allocations.max_total how many the node has; a reload changes them."""

@@ -44,26 +44,29 @@ def crash_during(agent, action) -> None:
 @pytest.mark.parametrize("point, survives", [("allocate:after_spec", False),
                                              ("allocate:after_checkpoint", True)])
 def test_crash_while_allocating(point, survives):
+    """The new allocation replaces an older one: both change in the one commit, or neither."""
     root = make_root()
     agent = AgentProcess(root).start()
     try:
         with agent.client() as c:
             c.allocate("before", ["0"])
+            c.allocate("replaced", ["1"])
         agent.stop()
         agent.env = {"HOSTAGENT_FAULT": point}
         agent.start()
-        crash_during(agent, lambda c: c.allocate("claim/x", ["1", "2"]))
+        crash_during(agent, lambda c: c.allocate("claim/x", ["1", "2"], replaces=["replaced"]))
         assert (root / f"var/run/cdi/{KIND}claim_x.json").exists()      # died mid-way
+        assert (root / f"var/run/cdi/{KIND}replaced.json").exists()
         # As if a kill had also hit the middle of an atomic write:
         (root / f"var/run/cdi/.{KIND}claim_y.json.deadbeef.tmp").write_text("{")
         (root / "var/lib/hostagent/.allocations.json.deadbeef.tmp").write_text("{")
         agent.env = {}
         agent.start()
-        listed = assert_consistent(agent)
-        assert listed == ({"before", "claim/x"} if survives else {"before"})
+        listed = assert_consistent(agent)          # the replaced one's spec too: removed if released
+        assert listed == ({"before", "claim/x"} if survives else {"before", "replaced"})
         # The plugin retries the same request: it succeeds (created, or the committed one).
         with agent.client() as c:
-            again = c.allocate("claim/x", ["1", "2"])
+            again = c.allocate("claim/x", ["1", "2"], replaces=["replaced"])
             assert len(again["devices"]) == 2
         assert_consistent(agent)
     finally:
