@@ -231,8 +231,11 @@ def test_replaces_releases_in_the_same_commit(agent, c):
     saved = json.loads((agent.root / "var/lib/hostagent/allocations.json").read_text())
     assert sorted(a["id"] for a in saved["allocations"]) == ["keep", "new"]
     assert c.device("2")["allocations"] == ["new"] and c.device("1")["allocations"] == []
-    # A retry is the same request, with or without what it replaced.
+    # A retry is the same request, with or without what it replaced (released if left).
     assert c.allocate("new", ["2", "4"], cdi_names="node") == new
+    c.allocate("left", ["5"])
+    assert c.allocate("new", ["2", "4"], cdi_names="node", replaces=["left"]) == new
+    assert {a["id"] for a in c.allocations()} == {"keep", "new"}
     # The replaced allocation's deletion comes before the creation that replaced it.
     events = []
     with agent.client() as w:
