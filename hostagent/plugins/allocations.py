@@ -26,13 +26,16 @@ from ..errors import ConflictError, HostagentError, NotFoundError, UnavailableEr
 from .kubelet import deviceplugin_pb2 as api
 from .server import PluginError
 
-__all__ = ["PREFIX", "OWNER", "allocation_id", "owned", "kubelet_ids", "container_response", "Allocations"]
+__all__ = ["PREFIX", "OWNER", "HOOK_ANNOTATION", "allocation_id", "owned", "kubelet_ids", "container_response", "Allocations"]
 
 log = logging.getLogger("hostagent.plugins")
 
 PREFIX = "k8s-device-plugin/"
 OWNER = "hostagent-device-plugin"
 VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
+# Plain edits carry no hook: the packaged hooks.d entry (hooks/50-hostagent.json) runs
+# hostagent's hook for containers annotated so, on engines that read hooks directories.
+HOOK_ANNOTATION = ("hostagent.io/hook", "prepare")
 LIST_STRATEGIES = ("cdi-cri", "envvar", "edits")
 
 
@@ -98,6 +101,7 @@ def container_response(alloc: dict, views: dict[str, dict], strategies, cdi_name
         for m in edits.get("mounts", ()):
             r.mounts.add(container_path=m["containerPath"], host_path=m["hostPath"],
                          read_only="ro" in (m.get("options") or ()))
+        r.annotations[HOOK_ANNOTATION[0]] = HOOK_ANNOTATION[1]
     return r
 
 

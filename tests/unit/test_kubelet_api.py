@@ -60,6 +60,7 @@ def test_allocate_answers_per_strategy():
     r = container_response(ALLOC, VIEWS, ("cdi-cri", "envvar"), "node")
     assert [d.name for d in r.cdi_devices] == ["nvidia.com/gpu=GPU-a", "nvidia.com/gpu=GPU-b"]
     assert dict(r.envs) == {"NVIDIA_VISIBLE_DEVICES": "GPU-a,GPU-b"} and not r.mounts and not r.devices
+    assert not r.annotations                     # CDI's spec (or the legacy NVIDIA hook) does the work
     r = container_response(ALLOC, VIEWS, ("cdi-cri",), "allocation")
     assert [d.name for d in r.cdi_devices] == ALLOC["cdi_devices"] and not r.envs
     # A device the view no longer has: the allocation's names, which still resolve.
@@ -71,6 +72,19 @@ def test_allocate_answers_per_strategy():
         ("/dev/nvidia0", "/dev/nvidia0", "rw"), ("/dev/nvidiactl", "/h/ctl", "rw")]
     assert [(m.container_path, m.host_path, m.read_only) for m in r.mounts] == [
         ("/lib.so", "/h/lib.so", True), ("/d", "/h/d", False)]
+    # Plain edits carry no hook: the annotation the packaged hooks.d entry waits for.
+    assert dict(r.annotations) == {"hostagent.io/hook": "prepare"}
+
+
+def test_the_edits_annotation_is_the_one_the_hooks_dir_entry_matches():
+    import json
+    import re
+    from pathlib import Path
+    from hostagent.plugins.allocations import HOOK_ANNOTATION
+    entry = json.loads((Path(__file__).parents[2] / "hooks/50-hostagent.json").read_text())
+    key, value = HOOK_ANNOTATION
+    ((key_re, value_re),) = entry["when"]["annotations"].items()
+    assert re.search(key_re, key) and re.search(value_re, value)
 
 
 def test_kubelet_ids_of_an_allocation():
