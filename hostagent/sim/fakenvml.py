@@ -28,6 +28,7 @@ from .catalog import ARCHITECTURES
 from .clients import driver_clients
 from .node import MIG_ENABLE, NodeState, SimGpu, SimNvmlError
 from .store import SimStore
+from .versions import cuda_version, library_version, module_version
 
 __all__ = ["FakeNvmlLibrary", "Fault", "install", "uninstall", "FAULT_ENV", "MUTATING"]
 
@@ -284,10 +285,10 @@ class FakeNvmlLibrary:
         # The library is the file libnvidia-ml.so.1 names (what packages install); it refuses
         # a kernel module of another version (as the kernel reports it in /sys/module), as
         # nvidia-smi's "Driver/library version mismatch".
-        library = _library_version(self.store.root)
+        library = library_version(self.store.root)
         if library is None:
             return N.NVML_ERROR_LIBRARY_NOT_FOUND
-        if library != _module_version(self.store.root, library):
+        if library != module_version(self.store.root, library):
             return N.NVML_ERROR_LIB_RM_VERSION_MISMATCH
         self._initialised += 1
 
@@ -309,15 +310,15 @@ class FakeNvmlLibrary:
 
     @nvml(P, c_uint)
     def nvmlSystemGetNVMLVersion(self, buf, length):
-        _put_str(buf, length, f"{self.facts.cuda_driver_version // 1000}.{self._driver_version()}")
+        _put_str(buf, length, f"{cuda_version(self.store.root, self.facts) // 1000}.{self._driver_version()}")
 
     @nvml(P)
     def nvmlSystemGetCudaDriverVersion(self, ptr):
-        _put(ptr, c_int, self.facts.cuda_driver_version)
+        _put(ptr, c_int, cuda_version(self.store.root, self.facts))
 
     @nvml(P)
     def nvmlSystemGetCudaDriverVersion_v2(self, ptr):
-        _put(ptr, c_int, self.facts.cuda_driver_version)
+        _put(ptr, c_int, cuda_version(self.store.root, self.facts))
 
     # ---- device handles ------------------------------------------------------------
 
@@ -1018,25 +1019,6 @@ class FakeNvmlLibrary:
     def nvmlEventSetFree(self, event_set):
         self._event_set(event_set)
         del self._event_sets[self._key(event_set)[1]]
-
-
-def _library_version(root) -> str | None:
-    """The version in the name of the file libnvidia-ml.so.1 points to; None without one."""
-    from .driverroot import LIB_DIR
-    try:
-        target = os.readlink(os.path.join(root, LIB_DIR, "libnvidia-ml.so.1"))
-    except OSError:
-        return None
-    return os.path.basename(target).partition("libnvidia-ml.so.")[2] or None
-
-
-def _module_version(root, default: str) -> str:
-    """The loaded nvidia module's version, as /sys/module/nvidia/version says."""
-    try:
-        with open(os.path.join(root, "sys/module/nvidia/version")) as f:
-            return f.read().strip() or default
-    except OSError:
-        return default
 
 
 def _normal_bus_id(bus_id: str) -> str:

@@ -485,3 +485,24 @@ def test_persistenced_daemon(sim_node):
     assert not pid_file.exists() and not sock.exists()
     log = (node.root / "var/log/nvidia-persistenced.log").read_text()
     assert f"Started ({pid})" in log and f"Shutdown ({pid})" in log
+
+
+def test_versions_follow_a_simulated_upgrade(sim_node):
+    """nvidia-smi reads what the driver root holds now, as the fake NVML does: an upgrade
+    without a reload is a version mismatch, and after the reload the new version shows."""
+    from hostagent.sim import faults
+    node = sim_node("t4x2")
+    assert "Driver Version: 535.183.01" in node.smi().stdout
+    faults.inject(node.store, "mismatch", version="550.127.05")     # packages upgraded, old module loaded
+    r = node.smi()
+    assert r.returncode == 18
+    assert r.stdout == "Failed to initialize NVML: Driver/library version mismatch\nNVML library version: 550.127\n"
+    faults.clear(node.store, "mismatch")                              # the new module comes up
+    r = node.smi()
+    assert r.returncode == 0
+    assert "NVIDIA-SMI 550.127.05" in r.stdout and "Driver Version: 550.127.05" in r.stdout
+    assert "CUDA Version: 12.4" in r.stdout                            # R550's, not R535's 12.2
+    r = node.smi("--query-gpu=driver_version", "--format=csv,noheader")
+    assert r.stdout == "550.127.05\n550.127.05\n"
+    inv = read_inventory(HostRoot.from_env(str(node.root)))
+    assert inv.driver_version == "550.127.05" and inv.cuda_driver_version == "12.4"

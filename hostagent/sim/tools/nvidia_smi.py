@@ -69,7 +69,9 @@ from ...errors import HostagentError
 from .. import privilege
 from ..clients import driver_clients
 from ..node import MIG_ENABLE, NodeState, SimGpu, SimNvmlError
+from ..kmod import loaded_version
 from ..store import SimStore
+from ..versions import cuda_version, library_version, module_version
 
 __all__ = ["main"]
 
@@ -92,6 +94,11 @@ BAD_ARGS = "Invalid combination of input arguments. Please run 'nvidia-smi -h' f
 NO_DRIVER = ("NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. "
              "Make sure that the latest NVIDIA driver is installed and running.\n")
 NO_MIG = "No MIG-enabled devices found."
+# With the NVML return code as exit status, as for a driver that is not loaded (9).
+EXIT_NO_LIBRARY, EXIT_MISMATCH = 12, 18
+NO_LIBRARY = ("NVIDIA-SMI couldn't find libnvidia-ml.so library in your system. Please make sure that the "
+              "NVIDIA Display Driver is properly installed and present in your system.\n"
+              "Please also try adding directory that contains libnvidia-ml.so to your system PATH.")
 
 FLAG, VALUE, OPTIONAL = "flag", "value", "optional"
 MAIN_OPTIONS = {
@@ -214,10 +221,23 @@ def _run(store: SimStore, argv: list[str]) -> int:
     state = store.read()
     if not state.driver_loaded:
         raise Exit(EXIT_NO_DRIVER, NO_DRIVER)
+    _check_library(store)
     try:
         return _command(store, state, sub, opts)
     finally:
         _create_cap_nodes(store)
+
+
+def _check_library(store: SimStore) -> None:
+    """nvidia-smi is NVML's client: it fails as nvmlInit does when the libraries are gone or
+    are another version than the loaded module (an upgrade without a reload), printing the
+    library's version as the real tool does ("NVML library version: 550.127")."""
+    library = library_version(store.root)
+    if library is None:
+        raise Exit(EXIT_NO_LIBRARY, NO_LIBRARY)
+    if library != module_version(store.root, library):
+        raise Exit(EXIT_MISMATCH, "Failed to initialize NVML: Driver/library version mismatch\n"
+                                  f"NVML library version: {'.'.join(library.split('.')[:2])}")
 
 
 def _create_cap_nodes(store: SimStore) -> None:
@@ -474,7 +494,7 @@ def _gpu_fields(store: SimStore, state: NodeState):
         "pci.bus_id": (None, bus_id),
         "pci.device_id": (None, lambda g: f"0x{sku(g).pci_device_id:08X}"),
         "pci.sub_device_id": (None, lambda g: f"0x{sku(g).pci_subsystem_id:08X}"),
-        "driver_version": (None, lambda g: facts.driver_version),
+        "driver_version": (None, lambda g: loaded_version(facts, state)),
         "compute_cap": (None, lambda g: "%d.%d" % sku(g).compute_capability),
         "memory.total": ("MiB", _unless_hidden(store, lambda g: sku(g).memory_mib)),
         "memory.used": ("MiB", _unless_hidden(store, used)),
@@ -558,12 +578,14 @@ def _row(*cells: tuple[str, int]) -> str:
 
 def _summary(store, state, targets, opts) -> int:
     facts = store.facts
-    cuda = facts.cuda_driver_version
-    version = facts.driver_version
+    # nvidia-smi's own version is the user-space driver's; the driver's is the loaded module's.
+    cuda = cuda_version(store.root, facts)
+    version = loaded_version(facts, state)
+    tool = library_version(store.root) or version
     pm = "On" if driver_clients(store.root) else "Off"
     cols = (41, 24, 22)
     out = [time.strftime("%a %b %d %H:%M:%S %Y").ljust(31), _line(89),
-           _row((f" NVIDIA-SMI {version:<23}Driver Version: {version:<15}"
+           _row((f" NVIDIA-SMI {tool:<23}Driver Version: {version:<15}"
                  f"CUDA Version: {cuda // 1000}.{cuda % 1000 // 10}", 89)),
            "|" + "+".join("-" * w for w in cols) + "+",
            _row((" GPU  Name                 Persistence-M ", 41), (" Bus-Id          Disp.A ", 24),
