@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 
 __all__ = ["write_atomic", "remove", "ensure_dir", "temp_path", "remove_stale_temporaries",
-           "read_regular", "read_config_file", "MAX_USER_FILE"]
+           "read_regular", "read_config_file", "pid_alive", "MAX_USER_FILE"]
 
 # Any configuration file a user names (MIG configs, hooks files, engine configs, CDI specs,
 # hostagent's own config) is far smaller; a bigger one is refused, not read.
@@ -42,11 +42,11 @@ def _stale_pid(entry: str, name: str) -> int | None:
     return int(pid)
 
 
-def _running(pid: int) -> bool:
-    """Whether ``pid`` runs (a zombie, killed but not yet reaped, does not)."""
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (a zombie, killed but not yet reaped, does not)."""
     try:
         os.kill(pid, 0)
-    except ProcessLookupError:
+    except (ProcessLookupError, OverflowError):
         return False
     except PermissionError:
         return True
@@ -67,7 +67,7 @@ def remove_stale_temporaries(directory: str, name: str) -> list[str]:
     me = os.geteuid()
     for entry in entries:
         pid = _stale_pid(entry, name)
-        if pid is None or pid == os.getpid() or _running(pid):
+        if pid is None or pid == os.getpid() or pid_alive(pid):
             continue
         try:
             st = os.lstat(os.path.join(directory, entry))

@@ -5,9 +5,16 @@ from __future__ import annotations
 import os
 
 __all__ = ["host_from_args", "daemon_socket", "running_daemon_socket", "daemon_client",
-           "unread_lines", "note_unread"]
+           "unread_lines", "note_unread", "say"]
 
 DEFAULT_SOCKET = "/run/hostagent/hostagent.sock"
+
+
+def say(line: str) -> None:
+    """A line for the operator on stderr (progress, notes, warnings), apart from the
+    command's output on stdout."""
+    import sys
+    print(f"hostagent: {line}", file=sys.stderr, flush=True)
 
 
 def host_from_args(args):
@@ -68,9 +75,8 @@ def unread_lines(inv) -> list[str]:
 
 def note_unread(inv) -> None:
     """Say on stderr what the inventory lacks for want of privilege, and how to get it."""
-    import sys
     lines = unread_lines(inv)
     for line in lines:
-        print(f"hostagent: note: {line}", file=sys.stderr)
+        say(f"note: {line}")
     if lines:
-        print(f"hostagent: note: to read them, {PRIVILEGE_HINT}", file=sys.stderr)
+        say(f"note: to read them, {PRIVILEGE_HINT}")

@@ -3,7 +3,7 @@ device nodes, plan, install and roll back driver versions."""
 
 from __future__ import annotations
 
-from .common import host_from_args
+from .common import host_from_args, say
 from .output import add_output_flag, emit
 
 __all__ = ["register", "render_verdict"]
@@ -131,26 +131,23 @@ def _agent(args):
 
 
 def _note_interrupted(host) -> None:
-    import sys
     from ..driver.journal import Journal
     journal = Journal.load(host)
     if journal is not None and not journal.alive:
-        print(f"hostagent: note: {journal.describe()} was interrupted: 'hostagent driver install --version "
-              f"{journal.plan.version}' finishes it, 'hostagent driver rollback' rolls it back", file=sys.stderr)
+        say(f"note: {journal.describe()} was interrupted: 'hostagent driver install --version "
+            f"{journal.plan.version}' finishes it, 'hostagent driver rollback' rolls it back")
+
+
+def _print_plan(plan, args) -> int:
+    emit(plan.to_dict(), args.output, lambda d: print(render_plan(d)))
+    return 0
 
 
 def plan(args) -> int:
     from ..driver.operations import make_plan
     host, agent = _agent(args)
     _note_interrupted(host)
-    result = make_plan(host, args.version, flavour=args.flavour, agent=agent)
-    emit(result.to_dict(), args.output, lambda d: print(render_plan(d)))
-    return 0
-
-
-def _progress(line: str) -> None:
-    import sys
-    print(f"hostagent: {line}", file=sys.stderr, flush=True)
+    return _print_plan(make_plan(host, args.version, flavour=args.flavour, agent=agent), args)
 
 
 def _outcome(result, args) -> int:
@@ -173,12 +170,10 @@ def install(args) -> int:
     host, agent = _agent(args)
     if args.dry_run:
         _note_interrupted(host)
-        result = operations.make_plan(host, args.version, flavour=args.flavour, agent=agent)
-        emit(result.to_dict(), args.output, lambda d: print(render_plan(d)))
-        return 0
+        return _print_plan(operations.make_plan(host, args.version, flavour=args.flavour, agent=agent), args)
     _check_ignored(args.ignore)
     return _outcome(operations.install(host, args.version, flavour=args.flavour, force=args.force,
-                                       ignore=args.ignore, agent=agent, progress=_progress), args)
+                                       ignore=args.ignore, agent=agent, progress=say), args)
 
 
 def rollback(args) -> int:
@@ -186,11 +181,8 @@ def rollback(args) -> int:
     host, agent = _agent(args)
     _check_ignored(args.ignore)
     result = operations.rollback(host, force=args.force, ignore=args.ignore, agent=agent,
-                                 dry_run=args.dry_run, progress=_progress)
-    if args.dry_run:
-        emit(result.to_dict(), args.output, lambda d: print(render_plan(d)))
-        return 0
-    return _outcome(result, args)
+                                 dry_run=args.dry_run, progress=say)
+    return _print_plan(result, args) if args.dry_run else _outcome(result, args)
 
 
 def _check_ignored(names) -> None:

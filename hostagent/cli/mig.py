@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import sys
 
-from .common import host_from_args
+from .common import host_from_args, say
 from .output import FORMATS, add_output_flag, emit, table
 
 __all__ = ["register"]
@@ -111,7 +111,7 @@ def _seconds(text: str) -> float:
 
 
 def _waiting(holder: str) -> None:
-    print(f"hostagent: waiting for the node lock, held by {holder}", file=sys.stderr, flush=True)
+    say(f"waiting for the node lock, held by {holder}")
 
 
 def _spec(args):
@@ -125,7 +125,7 @@ def _progress(gpu, message) -> None:
 
 def _notes(notes) -> None:
     for note in notes:
-        print(f"hostagent: {note}", file=sys.stderr)
+        say(note)
 
 
 def render_plan(plan) -> str:
@@ -155,11 +155,11 @@ def refresh_cdi(host) -> None:
     try:
         change, generated = refresh(host, configured_options(host))
     except HostagentError as e:
-        print(f"hostagent: warning: the CDI spec was not refreshed: {e.message}", file=sys.stderr)
+        say(f"warning: the CDI spec was not refreshed: {e.message}")
         return
     _progress(None, f"CDI spec: {change.describe()}")
     for problem in generated.problems:
-        print(f"hostagent: warning: {problem.message}", file=sys.stderr)
+        say(f"warning: {problem.message}")
 
 
 def run_apply(args) -> int:
@@ -188,7 +188,7 @@ def run_apply(args) -> int:
         if not args.if_driver_loaded:
             raise
         # A boot must not fail for it: the driver may be loaded later, from a container.
-        print(f"hostagent: MIG layout not applied: {e.what} (--if-driver-loaded)", file=sys.stderr)
+        say(f"MIG layout not applied: {e.what} (--if-driver-loaded)")
         return 0
     if args.dry_run:
         _notes(result.notes)
@@ -206,7 +206,7 @@ def print_applied(out: dict) -> None:
     _notes(out["notes"])
     plan = out["plan"]
     for w in plan["warnings"]:
-        print(f"hostagent: warning: {w}", file=sys.stderr)
+        say(f"warning: {w}")
     for g in plan["gpus"]:
         print(f"GPU {g['index']} ({g['name']}): {g['summary']}")
     if out["terminated"]:

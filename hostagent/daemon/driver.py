@@ -210,7 +210,7 @@ class DriverGate:
     def _holder_gone(self) -> bool:
         if self.maintenance is None:
             return False
-        from ..driver.probe import pid_alive
+        from ..fileio import pid_alive
         return not pid_alive(self.maintenance["pid"])
 
     # ---- views --------------------------------------------------------------------------

@@ -244,7 +244,7 @@ def _terminate(pid: int, timeout: float = 30) -> None:
     except ProcessLookupError:
         return
     deadline = time.monotonic() + timeout
-    from .probe import pid_alive
+    from ..fileio import pid_alive
     while pid_alive(pid):
         if time.monotonic() > deadline:
             raise StateError(f"process {pid} did not stop within {timeout:g} s")

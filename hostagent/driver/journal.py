@@ -14,13 +14,11 @@ from __future__ import annotations
 
 import json
 import os
-import time
 
-from ..errors import StateError
-from ..fileio import ensure_dir, write_atomic
+from ..fileio import ensure_dir, pid_alive, write_atomic
 from ..hostroot import HostRoot
+from ..journalfile import JournalFile, stamp
 from .plan import InstallPlan
-from .probe import pid_alive
 
 __all__ = ["Journal", "read_history", "write_history", "driver_state_dir"]
 
@@ -28,48 +26,29 @@ VERSION = 1
 
 
 def driver_state_dir(host: HostRoot):
-    return host.state_dir / "driver"
+    return Journal.directory(host)
 
 
-def _stamp() -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%S%z")
-
-
-class Journal:
-    def __init__(self, host: HostRoot, record: dict):
-        self.host = host
-        self.record = record
+class Journal(JournalFile):
+    folder = "driver"
+    what = "the driver journal"
+    hint = "check the driver with 'hostagent driver verify', then remove the journal"
 
     @staticmethod
-    def path(host: HostRoot):
-        return driver_state_dir(host) / "journal.json"
-
-    @classmethod
-    def load(cls, host: HostRoot) -> "Journal | None":
-        path = cls.path(host)
-        try:
-            raw = json.loads(path.read_text())
-            if raw.get("version") != VERSION:
-                raise ValueError(f"unknown journal version {raw.get('version')!r}")
-            InstallPlan.from_dict(raw["plan"])
-            return cls(host, raw)
-        except FileNotFoundError:
-            return None
-        except (ValueError, KeyError, TypeError) as e:
-            raise StateError(f"the driver journal cannot be read ({e})", where=str(path),
-                             hint="check the driver with 'hostagent driver verify', then remove the journal") from None
+    def from_json(raw: dict) -> dict:
+        if raw.get("version") != VERSION:
+            raise ValueError(f"unknown journal version {raw.get('version')!r}")
+        InstallPlan.from_dict(raw["plan"])
+        return raw
 
     @classmethod
     def begin(cls, host: HostRoot, plan: InstallPlan) -> "Journal":
         ensure_dir(driver_state_dir(host), 0o700)
         journal = cls(host, {"version": VERSION, "plan": plan.to_dict(), "pid": os.getpid(),
-                             "started": _stamp(), "status": "running", "done": [], "current": None,
+                             "started": stamp(), "status": "running", "done": [], "current": None,
                              "rollback": None, "error": None})
         journal._write()
         return journal
-
-    def _write(self) -> None:
-        write_atomic(self.path(self.host), json.dumps(self.record, indent=1), mode=0o600)
 
     @property
     def plan(self) -> InstallPlan:
@@ -111,22 +90,15 @@ class Journal:
         self.record.update(status="failed", error=error)
         self._write()
 
-    def finish(self) -> None:
-        from ..fileio import remove
-        remove(self.path(self.host))
-
 
 def read_history(host: HostRoot) -> dict | None:
-    try:
-        return json.loads((driver_state_dir(host) / "history.json").read_text())
-    except (FileNotFoundError, ValueError):
-        return None
+    return Journal.read_beside(host, "history.json")
 
 
 def write_history(host: HostRoot, plan: InstallPlan, replaced: InstallPlan | None = None) -> None:
     """``plan`` is in place; ``replaced`` (an install's own plan) says what it replaced."""
     source = replaced or plan
-    record = {"version": VERSION, "installed": _stamp(), "driver_version": plan.version,
+    record = {"version": VERSION, "installed": stamp(), "driver_version": plan.version,
               "flavour": plan.flavour, "packages": [list(p) for p in plan.packages],
               "held": list(plan.hold), "previous_version": source.previous,
               "previous_packages": [list(p) for p in source.previous_packages]}

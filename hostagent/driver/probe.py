@@ -11,11 +11,12 @@ import os
 import stat
 from pathlib import Path
 
+from ..fileio import pid_alive
 from ..hostroot import HostRoot
 from .facts import DriverFacts, ModuleFacts, NodeFile, NvmlGpu, PciGpu
 from .kmsg import read_kernel_log
 
-__all__ = ["probe", "pid_alive", "PERSISTENCED_PID", "FABRICMANAGER_PID", "EFI_SECURE_BOOT", "architecture_of"]
+__all__ = ["probe", "PERSISTENCED_PID", "FABRICMANAGER_PID", "EFI_SECURE_BOOT", "architecture_of"]
 
 PERSISTENCED_PID = "/var/run/nvidia-persistenced/nvidia-persistenced.pid"
 FABRICMANAGER_PID = "/var/run/nvidia-fabricmanager/nv-fabricmanager.pid"
@@ -44,18 +45,6 @@ def _read(path: Path) -> str | None:
         return path.read_text()
     except (OSError, UnicodeDecodeError):
         return None
-
-
-def pid_alive(pid: int) -> bool:
-    """Whether process ``pid`` lives (a zombie does not)."""
-    try:
-        os.kill(pid, 0)
-    except (ProcessLookupError, OverflowError):
-        return False
-    except PermissionError:
-        return True
-    stat_line = _read(Path(f"/proc/{pid}/stat")) or ""
-    return stat_line.rpartition(")")[2].split()[:1] != ["Z"]
 
 
 def _alive(host: HostRoot, pid_file: str) -> int | None:

@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from dataclasses import dataclass
 
 from ..devices.records import Inventory
-from ..errors import StateError
 from ..fileio import ensure_dir, write_atomic
 from ..hostroot import HostRoot
+from ..journalfile import JournalFile, stamp as _stamp
 from .layout import Layout
 from .plan import MigPlan
 
@@ -29,11 +28,7 @@ VERSION = 1
 
 
 def mig_state_dir(host: HostRoot):
-    return host.state_dir / "mig"
-
-
-def _stamp() -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    return Journal.directory(host)
 
 
 @dataclass(frozen=True)
@@ -71,27 +66,14 @@ class JournalRecord:
                    indices={u: g["index"] for u, g in gpus.items()})
 
 
-class Journal:
-    def __init__(self, host: HostRoot, record: JournalRecord):
-        self.host = host
-        self.record = record
+class Journal(JournalFile):
+    folder = "mig"
+    what = "the MIG journal"
+    hint = "inspect it, restore the layout by hand from checkpoint.json, then remove the journal"
+    from_json = staticmethod(JournalRecord.from_dict)
 
-    @staticmethod
-    def path(host: HostRoot):
-        return mig_state_dir(host) / "journal.json"
-
-    @classmethod
-    def load(cls, host: HostRoot) -> "Journal | None":
-        path = cls.path(host)
-        try:
-            raw = json.loads(path.read_text())
-            return cls(host, JournalRecord.from_dict(raw))
-        except FileNotFoundError:
-            return None
-        except (ValueError, KeyError, TypeError) as e:
-            raise StateError(f"the MIG journal cannot be read ({e})", where=str(path),
-                             hint="inspect it, restore the layout by hand from checkpoint.json, "
-                                  "then remove the journal") from None
+    def to_json(self) -> dict:
+        return self.record.to_dict()
 
     @classmethod
     def begin(cls, host: HostRoot, inventory: Inventory, plan: MigPlan, *, skip_reset: bool) -> "Journal":
@@ -111,9 +93,6 @@ class Journal:
         journal._write()
         return journal
 
-    def _write(self) -> None:
-        write_atomic(self.path(self.host), json.dumps(self.record.to_dict(), indent=1), mode=0o600)
-
     def retarget(self, second: MigPlan) -> None:
         """The layouts planned after the mode change replace ``after``; ``before`` (what a
         rollback restores) stays the layout from before the whole apply."""
@@ -130,15 +109,6 @@ class Journal:
         self.record = replace(self.record, status=status, error=error or self.record.error)
         self._write()
 
-    def finish(self) -> None:
-        try:
-            os.unlink(self.path(self.host))
-        except FileNotFoundError:
-            pass
-
 
 def read_checkpoint(host: HostRoot) -> dict | None:
-    try:
-        return json.loads((mig_state_dir(host) / "checkpoint.json").read_text())
-    except (FileNotFoundError, ValueError):
-        return None
+    return Journal.read_beside(host, "checkpoint.json")

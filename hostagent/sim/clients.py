@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .tools import pid_alive, read_pid
+from ..fileio import pid_alive
+from .tools import read_pid
 from .tools.persistenced import PID_FILE
 
 __all__ = ["driver_clients"]

@@ -473,7 +473,8 @@ class FakeNvmlLibrary:
     def nvmlDeviceGetPersistenceMode(self, handle, ptr):
         # On while nvidia-persistenced runs (its stand-in keeps no mode in the state).
         self._gpu_only(handle)
-        from .tools import pid_alive, read_pid
+        from ..fileio import pid_alive
+        from .tools import read_pid
         from .tools.persistenced import PID_FILE
         pid = read_pid(self.store.root / PID_FILE)
         _put(ptr, c_uint, N.NVML_FEATURE_ENABLED if pid and pid_alive(pid) else N.NVML_FEATURE_DISABLED)

@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 
 from ..errors import NotFoundError, StateError
-from ..fileio import write_atomic
+from ..fileio import pid_alive, write_atomic
 from .files import mig_cap_names, sync_mig_caps
 from .node import NodeFacts, NodeState
 
@@ -31,14 +31,6 @@ def _parse(path: Path, build):
         raise StateError(f"the simulated node's {path.name} is corrupt ({type(e).__name__}: {e})",
                          where=str(path),
                          hint=f"recreate the node: hostagent sim create --force --root {path.parent.parent}") from None
-
-
-def _alive(pid: int) -> bool:
-    import psutil   # only nodes with held devices pay for it
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
 
 
 class SimStore:
@@ -87,8 +79,8 @@ class SimStore:
             self._cache = (key, state)
         state = self._cache[1]
         # The driver forgets a process the moment it exits.
-        if any(not _alive(p.pid) for p in state.processes):
-            state.processes = [p for p in state.processes if _alive(p.pid)]
+        if any(not pid_alive(p.pid) for p in state.processes):
+            state.processes = [p for p in state.processes if pid_alive(p.pid)]
         return state
 
     @contextlib.contextmanager
@@ -106,7 +98,7 @@ class SimStore:
         """Yield a fresh copy of the state; commit it if the block returns normally."""
         with self.lock():
             state = _parse(self.state_file, NodeState.from_dict)
-            state.processes = [p for p in state.processes if _alive(p.pid)]
+            state.processes = [p for p in state.processes if pid_alive(p.pid)]
             caps = mig_cap_names(state)
             yield state
             # No fsync: simulated state needs atomicity between processes, not durability,

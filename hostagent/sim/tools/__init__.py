@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 import time
 
-__all__ = ["format_line", "log_line", "pid_alive", "read_pid", "detach", "init_done", "wait_init"]
+__all__ = ["format_line", "log_line", "read_pid", "detach", "init_done", "wait_init"]
 
 _init_fd: int | None = None   # in a daemon: the write end of its init pipe
 
@@ -36,20 +36,6 @@ def log_line(path: str | os.PathLike, who: str, message: str, pid: int | None = 
     with open(path, "a") as f:
         f.write(line + "\n")
     return line
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:  # a zombie is not alive
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return True
 
 
 def read_pid(path: str | os.PathLike) -> int | None:
