@@ -162,6 +162,7 @@ class DriverGate:
         if state != self.state:
             self.since = time.time()
         self.state, self.verdict = state, verdict
+        self.agent.metrics.driver_ready.set(1 if self.ready else 0)     # 0 in maintenance too
         if changed or before is None:
             if state == DEGRADED:
                 log.error("driver not usable (%s): %s", reason, verdict.reason,
@@ -189,7 +190,8 @@ class DriverGate:
         for link in (self.agent.health_link, self.agent.metrics_link):
             if link is not None and link.started:
                 try:
-                    await link.stop()
+                    # the metrics page stays served: it says the driver is in maintenance
+                    await (link.stop(endpoint=False) if link is self.agent.metrics_link else link.stop())
                 except Exception:
                     log.exception("%s did not stop for maintenance", type(link).__name__)
         try:                # MPS servers hold GPUs: the modules could not unload

@@ -89,6 +89,10 @@ class AgentMetrics:
         self.mps_restarts = Counter("hostagent_mps_daemon_restarts",
                                     "Restarts of the device's MPS control daemon after it died or stopped "
                                     "answering.", ["device"], registry=r)
+        self.collector_success = Gauge("hostagent_scrape_collector_success", "1 when the collector's "
+                                       "part of the page could be read from NVML (inventory: the node's "
+                                       "devices; gpu: the last sample), 0 when not (its series are absent).",
+                                       ["collector"], registry=r)
 
     # ---- what the daemon calls -------------------------------------------------------
 
@@ -138,6 +142,11 @@ class AgentMetrics:
         for check in verdict.checks:
             for result in RESULTS:
                 self.driver_checks.labels(check.name, result).set(1 if check.result == result else 0)
+
+    def collectors(self, inventory: bool, gpu: bool) -> None:
+        """What the page holds, set before each scrape is rendered."""
+        self.collector_success.labels("inventory").set(1 if inventory else 0)
+        self.collector_success.labels("gpu").set(1 if gpu else 0)
 
     def render(self) -> bytes:
         from prometheus_client import generate_latest

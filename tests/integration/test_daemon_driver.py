@@ -149,3 +149,29 @@ def test_the_gate_can_be_turned_off_and_checks_ignored(tmp_path):
     finally:
         agent.stop()
         agent.cleanup()
+
+
+def test_metrics_are_served_while_an_install_holds_the_sampler():
+    """Maintenance stops the sampler (it lets go of NVML); the endpoint stays up and says so."""
+    import urllib.request
+
+    from .test_daemon_lifecycle import _free_port
+    port = _free_port()
+    agent = AgentProcess(make_root("t4x2"), {"daemon": {"resync_interval": 0}, "driver": {"interval": 0},
+                                             "metrics": {"port": port, "interval": 1}}).start()
+
+    def scrape():
+        return urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    try:
+        with agent.client() as c:
+            wait_for(lambda: "DCGM_FI_DEV_GPU_TEMP{" in scrape(), "no GPU series")
+            c.request("POST", "/v1/driver/maintenance", {"pid": os.getpid(), "operation": "driver install test"})
+            for text in (scrape(), c.metrics()):
+                assert "hostagent_driver_ready 0.0" in text and "DCGM_FI_DEV_GPU_TEMP" not in text
+                assert 'hostagent_scrape_collector_success{collector="gpu"} 0.0' in text
+            c.request("DELETE", "/v1/driver/maintenance")
+            wait_for(lambda: "DCGM_FI_DEV_GPU_TEMP{" in scrape(), "the sampler did not come back")
+            assert 'hostagent_scrape_collector_success{collector="gpu"} 1.0' in scrape()
+    finally:
+        agent.stop()
+        agent.cleanup()

@@ -8,6 +8,7 @@ import stat
 import subprocess
 import sys
 import time
+import urllib.request
 
 import pytest
 
@@ -193,7 +194,8 @@ def test_socket_that_cannot_be_made_is_a_clear_error(root):
 def test_unreadable_inventory_at_start_then_recovery(root):
     subprocess.run([sys.executable, "-m", "hostagent.cli.main", "sim", "driver", "unload", "--root", str(root)],
                    check=True, capture_output=True)
-    agent = AgentProcess(root).start()
+    port = _free_port()
+    agent = AgentProcess(root, {"metrics": {"port": port}}).start()
     try:
         with agent.client() as c:
             node = c.node()
@@ -202,9 +204,17 @@ def test_unreadable_inventory_at_start_then_recovery(root):
             with pytest.raises(UnavailableError) as e:
                 c.allocate("early", ["0"])
             assert e.value.status == 503
-            for path in ("/v1/labels", "/metrics"):            # nothing to label or sample yet
-                with pytest.raises(UnavailableError):
-                    c.request("GET", path)
+            with pytest.raises(UnavailableError):
+                c.request("GET", "/v1/labels")                  # nothing to label yet
+            # The metrics are served all the same, on the socket and on TCP: the driver's
+            # state, and what could not be read.
+            over_tcp = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+            for text in (c.metrics(), over_tcp):
+                assert "hostagent_driver_ready 0.0" in text
+                assert 'hostagent_driver_check{check="kernel-module",result="fail"} 1.0' in text
+                assert 'hostagent_scrape_collector_success{collector="inventory"} 0.0' in text
+                assert 'hostagent_scrape_collector_success{collector="gpu"} 0.0' in text
+                assert "DCGM_FI_DEV_GPU_TEMP" not in text
             subprocess.run([sys.executable, "-m", "hostagent.cli.main", "sim", "driver", "load", "--root",
                             str(root)], check=True, capture_output=True)
             c.refresh()
@@ -222,10 +232,20 @@ def test_unreadable_inventory_at_start_then_recovery(root):
             while "DCGM_FI_DEV_GPU_TEMP{" not in (text := _metrics_or_why_not(c)):
                 assert time.monotonic() < deadline, text
                 time.sleep(0.1)
+            assert 'hostagent_scrape_collector_success{collector="inventory"} 1.0' in text
+            assert 'hostagent_scrape_collector_success{collector="gpu"} 1.0' in text
+            assert "DCGM_FI_DEV_GPU_TEMP{" in urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics",
+                                                                      timeout=10).read().decode()
             assert c.labels()["labels"]["nvidia.com/gpu.count"] == "8"
     finally:
         agent.stop()
         agent.cleanup()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def _metrics_or_why_not(c) -> str:

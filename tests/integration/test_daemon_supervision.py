@@ -65,12 +65,12 @@ def test_taken_metrics_port_is_retried_and_a_dead_sampler_restarted(make_node):
         link = MetricsLink(agent, MetricsOptions(port=port, interval=1, hostname="n"), agent.health_link)
         try:
             await link.start(agent.inventory)                  # the port is taken: logged, not fatal
-            assert link.service.server is None
+            assert link.server is None
             body, content_type = link.render()                 # the socket's /metrics still works
             assert b"DCGM_FI_DEV_GPU_TEMP{" in body and content_type.startswith("text/plain")
             blocker.close()
             await link.check()
-            assert link.service.server is None                 # not before the retry is due
+            assert link.server is None                 # not before the retry is due
             link._next_bind = 0
             await link.check()
             assert link.port == port
