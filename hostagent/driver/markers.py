@@ -15,16 +15,21 @@ import os
 from ..fileio import ensure_dir, remove, write_atomic
 from ..hostroot import HostRoot
 
-__all__ = ["DRIVER_READY", "driver_ready_content", "Markers"]
+__all__ = ["DRIVER_READY", "WRITTEN_BY", "driver_ready_content", "Markers"]
 
 DRIVER_READY = "driver-ready"
+# The first line of every marker hostagent writes into a folder others write to too: the
+# package's purge removes exactly the files that start with it (packaging/common/purge.sh),
+# and a shell that sources the marker reads a comment.
+WRITTEN_BY = "# written by hostagent"
 
 
 def driver_ready_content(host: HostRoot) -> str:
     driver = host.shown(host.driver())
     dev = host.shown(host.dev().parent)
     on_host = driver == "/"
-    return (f"IS_HOST_DRIVER={'true' if on_host else 'false'}\n"
+    return (f"{WRITTEN_BY}\n"
+            f"IS_HOST_DRIVER={'true' if on_host else 'false'}\n"
             f"NVIDIA_DRIVER_ROOT={driver}\n"
             f"DRIVER_ROOT_CTR_PATH={'/host' if on_host else driver}\n"
             f"NVIDIA_DEV_ROOT={dev}\n"
@@ -55,8 +60,16 @@ class Markers:
         return True
 
     def not_ready(self) -> bool:
-        """Remove the marker; True if there was one."""
-        if not self.enabled or not os.path.lexists(self.path):
+        """Remove the marker if hostagent wrote it (another writer's is not ours to remove);
+        True if there was one."""
+        if not self.enabled or not self.ours():
             return False
         remove(self.path)
         return True
+
+    def ours(self) -> bool:
+        try:
+            with open(self.path) as f:
+                return f.readline().rstrip("\n") == WRITTEN_BY
+        except (OSError, UnicodeDecodeError):
+            return False

@@ -16,8 +16,9 @@ shim=/usr/local/sbin/hostagent-runtime
 if [ -f "$shim" ] && grep -qF "hostagent runtime install-shim" "$shim"; then
     rm -f "$shim"
 fi
+# Only the markers hostagent wrote: their first line says so (hostagent/driver/markers.py).
 for marker in /run/nvidia/validations/*; do
-    if [ -f "$marker" ] && grep -qsF 'hostagent' "$marker"; then
+    if [ -f "$marker" ] && [ "$(head -n 1 "$marker" 2>/dev/null)" = '# written by hostagent' ]; then
         rm -f "$marker"
     fi
 done

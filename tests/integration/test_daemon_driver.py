@@ -32,7 +32,7 @@ def test_a_verified_driver_opens_the_gate_and_writes_the_operator_marker():
     root = make_root("hgx-h100")
     stale = root / MARKER
     stale.parent.mkdir(parents=True)
-    stale.write_text("IS_HOST_DRIVER=stale\n")               # left by a killed daemon
+    stale.write_text("# written by hostagent\nIS_HOST_DRIVER=stale\n")      # left by a killed daemon
     agent = AgentProcess(root).start()
     try:
         with agent.client() as c:
@@ -45,7 +45,8 @@ def test_a_verified_driver_opens_the_gate_and_writes_the_operator_marker():
             assert "hostagent_driver_ready 1.0" in c.metrics()
             assert 'hostagent_driver_check{check="fabric",result="ok"} 1.0' in c.metrics()
         # The validator's keys, sourceable as shell.
-        assert (root / MARKER).read_text() == ("IS_HOST_DRIVER=true\nNVIDIA_DRIVER_ROOT=/\nDRIVER_ROOT_CTR_PATH=/host\n"
+        assert (root / MARKER).read_text() == ("# written by hostagent\n"
+                                                "IS_HOST_DRIVER=true\nNVIDIA_DRIVER_ROOT=/\nDRIVER_ROOT_CTR_PATH=/host\n"
                                                 "NVIDIA_DEV_ROOT=/\nDEV_ROOT_CTR_PATH=/host\n")
         assert oct((root / MARKER).stat().st_mode & 0o777) == "0o644"
         assert (root / SPEC).exists()
