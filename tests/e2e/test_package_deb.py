@@ -172,8 +172,19 @@ def test_purge_leaves_nothing(box, deb_package):
     # The test's own files go first: the simulated node and the drop-ins.
     box.sh(f"rm -rf {SIM} /etc/systemd/system/hostagent.service.d /etc/systemd/system/hostagent-mig.service.d "
            "/root/*.deb")
+    # The GPU operator's folder: a driver-ready marker hostagent wrote (as its daemon writes
+    # it; a killed daemon leaves it) beside the operator's own files.
+    operator = "/run/nvidia/validations"
+    box.sh(f"mkdir -p {operator} && touch {operator}/toolkit-ready && echo 'GDS_ENABLED: false' "
+           f"> {operator}/.driver-ctr-ready && echo IS_HOST_DRIVER=true > {operator}/cuda-ready")
+    box.run("/opt/hostagent/bin/python", "-I", "-c", "from hostagent.driver.markers import Markers; "
+            "from hostagent.hostroot import HostRoot; "
+            f"assert Markers(HostRoot(), '{operator}').ready()")
     box.run("apt-get", "purge", "-y", "hostagent", timeout=300)
     assert processes(box, "hostagentd") == []
+    # Its marker went, the operator's files stayed (then the test's own go).
+    assert box.sh(f"ls -A {operator}").stdout.split() == [".driver-ctr-ready", "cuda-ready", "toolkit-ready"]
+    box.sh("rm -rf /run/nvidia")
     assert box.run("getent", "group", "hostagent", check=False).returncode == 2
     assert box.run("cat", "/etc/containerd/config.toml").stdout == ADMIN_CONTAINERD
     after = listing(box)
