@@ -56,6 +56,7 @@ class ModuleFacts:
     file_version: str | None = None
     file_flavour: str | None = None
     file_signed: bool | None = None
+    taint: str | None = None             # /sys/module/<name>/taint: "E" loaded without a valid signature
 
     @property
     def flavour(self) -> str | None:
@@ -91,6 +92,9 @@ class DriverFacts:
     nvswitches: tuple[str, ...] = ()         # /proc/driver/nvidia-nvswitch/devices entries
     fabricmanager: int | None = None         # pid of a live nv-fabricmanager
     secure_boot: bool | None = None          # None: not an EFI system, or unknown
+    shim_validation: bool | None = None      # False: MokSBStateRT says shim does not validate
+    sig_enforce: bool | None = None          # /sys/module/module/parameters/sig_enforce
+    lockdown: str | None = None              # /sys/kernel/security/lockdown's mode: none, integrity...
     kernel_log: KernelLog = field(default_factory=lambda: KernelLog(False))
 
     @property

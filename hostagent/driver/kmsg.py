@@ -53,7 +53,11 @@ def read_kernel_log(host: HostRoot) -> KernelLog:
     except FileNotFoundError:
         return KernelLog(False, error=f"{path} does not exist")
     except PermissionError:
-        return KernelLog(False, error=f"no permission to read {path} (run as root)")
+        if os.geteuid() != 0:
+            return KernelLog(False, error=f"no permission to read {path} (run as root)")
+        return KernelLog(False, error=f"{path} is closed to this process (a sandbox: the hostagent "
+                                      "unit's ProtectKernelLogs=, a container without CAP_SYSLOG); "
+                                      "'hostagent driver verify' as root from a shell reads it")
     kept: list[str] = []
     pending = b""
     try:

@@ -21,6 +21,8 @@ __all__ = ["probe", "PERSISTENCED_PID", "FABRICMANAGER_PID", "EFI_SECURE_BOOT", 
 PERSISTENCED_PID = "/var/run/nvidia-persistenced/nvidia-persistenced.pid"
 FABRICMANAGER_PID = "/var/run/nvidia-fabricmanager/nv-fabricmanager.pid"
 EFI_SECURE_BOOT = "/sys/firmware/efi/efivars/SecureBoot-8be4df61-93ca-11d2-aa0d-00e098032b8c"
+# shim's own variable: 1 after 'mokutil --disable-validation' (what 'mokutil --sb-state' reads).
+EFI_MOK_SB_STATE = "/sys/firmware/efi/efivars/MokSBStateRT-605dab50-e046-4300-abb6-3dd810dd8b23"
 MODULE_NAMES = ("nvidia", "nvidia_current")            # Debian names its module nvidia-current
 _NVIDIA_VENDOR = "0x10de"
 _GPU_CLASSES = ("0x0300", "0x0302")                    # VGA and 3D controllers
@@ -81,7 +83,8 @@ def _module(host: HostRoot, release: str | None) -> ModuleFacts:
         uvm_loaded=host.sys("module/nvidia_uvm").is_dir(),
         nouveau_loaded=host.sys("module/nouveau").is_dir(),
         file=host.shown(file) if file else None, file_version=info.version if info else None,
-        file_flavour=info.flavour if info else None, file_signed=info.signed if info else None)
+        file_flavour=info.flavour if info else None, file_signed=info.signed if info else None,
+        taint=(_read(host.sys(f"module/{name}/taint")) or "").strip() or None if name else None)
 
 
 def _module_file(host: HostRoot, release: str | None) -> Path | None:
@@ -175,12 +178,33 @@ def _nodes(host: HostRoot) -> dict[str, NodeFile]:
     return out
 
 
-def _secure_boot(host: HostRoot) -> bool | None:
+def _efi_flag(host: HostRoot, path: str) -> bool | None:
     try:
-        data = host.host(EFI_SECURE_BOOT).read_bytes()
+        data = host.host(path).read_bytes()
     except OSError:
         return None
     return bool(data[4]) if len(data) >= 5 else None     # 4 bytes of attributes, then the value
+
+
+def _secure_boot(host: HostRoot) -> bool | None:
+    return _efi_flag(host, EFI_SECURE_BOOT)
+
+
+def _signature_policy(host: HostRoot) -> dict:
+    """How the kernel treats unsigned modules, from files the kernel log is not needed for
+    (the daemon's sandbox hides the log): shim's validation state, module.sig_enforce, and
+    the lockdown mode (integrity and above refuse unsigned modules)."""
+    out = {}
+    if _secure_boot(host) is not None:
+        disabled = _efi_flag(host, EFI_MOK_SB_STATE)
+        out["shim_validation"] = not disabled
+    enforce = (_read(host.sys("module/module/parameters/sig_enforce")) or "").strip()
+    if enforce in ("Y", "N"):
+        out["sig_enforce"] = enforce == "Y"
+    lockdown = _read(host.sys("kernel/security/lockdown")) or ""
+    if "[" in lockdown:
+        out["lockdown"] = lockdown.partition("[")[2].partition("]")[0]
+    return out
 
 
 def _nvml(host: HostRoot, pci: list, nvswitch: bool) -> dict:
@@ -281,4 +305,4 @@ def probe(host: HostRoot, *, nvml: bool = True) -> DriverFacts:
         firmware_next=firmware_next,
         persistenced=_alive(host, PERSISTENCED_PID), nvswitches=nvswitches,
         fabricmanager=_alive(host, FABRICMANAGER_PID), secure_boot=_secure_boot(host),
-        kernel_log=read_kernel_log(host), **answers)
+        kernel_log=read_kernel_log(host), **_signature_policy(host), **answers)

@@ -110,6 +110,20 @@ def test_apt_installs_it_and_starts_the_service_on_a_node_without_a_gpu(box, deb
         assert box.run("systemctl", "is-active", unit, check=False).stdout.strip() == "inactive"
 
 
+def test_the_daemon_judges_secure_boot_without_the_kernel_log_its_sandbox_hides(box):
+    """The unit's ProtectKernelLogs= closes /dev/kmsg to the daemon (its kernel-log row says
+    so and why); root's shell reads the log. The secure-boot row does not depend on it."""
+    ask = ("import json; from hostagent.client import Client; "
+           "print(json.dumps({c['name']: c for c in Client().driver()['checks']}))")
+    daemon = json.loads(box.run("/opt/hostagent/bin/python", "-I", "-c", ask).stdout)
+    log = daemon["kernel-log"]
+    assert log["result"] == "skipped" and "/dev/kmsg is closed to this process" in log["summary"]
+    assert "ProtectKernelLogs" in log["summary"]
+    assert daemon["secure-boot"]["result"] != "fail"
+    shell = json.loads(box.run("hostagent", "driver", "verify", "-o", "json", check=False).stdout)
+    assert {c["name"]: c["result"] for c in shell["checks"]}["kernel-log"] in ("ok", "warn")
+
+
 def test_the_service_serves_a_simulated_node_through_a_drop_in_and_reloads(box):
     box.run("hostagent", "sim", "create", "--profile", "a30x4", "--root", SIM)
     box.sh(f"mkdir -p /etc/systemd/system/hostagent.service.d && printf '{DROP_IN}' "

@@ -150,6 +150,25 @@ def test_secure_boot_refusing_an_unsigned_module():
     assert k.secure_boot(healthy(secure_boot=False)).result == "ok"
 
 
+def test_secure_boot_judged_without_the_kernel_log():
+    """What the daemon's sandbox leaves it: no kernel log, the kernel's policy from files."""
+    unloaded = module(loaded=False, version=None, banner=None)
+    no_log = KernelLog(False, error="closed")
+    c = k.secure_boot(healthy(sig_enforce=True, module=unloaded, kernel_log=no_log))   # no EFI, enforced
+    assert c.result == "fail" and "the kernel enforces module signatures" in c.summary
+    assert "/sys/module/module/parameters/sig_enforce: Y" in c.evidence
+    c = k.secure_boot(healthy(lockdown="integrity", module=unloaded, kernel_log=no_log))
+    assert c.result == "fail" and "/sys/kernel/security/lockdown: integrity" in c.evidence
+    # shim told not to validate (mokutil --disable-validation): Secure Boot on, unsigned loads.
+    c = k.secure_boot(healthy(secure_boot=True, shim_validation=False, module=unloaded, kernel_log=no_log))
+    assert c.result == "ok" and any("shim validation disabled" in e for e in c.evidence)
+    c = k.secure_boot(healthy(sig_enforce=False, lockdown="none", secure_boot=True, module=unloaded))
+    assert c.result == "ok"
+    # Loaded without a valid signature: the taint says so.
+    c = k.secure_boot(healthy(secure_boot=False, module=module(taint="POE")))
+    assert c.result == "ok" and "/sys/module/nvidia/taint: POE (loaded without a valid signature)" in c.evidence
+
+
 def test_device_nodes_missing_wrong_and_mig_capabilities():
     nodes = dict(healthy().nodes)
     del nodes["/dev/nvidia-uvm"]

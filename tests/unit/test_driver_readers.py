@@ -48,6 +48,26 @@ def test_kernel_log_keeps_the_driver_lines_of_every_record(tmp_path):
     assert len(find(log, "unsigned-module")) == 1
 
 
+def test_the_kernels_signature_policy_is_read_from_files(tmp_path):
+    from hostagent.driver.probe import EFI_MOK_SB_STATE, EFI_SECURE_BOOT, _module, _signature_policy
+    host = HostRoot(tmp_path)
+    assert _signature_policy(host) == {}                       # not EFI, no module signing
+    efi = tmp_path / EFI_SECURE_BOOT.lstrip("/")
+    efi.parent.mkdir(parents=True)
+    efi.write_bytes(b"\x06\0\0\0\x01")                        # attributes, then on
+    (tmp_path / "sys/module/module/parameters").mkdir(parents=True)
+    (tmp_path / "sys/module/module/parameters/sig_enforce").write_text("N\n")
+    (tmp_path / "sys/kernel/security").mkdir(parents=True)
+    (tmp_path / "sys/kernel/security/lockdown").write_text("none [integrity] confidentiality\n")
+    assert _signature_policy(host) == {"shim_validation": True, "sig_enforce": False, "lockdown": "integrity"}
+    (tmp_path / EFI_MOK_SB_STATE.lstrip("/")).write_bytes(b"\x06\0\0\0\x01")    # mokutil --disable-validation
+    assert _signature_policy(host)["shim_validation"] is False
+    (tmp_path / "sys/module/nvidia").mkdir(parents=True)
+    (tmp_path / "sys/module/nvidia/refcnt").write_text("0\n")
+    (tmp_path / "sys/module/nvidia/taint").write_text("POE\n")
+    assert _module(host, None).taint == "POE"
+
+
 def test_kernel_log_missing_is_said_not_raised(tmp_path):
     log = read_kernel_log(HostRoot.simulation(tmp_path))
     assert not log.readable and "does not exist" in log.error

@@ -190,25 +190,42 @@ def gsp_firmware(f: DriverFacts) -> Check:
                  tuple(evidence), fix)
 
 
+def _signatures_enforced(f: DriverFacts) -> tuple[bool | None, list[str]]:
+    """Whether the kernel refuses unsigned modules, and what says so; no kernel log needed."""
+    if f.sig_enforce or f.lockdown in ("integrity", "confidentiality"):
+        said = ["/sys/module/module/parameters/sig_enforce: Y"] if f.sig_enforce else []
+        return True, said + ([f"/sys/kernel/security/lockdown: {f.lockdown}"] if f.lockdown else [])
+    if f.sig_enforce is False and f.lockdown == "none":
+        return False, ["/sys/module/module/parameters/sig_enforce: N", "/sys/kernel/security/lockdown: none"]
+    if f.secure_boot and f.shim_validation is False:
+        return False, ["MokSBStateRT: shim validation disabled (mokutil --disable-validation)"]
+    return f.secure_boot, []
+
+
 def secure_boot(f: DriverFacts) -> Check:
     log = _log_lines(f, "unsigned-module")
     m = f.module
-    if f.secure_boot is None and not log:
+    enforced, said = _signatures_enforced(f)
+    if f.secure_boot is None and enforced is None and not log:
         return Check("secure-boot", SKIPPED, "Secure Boot state unknown (not an EFI system)",
                      ("/sys/firmware/efi/efivars/SecureBoot-*: absent",))
-    evidence = [f"Secure Boot: {'on' if f.secure_boot else 'off' if f.secure_boot is False else 'unknown'}"]
+    evidence = [f"Secure Boot: {'on' if f.secure_boot else 'off' if f.secure_boot is False else 'unknown'}", *said]
     if m.file:
         evidence.append(f"{m.file}: {'signed' if m.file_signed else 'not signed'}")
+    if m.loaded and m.taint:
+        evidence.append(f"/sys/module/{m.name}/taint: {m.taint}" + (
+            " (loaded without a valid signature)" if "E" in m.taint else ""))
     evidence += log
     fix = ("sign the module with a key enrolled in the MOK list (mokutil --import; DKMS can sign its "
            "builds), or install signed precompiled modules (Ubuntu: linux-modules-nvidia-<branch>-"
            "server-<kernel>), or turn Secure Boot off")
     if log and not m.loaded:
         return Check("secure-boot", FAIL, "the kernel refused to load an unsigned module", tuple(evidence), fix)
-    if f.secure_boot and not m.loaded and m.file_signed is False:
-        return Check("secure-boot", FAIL, "Secure Boot is on and the module on disk is not signed: the "
+    if enforced and not m.loaded and m.file_signed is False:
+        what = "Secure Boot is on" if f.secure_boot else "the kernel enforces module signatures"
+        return Check("secure-boot", FAIL, f"{what} and the module on disk is not signed: the "
                      "kernel will refuse it", tuple(evidence), fix)
-    if f.secure_boot and m.loaded:
-        return Check("secure-boot", OK, "Secure Boot is on and the kernel accepted the loaded module",
-                     tuple(evidence))
+    if enforced and m.loaded:
+        return Check("secure-boot", OK, "module signatures are enforced and the kernel accepted the loaded "
+                     "module", tuple(evidence))
     return Check("secure-boot", OK, "Secure Boot does not stand in the module's way", tuple(evidence))
