@@ -73,6 +73,7 @@ class DriverGate:
         self._marker_error: str | None = None
         self._lock = asyncio.Lock()
         self._ready_event = asyncio.Event()
+        self._wake = asyncio.Event()        # maintenance began: watch() looks after its holder now
         if not self.settings.gate:
             self._ready_event.set()
 
@@ -186,6 +187,7 @@ class DriverGate:
         self.maintenance = {"pid": pid, "operation": operation, "since": round(time.time(), 3)}
         self.markers.not_ready()
         log.warning("driver maintenance: %s (pid %d); GPU work held", operation, pid)
+        self._wake.set()
         self._set(MAINTENANCE, self.verdict, "maintenance")
         for link in (self.agent.health_link, self.agent.metrics_link):
             if link is not None and link.started:
@@ -260,7 +262,14 @@ class DriverGate:
                 delay, backoff = min(backoff, self.settings.retry_max), min(backoff * 2, self.settings.retry_max)
             else:
                 delay, backoff = self.settings.interval or 3600.0, 2.0
-            await asyncio.sleep(min(delay, 5.0) if self.maintenance is not None else delay)
+            if self.maintenance is None:
+                self._wake.clear()
+                try:
+                    await asyncio.wait_for(self._wake.wait(), delay)
+                except asyncio.TimeoutError:
+                    pass
+            else:
+                await asyncio.sleep(min(delay, 5.0))
             if self._holder_gone():
                 log.warning("the process holding driver maintenance (pid %d) is gone",
                             self.maintenance["pid"])

@@ -229,6 +229,18 @@ class Installer:
     def _resume(self, step: Step, plan: InstallPlan, outcome: Outcome) -> None:
         self._end_maintenance()
 
+    def _restart_agent(self, step: Step, plan: InstallPlan, outcome: Outcome) -> None:
+        """The new daemon loads the new NVML library, starts out of maintenance and verifies
+        the driver. A restart that fails is said, not rolled back (the driver verified); the
+        daemon then just leaves maintenance."""
+        for command in step.commands:
+            result = self.runner.run(list(command), check=False)
+            if not result.ok:
+                self.progress(f"  {' '.join(command)}: {result.last_line()}; restart the hostagent daemon "
+                              "by hand so it loads the new NVML library")
+                return
+        self.agent = None            # the process that was in maintenance is gone
+
     def _end_maintenance(self) -> None:
         if self.agent is None:
             return

@@ -10,7 +10,9 @@ from .plan import MODULE_UNLOAD_ORDER, NodeState, Service
 from .probe import FABRICMANAGER_PID, PERSISTENCED_PID, probe
 from .system import Runner
 
-__all__ = ["read_node_state", "gpu_processes", "SERVICES"]
+__all__ = ["read_node_state", "gpu_processes", "SERVICES", "AGENT_UNIT"]
+
+AGENT_UNIT = "hostagent.service"
 
 # The driver's daemons that hold the GPUs: (name, systemd unit, pid file, how to start it).
 SERVICES = (("nvidia-persistenced", "nvidia-persistenced.service", PERSISTENCED_PID,
@@ -22,6 +24,13 @@ SERVICES = (("nvidia-persistenced", "nvidia-persistenced.service", PERSISTENCED_
 
 def _systemd(host: HostRoot, runner: Runner) -> bool:
     return host.host("/run/systemd/system").is_dir() and runner.has("systemctl")
+
+
+def _agent_unit(host: HostRoot, runner: Runner) -> str | None:
+    """The unit of the running daemon, when systemd runs it."""
+    if _systemd(host, runner) and runner.run(["systemctl", "is-active", "--quiet", AGENT_UNIT], check=False).ok:
+        return AGENT_UNIT
+    return None
 
 
 def _services(host: HostRoot, runner: Runner, facts) -> tuple[Service, ...]:
@@ -68,4 +77,4 @@ def read_node_state(host: HostRoot, runner: Runner, *, allocations=(), agent: bo
                      architectures=tuple(sorted({g.architecture for g in facts.pci_gpus if g.architecture})),
                      nvswitch=bool(facts.nvswitches), current_version=facts.module.version,
                      services=_services(host, runner, facts), users=users, agent=agent,
-                     our_holds=frozenset(our_holds))
+                     agent_unit=_agent_unit(host, runner) if agent else None, our_holds=frozenset(our_holds))

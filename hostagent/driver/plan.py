@@ -43,6 +43,7 @@ class NodeState:
     services: tuple[Service, ...] = ()
     users: tuple[str, ...] = ()    # allocations and processes still using GPUs, one line each
     agent: bool = False            # a hostagent daemon runs (asked to hold its GPU work)
+    agent_unit: str | None = None  # the systemd unit it runs in: restarted once the driver changed
     our_holds: frozenset = frozenset()   # holds an earlier install placed
 
 
@@ -268,8 +269,22 @@ def _steps(node: NodeState, manager_steps: list[Step], version: str) -> tuple[St
         steps.append(Step("start-services", "start the driver's daemons again",
                           tuple(("systemctl", "start", s.unit) if s.unit else s.start for s in node.services)))
     steps.append(Step("verify", "verify the driver (hostagent driver verify); on failure roll back"))
-    steps.append(Step("resume", "let the agent use the GPUs again" if node.agent else "done"))
+    if node.agent_unit:
+        # A running process keeps the NVML library it loaded: only a new daemon uses the new
+        # driver's. It starts out of maintenance and verifies the driver first.
+        steps.append(Step("restart-agent", "restart the hostagent daemon so it loads the new driver's NVML "
+                          "library (it verifies the driver at start)",
+                          (("systemctl", "try-restart", node.agent_unit),)))
+    else:
+        steps.append(Step("resume", "let the agent use the GPUs again" if node.agent else "done"))
     return tuple(steps)
+
+
+def _agent_notes(node: NodeState) -> list[str]:
+    if node.agent and not node.agent_unit:
+        return ["the hostagent daemon does not run under systemd here: restart it once the driver changed, "
+                "so it loads the new NVML library (a running process keeps the one it loaded)"]
+    return []
 
 
 def _check_holds(pkgs: PackageFacts, node: NodeState, names) -> None:
@@ -294,6 +309,7 @@ def plan_install(distro: Distro, pkgs: PackageFacts, node: NodeState, version: s
     hold = tuple(n for n, _ in packages)
     unhold = tuple(sorted(n for n in node.our_holds if n in pkgs.held))
     steps = _steps(node, _manager_steps(distro, packages, hold, unhold, version, chosen_flavour), version)
+    notes += _agent_notes(node)
     return InstallPlan("install", distro.name, distro.manager, version, node.current_version, chosen_flavour,
                        tuple(packages), previous, hold, unhold, steps, node.users, tuple(notes), node.services)
 
@@ -312,5 +328,5 @@ def plan_restore(distro: Distro, pkgs: PackageFacts, node: NodeState, packages, 
     _check_holds(pkgs, node, hold)
     steps = _steps(node, _manager_steps(distro, packages, hold, unhold, version, flavour), version)
     return InstallPlan("rollback", distro.name, distro.manager, version, node.current_version, flavour,
-                       packages, tuple(sorted(pkgs.installed.items())), hold, unhold, steps, node.users, (),
-                       node.services)
+                       packages, tuple(sorted(pkgs.installed.items())), hold, unhold, steps, node.users,
+                       tuple(_agent_notes(node)), node.services)

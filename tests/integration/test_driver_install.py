@@ -199,3 +199,34 @@ def test_with_the_daemon_running_the_install_holds_its_gpu_work(root):
         assert f"driver maintenance: driver install {B} (pid" in log and "driver maintenance over" in log
     finally:
         agent.stop()
+
+
+def test_a_daemon_run_by_systemd_is_restarted_once_the_driver_changed(root):
+    """It keeps the NVML library it loaded: the plan's last step restarts its unit. systemd is
+    a stand-in here that says hostagent.service is active and records what it is asked."""
+    import time
+    from .agentd import AgentProcess
+    (root / "run/systemd/system").mkdir(parents=True, exist_ok=True)
+    systemctl = root / "usr/bin/systemctl"
+    systemctl.write_text('#!/bin/sh\necho "$*" >> /systemctl.calls\ncase "$*" in\n'
+                         '  "is-active --quiet hostagent.service") exit 0 ;;\n  is-active*) exit 3 ;;\nesac\n')
+    systemctl.chmod(0o755)
+    agent = AgentProcess(root, {"daemon": {"resync_interval": 0}, "driver": {"interval": 0}}).start()
+    try:
+        plan = json.loads(hostagent(root, "driver", "plan", "--version", B, "-o", "json").stdout)
+        assert plan["steps"][-1] == {"name": "restart-agent", "title": plan["steps"][-1]["title"],
+                                     "commands": [["systemctl", "try-restart", "hostagent.service"]]}
+        assert "$ systemctl try-restart hostagent.service" in hostagent(root, "driver", "install", "--version", B,
+                                                                        "--dry-run").stdout
+        proc = hostagent(root, "driver", "install", "--version", B)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert "hostagent: restart-agent:" in proc.stderr and loaded(root) == B
+        assert "try-restart hostagent.service" in (root / "systemctl.calls").read_text().splitlines()
+        # Nothing restarted the daemon here: whose installer is gone, it leaves maintenance itself.
+        with agent.client() as c:
+            deadline = time.monotonic() + 30
+            while (driver := c.driver())["state"] != "ready":
+                assert time.monotonic() < deadline, driver
+                time.sleep(0.2)
+    finally:
+        agent.stop()

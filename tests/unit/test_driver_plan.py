@@ -123,6 +123,24 @@ def test_services_are_stopped_before_the_modules_and_started_after():
                                                       ("nv-fabricmanager",))
 
 
+def test_a_daemon_run_by_systemd_is_restarted_to_load_the_new_library():
+    from dataclasses import replace
+    by_systemd = plan_install(DEBIAN, debian_facts(), replace(NODE, agent=True, agent_unit="hostagent.service"),
+                              "550.127.05")
+    assert [s.name for s in by_systemd.steps][-2:] == ["verify", "restart-agent"]
+    assert steps(by_systemd)["restart-agent"].commands == (("systemctl", "try-restart", "hostagent.service"),)
+    assert not any("restart it" in n for n in by_systemd.notes)
+    assert InstallPlan.from_dict(by_systemd.to_dict()) == by_systemd          # journaled as it is
+    by_hand = plan_install(DEBIAN, debian_facts(), replace(NODE, agent=True), "550.127.05")
+    assert [s.name for s in by_hand.steps][-2:] == ["verify", "resume"]
+    assert any("does not run under systemd here: restart it" in n for n in by_hand.notes)
+    restore = plan_restore(DEBIAN, debian_facts(), replace(NODE, agent=True, agent_unit="hostagent.service"),
+                           [("nvidia-driver", "550.90.07-1~deb12u1")], "550.90.07", "proprietary")
+    assert restore.steps[-1].name == "restart-agent"
+    no_agent = plan_install(DEBIAN, debian_facts(), NODE, "550.127.05")
+    assert no_agent.steps[-1].name == "resume" and not any("hostagent daemon" in n for n in no_agent.notes)
+
+
 def test_restore_needs_the_old_versions_offered():
     facts = debian_facts()
     plan = plan_restore(DEBIAN, facts, NODE, [("nvidia-driver", "550.90.07-1~deb12u1")], "550.90.07", "proprietary")
