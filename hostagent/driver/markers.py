@@ -10,8 +10,6 @@ another root such as the driver container's ``/run/nvidia/driver``.
 
 from __future__ import annotations
 
-import os
-
 from ..fileio import ensure_dir, remove, write_atomic
 from ..hostroot import HostRoot
 
