@@ -147,7 +147,7 @@ def test_the_daemonset_agent_serves_a_host_mounted_at_host_with_specs_of_host_pa
     try:
         written = wait_for(tree / "run/cdi/nvidia.com-gpu.json", name)
         assert podman("exec", name, "hostagentd", "--check").returncode == 0
-        assert (tree / "run/nvidia/validations/driver-ready").read_text().startswith("IS_HOST_DRIVER=true\n")
+        assert (tree / "run/nvidia/validations/driver-ready").read_text().startswith("# written by hostagent\nIS_HOST_DRIVER=true\n")
     finally:
         podman("rm", "-f", "-t", "10", name, check=False)
     spec = json.loads(written.read_text())
