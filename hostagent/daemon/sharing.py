@@ -274,43 +274,52 @@ class SharingOps:
                 log.exception("MPS supervision check failed")
 
     async def check(self) -> None:
+        """One round of supervision. What it finds is judged under the agent's mutex: a change
+        under way (an apply, an off, a MIG change) stops and starts daemons itself, and its
+        watches are the ones that count after it."""
         from ..sharing import mps
-        if self.paused:
+        if self.paused or self.agent.mutex.locked():
             return
         why = self.gate()
         if why is not None:
             if self.watches and self.waiting != why:
-                self.waiting = why
-                for w in self.watches.values():
-                    w.state, w.reason = "waiting", why
-                log.warning("MPS daemons wait: %s", why)
-                await self._publish("waiting")
+                async with self.agent.mutex:
+                    self.waiting = why
+                    for w in self.watches.values():
+                        w.state, w.reason = "waiting", why
+                    log.warning("MPS daemons wait: %s", why)
+                    await self._publish("waiting")
             return
         if self.waiting is not None:         # the driver is back: start what waited
             await self.reconcile("driver ready")
             return
-        if not self.watches:
+        ready = [(w, w.pid) for w in self.watches.values() if w.state == "ready"]
+        if not ready:
             return
-        changed = False
-        for w in self.watches.values():
-            if w.state == "ready" and (w.pid is None or not mps.alive(w.pid)):
-                self._down(w, "the daemon exited")
-                changed = True
+        answers = None
         now = time.monotonic()
         if now >= self._next_probe:
             self._next_probe = now + self._setting("probe_interval")
-            ready = [w for w in self.watches.values() if w.state == "ready"]
-            answers = await asyncio.to_thread(self._probe, [w.uuid for w in ready], self._setting("probe_timeout"))
-            for w in ready:
-                if answers.get(w.uuid):
-                    w.failures = 0
-                    continue
-                w.failures += 1
-                if w.failures >= PROBE_FAILURES:
-                    self._down(w, f"it did not answer {w.failures} probes in a row")
+            answers = await asyncio.to_thread(self._probe, [w.uuid for w, _ in ready], self._setting("probe_timeout"))
+        async with self.agent.mutex:
+            changed = False
+            for w, pid in ready:
+                if self.watches.get(w.uuid) is not w or w.state != "ready" or w.pid != pid:
+                    continue                 # a change replaced or restarted it meanwhile
+                if pid is None or not mps.alive(pid):
+                    self._down(w, "the daemon exited")
                     changed = True
-        if changed:
-            await self._publish("daemon_down")
+                elif answers is None:
+                    continue                 # no probe this round
+                elif answers.get(w.uuid):
+                    w.failures = 0
+                else:
+                    w.failures += 1
+                    if w.failures >= PROBE_FAILURES:
+                        self._down(w, f"it did not answer {w.failures} probes in a row")
+                        changed = True
+            if changed:
+                await self._publish("daemon_down")
         for w in [w for w in self.watches.values() if w.state == "down" and w.next_restart is not None
                   and w.next_restart <= time.monotonic()]:
             await self._restart(w)
@@ -344,7 +353,9 @@ class SharingOps:
         return {d["uuid"]: d for d in self.view.get("devices", ())}
 
     async def _publish(self, reason: str) -> None:
-        """Rebuild the ``GET /v1/sharing`` view; publish ``sharing_changed`` if it changed."""
+        """Rebuild the ``GET /v1/sharing`` view; publish ``sharing_changed`` if it changed,
+        and the devices with it. The agent's mutex is held, so the devices and labels are
+        published before the change that called this answers."""
         from ..sharing.service import status
         daemons = {u: w.view() for u, w in self.watches.items()}
         inventory = self.agent.inventory
@@ -359,7 +370,7 @@ class SharingOps:
             return
         before, self.view = self.view, view
         self.agent.events.publish("sharing_changed", {"reason": reason, "sharing": view})
-        if _labelled(before) != _labelled(view) and self.agent.mutex.locked():
+        if _labelled(before) != _labelled(view):
             await self.agent.refresh_locked("sharing")     # the node labels follow the sharing
         else:
             self.agent.publish()

@@ -270,3 +270,23 @@ def test_a_driver_install_stops_the_daemons_until_the_driver_verifies(agent):
         after = until(lambda: (d := daemon(c, "0"))["state"] == "ready" and d, what="daemons after the driver")
         assert after["pid"] != before and c.sharing()["waiting"] is None
     assert "MPS daemons of GPU 0, GPU 1 stopped: driver maintenance" in agent.log()
+
+
+def test_supervision_stays_out_of_a_change_under_way():
+    """Daemons that an apply or an off stops are not 'down': supervision (every 0.1 s here)
+    leaves them to the change, and what the API answers after the change is the change's."""
+    proc = AgentProcess(make_root("dgx-a100"), {**SUPERVISION, "sharing": {**SUPERVISION["sharing"],
+                                                                            "probe_interval": 0.1}})
+    proc.start()
+    try:
+        with proc.client() as c:
+            for _ in range(4):
+                assert c.sharing_apply(CONFIG)["report"]["failed"] == 0
+                assert c.device("0")["sharing"]["mps"]["state"] == "ready"
+                assert c.sharing_apply(None)["report"]["failed"] == 0
+                assert c.sharing()["devices"] == [] and c.device("0")["sharing"] is None
+        assert "down:" not in proc.log() and "restarting in" not in proc.log(), proc.log()
+    finally:
+        proc.stop()
+        proc.cleanup()
+        assert running(proc.root) == []
