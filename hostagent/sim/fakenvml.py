@@ -17,7 +17,7 @@ import time
 import traceback
 from collections import Counter
 from dataclasses import dataclass
-from ctypes import (CFUNCTYPE, POINTER, c_char_p, c_int, c_uint, c_ulonglong, c_void_p,
+from ctypes import (CFUNCTYPE, c_char_p, c_int, c_uint, c_ulonglong, c_void_p,
                     sizeof)
 
 import pynvml as N

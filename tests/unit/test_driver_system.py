@@ -1,8 +1,6 @@
 """How the installer runs the host's programs: as they are on /, chrooted into another root,
 directly for a simulated node's own tools, and never a chrooted modprobe for a simulated node."""
 
-import os
-
 import pytest
 
 from hostagent.driver.system import Runner
