@@ -140,7 +140,7 @@ def render_plan(plan) -> str:
         out += [f"{head}: {g.summary()}", f"  before: {g.before.describe()}", f"  after:  {after}"]
         out += [f"  - {s.describe()}" for s in g.steps]
         if g.reset:
-            out.append(f"  - reset the GPU (nvidia-smi -r -i {g.pci_bus_id})")
+            out.append(f"  - reset the GPU if the driver leaves the new mode pending (nvidia-smi -r -i {g.pci_bus_id})")
     if not plan.gpus:
         out.append(f"config '{plan.config}' selects no GPU on this node")
     out += [f"warning: {w}" for w in plan.warnings]

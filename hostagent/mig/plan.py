@@ -94,7 +94,7 @@ class GpuPlan:
         parts = []
         if self.before.pending != self.after.pending or self.before.enabled != self.after.enabled:
             parts.append(("enable" if self.after.pending else "disable") + " MIG"
-                         + (" (reset)" if self.reset else "")
+                         + (" (reset if left pending)" if self.reset else "")
                          + (" (pending reset)" if not self.after.settled else ""))
         for action, label in ((DESTROY_CI, "destroy {} CI"), (DESTROY_GI, "destroy {} GI"),
                               (CREATE_GI, "create {} GI"), (CREATE_CI, "create {} CI")):

@@ -208,7 +208,7 @@ def test_cli_goes_through_the_daemon(agent, tmp_path):
     assert "GPU 0: enable MIG mode" in done.stderr and "resetting GPU 0 (" in done.stderr
     assert "GPU 1: create 3 GI, create 3 CI" in done.stderr and "CDI spec: " in done.stderr
     # ... the summary on stdout.
-    assert "GPU 0 (NVIDIA A100-SXM4-40GB): enable MIG (reset), create 3 GI, create 3 CI" in done.stdout
+    assert "GPU 0 (NVIDIA A100-SXM4-40GB): enable MIG (reset if left pending), create 3 GI, create 3 CI" in done.stdout
     assert "capability nodes: 12 created, 0 removed" in done.stdout
     assert "MIG configuration 'two' applied successfully: 2 GPU(s) changed, 6 unchanged" in done.stdout
     assert "MIG config 'two'" in agent.log()

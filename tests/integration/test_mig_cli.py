@@ -64,12 +64,12 @@ def test_apply_assert_plan_status_export(capsys, node, persistenced):
                                          "currently applied (GPU 0, 1 differ; 'hostagent mig plan' shows "
                                          "what applying would change)")
     code, out, err = run(capsys, host, "plan", "-f", cfg, "-c", "mixed")
-    assert code == 0 and "GPU 0 (NVIDIA A100-SXM4-80GB, 00000000:41:00.0): enable MIG (reset)" in out
-    assert "create GPU instance 3g.40gb@4:4" in out and "reset the GPU (nvidia-smi -r -i 00000000:41:00.0)" in out
+    assert code == 0 and "GPU 0 (NVIDIA A100-SXM4-80GB, 00000000:41:00.0): enable MIG (reset if left pending)" in out
+    assert "create GPU instance 3g.40gb@4:4" in out and "reset the GPU if the driver leaves the new mode pending (nvidia-smi -r -i 00000000:41:00.0)" in out
     code, out, err = run(capsys, host, "apply", "-f", cfg, "-c", "mixed")
     assert code == 0, err
     assert "GPU 0: enable MIG mode" in err and "resetting GPU 0" in err      # progress on stderr
-    assert "GPU 1 (NVIDIA A100-SXM4-80GB): enable MIG (reset), create 1 GI, create 3 CI" in out
+    assert "GPU 1 (NVIDIA A100-SXM4-80GB): enable MIG (reset if left pending), create 1 GI, create 3 CI" in out
     assert out.strip().endswith("applied successfully: 2 GPU(s) changed, 0 unchanged")
     assert run(capsys, host, "assert", "-f", cfg, "-c", "mixed")[0] == 0
     code, out, err = run(capsys, host, "apply", "-f", cfg, "-c", "mixed")
