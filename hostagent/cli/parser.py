@@ -25,9 +25,8 @@ __all__ = ["Parser", "CommandParser", "add_global_options", "command_word", "hoi
 _VALUED = ("--simulate", "--host-root", "--driver-root", "--output")
 
 
-def add_global_options(parser, *, top: bool) -> None:
-    group = parser.add_argument_group("global options (before or after the command)")
-    kw = {} if top else {"default": argparse.SUPPRESS}
+def add_root_options(group, **kw) -> None:
+    """Which host the command works on (``hostagent`` and ``hostagentd`` alike)."""
     group.add_argument("--simulate", metavar="DIR",
                        help="run against the simulated node in DIR (also: HOSTAGENT_SIMULATE)", **kw)
     group.add_argument("--host-root", metavar="DIR",
@@ -36,6 +35,12 @@ def add_global_options(parser, *, top: bool) -> None:
     group.add_argument("--driver-root", metavar="DIR",
                        help="where the NVIDIA driver's files are, such as /run/nvidia/driver "
                             "(also: HOSTAGENT_DRIVER_ROOT; default: the host root)", **kw)
+
+
+def add_global_options(parser, *, top: bool) -> None:
+    group = parser.add_argument_group("global options (before or after the command)")
+    kw = {} if top else {"default": argparse.SUPPRESS}
+    add_root_options(group, **kw)
     group.add_argument("-v", "--verbose", action="store_true",
                        help="log debug detail to stderr, and say more about an error", **kw)
 

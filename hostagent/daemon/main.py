@@ -309,18 +309,12 @@ def run(host: HostRoot, config_path=None, log_level: str | None = None) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     from .. import __version__
+    from ..cli.parser import add_root_options
     from .args import add_arguments
     parser = argparse.ArgumentParser(prog="hostagentd", description="The hostagent daemon.")
     parser.add_argument("--version", action="version", version=f"hostagentd {__version__}")
     add_arguments(parser)
-    parser.add_argument("--simulate", metavar="DIR",
-                        help="run against the simulated node in DIR (also: HOSTAGENT_SIMULATE)")
-    parser.add_argument("--host-root", metavar="DIR",
-                        help="the host's / is mounted at DIR, as in the DaemonSet's container "
-                             "(also: HOSTAGENT_HOST_ROOT)")
-    parser.add_argument("--driver-root", metavar="DIR",
-                        help="where the NVIDIA driver's files are on the host, such as /run/nvidia/driver "
-                             "(also: HOSTAGENT_DRIVER_ROOT; default: the host root)")
+    add_root_options(parser)
     parser.add_argument("--check", action="store_true",
                         help="do not start: ask the running daemon for its status (GET /v1/node on api.socket) "
                              "and exit 0 if it answers, 1 if not (a liveness probe)")
