@@ -31,6 +31,8 @@ from pathlib import Path
 
 import pytest
 
+from tests import programs
+
 __all__ = ["BASE_PACKAGES", "cache_dir", "root_tarball", "podman_image", "booted", "Booted", "extract",
            "chroot", "overlay"]
 
@@ -49,11 +51,7 @@ def cache_dir() -> Path:
 
 
 def _require(*tools: str) -> None:
-    if os.geteuid() != 0:
-        pytest.skip("a Debian root and systemd in podman need root here")
-    missing = [t for t in tools if not shutil.which(t)]
-    if missing:
-        pytest.skip(f"not installed: {', '.join(missing)} (.ci/run installs them)")
+    programs.require(*tools, root_for="a Debian root and systemd in podman")
 
 
 @contextlib.contextmanager

@@ -4,12 +4,14 @@ a venv is activated."""
 
 from __future__ import annotations
 
+import os
+import shutil
 import sys
 import sysconfig
 import tomllib
 from pathlib import Path
 
-__all__ = ["PROGRAMS", "script"]
+__all__ = ["PROGRAMS", "require", "script"]
 
 REPO = Path(__file__).resolve().parents[1]
 PROGRAMS = tuple(tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"])
@@ -22,3 +24,14 @@ def script(name: str) -> str:
     assert path.is_file(), (f"{name} is not installed in {folder} (the scripts folder of {sys.executable}): "
                             "run pip install . (or -e .) with this interpreter again")
     return str(path)
+
+
+def require(*tools: str, root_for: str) -> None:
+    """Skip, saying why, unless this runs as root (``root_for`` says what needs it) and every
+    one of ``tools`` is on PATH."""
+    import pytest
+    if os.geteuid() != 0:
+        pytest.skip(f"{root_for} need root here")
+    missing = [t for t in tools if not shutil.which(t)]
+    if missing:
+        pytest.skip(f"not installed: {', '.join(missing)} (.ci/run installs them)")

@@ -2,7 +2,6 @@
 
 import contextlib
 import hashlib
-import os
 import shutil
 import subprocess
 import tarfile
@@ -10,16 +9,14 @@ from pathlib import Path
 
 import pytest
 
+from tests import programs
+
 BUSYBOX_APPLETS = ("sh", "true", "ls", "cat", "readlink", "grep", "echo", "test", "stat", "find", "env", "id")
 PODMAN_FLAGS = ("--runtime", "runc", "--ulimit", "nofile=1024:1024", "--ulimit", "nproc=1024:1024")
 
 
 def require(*tools):
-    if os.geteuid() != 0:
-        pytest.skip("container engines need root here")
-    missing = [t for t in tools if not shutil.which(t)]
-    if missing:
-        pytest.skip(f"not installed: {', '.join(missing)} (.ci/run installs them)")
+    programs.require(*tools, root_for="container engines")
 
 
 @contextlib.contextmanager
