@@ -65,7 +65,11 @@ def _locked(path: Path):
 def root_tarball(include: tuple[str, ...] = BASE_PACKAGES, suite: str = SUITE) -> Path:
     """``mmdebstrap --variant=minbase --include=...`` as a tarball, cached by its arguments."""
     _require("mmdebstrap")
-    args = ["--variant=minbase", f"--include={','.join(sorted(include))}", suite]
+    # --format=tar: the partial file's name has no extension that says so, and mmdebstrap
+    # would make a folder; an empty --include is a usage error, so it is left out then.
+    args = ["--variant=minbase", "--format=tar"]
+    args += [f"--include={','.join(sorted(include))}"] if include else []
+    args.append(suite)
     key = hashlib.sha256(" ".join(args).encode()).hexdigest()[:16]
     tarball = cache_dir() / f"debian-{suite}-{key}.tar"
     with _locked(tarball):
