@@ -26,7 +26,7 @@ from .events import EventLog, RevisionClock
 from .health import Health, unmonitored
 from .settings import Settings
 from .state import Snapshot, diff_devices, lookup_table
-from .views import device_views, profile_view
+from .views import BaseViews, device_views, profile_view
 
 __all__ = ["Agent"]
 
@@ -48,10 +48,12 @@ class Agent:
         self.inventory_error: HostagentError | None = None
         self.spec = None                  # the node spec's GeneratedSpec
         self.spec_options = None
+        self._spec_file = (None, None)    # (spec_options, the node spec's path) as last shown
         self.cdi_names: dict[str, tuple[str, ...]] = {}
         self._allocations: dict[str, alloc_rules.Allocation] = {}
         self.profiles: dict[str, list[dict]] = {}   # GPU uuid -> its MIG profile views
         self._users = None                # users(), until the allocations change
+        self._base_views = BaseViews()    # the inventory's part of the device views
         self.snapshot = Snapshot(self.events.revision, {}, {}, [], {}, {})
         self._restore_pending = False     # checkpoint loaded, not yet checked against the inventory
         self.labels = None                # nodelabels.LabelResult of the last inventory read
@@ -252,8 +254,14 @@ class Agent:
         return node
 
     def _spec_path(self):
-        from ..cdi.refresh import spec_path
-        return spec_path(self.host, self.spec_options)
+        """The node spec's path, found again only when the spec's options change (resolving
+        it through the host root is the dearest part of a node view)."""
+        options, path = self._spec_file
+        if options is not self.spec_options:
+            from ..cdi.refresh import spec_path
+            path = spec_path(self.host, self.spec_options)
+            self._spec_file = (self.spec_options, path)
+        return path
 
     def publish(self, before=()) -> None:
         """Publish ``before`` events, then the device and node changes since the last
@@ -261,7 +269,7 @@ class Agent:
         for type_, payload in before:
             self.events.publish(type_, payload)
         views = device_views(self.inventory, self.cdi_names, self.health, self.users(), self.default_health,
-                             self.sharing.devices())
+                             self.sharing.devices(), self._base_views)
         old = self.snapshot.devices
         for type_, uuid, changed in diff_devices(old, views):
             if type_ == "device_removed":
@@ -283,6 +291,13 @@ class Agent:
                                  labels=self.labels)
         for listener in self.publish_listeners:
             listener()
+
+    def publish_soon(self, before=()) -> None:
+        """``publish`` at the loop's next turn, for a change whose request is being answered:
+        the answer goes out first, without waiting for the views and events. It is queued
+        while the change holds the mutex, so a later change's publish is queued after it and
+        the events keep the order of the changes."""
+        asyncio.get_running_loop().call_soon(self.publish, before)
 
     def set_health(self, uuid: str, health: Health) -> None:
         """Record a device's health (the health monitor's entry point); publishes the change."""

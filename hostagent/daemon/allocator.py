@@ -17,7 +17,8 @@ from ..errors import HostagentError, NotFoundError
 from ..lock import node_lock
 from . import allocations as alloc_rules
 from . import checkpoint, faults
-from .views import allocation_view
+from .events import Rendered
+from .views import allocation_json
 
 __all__ = ["Allocator"]
 
@@ -29,6 +30,7 @@ class Allocator:
         self.agent = agent
         self.host = agent.host
         self._files = None      # (node spec, Discovery, common edits): _driver_files()
+        self._node_edits: dict = {}   # (devices, hook home) -> plain edits, for the node spec in force
 
     def _same_request(self, existing: dict, request: dict) -> bool:
         """The same request, devices named by index, UUID, MIG or CDI name alike: a plugin
@@ -97,6 +99,7 @@ class Allocator:
         if self._files is None or self._files[0] is not spec:
             discovery = Discovery(self.host, self.agent.inventory.driver_version)
             self._files = (spec, discovery, common_edits(discovery))
+            self._node_edits = {}
         return self._files[1], self._files[2]
 
     def _node_names(self, alloc: alloc_rules.Allocation) -> tuple[str, ...]:
@@ -121,12 +124,22 @@ class Allocator:
         from ..fileio import ensure_dir, write_atomic
         discovery, common = self._driver_files()
         home = self.agent.hook_home()
+        if not alloc.own_spec:
+            # The same devices get the same edits until the node spec changes: made once, and
+            # the one dict rendered once for every answer and event that carries it.
+            key = (alloc.devices, home)
+            merged = self._node_edits.get(key)
+            if merged is None:
+                _, merged = transient.build_transient_spec(discovery, alloc.id, records, home.interpreter,
+                                                           import_path=home.import_path, common=common)
+                if len(self._node_edits) >= 1024:
+                    self._node_edits.clear()
+                self._node_edits[key] = merged
+            return dataclasses.replace(alloc, cdi_devices=self._node_names(alloc), container_edits=merged,
+                                       spec_path=None)
         spec, merged = transient.build_transient_spec(discovery, alloc.id, records, home.interpreter,
                                                       extra=self._client_edits(alloc), import_path=home.import_path,
                                                       common=common)
-        if not alloc.own_spec:
-            return dataclasses.replace(alloc, cdi_devices=self._node_names(alloc), container_edits=merged,
-                                       spec_path=None)
         path = transient.spec_file(self.host, alloc.id)
         ensure_dir(path.parent, 0o755)
         text = render(spec)
@@ -216,13 +229,13 @@ class Allocator:
             self.agent.add_allocation(alloc)
             log.info("allocation %s created: %s", alloc.id, ", ".join(alloc.cdi_devices),
                      extra={"fields": {"allocation_id": alloc.id}})
-            self.agent.publish([*self._deleted(replaced, f"replaced by {alloc.id}"),
-                                ("allocation_created", {"allocation": allocation_view(alloc)})])
+            self.agent.publish_soon([*self._deleted(replaced, f"replaced by {alloc.id}"),
+                                ("allocation_created", {"allocation": Rendered(allocation_json(alloc))})])
             return True, alloc
 
     @staticmethod
     def _deleted(allocs, reason: str) -> list:
-        return [("allocation_deleted", {"allocation": allocation_view(a), "reason": reason}) for a in allocs]
+        return [("allocation_deleted", {"reason": reason, "allocation": Rendered(allocation_json(a))}) for a in allocs]
 
     def _remove_specs(self, allocs) -> None:
         for alloc in allocs:
@@ -249,7 +262,7 @@ class Allocator:
             self.agent.remove_allocation(alloc.id)
             log.info("allocation %s released%s", alloc.id, "" if reason == "released" else f": {reason}",
                      extra={"fields": {"allocation_id": alloc.id}})
-        self.agent.publish(self._deleted(allocs, reason))
+        self.agent.publish_soon(self._deleted(allocs, reason))
 
     async def release(self, alloc_id: str) -> alloc_rules.Allocation:
         async with self.agent.mutex:

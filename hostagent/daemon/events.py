@@ -21,9 +21,13 @@ from pathlib import Path
 
 from ..fileio import ensure_dir, write_atomic
 
-__all__ = ["RevisionClock", "EventLog", "BLOCK"]
+__all__ = ["RevisionClock", "EventLog", "Rendered", "BLOCK"]
 
 BLOCK = 1 << 20
+
+
+class Rendered(bytes):
+    """A payload value already rendered as JSON, put in the event's line as it is."""
 
 
 class RevisionClock:
@@ -57,7 +61,7 @@ class RevisionClock:
 class EventLog:
     def __init__(self, clock: RevisionClock, capacity: int = 4096):
         self.clock = clock
-        self.ring: deque[tuple[int, bytes]] = deque(maxlen=capacity)
+        self.ring: deque[tuple[int, bytes, str]] = deque(maxlen=capacity)   # (revision, line, type)
         self._changed: asyncio.Future | None = None
 
     @property
@@ -75,21 +79,29 @@ class EventLog:
 
     def publish(self, type_: str, payload=None) -> int:
         """Append one event; wake every watcher. ``payload``: a dict, or a function of the
-        event's revision returning one (for views that carry their own revision). Call on
-        the event loop's thread."""
+        event's revision returning one (for views that carry their own revision); a value
+        that is ``Rendered`` is put in as it is, after the others (its key a plain name).
+        Call on the event loop's thread."""
         revision = self.clock.next()
         if callable(payload):
             payload = payload(revision)
-        event = {"type": type_, "revision": revision, "time": round(time.time(), 3), **(payload or {})}
-        self.ring.append((revision, json.dumps(event, separators=(",", ":")).encode() + b"\n"))
+        payload = payload or {}
+        event = {"type": type_, "revision": revision, "time": round(time.time(), 3),
+                 **{k: v for k, v in payload.items() if not isinstance(v, Rendered)}}
+        line = json.dumps(event, separators=(",", ":")).encode()
+        rendered = [b',"%s":%s' % (k.encode(), v) for k, v in payload.items() if isinstance(v, Rendered)]
+        if rendered:
+            line = line[:-1] + b"".join(rendered) + b"}"
+        self.ring.append((revision, line + b"\n", type_))
         waiter, self._changed = self._changed, None
         if waiter is not None and not waiter.done():
             waiter.set_result(revision)
         return revision
 
-    def after(self, since: int) -> list[bytes] | None:
-        """Lines of the events after ``since``; None when ``since`` is outside the ring
-        (too old, or from the future), so the watcher needs a snapshot."""
+    def after(self, since: int, types: frozenset[str] | None = None) -> list[bytes] | None:
+        """Lines of the events after ``since`` (of ``types`` only, when given); None when
+        ``since`` is outside the ring (too old, or from the future), so the watcher needs a
+        snapshot."""
         if since < self.oldest or since > self.clock.current:
             return None
         if since == self.clock.current:
@@ -97,7 +109,8 @@ class EventLog:
         # Revisions in the ring are consecutive: index by offset.
         ring = self.ring
         start = since + 1 - ring[0][0]
-        return [ring[i][1] for i in range(start, len(ring))]   # deque indexes cheaply near its ends
+        entries = (ring[i] for i in range(start, len(ring)))     # deque indexes cheaply near its ends
+        return [line for _, line, type_ in entries if types is None or type_ in types]
 
     def changed(self) -> asyncio.Future:
         """A future resolved at the next publish; shared by all watchers."""

@@ -9,6 +9,7 @@ the watch stream and allocation checks read them from there.
 
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import asdict, dataclass
 
@@ -29,6 +30,11 @@ class Health:
         return self.state != "unhealthy"
 
     def to_dict(self) -> dict:
+        return dict(self._as_dict)
+
+    @functools.cached_property
+    def _as_dict(self) -> dict:
+        """Rendered once: every publish puts each device's health in its view."""
         out = asdict(self)
         out["since"] = round(self.since, 3)
         return out

@@ -8,9 +8,12 @@ CDI names, health and the allocations using it.
 
 from __future__ import annotations
 
+import json
+
 from ..devices import Gpu, Inventory, MigDevice, MigProfile
 
-__all__ = ["gpu_view", "mig_view", "profile_view", "device_views", "allocation_view", "with_device_marks"]
+__all__ = ["gpu_view", "mig_view", "profile_view", "device_views", "BaseViews", "allocation_view",
+           "allocation_json", "with_device_marks"]
 
 
 def profile_view(p: MigProfile) -> dict:
@@ -44,26 +47,48 @@ def mig_view(dev: MigDevice, parent: Gpu) -> dict:
             "compute_capability": parent.compute_capability, "architecture": parent.architecture}
 
 
-def device_views(inventory: Inventory | None, cdi_names: dict[str, tuple[str, ...]],
-                 health: dict, users: dict[str, list[tuple[str, str]]], default_health,
-                 sharing: dict[str, dict] | None = None) -> dict[str, dict]:
-    """uuid -> view (without its revision), GPUs then MIG devices, in index order.
-
-    A device is allocatable when the node spec describes it (a GPU with MIG enabled is
-    used through its MIG devices, and a device missing its nodes is left out of the spec)
-    and it is not unhealthy. ``sharing``: uuid -> how it is shared (``GET /v1/sharing``'s
-    device entries); its ``replicas`` are the ids a device plugin advertises for it.
-    """
-    sharing = sharing or {}
+def _inventory_views(inventory: Inventory) -> dict[str, dict]:
+    """uuid -> the inventory's part of its view, GPUs then MIG devices, in index order."""
     out: dict[str, dict] = {}
-    if inventory is None:
-        return out
     migs = []
     for gpu in inventory.gpus:
         out[gpu.uuid] = gpu_view(gpu)
         migs += [(d, gpu) for d in (gpu.mig.devices if gpu.mig else ())]
     for dev, parent in migs:
         out[dev.uuid] = mig_view(dev, parent)
+    return out
+
+
+class BaseViews:
+    """The inventory's part of the device views, made once per inventory: every allocation
+    and health change publishes the views again, and only their other fields change."""
+
+    def __init__(self):
+        self._inventory = None
+        self._views: dict[str, dict] = {}
+
+    def of(self, inventory: Inventory) -> dict[str, dict]:
+        if inventory is not self._inventory:
+            self._inventory, self._views = inventory, _inventory_views(inventory)
+        return self._views
+
+
+def device_views(inventory: Inventory | None, cdi_names: dict[str, tuple[str, ...]],
+                 health: dict, users: dict[str, list[tuple[str, str]]], default_health,
+                 sharing: dict[str, dict] | None = None, base: BaseViews | None = None) -> dict[str, dict]:
+    """uuid -> view (without its revision), GPUs then MIG devices, in index order.
+
+    A device is allocatable when the node spec describes it (a GPU with MIG enabled is
+    used through its MIG devices, and a device missing its nodes is left out of the spec)
+    and it is not unhealthy. ``sharing``: uuid -> how it is shared (``GET /v1/sharing``'s
+    device entries); its ``replicas`` are the ids a device plugin advertises for it.
+    ``base``: where the inventory's part is kept between calls (each view is a copy of it).
+    """
+    sharing = sharing or {}
+    if inventory is None:
+        return {}
+    parts = base.of(inventory) if base is not None else _inventory_views(inventory)
+    out = {uuid: dict(part) for uuid, part in parts.items()}
     for uuid, view in out.items():
         h = health.get(uuid) or default_health
         names = list(cdi_names.get(uuid, ()))
@@ -83,6 +108,30 @@ def allocation_view(alloc) -> dict:
             "labels": alloc.request.get("labels", {}), "request": alloc.request,
             "created": round(alloc.created, 3), "container_edits": alloc.container_edits,
             "visible_devices": ",".join(alloc.devices)}
+
+
+# id -> (container edits, their JSON): an allocation's edits are most of its view (the
+# driver's libraries and tools), and allocations of the same devices share one edits dict
+# (see the allocator), so each is rendered once for every answer and event carrying it.
+_EDITS_JSON: dict[int, tuple[dict, bytes]] = {}
+
+
+def _edits_json(edits: dict) -> bytes:
+    hit = _EDITS_JSON.get(id(edits))
+    if hit is not None and hit[0] is edits:
+        return hit[1]
+    out = json.dumps(edits, separators=(",", ":")).encode()
+    if len(_EDITS_JSON) >= 64:
+        del _EDITS_JSON[next(iter(_EDITS_JSON))]          # the oldest
+    _EDITS_JSON[id(edits)] = (edits, out)
+    return out
+
+
+def allocation_json(alloc) -> bytes:
+    """``allocation_view(alloc)`` as compact JSON (its keys in another order)."""
+    view = allocation_view(alloc)
+    edits = view.pop("container_edits")
+    return json.dumps(view, separators=(",", ":")).encode()[:-1] + b',"container_edits":' + _edits_json(edits) + b"}"
 
 
 def with_device_marks(view: dict, devices: dict[str, dict]) -> dict:

@@ -44,3 +44,21 @@ def test_resize_keeps_the_newest():
         log.publish("x")
     log.resize(3)
     assert log.oldest == 5 and len(log.after(5)) == 3
+
+
+def test_rendered_payload_values_go_into_the_line_as_they_are():
+    from hostagent.daemon.events import Rendered
+    log = EventLog(RevisionClock(None))
+    view = {"id": "a", "container_edits": {"env": ["X=1"]}}
+    rev = log.publish("allocation_deleted", {"reason": "released", "allocation": Rendered(json.dumps(view).encode())})
+    event = json.loads(log.after(0)[0])
+    assert event == {"type": "allocation_deleted", "revision": rev, "time": event["time"], "reason": "released",
+                     "allocation": view}
+
+
+def test_events_after_a_revision_of_some_types_only():
+    log = EventLog(RevisionClock(None))
+    for type_ in ("allocation_created", "device_changed", "allocation_deleted", "device_changed"):
+        log.publish(type_, {})
+    assert [json.loads(line)["revision"] for line in log.after(0, frozenset({"device_changed"}))] == [2, 4]
+    assert log.after(2, frozenset({"node_changed"})) == [] and len(log.after(2)) == 2
