@@ -429,9 +429,11 @@ class Client:
         """The Prometheus text exposition the socket serves at ``/metrics``."""
         return self.request("GET", "/metrics").body.decode()
 
-    def watch(self, since: int | None = None):
-        """Events as dicts, as they happen (a generator; close it to stop watching)."""
-        response = self.request("GET", "/v1/watch", query={"since": since})
+    def watch(self, since: int | None = None, types=None):
+        """Events as dicts, as they happen (a generator; close it to stop watching).
+        ``types``: only these event types (the snapshot, heartbeats and stopping still come)."""
+        response = self.request("GET", "/v1/watch", query={"since": since,
+                                                           "types": ",".join(types) if types else None})
         for line in response.lines():
             yield json.loads(line)
 

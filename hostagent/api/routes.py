@@ -18,7 +18,7 @@ from .http import Request
 from .peercred import allows
 from .schema import document_bytes, parse_json, validate_body
 from .server import Response, StreamResponse, error_response
-from .watch import WatchStream
+from .watch import WatchStream, watch_types
 
 __all__ = ["App", "status_for"]
 
@@ -227,9 +227,10 @@ class App:
             if not since.isdigit() or len(since) > 19:
                 raise UsageError("since must be a revision (a non-negative integer)", parameter="since")
             since = int(since)
+        types = watch_types(request.param("types"))
         if request.method == "HEAD":
             return Response(200, b"", content_type="application/x-ndjson")
-        producer = WatchStream(self.agent, since)
+        producer = WatchStream(self.agent, since, types)
         # Clients size their read timeout from it (silence between heartbeats is normal).
         heartbeat = (("Hostagent-Heartbeat", f"{self.agent.settings.api.watch_heartbeat:g}"),)
         return _stream(producer, producer.farewell, heartbeat)
@@ -254,19 +255,18 @@ class App:
         return self._create(body)
 
     async def _create(self, body):
-        from ..daemon.views import allocation_view
+        from ..daemon.views import allocation_json
         created, alloc = await self.agent.allocator.allocate(body)
-        view = allocation_view(alloc)
         headers = (("Location", f"/v1/allocations/{alloc.id}"),)
-        return Response(201 if created else 200, _dumps(view), headers)
+        return Response(201 if created else 200, allocation_json(alloc) + b"\n", headers)
 
     def delete_allocation(self, request: Request):
         return self._delete(request.params["id"])
 
     async def _delete(self, alloc_id):
-        from ..daemon.views import allocation_view
+        from ..daemon.views import allocation_json
         alloc = await self.agent.allocator.release(alloc_id)
-        return Response(200, _dumps(allocation_view(alloc)))
+        return Response(200, allocation_json(alloc) + b"\n")
 
     def prefer_allocation(self, request: Request) -> Response:
         from ..daemon.preference import prefer

@@ -12,7 +12,11 @@ from __future__ import annotations
 import asyncio
 import json
 
-__all__ = ["WatchStream", "snapshot_line"]
+__all__ = ["WatchStream", "snapshot_line", "EVENT_TYPES", "watch_types"]
+
+# What ?types= may name: the events (snapshot, heartbeat and stopping lines always come).
+EVENT_TYPES = ("device_added", "device_changed", "device_removed", "node_changed", "allocation_created",
+               "allocation_deleted", "health_event", "labels_changed", "driver_changed", "sharing_changed")
 
 
 def snapshot_line(agent, reason: str) -> tuple[int, bytes]:
@@ -30,6 +34,23 @@ def snapshot_line(agent, reason: str) -> tuple[int, bytes]:
     return snap.revision, snap.cached(("snapshot", reason), render)
 
 
+def watch_types(text: str | None) -> frozenset[str] | None:
+    """``?types=`` (comma-separated event types) as a set; None (all) when not given."""
+    if text is None:
+        return None
+    from ..errors import UsageError
+    from ..suggest import unknown
+    types = frozenset(t.strip() for t in text.split(",") if t.strip())
+    for t in sorted(types):
+        if t not in EVENT_TYPES:
+            raise UsageError(unknown("event type", t, EVENT_TYPES), parameter="types",
+                             hint=f"types is a comma-separated list of {', '.join(EVENT_TYPES)}")
+    if not types:
+        raise UsageError("types names no event type", parameter="types",
+                         hint=f"name one or more of {', '.join(EVENT_TYPES)}, or leave types out for all")
+    return types
+
+
 def _marker(type_: str, revision: int) -> bytes:
     return json.dumps({"type": type_, "revision": revision}, separators=(",", ":")).encode() + b"\n"
 
@@ -38,9 +59,10 @@ class WatchStream:
     """One watcher: ``await stream(sink)`` sends until the client leaves; ``farewell()`` is
     the last line when the daemon stops (the stream then ends cleanly, not cut off)."""
 
-    def __init__(self, agent, since: int | None):
+    def __init__(self, agent, since: int | None, types: frozenset[str] | None = None):
         self.agent = agent
         self.position = since        # the last revision the client has (None: a snapshot first)
+        self.types = types           # the event types it wants (None: all)
 
     def farewell(self) -> bytes:
         return _marker("stopping", self.position or 0)
@@ -53,13 +75,14 @@ class WatchStream:
             self.position, line = snapshot_line(agent, "initial")
             await stream.send(line)
         while not stream.closed:
-            lines = events.after(self.position)
+            lines = events.after(self.position, self.types)
             if lines is None:
                 self.position, line = snapshot_line(agent, "too_far_behind")
                 await stream.send(line)
                 continue
+            # Past the events it does not want too: its next heartbeat says where it is.
+            self.position = events.revision
             if lines:
-                self.position += len(lines)
                 await stream.send(b"".join(lines))
                 continue
             try:

@@ -53,6 +53,11 @@ def _apply(view: NodeView, event: dict) -> NodeView:
     return view
 
 
+# The events a view changes with (_apply); the allocations' are left to the agent to send
+# to those who want them: each carries the allocation's container edits.
+WATCHED = ("device_added", "device_changed", "device_removed", "labels_changed")
+
+
 class AgentLink:
     def __init__(self, socket_path: str | os.PathLike, timeout: float = 10.0,
                  backoff: tuple[float, float] = (0.2, 5.0)):
@@ -61,6 +66,8 @@ class AgentLink:
         self.backoff = backoff
         self.view = NodeView(error="not connected yet")
         self.listeners: list = []           # called with each new NodeView, on the link's thread
+        # Whether an allocation id is one the link's user made (it knows of those already).
+        self.owned = lambda alloc_id: False
         self.connects = 0                   # successful (re)connections, for tests and status
         self._local = threading.local()
         self._stop = threading.Event()
@@ -86,10 +93,31 @@ class AgentLink:
     def stop(self) -> None:
         self._stop.set()
 
-    def _publish(self, view: NodeView) -> None:
-        if view == self.view:
+    def _take(self, view: NodeView, event: dict) -> None:
+        """One event of the stream applied to ``view`` (the current one, or a new connection's,
+        whose change the listeners always hear of)."""
+        quiet = view is self.view and self._own_bookkeeping(view, event)
+        view = replace(_apply(view, event), revision=event.get("revision", view.revision))
+        self._publish(view, notify=not quiet)
+
+    def _own_bookkeeping(self, view: NodeView, event: dict) -> bool:
+        """A device change only in its list of allocations, by allocations the link's user
+        made: the view keeps it, the listeners are not woken (each allocation makes one)."""
+        if event.get("type") != "device_changed" or not event.get("changed") \
+                or set(event["changed"]) != {"allocations"}:
+            return False
+        new = event["device"]
+        old = view.devices.get(new.get("uuid")) or {}
+        moved = set(new.get("allocations") or ()) ^ set(old.get("allocations") or ())
+        return all(self.owned(a) for a in moved)
+
+    def _publish(self, view: NodeView, notify: bool = True) -> None:
+        """Make ``view`` current; tell the listeners (unless ``notify`` is false) when more
+        than its revision changed: most events, an allocation's among them, change nothing
+        a listener reads."""
+        last, self.view = self.view, view
+        if not notify or replace(view, revision=last.revision) == last:
             return
-        self.view = view
         for listener in list(self.listeners):
             try:
                 listener(view)
@@ -106,7 +134,7 @@ class AgentLink:
                     raise
                 labels = {}                 # the agent has not read the inventory yet
             first = True
-            for event in c.watch(since=self.view.revision):
+            for event in c.watch(since=self.view.revision, types=WATCHED):
                 if self._stop.is_set():
                     return "stopped"
                 view = self.view
@@ -116,9 +144,7 @@ class AgentLink:
                              event.get("revision"))
                     view = replace(view, connected=True, error=None, labels=labels)
                     first = False
-                view = _apply(view, event)
-                view = replace(view, revision=event.get("revision", view.revision))
-                self._publish(view)
+                self._take(view, event)
                 if event.get("type") == "stopping":
                     return "the agent is stopping"
         return "the agent's stream ended"

@@ -68,6 +68,7 @@ class DevicePlugin:
         self.options = options
         self.kubelet_socket = Path(options.plugin_dir) / KUBELET_SOCKET
         self.link = AgentLink(options.agent_socket)
+        self.link.owned = owned             # its own allocations change no advertised health
         self.allocations = Allocations(self.link, options.device_list_strategy, options.cdi_names,
                                        options.release_grace, options.allocation_expiry)
         self.notifier = notifier

@@ -156,6 +156,25 @@ def test_watch_snapshot_events_and_resume(agent):
         c2.close()
 
 
+def test_watch_of_some_event_types(agent):
+    """?types= leaves the other events out; the heartbeat says how far the stream has gone,
+    the events left out included; an unknown type is a usage error that names the right one."""
+    with agent.client(timeout=2) as c, agent.client() as c2:
+        stream = c.watch(types=["device_changed"])
+        snap = next(stream)
+        assert snap["type"] == "snapshot"
+        c2.allocate("typed", ["4"])
+        changed = next(stream)
+        assert changed["type"] == "device_changed" and changed["revision"] == snap["revision"] + 2
+        c2.release("typed")
+        assert next(stream)["revision"] == snap["revision"] + 4      # not the allocation_deleted before it
+        assert next(stream) == {"type": "heartbeat", "revision": snap["revision"] + 4}
+        stream.close()
+        with pytest.raises(UsageError) as e:
+            next(c.watch(types=["device_changed", "allocation_create"]))
+        assert "unknown event type 'allocation_create' (did you mean 'allocation_created'?)" in e.value.message
+
+
 def test_watch_heartbeat(agent):
     # A request timeout equal to the heartbeat interval (2 s here): stream reads wait for
     # three intervals, as the stream's Hostagent-Heartbeat header tells the client.
