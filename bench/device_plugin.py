@@ -13,6 +13,7 @@ device-plugin`` in its own process) and calls it over gRPC as the kubelet does:
    - *new set*: a set overlapping the last one, so each call releases the allocation the
      kubelet handed out again and creates one, in one request (``replaces``) and one
      checkpoint write (fsynced);
+   each with the agent's and the plugin's CPU time per call;
    - beside them, the agent alone through the Python client: the same create replacing the
      last (the floor of the second kind), and ``POST /v1/allocations`` plus ``DELETE`` with
      the node spec's names and with a transient spec of its own (two commits each).
@@ -44,6 +45,21 @@ def percentiles(samples: list[float]) -> str:
     s = sorted(samples)
     p = lambda q: s[min(len(s) - 1, int(q * len(s)))] * 1e3      # noqa: E731
     return f"p50 {p(0.50):6.2f} ms   p99 {p(0.99):6.2f} ms   max {s[-1] * 1e3:6.2f} ms   (n={len(s)})"
+
+
+def cpu_seconds(pid: int) -> float:
+    """User and system CPU time a process has used (/proc/PID/stat)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_per_call(pids: dict[str, int], fn, n: int) -> tuple[list[float], str]:
+    """``timed(fn, n)``, and each process's CPU time per call: steadier than latency on a
+    shared machine, where the latency is also the others' load."""
+    before = {name: cpu_seconds(pid) for name, pid in pids.items()}
+    samples = timed(fn, n)
+    used = ", ".join(f"{name} {(cpu_seconds(pid) - before[name]) / n * 1e3:.2f}" for name, pid in pids.items())
+    return samples, f"CPU ms per call: {used}"
 
 
 def timed(fn, n: int) -> list[float]:
@@ -85,16 +101,17 @@ def main() -> int:
             gpus = [g["uuid"] for g in c.devices()["gpus"]]
 
             print(f"Allocate, {args.calls} calls each (simulated DGX A100, plugin and agent on this machine)")
+            pids = {"agent": agent.proc.pid, "plugin": plugin.pid}
             kubelet.allocate(GPU, gpus[:2])
-            held = timed(lambda i: kubelet.allocate(GPU, gpus[:2]), args.calls)
-            print(f"  held set (idempotent)        {percentiles(held)}")
+            held, cpu = cpu_per_call(pids, lambda i: kubelet.allocate(GPU, gpus[:2]), args.calls)
+            print(f"  held set (idempotent)        {percentiles(held)}\n      {cpu}")
             c.allocate("bench-held", [gpus[6]])
             held_alone = timed(lambda i: c.allocate("bench-held", [gpus[6]]), args.calls)
             c.release("bench-held")
             print(f"  agent alone (idempotent)     {percentiles(held_alone)}")
             sets = [gpus[:1], gpus[:2]]          # each overlaps the one before
-            new = timed(lambda i: kubelet.allocate(GPU, sets[i % 2]), args.calls)
-            print(f"  new set (release + create)   {percentiles(new)}")
+            new, cpu = cpu_per_call(pids, lambda i: kubelet.allocate(GPU, sets[i % 2]), args.calls)
+            print(f"  new set (release + create)   {percentiles(new)}\n      {cpu}")
 
             c.allocate("bench-r-1", [gpus[7]], cdi_names="node")
             replacing = timed(lambda i: c.allocate(f"bench-r{i}", [gpus[7]], cdi_names="node",
