@@ -230,7 +230,7 @@ class Allocator:
             log.info("allocation %s created: %s", alloc.id, ", ".join(alloc.cdi_devices),
                      extra={"fields": {"allocation_id": alloc.id}})
             self.agent.publish_soon([*self._deleted(replaced, f"replaced by {alloc.id}"),
-                                ("allocation_created", {"allocation": Rendered(allocation_json(alloc))})])
+                                     ("allocation_created", {"allocation": Rendered(allocation_json(alloc))})])
             return True, alloc
 
     @staticmethod
