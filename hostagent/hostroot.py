@@ -21,11 +21,12 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["HostRoot", "SIMULATE_ENV", "HOST_ROOT_ENV", "DRIVER_ROOT_ENV", "resolve_within"]
+__all__ = ["HostRoot", "SIMULATE_ENV", "HOST_ROOT_ENV", "DRIVER_ROOT_ENV", "CONFIG_ENV", "resolve_within"]
 
 SIMULATE_ENV = "HOSTAGENT_SIMULATE"
 HOST_ROOT_ENV = "HOSTAGENT_HOST_ROOT"
 DRIVER_ROOT_ENV = "HOSTAGENT_DRIVER_ROOT"
+CONFIG_ENV = "HOSTAGENT_CONFIG"
 _MAX_LINKS = 40          # as the kernel's ELOOP limit
 
 
@@ -64,9 +65,12 @@ class HostRoot:
     dev_root: Path | None = None      # where /dev lives; default: root
     simulated: bool = False
     mounted: bool = False             # root is a host's / mounted here: see on_host
+    # The agent's configuration file on this machine when it is not the host's
+    # /etc/hostagent/config.yaml: a DaemonSet's ConfigMap (HOSTAGENT_CONFIG).
+    config: Path | None = None
 
     def __post_init__(self):
-        for name in ("root", "driver_root", "dev_root"):
+        for name in ("root", "driver_root", "dev_root", "config"):
             value = getattr(self, name)
             if value is not None and not isinstance(value, Path):
                 object.__setattr__(self, name, Path(value))
@@ -88,8 +92,16 @@ class HostRoot:
     def from_env(cls, simulate: str | None = None, host_root: str | None = None,
                  driver_root: str | None = None) -> "HostRoot":
         """The host the options (else HOSTAGENT_SIMULATE, HOSTAGENT_HOST_ROOT,
-        HOSTAGENT_DRIVER_ROOT) name. ``--simulate DIR --host-root DIR`` is a simulated node
-        seen as a mounted host (its tree at DIR in a container)."""
+        HOSTAGENT_DRIVER_ROOT) name, with the configuration file HOSTAGENT_CONFIG names.
+        ``--simulate DIR --host-root DIR`` is a simulated node seen as a mounted host (its
+        tree at DIR in a container)."""
+        import dataclasses
+        host = cls._from_options(simulate, host_root, driver_root)
+        config = os.environ.get(CONFIG_ENV)
+        return dataclasses.replace(host, config=Path(config).absolute()) if config else host
+
+    @classmethod
+    def _from_options(cls, simulate: str | None, host_root: str | None, driver_root: str | None) -> "HostRoot":
         from .errors import UsageError
         simulate = simulate or os.environ.get(SIMULATE_ENV) or None
         host_root = host_root or os.environ.get(HOST_ROOT_ENV) or None
@@ -199,4 +211,4 @@ class HostRoot:
 
     @property
     def config_file(self) -> Path:
-        return self.host("/etc/hostagent/config.yaml")
+        return self.config or self.host("/etc/hostagent/config.yaml")

@@ -143,7 +143,7 @@ def test_the_daemonset_agent_serves_a_host_mounted_at_host_with_specs_of_host_pa
             flags += ["-v", f"{tree}{host_paths[m['name']]}:{m['mountPath']}" + (":ro" if m.get("readOnly") else "")]
     flags += [a for e in agent["env"] for a in ("-e", f"{e['name']}={e['value']}")]
     name = f"hostagent-hostroot-{uuid.uuid4().hex[:8]}"
-    podman("run", "-d", "--name", name, *PODMAN_FLAGS, *flags, "-e", "HOSTAGENT_SIMULATE=/host", image, *agent["args"])
+    podman("run", "-d", "--name", name, *PODMAN_FLAGS, *flags, "-e", "HOSTAGENT_SIMULATE=/host", image, *agent.get("args", ()))
     try:
         written = wait_for(tree / "run/cdi/nvidia.com-gpu.json", name)
         assert podman("exec", name, "hostagentd", "--check").returncode == 0

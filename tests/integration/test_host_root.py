@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pynvml
@@ -149,3 +150,49 @@ def test_the_gpu_operators_layout_the_driver_in_its_own_root(make_node, tmp_path
     edits = Discovery(HostRoot.mounted_at(root, "/run/nvidia/driver"), version).firmware()
     assert {m.container_path: m.host_path for m in edits.mounts}[f"/lib/firmware/nvidia/{version}/gsp_tu10x.bin"] == \
         f"/opt/nvidia/{version}/gsp_tu10x.bin"
+
+
+def test_the_configuration_hostagent_config_names_is_the_daemons_and_the_clis(tmp_path):
+    """A DaemonSet's agent reads its ConfigMap, not the host's /etc/hostagent/config.yaml:
+    HOSTAGENT_CONFIG names it, and a CLI run beside it (kubectl exec) with the same variable
+    finds the daemon through the socket that file names."""
+    from hostagent.client import Client
+
+    from .agentd import ABSENT_GROUP, make_root
+    root = make_root()
+    config = tmp_path / "configmap/config.yaml"
+    config.parent.mkdir()
+    config.write_text(json.dumps({"api": {"socket": "/run/hostagent/configmap.sock", "group": ABSENT_GROUP},
+                                  "metrics": {"port": None}}))
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("HOSTAGENT_")}
+    beside = {**clean, "HOSTAGENT_CONFIG": str(config)}
+    daemon = subprocess.Popen([sys.executable, "-m", "hostagent.cli.main", "--simulate", str(root), "serve"],
+                              env=beside, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL)
+    try:
+        client = Client(socket_path=root / "run/hostagent/configmap.sock", timeout=2)
+        deadline = time.monotonic() + 30
+        while not _answers(client):
+            assert daemon.poll() is None and time.monotonic() < deadline, "the daemon did not start answering"
+            time.sleep(0.1)
+
+        def status(env):
+            return subprocess.run([script("hostagent"), "--simulate", str(root), "health", "status"],
+                                  capture_output=True, text=True, timeout=60, env=env)
+        found = status(beside)
+        assert found.returncode == 0 and "healthy" in found.stdout, found.stderr
+        alone = status(clean)                # the host's configuration: the default socket, no daemon
+        assert alone.returncode != 0 and "no health monitor has published state" in alone.stderr
+        assert HostRoot.from_env(str(root)).config_file == root / "etc/hostagent/config.yaml"
+    finally:
+        daemon.terminate()
+        daemon.wait(30)
+
+
+def _answers(client) -> bool:
+    from hostagent.client import DaemonNotRunning
+    try:
+        client.node()
+        return True
+    except DaemonNotRunning:
+        return False
