@@ -280,12 +280,13 @@ class Client:
     def __exit__(self, *exc):
         self.close()
 
-    def request(self, method: str, path: str, body=None, query: dict | None = None) -> Response:
+    def request(self, method: str, path: str, body=None, query: dict | None = None,
+                headers: dict | None = None) -> Response:
         query = {k: v for k, v in (query or {}).items() if v is not None}
         if query:
             path += "?" + urlencode(query)
         data = None if body is None else json.dumps(body).encode()
-        response = self.transport.handle_request(Request(method, path, data))
+        response = self.transport.handle_request(Request(method, path, data, dict(headers or {})))
         if response.status >= 400:
             raise _error(response)
         return response
@@ -311,11 +312,13 @@ class Client:
         return self.get("/v1/allocations/" + quote(alloc_id, safe=""))
 
     def allocate(self, alloc_id: str, devices: list, sharing: dict | None = None,
-                 labels: dict | None = None, cdi_names: str | None = None, replaces=()) -> dict:
+                 labels: dict | None = None, cdi_names: str | None = None, replaces=(),
+                 edits: bool = True) -> dict:
         """``devices``: names ("0", a UUID, "0:1", a CDI name) or ``{"constraints": {...},
         "count": n}`` items; ``cdi_names``: ``node`` for the node spec's names and no
         transient spec (the agent's default: ``allocation``); ``replaces``: ids of
-        allocations to release in the same commit."""
+        allocations to release in the same commit; ``edits=False``: the answer without its
+        ``container_edits`` (``Prefer: return=minimal``), for callers that hand on CDI names."""
         items = [d if isinstance(d, dict) else {"device": str(d)} for d in devices]
         body = {"id": alloc_id, "devices": items}
         if sharing:
@@ -326,7 +329,8 @@ class Client:
             body["replaces"] = list(replaces)
         if labels:
             body["labels"] = labels
-        return self.request("POST", "/v1/allocations", body).json()
+        return self.request("POST", "/v1/allocations", body,
+                            headers=None if edits else {"Prefer": "return=minimal"}).json()
 
     def release(self, alloc_id: str, missing_ok: bool = False) -> dict | None:
         """The released allocation. An unknown id is NotFoundError (code not_found), or

@@ -41,6 +41,12 @@ def _error(e: HostagentError) -> Response:
     return error_response(status_for(e), e.code, e.message, details)
 
 
+def _prefers_minimal(request: Request) -> bool:
+    """``Prefer: return=minimal`` (RFC 7240): the answer without the bulk a caller does not use."""
+    prefs = request.headers.get("prefer", "")
+    return any(p.strip().lower() == "return=minimal" for part in prefs.split(",") for p in part.split(";"))
+
+
 def _dumps(data) -> bytes:
     return json.dumps(data, separators=(",", ":")).encode() + b"\n"
 
@@ -252,13 +258,15 @@ class App:
 
     def create_allocation(self, request: Request):
         body = self._body(request, "createAllocation")
-        return self._create(body)
+        return self._create(body, minimal=_prefers_minimal(request))
 
-    async def _create(self, body):
+    async def _create(self, body, minimal: bool):
         from ..daemon.views import allocation_json
         created, alloc = await self.agent.allocator.allocate(body)
         headers = (("Location", f"/v1/allocations/{alloc.id}"),)
-        return Response(201 if created else 200, allocation_json(alloc) + b"\n", headers)
+        if minimal:
+            headers += (("Preference-Applied", "return=minimal"),)
+        return Response(201 if created else 200, allocation_json(alloc, edits=not minimal) + b"\n", headers)
 
     def delete_allocation(self, request: Request):
         return self._delete(request.params["id"])

@@ -127,11 +127,13 @@ def _edits_json(edits: dict) -> bytes:
     return out
 
 
-def allocation_json(alloc) -> bytes:
-    """``allocation_view(alloc)`` as compact JSON (its keys in another order)."""
+def allocation_json(alloc, edits: bool = True) -> bytes:
+    """``allocation_view(alloc)`` as compact JSON (its keys in another order); without its
+    ``container_edits`` when not ``edits``."""
     view = allocation_view(alloc)
-    edits = view.pop("container_edits")
-    return json.dumps(view, separators=(",", ":")).encode()[:-1] + b',"container_edits":' + _edits_json(edits) + b"}"
+    container_edits = view.pop("container_edits")
+    head = json.dumps(view, separators=(",", ":")).encode()
+    return head[:-1] + b',"container_edits":' + _edits_json(container_edits) + b"}" if edits else head
 
 
 def with_device_marks(view: dict, devices: dict[str, dict]) -> dict:

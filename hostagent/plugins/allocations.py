@@ -121,6 +121,8 @@ class Allocations:
         # The agent writes a transient spec only when its names are answered: a node-spec
         # answer needs nothing but the checkpoint (an MPS client gets its spec regardless).
         self.agent_names = "allocation" if cdi_names == "allocation" and "cdi-cri" in self.strategies else "node"
+        # The answer's container edits (most of it) only for the strategy that hands them on.
+        self.edits = "edits" in self.strategies
         self.grace = grace
         self.expiry = expiry
         self._ledger: dict[str, _Entry] = {}
@@ -159,7 +161,7 @@ class Allocations:
         for _ in range(2):
             try:
                 return client.allocate(aid, devices, labels=labels, cdi_names=self.agent_names,
-                                       replaces=replaces), replaces
+                                       replaces=replaces, edits=self.edits), replaces
             except ConflictError as e:
                 if e.code == "allocation_conflict":          # an older plugin's request
                     self._release(aid, "made with another request")
@@ -171,7 +173,8 @@ class Allocations:
                 if not more:
                     raise
                 replaces += more
-        return client.allocate(aid, devices, labels=labels, cdi_names=self.agent_names, replaces=replaces), replaces
+        return client.allocate(aid, devices, labels=labels, cdi_names=self.agent_names, replaces=replaces,
+                               edits=self.edits), replaces
 
     def _release(self, alloc_id: str, why: str) -> None:
         self.link.client().release(alloc_id, missing_ok=True)

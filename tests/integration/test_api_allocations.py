@@ -193,6 +193,21 @@ def test_node_names_answer_without_a_transient_spec(agent, c):
     assert c.release("ns/pod/node-named")["id"] == "ns/pod/node-named" and spec_files(agent) == before
 
 
+def test_a_minimal_answer_leaves_the_container_edits_out(agent, c):
+    """Prefer: return=minimal (a device plugin that hands on CDI names): the answer without
+    its container edits, which the allocation still has."""
+    response = c.request("POST", "/v1/allocations", {"id": "minimal", "devices": [{"device": "4"}],
+                                                     "cdi_names": "node"},
+                         headers={"Prefer": "respond-async, return=minimal"})
+    minimal = response.json()
+    assert response.status == 201 and response.headers["preference-applied"] == "return=minimal"
+    full = c.allocation("minimal")
+    assert "container_edits" not in minimal and full["container_edits"]["deviceNodes"]
+    assert minimal == {k: v for k, v in full.items() if k != "container_edits"}
+    assert "container_edits" in c.allocate("minimal", ["4"], cdi_names="node")     # asked without it
+    c.release("minimal")
+
+
 def test_allocations_follow_the_driver_files_of_the_node_spec(agent, c):
     """The driver's files are found once per node spec: a refresh finds a new one for the
     node spec and the allocations made after it alike."""
@@ -206,6 +221,11 @@ def test_allocations_follow_the_driver_files_of_the_node_spec(agent, c):
         c.refresh()
         after = c.allocate("after", ["7"], cdi_names="node")
         assert target in {m["containerPath"] for m in after["container_edits"]["mounts"]}
+        c.release("before")                  # the same devices as before the refresh: new edits too
+        again = c.allocate("again", ["6"], cdi_names="node")
+        assert target in {m["containerPath"] for m in again["container_edits"]["mounts"]}
+        c.release("again")
+        c.release("after")
         node_spec = json.loads(Path(c.node()["cdi"]["spec"]).read_text())
         assert target in {m["containerPath"] for m in node_spec["containerEdits"]["mounts"]}
     finally:
