@@ -14,9 +14,11 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import functools
 import os
 import threading
 import time
+from pathlib import Path
 from typing import Callable
 
 from .errors import StateError
@@ -58,17 +60,26 @@ def _acquire(fd: int, path, purpose: str, timeout: float | None, on_wait) -> Non
         time.sleep(0.05)
 
 
+@functools.lru_cache(maxsize=16)
+def _lock_file(host: HostRoot) -> tuple[Path, str]:
+    """The lock file of ``host`` and its real path (the re-entrancy key), found once: the
+    lock is taken at every allocation, and resolving the path through a host root that is
+    not / was most of its cost."""
+    path = ensure_dir(host.run_dir, 0o755) / "node.lock"
+    return path, os.path.realpath(path)
+
+
 @contextlib.contextmanager
 def node_lock(host: HostRoot, purpose: str, *, timeout: float | None = 60.0,
               on_wait: Callable[[str], None] | None = None):
     """Hold the node lock for ``purpose``; wait up to ``timeout`` seconds (None: as long as
     it takes). ``on_wait(holder)`` is called once if the lock is taken, with the holder's
     pid and purpose, so a command can say whom it waits for."""
-    path = ensure_dir(host.run_dir, 0o755) / "node.lock"
+    path, key = _lock_file(host)
+    ensure_dir(path.parent, 0o755)      # again each time: /run may have been cleaned
     depth = getattr(_held, "paths", None)
     if depth is None:
         depth = _held.paths = {}
-    key = os.path.realpath(path)
     if depth.get(key):
         depth[key] += 1
         try:
