@@ -133,7 +133,9 @@ def allocation_json(alloc, edits: bool = True) -> bytes:
     view = allocation_view(alloc)
     container_edits = view.pop("container_edits")
     head = json.dumps(view, separators=(",", ":")).encode()
-    return head[:-1] + b',"container_edits":' + _edits_json(container_edits) + b"}" if edits else head
+    if not edits:
+        return head
+    return head[:-1] + b',"container_edits":' + _edits_json(container_edits) + b"}"
 
 
 def with_device_marks(view: dict, devices: dict[str, dict]) -> dict:

@@ -113,8 +113,7 @@ class AgentLink:
 
     def _publish(self, view: NodeView, notify: bool = True) -> None:
         """Make ``view`` current; tell the listeners (unless ``notify`` is false) when more
-        than its revision changed: most events, an allocation's among them, change nothing
-        a listener reads."""
+        than its revision changed."""
         last, self.view = self.view, view
         if not notify or replace(view, revision=last.revision) == last:
             return
