@@ -20,7 +20,7 @@ def serialized(source: str) -> bytes:
     raise AssertionError("no AddSerializedFile call")
 
 
-@pytest.mark.parametrize("name", ["deviceplugin", "podresources"])
+@pytest.mark.parametrize("name", [p.removesuffix(".proto") for p in generate.PROTOS])
 def test_generated_code_matches_the_proto(tmp_path, name):
     pytest.importorskip("grpc_tools", reason="grpcio-tools is not installed (pip install '.[test]')")
     args = generate.protoc_args(tmp_path, [f"{name}.proto"])
@@ -43,6 +43,25 @@ def test_wire_names_are_the_kubelets():
     assert services["DevicePlugin"].full_name == "v1beta1.DevicePlugin"
     assert services["Registration"].full_name == "v1beta1.Registration"
     assert podresources_pb2.DESCRIPTOR.services_by_name["PodResourcesLister"].full_name == "v1.PodResourcesLister"
+
+
+def test_dra_wire_names_are_the_kubelets():
+    """The kubelet calls the DRA services by these full names, and matches a registration's
+    supported versions against the short forms (``<package's last part>.<service>``)."""
+    from hostagent.plugins.kubelet import (dra_v1_pb2, dra_v1beta1_pb2, drahealth_v1_pb2, drahealth_v1alpha1_pb2,
+                                           pluginregistration_pb2)
+    assert dra_v1_pb2.DESCRIPTOR.services_by_name["DRAPlugin"].full_name == "k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin"
+    assert dra_v1beta1_pb2.DESCRIPTOR.services_by_name["DRAPlugin"].full_name == \
+        "k8s.io.kubelet.pkg.apis.dra.v1beta1.DRAPlugin"
+    assert drahealth_v1_pb2.DESCRIPTOR.services_by_name["DRAResourceHealth"].full_name == "v1.DRAResourceHealth"
+    assert drahealth_v1alpha1_pb2.DESCRIPTOR.services_by_name["DRAResourceHealth"].full_name == \
+        "v1alpha1.DRAResourceHealth"
+    assert pluginregistration_pb2.DESCRIPTOR.services_by_name["Registration"].full_name == \
+        "pluginregistration.Registration"
+    # v1 added share_id (field 5) to a prepared device; v1beta1 has none.
+    assert dra_v1_pb2.Device.DESCRIPTOR.fields_by_name["share_id"].number == 5
+    assert "share_id" not in dra_v1beta1_pb2.Device.DESCRIPTOR.fields_by_name
+    assert drahealth_v1_pb2.HealthStatus.Value("UNHEALTHY") == 2
 
 
 ALLOC = {"devices": ["GPU-a", "GPU-b"], "visible_devices": "GPU-a,GPU-b",

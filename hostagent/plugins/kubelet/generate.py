@@ -15,7 +15,8 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[2]            # the directory holding the hostagent package
-PROTOS = ("deviceplugin.proto", "podresources.proto")
+PROTOS = ("deviceplugin.proto", "podresources.proto", "pluginregistration.proto", "dra_v1.proto",
+          "dra_v1beta1.proto", "drahealth_v1.proto", "drahealth_v1alpha1.proto")
 
 
 def protoc_args(out: Path, names=PROTOS) -> list[str]:
