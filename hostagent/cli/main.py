@@ -25,7 +25,7 @@ __all__ = ["main", "build_parser"]
 # Each command is the module of the same name in this package ('-' spelled '_'), registered
 # in this order.
 COMMANDS = ("devices", "health", "node", "driver", "cdi", "labels", "mig", "sharing", "runtime", "sim", "serve",
-            "device-plugin")
+            "device-plugin", "dra-plugin")
 
 
 def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:

@@ -19,6 +19,8 @@ __all__ = ["gpu_view", "mig_view", "profile_view", "device_views", "BaseViews", 
 def profile_view(p: MigProfile) -> dict:
     return {"name": p.name, "id": p.id, "slices": p.slices, "memory_mib": p.memory_mib,
             "instances": p.instances, "multiprocessors": p.multiprocessors,
+            "engines": {"copy": p.copy_engines, "decoders": p.decoders, "encoders": p.encoders,
+                        "jpeg": p.jpegs, "ofa": p.ofas},
             "placements": [{"start": pl.start, "size": pl.size} for pl in p.placements]}
 
 

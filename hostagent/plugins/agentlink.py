@@ -32,6 +32,7 @@ class NodeView:
     revision: int | None = None
     devices: dict = field(default_factory=dict)        # uuid -> device view (GET /v1/devices/{id})
     labels: dict = field(default_factory=dict)         # the node's GFD labels (GET /v1/labels)
+    node: dict = field(default_factory=dict)           # the node (GET /v1/node): driver versions and gate
     error: str | None = None                           # why it is not connected
 
 
@@ -40,7 +41,7 @@ def _apply(view: NodeView, event: dict) -> NodeView:
     kind = event.get("type")
     if kind == "snapshot":
         devices = {d["uuid"]: d for d in (*event.get("gpus", ()), *event.get("mig_devices", ()))}
-        return replace(view, devices=devices)
+        return replace(view, devices=devices, node=event.get("node") or view.node)
     if kind in ("device_added", "device_changed"):
         d = event["device"]
         return replace(view, devices={**view.devices, d["uuid"]: d})
@@ -50,12 +51,14 @@ def _apply(view: NodeView, event: dict) -> NodeView:
         return replace(view, devices=devices)
     if kind == "labels_changed":
         return replace(view, labels=event["labels"])
+    if kind == "node_changed":
+        return replace(view, node=event["node"])
     return view
 
 
 # The events a view changes with (_apply); the allocations' are left to the agent to send
 # to those who want them: each carries the allocation's container edits.
-WATCHED = ("device_added", "device_changed", "device_removed", "labels_changed")
+WATCHED = ("device_added", "device_changed", "device_removed", "labels_changed", "node_changed")
 
 
 class AgentLink:

@@ -1,0 +1,99 @@
+"""``hostagent dra-plugin``: the DRA kubelet plugin, an API consumer of the agent."""
+
+from __future__ import annotations
+
+from .common import host_from_args
+
+__all__ = ["register"]
+
+REGISTRY = "/var/lib/kubelet/plugins_registry"
+PLUGINS = "/var/lib/kubelet/plugins"
+DRIVER = "gpu.nvidia.com"
+
+
+def _seconds(text: str) -> float:
+    import argparse
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError("must be more than 0")
+    return value
+
+
+def _driver(text: str) -> str:
+    import argparse
+    import re
+    if len(text) > 63 or not re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*", text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a DRA driver name (a lower-case DNS subdomain of at "
+                                         "most 63 characters, like gpu.nvidia.com)")
+    return text
+
+
+def register(sub) -> None:
+    p = sub.add_parser(
+        "dra-plugin", help="serve the agent's GPUs and MIG devices to Kubernetes' dynamic resource allocation",
+        description="The DRA kubelet plugin (resource.k8s.io/v1): the agent's GPUs, MIG devices and, with "
+                    "--dynamic-mig, MIG partitions made on demand as the ResourceSlices of a DRA driver, and "
+                    "resource claims prepared as agent allocations. Runs until SIGTERM. See docs/dra.md.")
+    p.add_argument("--kubeconfig", metavar="FILE",
+                   help="the Kubernetes API's configuration (default: $KUBECONFIG, else the pod's service account)")
+    p.add_argument("--node-name", metavar="NAME", help="this node's name in Kubernetes (default: $NODE_NAME)")
+    p.add_argument("--plugin-registry", metavar="DIR",
+                   help=f"the kubelet's plugin registry folder (default {REGISTRY}; under the simulated root "
+                        "with --simulate)")
+    p.add_argument("--plugin-dir", metavar="DIR",
+                   help=f"where the DRA service's socket goes (default {PLUGINS}/<driver name>)")
+    p.add_argument("--driver-name", type=_driver, default=DRIVER, metavar="NAME",
+                   help=f"the DRA driver's name (default {DRIVER}, which NVIDIA's DeviceClasses select)")
+    p.add_argument("--agent-socket", metavar="PATH",
+                   help="the agent's API socket (default /run/hostagent/hostagent.sock; under the simulated root)")
+    p.add_argument("--dynamic-mig", action="store_true",
+                   help="offer every MIG profile at every free placement of the GPUs in MIG mode, made when a "
+                        "claim is prepared (needs the DRAPartitionableDevices feature gate)")
+    p.add_argument("--resync", type=_seconds, default=60.0, metavar="SECONDS",
+                   help="how often the published slices are compared with the API server's (default 60)")
+    p.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info")
+    p.set_defaults(run=run)
+
+
+def options_from_args(args, environ=None):
+    import os
+    from pathlib import Path
+    from ..client import DEFAULT_SOCKET
+    from ..errors import UsageError
+    from ..plugins.dra.plugin import Options
+    environ = os.environ if environ is None else environ
+    node = args.node_name or environ.get("NODE_NAME")
+    if not node:
+        raise UsageError("no node name", hint="give --node-name NAME or set NODE_NAME; in a pod, from the "
+                                              "downward API's spec.nodeName")
+    host = host_from_args(args)
+    return Options(
+        node=node, driver=args.driver_name,
+        registry_dir=Path(args.plugin_registry or host.host(REGISTRY)),
+        plugin_dir=Path(args.plugin_dir or host.host(f"{PLUGINS}/{args.driver_name}")),
+        agent_socket=Path(args.agent_socket or host.host(DEFAULT_SOCKET)),
+        dynamic_mig=args.dynamic_mig, resync=args.resync)
+
+
+def run(args) -> int:
+    import signal
+    from ..daemon.logs import setup_logging
+    from ..daemon.notify import Notifier
+    options = options_from_args(args)
+    from ..plugins.dra.kube import KubeApi, load_config       # the Kubernetes client: only here
+    from ..plugins.dra.plugin import DraPlugin
+    api = KubeApi(load_config(args.kubeconfig))
+    setup_logging(args.log_level, identifier="hostagent-dra-plugin")
+    import logging
+    for noisy in ("httpx2", "httpcore2", "httpx", "httpcore"):   # a line per request otherwise
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    plugin = DraPlugin(options, api, Notifier())
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda signum, frame: plugin.stop())
+    try:
+        return plugin.run()
+    finally:
+        api.close()

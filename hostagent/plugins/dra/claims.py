@@ -1,0 +1,179 @@
+"""A ResourceClaim's allocation as this driver's devices and how each is shared, pure.
+
+The results of this driver (others' are theirs to prepare) must name this node's pool and a
+device published in it. Each result's configuration is the opaque ``resource.nvidia.com/v1beta1``
+``GpuConfig`` (whole GPUs) or ``MigDeviceConfig`` (MIG devices and partitions) that applies
+to it, found as NVIDIA's driver finds it: the allocation's configs in order, class configs
+before claim configs, the later winning; a config applies to a result when it names the
+result's request (or its parent request) or names none and is of the device's kind. A config
+naming a request explicitly with the wrong kind, a config that is not opaque, and any
+malformed or unknown parameter are errors naming the field, as is anything about the claim
+that does not fit (not allocated, another pool, a device not published).
+
+Parameters are decoded strictly (an unknown field is an error), as NVIDIA's driver decodes a
+claim's: ``sharing.strategy`` is ``Exclusive``, ``TimeSlicing`` (``timeSlicingConfig.interval``
+``Default``, ``Short``, ``Medium`` or ``Long``; GpuConfig only) or ``MPS`` (``mpsConfig``:
+``defaultActiveThreadPercentage`` 0-100, ``defaultPinnedDeviceMemoryLimit``, and
+``defaultPerDevicePinnedMemoryLimit`` by UUID or by index among the claim's devices of that
+config, each at least 1Mi).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from .devices import Published
+from .quantity import parse_quantity
+
+__all__ = ["ClaimError", "Result", "claim_results", "parse_config", "API_VERSION", "EXCLUSIVE"]
+
+API_VERSION = "resource.nvidia.com/v1beta1"
+KINDS = {"GpuConfig": ("gpu",), "MigDeviceConfig": ("mig", "partition")}
+STRATEGIES = ("Exclusive", "TimeSlicing", "MPS")
+INTERVALS = ("Default", "Short", "Medium", "Long")
+EXCLUSIVE = json.dumps({"strategy": "Exclusive"})
+
+
+class ClaimError(Exception):
+    """What is wrong with a claim, in one line naming the field."""
+
+
+@dataclass(frozen=True)
+class Result:
+    request: str                  # the claim's request (``<request>/<subrequest>`` for firstAvailable)
+    device: Published
+    sharing: str                  # the agent's ``sharing`` as canonical JSON
+
+
+def _fields(obj: dict, allowed: set[str], where: str) -> None:
+    if not isinstance(obj, dict):
+        raise ClaimError(f"{where}: must be an object, not {json.dumps(obj)[:40]}")
+    unknown = sorted(set(obj) - allowed)
+    if unknown:
+        raise ClaimError(f"{where}.{unknown[0]}: unknown field (known: {', '.join(sorted(allowed))})")
+
+
+def _mib(value, where: str) -> str:
+    try:
+        size = parse_quantity(value)
+    except ValueError as e:
+        raise ClaimError(f"{where}: {e}") from None
+    if size < 2 ** 20:
+        raise ClaimError(f"{where}: {value} is less than 1Mi")
+    return f"{size // 2 ** 20}Mi"
+
+
+def _mps(config, where: str) -> dict:
+    _fields(config, {"defaultActiveThreadPercentage", "defaultPinnedDeviceMemoryLimit",
+                     "defaultPerDevicePinnedMemoryLimit"}, where)
+    out = {}
+    threads = config.get("defaultActiveThreadPercentage")
+    if threads is not None:
+        if isinstance(threads, bool) or not isinstance(threads, int):
+            raise ClaimError(f"{where}.defaultActiveThreadPercentage: {json.dumps(threads)} is not an integer")
+        if not 0 <= threads <= 100:
+            raise ClaimError(f"{where}.defaultActiveThreadPercentage: {threads} is not between 0 and 100")
+        out["defaultActiveThreadPercentage"] = threads
+    if config.get("defaultPinnedDeviceMemoryLimit") is not None:
+        out["defaultPinnedDeviceMemoryLimit"] = _mib(config["defaultPinnedDeviceMemoryLimit"],
+                                                     f"{where}.defaultPinnedDeviceMemoryLimit")
+    per_device = config.get("defaultPerDevicePinnedMemoryLimit")
+    if per_device is not None:
+        if not isinstance(per_device, dict):
+            raise ClaimError(f"{where}.defaultPerDevicePinnedMemoryLimit: must map a device (UUID or index) to a "
+                             "quantity")
+        out["defaultPerDevicePinnedMemoryLimit"] = {
+            str(k): _mib(v, f"{where}.defaultPerDevicePinnedMemoryLimit[{k}]") for k, v in per_device.items()}
+    return out
+
+
+def parse_config(parameters, where: str) -> tuple[str, dict]:
+    """(kind, the agent's ``sharing``) of an opaque config's parameters."""
+    _fields(parameters, {"apiVersion", "kind", "sharing"}, where)
+    if parameters.get("apiVersion") != API_VERSION:
+        raise ClaimError(f"{where}.apiVersion: {json.dumps(parameters.get('apiVersion'))} is not {API_VERSION}")
+    kind = parameters.get("kind")
+    if kind not in KINDS:
+        raise ClaimError(f"{where}.kind: {json.dumps(kind)} is not GpuConfig or MigDeviceConfig")
+    sharing = parameters.get("sharing")
+    if sharing is None:
+        return kind, {"strategy": "Exclusive"}
+    at = f"{where}.sharing"
+    _fields(sharing, {"strategy", "timeSlicingConfig", "mpsConfig"} - ({"timeSlicingConfig"}
+                                                                      if kind == "MigDeviceConfig" else set()), at)
+    strategy = sharing.get("strategy")
+    if strategy not in STRATEGIES:
+        raise ClaimError(f"{at}.strategy: {json.dumps(strategy)} is not one of {', '.join(STRATEGIES)}")
+    out = {"strategy": strategy}
+    if "timeSlicingConfig" in sharing:
+        if strategy != "TimeSlicing":
+            raise ClaimError(f"{at}.timeSlicingConfig: only with strategy TimeSlicing, not {strategy}")
+        ts = sharing["timeSlicingConfig"] or {}
+        _fields(ts, {"interval"}, f"{at}.timeSlicingConfig")
+        interval = ts.get("interval", "Default")
+        if interval not in INTERVALS:
+            raise ClaimError(f"{at}.timeSlicingConfig.interval: {json.dumps(interval)} is not one of "
+                             f"{', '.join(INTERVALS)}")
+        out["timeSlicingConfig"] = {"interval": interval}
+    elif strategy == "TimeSlicing" and kind == "GpuConfig":
+        out["timeSlicingConfig"] = {"interval": "Default"}
+    if "mpsConfig" in sharing:
+        if strategy != "MPS":
+            raise ClaimError(f"{at}.mpsConfig: only with strategy MPS, not {strategy}")
+        out["mpsConfig"] = _mps(sharing["mpsConfig"] or {}, f"{at}.mpsConfig")
+    return kind, out
+
+
+def _configs(allocation: dict, driver: str) -> list[tuple[str, str, tuple[str, ...], dict]]:
+    """(where, kind, requests, sharing) of the configs for this driver, lowest precedence first."""
+    entries = list(enumerate((allocation.get("devices") or {}).get("config") or []))
+    entries.sort(key=lambda e: 0 if e[1].get("source") == "FromClass" else 1)     # stable: order kept within
+    out = []
+    for i, c in entries:
+        where = f"status.allocation.devices.config[{i}] ({c.get('source', 'FromClaim')})"
+        opaque = c.get("opaque")
+        if opaque is None:
+            raise ClaimError(f"{where}: only opaque parameters are supported")
+        if opaque.get("driver") != driver:
+            continue
+        kind, sharing = parse_config(opaque.get("parameters"), f"{where}.opaque.parameters")
+        out.append((where, kind, tuple(c.get("requests") or ()), sharing))
+    return out
+
+
+def _applies(requests: tuple[str, ...], request: str) -> bool:
+    return request in requests or request.split("/", 1)[0] in requests
+
+
+def claim_results(claim: dict, driver: str, pool: str, devices: dict[str, Published]) -> list[Result]:
+    """This driver's results of an allocated claim, each with its device and sharing."""
+    allocation = (claim.get("status") or {}).get("allocation")
+    if not allocation:
+        raise ClaimError("status.allocation: the claim is not allocated")
+    results = [(i, r) for i, r in enumerate((allocation.get("devices") or {}).get("results") or [])
+               if r.get("driver") == driver]
+    configs = _configs(allocation, driver)
+    out = []
+    for i, r in results:
+        where = f"status.allocation.devices.results[{i}]"
+        if r.get("pool") != pool:
+            raise ClaimError(f"{where}.pool: {r.get('pool')!r} is not this node's pool {pool!r}")
+        device = devices.get(r.get("device"))
+        if device is None:
+            raise ClaimError(f"{where}.device: {r.get('device')!r} is not published in pool {pool!r}")
+        if r.get("adminAccess"):
+            raise ClaimError(f"{where}.adminAccess: admin access to devices is not supported")
+        sharing = {"strategy": "Exclusive"}
+        for cwhere, kind, requests, candidate in reversed(configs):
+            if requests and not _applies(requests, r["request"]):
+                continue
+            if device.kind not in KINDS[kind]:
+                if requests:
+                    raise ClaimError(f"{cwhere}: a {kind} cannot apply to {device.kind} device {device.name} "
+                                     f"(request {r['request']})")
+                continue
+            sharing = candidate
+            break
+        out.append(Result(r["request"], device, json.dumps(sharing, sort_keys=True)))
+    return out

@@ -1,0 +1,235 @@
+"""The DRA kubelet plugin's loop: the agent followed, the pool published, the sockets kept.
+
+- **The agent** (through ``AgentLink``): each new view recomputes the published devices
+  (``devices.build_pool``) and their health. While the agent cannot be reached, or verifies
+  its driver, the pool stays as it was (an agent restart changes nothing in the cluster);
+  a driver that does not verify empties it (no device can be prepared then), and every
+  device is Unknown or Unhealthy to the kubelet.
+- **The API server** (a publishing thread): the pool's slices follow the devices; a failed
+  write is retried with back-off; every ``resync`` seconds, at each registration and at
+  every change of the pool's slices made by someone else (a kubelet deletes a node's slices
+  when it starts), the slices are compared again.
+- **The kubelet**: the DRA services and the registration socket are served again when their
+  files are removed or replaced (a kubelet whose folders are re-created), which registers
+  the plugin again.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from ...errors import HostagentError
+from ..agentlink import AgentLink
+from .devices import Pool, build_pool
+from .health import UNHEALTHY, Board, Entry, device_health
+from .kube import KubeError
+from .prepare import Preparer, owned
+from .publisher import Publisher
+from .registrar import Registrar
+from .service import DraServer
+from .slices import layout
+
+__all__ = ["Options", "DraPlugin"]
+
+log = logging.getLogger("hostagent.plugins")
+
+
+@dataclass(frozen=True)
+class Options:
+    node: str
+    registry_dir: Path
+    plugin_dir: Path
+    agent_socket: Path
+    driver: str = "gpu.nvidia.com"
+    dynamic_mig: bool = False
+    resync: float = 60.0                 # seconds between comparisons of the slices
+    backoff: tuple[float, float] = (0.5, 30.0)
+    poll: float = 0.5                    # how often the sockets are looked at
+    heartbeat: float = 10.0              # health stream
+
+
+class DraPlugin:
+    def __init__(self, options: Options, api, notifier=None):
+        self.options = options
+        self.api = api
+        self.notifier = notifier
+        self.link = AgentLink(options.agent_socket)
+        self.link.owned = owned
+        self.board = Board(options.heartbeat)
+        self.pool: Pool | None = None            # what is published (None: not known yet)
+        self.preparer = Preparer(self.link, api, options.driver, options.node, lambda: self.pool)
+        self.server = DraServer(options.plugin_dir, self.preparer, self.board)
+        self.registrar = Registrar(options.registry_dir, options.driver, self.server.socket,
+                                   on_registered=self.kick)
+        self.publisher = Publisher(api, options.driver, options.node)
+        self.profiles: dict[str, list[dict]] = {}
+        self.version: tuple[int, int] | None = None
+        self.published_error: str | None = None
+        self._stop = threading.Event()
+        self._dirty = threading.Event()
+        self._view_changed = threading.Event()
+        self._status = None
+
+    # ---- the devices --------------------------------------------------------------
+
+    def _profiles(self, devices: dict) -> dict[str, list[dict]]:
+        """MIG profiles of the MIG-mode GPUs (read once per GPU: they never change)."""
+        wanted = {u for u, d in devices.items() if d["kind"] == "gpu" and (d.get("mig") or {}).get("enabled")}
+        if self.options.dynamic_mig and wanted - set(self.profiles):
+            try:
+                listing = self.link.client().devices(type="gpu", profiles=True)
+                self.profiles.update({g["uuid"]: g["mig"].get("profiles") or [] for g in listing["gpus"]
+                                      if g.get("mig")})
+            except HostagentError as e:
+                log.warning("MIG profiles not read: %s", e.message)
+        return self.profiles
+
+    def _driver_down(self, node: dict) -> str | None:
+        driver = node.get("driver") or {}
+        if driver.get("state") in ("degraded",) and not driver.get("ready"):
+            return f"the GPU driver does not verify: {driver.get('reason') or 'see GET /v1/driver'}"
+        return None
+
+    def refresh(self) -> bool:
+        """Recompute the devices and their health from the agent's view; True when the
+        devices to publish changed."""
+        view = self.link.view
+        before = self.pool
+        node = getattr(view, "node", None) or {}
+        if view.connected and not self._driver_down(node):
+            pool = build_pool(view.devices, self._profiles(view.devices), node, self.options.dynamic_mig)
+            for problem in pool.problems:
+                log.warning("%s", problem)
+            self.pool = pool
+        elif view.connected:
+            self.pool = Pool()
+        published = [(d.name, d.health_of) for d in (self.pool.devices if self.pool else ())]
+        entries = device_health(self.options.node, published, view.devices, view.connected)
+        down = self._driver_down(node) if view.connected else None
+        if down and before is not None:
+            entries = [Entry(self.options.node, d.name, UNHEALTHY, down) for d in before.devices]
+        self.board.set(entries)
+        return self.pool != before
+
+    # ---- publishing ---------------------------------------------------------------
+
+    def kick(self) -> None:
+        """Compare the slices again soon (a registration, a change someone else made)."""
+        self._dirty.set()
+
+    def _specs(self) -> list[dict]:
+        if self.pool.counter_sets and self.version is None:
+            self.version = self.api.server_version()
+        return layout(self.pool, self.options.driver, self.publisher.pool, self.options.node,
+                      self.version or (1, 34))
+
+    def _publishing(self) -> None:
+        delay = self.options.backoff[0]
+        next_resync = 0.0
+        while not self._stop.is_set():
+            self._dirty.wait(max(0.0, min(next_resync - time.monotonic(), self.options.resync)))
+            if self._stop.is_set():
+                return
+            self._dirty.clear()
+            if self.pool is None:
+                next_resync = time.monotonic() + self.options.resync
+                continue
+            try:
+                self.publisher.sync(self._specs())
+                self.published_error = None
+                delay = self.options.backoff[0]
+                next_resync = time.monotonic() + self.options.resync
+            except KubeError as e:
+                if self.published_error != e.message:
+                    log.warning("slices not published (%s); again in %g s", e.message, delay)
+                self.published_error = e.message
+                self._stop.wait(delay)
+                delay = min(delay * 2, self.options.backoff[1])
+                self._dirty.set()
+
+    def _watching(self) -> None:
+        """Changes of the pool's slices by others: compare again (our own writes compare equal)."""
+        delay = self.options.backoff[0]
+        while not self._stop.is_set():
+            try:
+                for _kind, _obj in self.api.watch_slices(self.options.driver, self.options.node):
+                    if self._stop.is_set():
+                        return
+                    self.kick()
+                    delay = self.options.backoff[0]
+            except KubeError as e:
+                log.debug("watching slices: %s", e.message)
+            self._stop.wait(delay)
+            delay = min(delay * 2, self.options.backoff[1])
+
+    # ---- the loop -------------------------------------------------------------------
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._dirty.set()
+        self._view_changed.set()
+
+    def _thread(self, target, name: str) -> threading.Thread:
+        t = threading.Thread(target=target, name=name, daemon=True)
+        t.start()
+        return t
+
+    def run(self) -> int:
+        self.publisher.owner_uid = self.api.node_uid(self.options.node)
+        self.link.listeners.append(lambda view: self._view_changed.set())
+        self.link.start()
+        self.server.start()
+        self.registrar.start()
+        threads = [self._thread(self._publishing, "dra-publish"), self._thread(self._watching, "dra-watch")]
+        if self.notifier:
+            self.notifier.ready(self.status())
+        try:
+            while not self._stop.is_set():
+                self._view_changed.wait(self.options.poll)
+                self._view_changed.clear()
+                if self.refresh():
+                    self.kick()
+                self._sockets()
+                self._report()
+        finally:
+            if self.notifier:
+                self.notifier.stopping()
+            self.link.stop()
+            self.board.stop()
+            self.registrar.stop()
+            self.server.stop()
+            for t in threads:
+                t.join(timeout=2.0)
+        return 0
+
+    def _sockets(self) -> None:
+        if not self.server.intact:
+            log.info("the DRA service socket %s is gone: serving it again", self.server.socket)
+            self.server.restart()
+            self.registrar.restart()
+        elif not self.registrar.intact:
+            log.info("the registration socket %s is gone: serving it again", self.registrar.socket)
+            self.registrar.restart()
+
+    # ---- status -----------------------------------------------------------------------
+
+    def status(self) -> str:
+        view = self.link.view
+        agent = "agent connected" if view.connected else f"agent not reachable: {view.error}"
+        devices = len(self.pool.devices) if self.pool else 0
+        kubelet = "registered" if self.registrar.registered else (self.registrar.error or "not registered")
+        api = f"slices: {self.published_error}" if self.published_error else \
+            f"pool generation {self.publisher.generation}"
+        return f"{agent}; {devices} device(s); {kubelet}; {api}"
+
+    def _report(self) -> None:
+        if self.notifier is None:
+            return
+        text = self.status()
+        if text != self._status:
+            self._status = text
+            self.notifier.status(text)
