@@ -1,0 +1,188 @@
+"""The DRA plugin's pool, from a simulated DGX A100's device views: names and attributes as
+NVIDIA's driver gives them, MIG devices, dynamic MIG partitions and their counters, and
+slices that the API server of each version accepts."""
+
+import subprocess
+
+import pytest
+
+from hostagent.daemon.views import gpu_view, mig_view, profile_view
+from hostagent.devices import read_inventory
+from hostagent.plugins.dra.devices import build_pool, mig_name, profile_label, semver
+from hostagent.plugins.dra.quantity import format_quantity, parse_quantity
+from hostagent.plugins.dra.slices import layout
+from tests.integration.kubeapi import slice_problems
+
+kv = pytest.importorskip("kubernetes_validate", reason="kubernetes-validate is in the [test] extra")
+
+
+def smi(host, *args):
+    subprocess.run([str(host.root / "usr/bin/nvidia-smi"), *args], check=True, capture_output=True)
+
+
+def views(host):
+    inv = read_inventory(host)
+    out = {g.uuid: gpu_view(g) for g in inv.gpus}
+    for g in inv.gpus:
+        for d in (g.mig.devices if g.mig else ()):
+            out[d.uuid] = mig_view(d, g)
+    profiles = {g.uuid: [profile_view(p) for p in g.mig.profiles] for g in inv.gpus if g.mig}
+    node = {"driver_version": inv.driver_version, "cuda_driver_version": inv.cuda_driver_version}
+    return inv, out, profiles, node
+
+
+def attrs(device):
+    return {k: next(iter(v.values())) for k, v in device.attributes.items()}
+
+
+def valid(pool, version):
+    """Every slice of the pool's layout for ``version``, as the API server checks it."""
+    specs = layout(pool, "gpu.nvidia.com", "node-1", "node-1", version)
+    for i, spec in enumerate(specs):
+        spec = {**spec, "pool": {**spec["pool"], "generation": 1, "resourceSliceCount": len(specs)}}
+        kv.validate({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+                     "metadata": {"name": f"node-1-gpu.nvidia.com-{i:03d}"}, "spec": spec},
+                    f"{version[0]}.{version[1]}", strict=True)
+        assert slice_problems(spec, version) == []
+    return specs
+
+
+def test_whole_gpus_as_nvidias_driver_names_and_describes_them(make_node):
+    host, _ = make_node("dgx-a100")
+    inv, devices, profiles, node = views(host)
+    pool = build_pool(devices, profiles, node)
+    assert [d.name for d in pool.devices] == [f"gpu-{g.minor}" for g in inv.gpus]
+    g = inv.gpus[0]
+    assert attrs(pool.devices[0]) == {
+        "type": "gpu", "uuid": g.uuid, "productName": "NVIDIA A100-SXM4-40GB", "architecture": "Ampere",
+        "cudaComputeCapability": "8.0.0", "driverVersion": "550.90.7", "cudaDriverVersion": "12.4.0",
+        "index": 0, "minor": g.minor, "resource.kubernetes.io/pciBusID": "0000:07:00.0",
+        "resource.kubernetes.io/numaNode": 0}
+    assert pool.devices[0].capacity == {"memory": {"value": "40Gi"}}
+    assert pool.devices[0].allocate == {"device": g.uuid} and not pool.counter_sets
+    for version in ((1, 34), (1, 35), (1, 36)):
+        [spec] = valid(pool, version)
+        assert spec["nodeName"] == "node-1" and len(spec["devices"]) == 8
+
+
+def test_mig_devices_of_a_layout_replace_their_gpu(make_node):
+    host, _ = make_node("dgx-a100")
+    smi(host, "-i", "0", "-mig", "1")
+    smi(host, "-r")
+    smi(host, "mig", "-i", "0", "-cgi", "3g.20gb,2g.10gb,1g.5gb,1g.5gb", "-C")
+    inv, devices, profiles, node = views(host)
+    pool = build_pool(devices, profiles, node)
+    gpu = inv.gpus[0]
+    names = [d.name for d in pool.devices]
+    assert f"gpu-{gpu.minor}" not in names and len(names) == 7 + 4
+    migs = [d for d in pool.devices if d.kind == "mig"]
+    by_uuid = {d.uuid: d for d in gpu.mig.devices}
+    for d in migs:
+        record = by_uuid[d.uuid]
+        assert d.name == mig_name(gpu.minor, record.profile, record.gi_profile_id, record.placement.start)
+        a = attrs(d)
+        assert a["type"] == "mig" and a["profile"] == record.profile and a["uuid"] == record.uuid
+        assert (a["parentUUID"], a["parentIndex"], a["parentMinor"]) == (gpu.uuid, 0, gpu.minor)
+        assert d.capacity["memory"]["value"] == format_quantity(record.memory_mib * 2 ** 20)
+        assert d.capacity["multiprocessors"]["value"] == str(record.multiprocessors)
+        assert set(d.capacity) == {"multiprocessors", "copyEngines", "decoders", "encoders", "jpegEngines",
+                                   "ofaEngines", "memory"}
+        assert d.consumes is None and d.allocate == {"device": d.uuid}
+    assert sorted(attrs(d)["profile"] for d in migs) == ["1g.5gb", "1g.5gb", "2g.10gb", "3g.20gb"]
+    valid(pool, (1, 34))
+
+
+def test_dynamic_mig_offers_every_free_placement_and_counts_what_each_takes(make_node):
+    host, _ = make_node("dgx-a100")
+    for gpu in ("0", "1"):
+        smi(host, "-i", gpu, "-mig", "1")
+    smi(host, "-r")
+    smi(host, "mig", "-i", "1", "-cgi", "3g.20gb", "-C")          # at 4: slices 4-7 taken
+    inv, devices, profiles, node = views(host)
+    pool = build_pool(devices, profiles, node, dynamic_mig=True)
+    empty, half = inv.gpus[0], inv.gpus[1]
+    offered = [d for d in pool.devices if d.gpu == empty.uuid]
+    placements = sum(len(p.placements) for p in empty.mig.profiles)
+    assert len(offered) == placements and all(d.kind == "partition" and d.uuid is None for d in offered)
+    one = next(d for d in offered if d.name == f"gpu-{empty.minor}-mig-1g5gb-19-3")
+    assert one.allocate == {"mig": {"gpu": empty.uuid, "profile": "1g.5gb", "start": 3}}
+    assert "uuid" not in attrs(one) and attrs(one)["parentUUID"] == empty.uuid
+    counters = one.consumes["counters"]
+    assert one.consumes["counterSet"] == f"gpu-{empty.minor}-counter-set"
+    assert {k: v["value"] for k, v in counters.items()} == {
+        "multiprocessors": "14", "copy-engines": "1", "decoders": "0", "encoders": "0", "jpeg-engines": "0",
+        "ofa-engines": "0", "memory": "4864Mi", "compute-slices": "1", "memory-slice-3": "1"}
+    whole = next(d for d in offered if attrs(d)["profile"] == "7g.40gb")
+    assert {k for k in whole.consumes["counters"] if k.startswith("memory-slice-")} == {
+        f"memory-slice-{i}" for i in range(8)}
+    sets = {s.name: {k: v["value"] for k, v in s.counters.items()} for s in pool.counter_sets}
+    assert sets[f"gpu-{empty.minor}-counter-set"]["compute-slices"] == "7"
+    assert sets[f"gpu-{empty.minor}-counter-set"]["jpeg-engines"] == "1"    # one +me instance at a time
+    # The 3g.20gb made by hand is published as itself; what overlaps it is not offered, and
+    # its share of the GPU is not in the counters.
+    mine = [d for d in pool.devices if d.gpu == half.uuid]
+    [static] = [d for d in mine if d.kind == "mig"]
+    assert static.name == f"gpu-{half.minor}-mig-3g20gb-9-4" and attrs(static)["uuid"] == half.mig.devices[0].uuid
+    for d in mine:
+        if d.kind == "partition":
+            last = max(int(k.rsplit("-", 1)[1]) for k in d.consumes["counters"] if k.startswith("memory-slice-"))
+            assert last < 4, d.name
+    half_set = sets[f"gpu-{half.minor}-counter-set"]
+    assert half_set["compute-slices"] == "4" and "memory-slice-4" not in half_set and "memory-slice-3" in half_set
+    # Other GPUs stay whole; every layout is one the API server of its version takes.
+    assert [d.name for d in pool.devices if d.kind == "gpu"] == [f"gpu-{g.minor}" for g in inv.gpus[2:]]
+    combined = valid(pool, (1, 34))
+    # The GPUs and the MIG device made by hand consume no counters: one slice; each GPU's
+    # partitions with (1.34) or after (1.35+) its counter set.
+    assert [(len(s.get("devices") or ()), len(s.get("sharedCounters") or ())) for s in combined] == [
+        (7, 0), (placements, 1), (len(mine) - 1, 1)]
+    split = valid(pool, (1, 35))
+    assert [(len(s.get("devices") or ()), len(s.get("sharedCounters") or ())) for s in split] == [
+        (0, 2), (7, 0), (placements, 0), (len(mine) - 1, 0)]
+
+
+def test_a_claims_device_stands_as_its_partition(make_node):
+    """A MIG device made for a claim is published as the partition it was made from: the
+    pool does not change when a claim is prepared."""
+    host, _ = make_node("dgx-a100")
+    smi(host, "-i", "0", "-mig", "1")
+    smi(host, "-r")
+    inv, devices, profiles, node = views(host)
+    before = build_pool(devices, profiles, node, dynamic_mig=True)
+    smi(host, "mig", "-i", "0", "-cgi", "2g.10gb", "-C")
+    inv, devices, profiles, node = views(host)
+    [made] = inv.gpus[0].mig.devices
+    after = build_pool(devices, profiles, node, dynamic_mig=True,
+                       made={made.uuid: (inv.gpus[0].uuid, "2g.10gb", made.placement.start)})
+    assert after == before
+    as_static = build_pool(devices, profiles, node, dynamic_mig=True)
+    assert as_static != before and any(d.uuid == made.uuid for d in as_static.devices)
+
+
+def test_partial_compute_instances_get_names_of_their_own(make_node):
+    host, _ = make_node("dgx-a100")
+    smi(host, "-i", "0", "-mig", "1")
+    smi(host, "-r")
+    smi(host, "mig", "-i", "0", "-cgi", "2g.10gb")
+    inv = read_inventory(host)
+    gi = inv.gpus[0].mig.gpu_instances[0]
+    smi(host, "mig", "-i", "0", "-gi", str(gi.id), "-cci", "1c.2g.10gb,1c.2g.10gb")
+    inv, devices, profiles, node = views(host)
+    pool = build_pool(devices, profiles, node)
+    names = sorted(d.name for d in pool.devices if d.kind == "mig")
+    minor, start = inv.gpus[0].minor, gi.placement.start
+    assert names == [f"gpu-{minor}-mig-1c2g10gb-14-{start}-c0", f"gpu-{minor}-mig-1c2g10gb-14-{start}-c1"]
+    assert not pool.problems
+
+
+def test_profile_labels_semver_and_quantities():
+    assert profile_label("1g.5gb+me") == "1g5gb-me" and profile_label("1g.10gb+me.all") == "1g10gb-meall"
+    assert profile_label("7g.80gb") == "7g80gb"
+    assert semver("535.104.05") == "535.104.5" and semver("8.0") == "8.0.0" and semver("12") == "12.0.0"
+    assert semver("550.54.15-beta") is None and semver("") is None and semver(None) is None
+    assert [format_quantity(v) for v in (0, 1, 1024, 40 * 2 ** 30, 4864 * 2 ** 20, 1000)] == [
+        "0", "1", "1Ki", "40Gi", "4864Mi", "1000"]
+    assert [parse_quantity(q) for q in ("10Gi", "512Mi", "1G", "1.5e3", "0.5Ki", 7)] == [
+        10 * 2 ** 30, 512 * 2 ** 20, 10 ** 9, 1500, 512, 7]
+    with pytest.raises(ValueError):
+        parse_quantity("ten gigs")
