@@ -21,21 +21,19 @@ from __future__ import annotations
 
 import copy
 import functools
+from pathlib import Path
 
 import celpy
+import yaml
 from celpy import celtypes
 
 from hostagent.plugins.dra.quantity import parse_quantity
 
 __all__ = ["Scheduler", "Unschedulable", "DEVICE_CLASSES"]
 
-# NVIDIA's DeviceClasses (its Helm chart, resource.k8s.io/v1).
-DEVICE_CLASSES = {
-    name: {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": name},
-           "spec": {"selectors": [{"cel": {"expression":
-                                           f"device.driver == 'gpu.nvidia.com' && "
-                                           f"device.attributes['gpu.nvidia.com'].type == '{kind}'"}}]}}
-    for name, kind in (("gpu.nvidia.com", "gpu"), ("mig.nvidia.com", "mig"))}
+# The DeviceClasses hostagent ships (NVIDIA's, packaging/kubernetes/dra).
+DEVICE_CLASSES = {d["metadata"]["name"]: d for d in yaml.safe_load_all(
+    (Path(__file__).resolve().parents[2] / "packaging/kubernetes/dra/deviceclasses.yaml").read_text()) if d}
 
 _FUNCTIONS = {"lowerAscii": lambda s: celtypes.StringType(str(s).lower()),
               "upperAscii": lambda s: celtypes.StringType(str(s).upper())}

@@ -114,3 +114,82 @@ def test_no_kubernetes_api_access_is_granted():
 def test_configmap_is_a_valid_hostagent_configuration():
     config = yaml.safe_load(kind("ConfigMap")["data"]["config.yaml"])
     assert validate_data(config)["metrics"]["address"] == "0.0.0.0"
+
+
+# ---- the DRA plugin's overlay (packaging/kubernetes/dra) ----------------------------------
+
+DRA = MANIFESTS / "dra"
+# resource.k8s.io/v1 is GA from 1.34.
+DRA_VERSIONS = ("1.34.0", str(kv.latest_version()))
+# NVIDIA's DeviceClasses (its Helm chart's selectors, word for word): claims written for
+# NVIDIA's driver select hostagent's devices through them.
+NVIDIA_CLASSES = {
+    "gpu.nvidia.com": "device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == 'gpu'",
+    "mig.nvidia.com": "device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == 'mig'"}
+DRA_PATHS = {"/run/hostagent": True, "/var/lib/kubelet/plugins_registry": False,
+             "/var/lib/kubelet/plugins/gpu.nvidia.com": False}
+
+
+def dra_documents() -> list[tuple[str, dict]]:
+    return [(p.name, doc) for p in sorted(DRA.glob("*.yaml")) if p.name != "kustomization.yaml"
+            for doc in yaml.safe_load_all(p.read_text()) if doc]
+
+
+def dra_kind(name: str) -> list[dict]:
+    return [doc for _, doc in dra_documents() if doc["kind"] == name]
+
+
+@pytest.mark.parametrize("version", DRA_VERSIONS)
+@pytest.mark.parametrize("name, doc", dra_documents(), ids=lambda v: v if isinstance(v, str) else v["kind"])
+def test_dra_manifest_is_valid_for_kubernetes(name, doc, version):
+    kv.validate(doc, version, strict=True)
+
+
+def test_dra_overlay_lists_its_manifests_and_the_same_image():
+    kustomization = yaml.safe_load((DRA / "kustomization.yaml").read_text())
+    assert sorted(kustomization["resources"]) == sorted({name for name, _ in dra_documents()})
+    assert kustomization["images"] == [{"name": "localhost/hostagent", "newTag": __version__}]
+    [container] = dra_kind("DaemonSet")[0]["spec"]["template"]["spec"]["containers"]
+    assert container["image"] == kind("DaemonSet")["spec"]["template"]["spec"]["containers"][0]["image"]
+
+
+def test_the_device_classes_are_nvidias():
+    classes = {d["metadata"]["name"]: d["spec"] for d in dra_kind("DeviceClass")}
+    assert {n: [s["cel"]["expression"] for s in spec["selectors"]] for n, spec in classes.items()} == {
+        n: [e] for n, e in NVIDIA_CLASSES.items()}
+    assert classes["gpu.nvidia.com"]["extendedResourceName"] == "nvidia.com/gpu"
+
+
+def test_the_dra_plugin_may_keep_slices_and_read_claims_and_its_node_and_nothing_else():
+    [role] = dra_kind("ClusterRole")
+    assert {(r["apiGroups"][0], r["resources"][0]): sorted(r["verbs"]) for r in role["rules"]} == {
+        ("resource.k8s.io", "resourceslices"): ["create", "delete", "get", "list", "update", "watch"],
+        ("resource.k8s.io", "resourceclaims"): ["get"],
+        ("", "nodes"): ["get"]}
+    [binding] = dra_kind("ClusterRoleBinding")
+    [account] = dra_kind("ServiceAccount")
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account["metadata"]["name"],
+                                    "namespace": "hostagent"}]
+    spec = dra_kind("DaemonSet")[0]["spec"]["template"]["spec"]
+    assert spec["serviceAccountName"] == account["metadata"]["name"]
+    # The agent's own service account stays without any API access.
+    assert account["metadata"]["name"] != kind("ServiceAccount")["metadata"]["name"]
+
+
+def test_the_dra_plugin_runs_beside_the_agent_without_privilege():
+    spec = dra_kind("DaemonSet")[0]["spec"]["template"]["spec"]
+    agent = kind("DaemonSet")["spec"]["template"]["spec"]
+    assert spec["affinity"] == agent["affinity"] and spec["tolerations"] == agent["tolerations"]
+    [container] = spec["containers"]
+    assert container["command"] == ["hostagent", "dra-plugin"]
+    assert container["securityContext"] == {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+                                            "capabilities": {"drop": ["ALL"]}}
+    env = {e["name"]: e for e in container["env"]}
+    assert env["NODE_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
+    host_paths = {v["name"]: v["hostPath"]["path"] for v in spec["volumes"]}
+    mounts = {host_paths[m["name"]]: m.get("readOnly", False) for m in container["volumeMounts"]}
+    assert mounts == DRA_PATHS
+    assert all(m["mountPath"] == host_paths[m["name"]] for m in container["volumeMounts"])
+    assert not any("mountPropagation" in m for m in container["volumeMounts"])
+    assert not spec.get("hostNetwork") and not spec.get("hostPID")

@@ -1,0 +1,146 @@
+"""A one-node test cluster for the DRA plugin: the test API server, the real agent on a
+simulated node, the test kubelet, ``hostagent dra-plugin`` as a child process, and the test
+scheduler; plus NVIDIA's quickstart claims made into ResourceClaims the way a pod's
+templates make them."""
+
+from __future__ import annotations
+
+import copy
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+from .agentd import AgentProcess, make_root
+from .drakubelet import TestKubelet
+from .drasched import Scheduler
+from .kubeapi import TestApiServer
+
+__all__ = ["Cluster", "DRIVER", "NODE", "quickstart", "wait"]
+
+DRIVER, NODE = "gpu.nvidia.com", "node-1"
+DEMOS = Path(__file__).resolve().parents[1] / "data/dra/quickstart-claims.yaml"
+AGENT = {"api": {"watch_heartbeat": 2}, "daemon": {"resync_interval": 0},
+         "health": {"quiet_period": None, "wait_timeout_ms": 200}}
+
+
+def wait(predicate, timeout: float = 15.0, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what}: not within {timeout} s")
+        time.sleep(0.05)
+
+
+def quickstart() -> dict[str, dict]:
+    return {d["demo"]: d for d in yaml.safe_load(DEMOS.read_text())}
+
+
+class Cluster:
+    def __init__(self, profile: str = "dgx-a100", version=(1, 34), plugin_args=(), agent_config=None):
+        self.root = make_root(profile)
+        self.agent = AgentProcess(self.root, agent_config or AGENT)
+        self.api = TestApiServer(version)
+        self.work = Path(tempfile.mkdtemp(prefix="dra-"))
+        self.kubelet = TestKubelet(self.work / "plugins_registry", self.api, NODE)
+        self.scheduler = Scheduler(self.api)
+        self.plugin_args = list(plugin_args)
+        self.proc: subprocess.Popen | None = None
+        self.log = self.work / "dra-plugin.log"
+        self._claims = 0
+
+    # ---- life -----------------------------------------------------------------------
+
+    def start(self) -> "Cluster":
+        self.api.start()
+        self.api.add_node(NODE)
+        self.kubeconfig = self.api.kubeconfig(self.work / "kubeconfig")
+        self.agent.start()
+        self.kubelet.start()
+        self.start_plugin()
+        return self
+
+    def start_plugin(self) -> None:
+        cmd = [sys.executable, "-m", "hostagent.cli.main", "--simulate", str(self.root), "dra-plugin",
+               "--kubeconfig", str(self.kubeconfig), "--node-name", NODE,
+               "--plugin-registry", str(self.kubelet.registry), "--plugin-dir", str(self.work / "plugins" / DRIVER),
+               "--resync", "2", "--log-level", "debug", *self.plugin_args]
+        with open(self.log, "ab") as log:
+            self.proc = subprocess.Popen(cmd, stdout=log, stderr=log, stdin=subprocess.DEVNULL)
+
+    def stop_plugin(self) -> int:
+        self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(15)
+
+    def close(self) -> None:
+        try:
+            if self.proc is not None and self.proc.poll() is None:
+                self.proc.kill()
+                self.proc.wait()
+            self.kubelet.stop()
+            self.api.stop()
+            self.agent.stop()
+        finally:
+            self.agent.cleanup()
+            shutil.rmtree(self.work, ignore_errors=True)
+
+    def plugin_log(self) -> str:
+        return self.log.read_text(errors="replace") if self.log.exists() else ""
+
+    # ---- the pool -------------------------------------------------------------------
+
+    def devices(self) -> dict[str, dict]:
+        """The published devices by name, once the pool is complete."""
+        wait(lambda: self.api.complete(DRIVER, NODE), what="a complete pool")
+        return {d["name"]: d for s in self.api.pool(DRIVER, NODE) for d in s["spec"].get("devices") or []}
+
+    # ---- claims -----------------------------------------------------------------------
+
+    def claims(self, demo: dict, count: int | None = None) -> list[dict]:
+        """The demo's ResourceClaims, as its pods make them (a template: one per pod)."""
+        obj = demo["object"]
+        out = []
+        for _ in range(count or demo["claims"]):
+            self._claims += 1
+            meta = obj["metadata"]
+            if obj["kind"] == "ResourceClaimTemplate":
+                spec, name = copy.deepcopy(obj["spec"]["spec"]), f"pod{self._claims}-{meta['name']}"
+            else:
+                spec, name = copy.deepcopy(obj["spec"]), meta["name"]
+            out.append(self.api.put_claim({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                                           "metadata": {"namespace": meta["namespace"], "name": name}, "spec": spec}))
+        return out
+
+    def allocate(self, claims: list[dict]) -> list[dict]:
+        return [self.scheduler.allocate(c, NODE) for c in claims]
+
+    def forget(self, claims: list[dict]) -> None:
+        """Unprepare (as the kubelet does when the pods are gone) and delete the claims."""
+        if claims:
+            errors = self.kubelet.unprepare(*claims)
+            assert not any(errors.values()), errors
+        for c in claims:
+            self.api.delete_claim(c["metadata"]["namespace"], c["metadata"]["name"])
+
+    def allocations(self) -> list[dict]:
+        with self.agent.client() as c:
+            return [a for a in c.allocations() if a["id"].startswith("k8s-dra/")]
+
+    def cdi_devices(self) -> set[str]:
+        """Every fully qualified CDI device name the node's spec folders define."""
+        names = set()
+        for folder in ("etc/cdi", "var/run/cdi", "run/cdi"):
+            for path in (self.root / folder).glob("*.*"):
+                if path.suffix not in (".json", ".yaml"):
+                    continue
+                spec = yaml.safe_load(path.read_text())
+                names |= {f"{spec['kind']}={d['name']}" for d in spec.get("devices") or []}
+        return names
