@@ -7,7 +7,8 @@ import pytest
 
 pytest.importorskip("lightkube", reason="lightkube is a dependency of the DRA plugin")
 
-from hostagent.plugins.dra.kube import KubeApi, KubeError, load_config  # noqa: E402
+from hostagent.plugins.dra.errors import KubeError  # noqa: E402
+from hostagent.plugins.dra.kube import KubeApi, load_config  # noqa: E402
 from hostagent.plugins.dra.publisher import Publisher  # noqa: E402
 from tests.integration.kubeapi import TestApiServer  # noqa: E402
 

@@ -20,25 +20,11 @@ from lightkube.resources.core_v1 import Node
 from lightkube.resources.resource_v1 import ResourceClaim, ResourceSlice
 
 from ...errors import ConfigError as HostagentConfigError
-from ...errors import HostagentError
+from .errors import KubeError
 
 __all__ = ["KubeError", "KubeApi", "load_config", "SERVICE_ACCOUNT"]
 
 SERVICE_ACCOUNT = "/var/run/secrets/kubernetes.io/serviceaccount"
-
-
-class KubeError(HostagentError):
-    """A Kubernetes API call failed: ``status`` the HTTP status (None: no answer)."""
-    code = "kubernetes_api_error"
-
-    def __init__(self, message: str, status: int | None = None, reason: str | None = None, **kw):
-        super().__init__(message, **kw)
-        self.status = status
-        self.reason = reason
-
-    @property
-    def unreachable(self) -> bool:
-        return self.status is None
 
 
 def load_config(kubeconfig: str | None = None, environ=os.environ):

@@ -26,7 +26,7 @@ from ...errors import HostagentError
 from ..agentlink import AgentLink
 from .devices import Pool, build_pool
 from .health import UNHEALTHY, Board, Entry, device_health
-from .kube import KubeError
+from .errors import KubeError
 from .prepare import Preparer, owned
 from .publisher import Publisher
 from .registrar import Registrar

@@ -19,7 +19,7 @@ import logging
 
 from ...errors import HostagentError
 from .claims import ClaimError, claim_results
-from .kube import KubeError
+from .errors import KubeError
 from .service import Prepared, PreparedDevice
 
 __all__ = ["Preparer", "PREFIX", "OWNER", "allocation_id", "owned"]

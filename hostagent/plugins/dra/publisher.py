@@ -20,7 +20,7 @@ import json
 import logging
 from dataclasses import dataclass
 
-from .kube import KubeError
+from .errors import KubeError
 
 __all__ = ["Publisher", "slice_prefix", "Outcome"]
 
