@@ -1,0 +1,103 @@
+"""MIG through the DRA plugin, on a simulated DGX A100: MIG devices of a layout published in
+place of their GPU and NVIDIA's gpu-test4 claims (four MIG devices of one GPU each)
+prepared; with --dynamic-mig on a 1.35 API server, every free placement offered as a
+partition drawing on its GPU's counters, which keep the scheduler from handing out more than
+a GPU holds.
+"""
+
+import pytest
+
+from .dracluster import DRIVER, NODE, Cluster, quickstart, wait
+
+pytest.importorskip("celpy", reason="cel-python is in the [test] extra")
+
+DEMOS = quickstart()
+# Per GPU: what gpu-test4 asks of one parent (1g.5gb twice, 2g.10gb, 3g.20gb): the whole GPU.
+LAYOUT = {"version": "v1", "mig-configs": {
+    "demo": [{"devices": [0, 1, 2, 3], "mig-enabled": True,
+              "mig-devices": {"1g.5gb": 2, "2g.10gb": 1, "3g.20gb": 1}},
+             {"devices": [4, 5, 6, 7], "mig-enabled": False}],
+    "modes": [{"devices": [0, 1, 2, 3], "mig-enabled": True, "mig-devices": {}},
+              {"devices": [4, 5, 6, 7], "mig-enabled": False}],
+    "whole": [{"devices": "all", "mig-enabled": False}]}}
+
+
+def apply(cluster, config):
+    with cluster.agent.client(timeout=None) as c:
+        c.mig_apply(config, spec=LAYOUT)
+        return c.devices()
+
+
+def test_quickstart_gpu_test4_on_mig_devices_of_a_layout():
+    cluster = Cluster()
+    try:
+        cluster.start()
+        cluster.kubelet.plugin()
+        generation = wait(lambda: cluster.api.complete(DRIVER, NODE) and cluster.api.pool(DRIVER, NODE))[0][
+            "spec"]["pool"]["generation"]
+        listing = apply(cluster, "demo")
+        migs = {m["uuid"]: m for m in listing["mig_devices"]}
+        assert len(migs) == 16
+        wait(lambda: len([n for n in cluster.devices() if "-mig-" in n]) == 16, what="the MIG devices published")
+        devices = cluster.devices()
+        assert cluster.api.pool(DRIVER, NODE)[0]["spec"]["pool"]["generation"] > generation
+        assert len(devices) == 16 + 4                   # GPUs 0-3 are their MIG devices now
+        claims = cluster.allocate(cluster.claims(DEMOS["gpu-test4"]))
+        try:
+            answers = cluster.kubelet.prepare(*claims)
+            assert all(not error for _, error in answers.values()), answers
+            parents = []
+            known = cluster.cdi_devices()
+            for c in claims:
+                prepared, _ = answers[c["metadata"]["uid"]]
+                assert sorted(r for (r,), *_ in prepared) == ["mig-1g-5gb-0", "mig-1g-5gb-1", "mig-2g-10gb",
+                                                                "mig-3g-20gb"]
+                uuids = {devices[d]["attributes"]["uuid"]["string"] for _, _, d, _ in prepared}
+                parents.append({migs[u]["parent_uuid"] for u in uuids})
+                assert all(cdi[0] in known for *_, cdi in prepared)
+            assert all(len(p) == 1 for p in parents) and len(set.union(*parents)) == 4   # one GPU each
+            assert len(cluster.allocations()) == 4
+        finally:
+            cluster.forget(claims)
+        assert cluster.allocations() == []
+        apply(cluster, "whole")
+        wait(lambda: list(cluster.devices()) == [f"gpu-{g['minor']}" for g in listing["gpus"]],
+             what="the whole GPUs published again")
+    except BaseException:
+        print(cluster.plugin_log()[-6000:])
+        raise
+    finally:
+        cluster.close()
+
+
+def test_dynamic_mig_offers_partitions_the_scheduler_cannot_overcommit():
+    cluster = Cluster(version=(1, 35), plugin_args=["--dynamic-mig"])
+    try:
+        cluster.start()
+        cluster.kubelet.plugin()
+        listing = apply(cluster, "modes")
+        gpus = listing["gpus"]
+        wait(lambda: any("-mig-" in n for n in cluster.devices()), what="partitions published")
+        slices = cluster.api.pool(DRIVER, NODE)
+        # 1.35: the counter sets in a slice of their own, first; no slice has both.
+        assert slices[0]["spec"].get("sharedCounters") and not slices[0]["spec"].get("devices")
+        assert not any(s["spec"].get("sharedCounters") and s["spec"].get("devices") for s in slices)
+        assert {c["name"] for c in slices[0]["spec"]["sharedCounters"]} == {
+            f"gpu-{g['minor']}-counter-set" for g in gpus[:4]}
+        devices = cluster.devices()
+        partitions = [d for d in devices.values() if d.get("consumesCounters")]
+        assert len(partitions) == 4 * 25 and all("uuid" not in d["attributes"] for d in partitions)
+        # gpu-test4 needs all of a GPU: four claims fit (one GPU each), a fifth does not.
+        claims = cluster.allocate(cluster.claims(DEMOS["gpu-test4"]))
+        parents = [{devices[r["device"]]["attributes"]["parentUUID"]["string"]
+                    for r in c["status"]["allocation"]["devices"]["results"]} for c in claims]
+        assert all(len(p) == 1 for p in parents) and len(set.union(*parents)) == 4
+        from .drasched import Unschedulable
+        with pytest.raises(Unschedulable):
+            cluster.allocate(cluster.claims(DEMOS["gpu-test4"], 1))
+        assert not cluster.api.rejected
+    except BaseException:
+        print(cluster.plugin_log()[-6000:])
+        raise
+    finally:
+        cluster.close()
