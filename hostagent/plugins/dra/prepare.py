@@ -89,9 +89,13 @@ class Preparer:
         if len(sharings) > 1:
             raise ClaimError(f"its devices are configured to be shared in different ways ({'; '.join(sharings)}): "
                              "one claim's devices are shared one way")
+        sharing = json.loads(sharings[0])
+        # The node spec's names where they are all a container needs (they outlive the
+        # allocation and cost no spec of its own); an MPS client's own spec gives it its daemon.
         alloc = self.link.client().allocate(
-            allocation_id(claim.uid), [r.device.allocate for r in results], sharing=json.loads(sharings[0]),
-            labels={"owner": OWNER, "claim": str(claim), "claim_uid": claim.uid}, edits=False)
+            allocation_id(claim.uid), [r.device.allocate for r in results], sharing=sharing,
+            labels={"owner": OWNER, "claim": str(claim), "claim_uid": claim.uid},
+            cdi_names="allocation" if sharing["strategy"] == "MPS" else "node", edits=False)
         cdi = alloc["cdi_devices"]
         log.info("claim %s (%s) prepared: %s", claim, claim.uid, ", ".join(names))
         return Prepared(tuple(PreparedDevice((r.request,), self.pool_name, r.device.name, (cdi[i],))
