@@ -24,6 +24,7 @@ STDLIB = ("argparse", "asyncio", "base64", "collections", "concurrent.futures", 
           "queue", "random", "re", "secrets", "selectors", "shlex", "shutil", "signal", "socket", "stat",
           "statistics", "string", "struct", "subprocess", "tempfile", "textwrap", "threading", "time",
           "tomllib", "traceback", "typing", "urllib.parse", "uuid", "weakref", "zlib",
+          "encodings.idna",    # the DRA plugin's HTTP client resolves the API server's name
           "jsonschema")        # and its own standard modules (pprint, ...): sharing validates with it
 
 

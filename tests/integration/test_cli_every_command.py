@@ -23,6 +23,7 @@ from tests.programs import PROGRAMS, script
 # whose CDI spec exists, with containerd's folders; ROOT is the node.
 SAMPLES = {
     "devices": [], "node": [], "labels": ["--write"], "serve": [], "device-plugin": [],
+    "dra-plugin": ["--node-name", "node-1", "--kubeconfig", "ROOT/kubeconfig"],
     "health status": [], "health watch": [], "health clear": ["--all"],
     "cdi generate": ["--output", "ROOT/spec.json"], "cdi refresh": [], "cdi list": [],
     "cdi validate": ["ROOT/var/run/cdi/nvidia.com-gpu.json"],
@@ -40,7 +41,7 @@ SAMPLES = {
     "sharing status": [], "sharing apply": ["-f", "ROOT/sharing.yaml"], "sharing off": [],
 }
 # These change the node: as another user they must be refused, saying how to run them.
-NEED_ROOT = {"labels", "serve", "device-plugin", "health clear", "cdi refresh", "mig apply", "runtime configure",
+NEED_ROOT = {"labels", "serve", "device-plugin", "dra-plugin", "health clear", "cdi refresh", "mig apply", "runtime configure",
              "runtime revert", "runtime install-shim", "sim create", "sim hold", "sim xid", "sim reboot",
              "sim driver", "sim fault", "sharing apply", "sharing off"}
 
@@ -140,6 +141,8 @@ def shared_node():
     (root / "usr/local/sbin").mkdir(parents=True)
     (root / "sharing.yaml").write_text("version: v1\nsharing:\n  timeSlicing:\n    resources:\n"
                                        "    - {name: nvidia.com/gpu, replicas: 2}\n")
+    from .kubeapi import kubeconfig
+    kubeconfig(root / "kubeconfig", "http://127.0.0.1:9").chmod(0o644)    # an API server nobody runs
     host = HostRoot.simulation(root)
     refresh(host, configured_options(host))
     yield root
