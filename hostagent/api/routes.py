@@ -258,7 +258,17 @@ class App:
 
     def create_allocation(self, request: Request):
         body = self._body(request, "createAllocation")
+        if any("mig" in d for d in body["devices"]):
+            self._may_change_the_node(request.caller, "make MIG devices for an allocation")
         return self._create(body, minimal=_prefers_minimal(request))
+
+    def _may_change_the_node(self, caller, what: str) -> None:
+        """Allocations that change the node (MIG devices made for them): root, or a uid the
+        configuration names (``api.plugin_uids``: a DRA plugin not running as root)."""
+        if caller.role == "admin" or caller.uid in self.agent.settings.api.plugin_uids:
+            return
+        raise PermissionDenied(f"only root or a uid of api.plugin_uids may {what}", uid=caller.uid,
+                               hint="run the DRA plugin as root, or add its uid to api.plugin_uids")
 
     async def _create(self, body, minimal: bool):
         from ..daemon.views import allocation_json

@@ -51,6 +51,7 @@ class Agent:
         self._spec_file = (None, None)    # (spec_options, the node spec's path) as last shown
         self.cdi_names: dict[str, tuple[str, ...]] = {}
         self._allocations: dict[str, alloc_rules.Allocation] = {}
+        self.making: dict[str, str] = {}  # MIG device uuid -> the allocation it is being made for
         self.profiles: dict[str, list[dict]] = {}   # GPU uuid -> its MIG profile views
         self._users = None                # users(), until the allocations change
         self._base_views = BaseViews()    # the inventory's part of the device views
@@ -224,9 +225,16 @@ class Agent:
             users: dict[str, list[tuple[str, str]]] = {}
             for a in self._allocations.values():
                 for uuid in a.devices:
-                    users.setdefault(uuid, []).append((a.id, a.strategy))
+                    users.setdefault(uuid, []).append((a.id, a.strategy_of(uuid)))
             self._users = users
         return self._users
+
+    def made_for(self) -> dict[str, str]:
+        """MIG device uuid -> the allocation it was made for (being made for, meanwhile)."""
+        out = dict(self.making)
+        for a in self._allocations.values():
+            out.update({m["uuid"]: a.id for m in a.made})
+        return out
 
     def _node_view(self) -> dict:
         inv = self.inventory
@@ -269,7 +277,7 @@ class Agent:
         for type_, payload in before:
             self.events.publish(type_, payload)
         views = device_views(self.inventory, self.cdi_names, self.health, self.users(), self.default_health,
-                             self.sharing.devices(), self._base_views)
+                             self.sharing.devices(), self._base_views, self.made_for())
         old = self.snapshot.devices
         for type_, uuid, changed in diff_devices(old, views):
             if type_ == "device_removed":
@@ -337,3 +345,5 @@ class Agent:
             log.info("restored %d allocation(s)", len(kept))
         self.publish([*before, *(("allocation_deleted", {"allocation": {"id": alloc_id}, "reason": why})
                                  for alloc_id, why in dropped)])
+        if self.allocator.undone_at_start:
+            await self.refresh_locked("MIG devices of an interrupted allocation destroyed")

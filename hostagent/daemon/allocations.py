@@ -84,6 +84,8 @@ class Allocation:
     created: float
     replicas: tuple[str, ...] = ()   # the replica ids it holds (devices the sharing configuration shares)
     shared_as: str | None = None     # "mps" or "time-slicing" when the configuration shares its devices
+    device_sharing: dict = field(default_factory=dict)   # uuid -> its own sharing, where a named item gave one
+    made: tuple[dict, ...] = ()      # MIG devices made for it: {uuid, gpu, profile, start}, destroyed with it
     # Derived from the host when the spec is written; not part of the checkpoint.
     cdi_devices: tuple[str, ...] = field(default=(), compare=False)
     container_edits: dict = field(default_factory=dict, compare=False)
@@ -106,10 +108,24 @@ class Allocation:
     def sharing(self) -> dict:
         return {**self.request["sharing"], "strategy": self.strategy}
 
+    def sharing_of(self, uuid: str) -> dict:
+        """How one of its devices is shared: the configured way on devices the sharing
+        configuration shares, else its item's own sharing, else the allocation's."""
+        if self.shared_as:
+            return self.sharing
+        return self.device_sharing.get(uuid) or self.request["sharing"]
+
+    def strategy_of(self, uuid: str) -> str:
+        return self.sharing_of(uuid)["strategy"]
+
     def checkpoint(self) -> dict:
         out = {"id": self.id, "devices": list(self.devices), "request": self.request, "created": self.created}
         if self.shared_as:
             out.update(replicas=list(self.replicas), shared_as=self.shared_as)
+        if self.device_sharing:
+            out["device_sharing"] = self.device_sharing
+        if self.made:
+            out["made"] = list(self.made)
         return out
 
     @functools.cached_property
@@ -123,7 +139,8 @@ class Allocation:
     def from_checkpoint(cls, data: dict) -> "Allocation":
         return cls(id=data["id"], devices=tuple(data["devices"]), request=data["request"],
                    created=float(data["created"]), replicas=tuple(data.get("replicas", ())),
-                   shared_as=data.get("shared_as"))
+                   shared_as=data.get("shared_as"), device_sharing=dict(data.get("device_sharing") or {}),
+                   made=tuple(data.get("made") or ()))
 
 
 @dataclass(frozen=True)
@@ -147,6 +164,19 @@ class Selection:
     devices: list[str]               # UUIDs, in the order chosen
     replicas: list[str] = field(default_factory=list)     # replica ids taken on shared devices
     shared_as: str | None = None     # the configured strategy of shared devices
+    sharing: dict = field(default_factory=dict)           # uuid -> its named item's own sharing
+
+
+def _sharing(raw: dict | None, where: str) -> dict:
+    sharing = dict(raw or {})
+    strategy = sharing.setdefault("strategy", "Exclusive")
+    if "mpsConfig" in sharing and strategy != "MPS":
+        raise UsageError(f"{where}.mpsConfig needs {where}.strategy MPS")
+    if "timeSlicingConfig" in sharing and strategy != "TimeSlicing":
+        raise UsageError(f"{where}.timeSlicingConfig needs {where}.strategy TimeSlicing")
+    if strategy == "TimeSlicing":
+        sharing["timeSlicingConfig"] = {"interval": "Default", **(sharing.get("timeSlicingConfig") or {})}
+    return sharing
 
 
 def normalize(body: dict) -> dict:
@@ -155,22 +185,20 @@ def normalize(body: dict) -> dict:
         raise UsageError(f"allocation id {body['id']!r} is not valid", hint=f"it must match {ID_PATTERN}")
     devices = []
     for i, item in enumerate(body["devices"]):
-        if "device" in item:
-            devices.append({"device": str(item["device"]).strip()})
+        if "device" in item or "mig" in item:
+            out = {"device": str(item["device"]).strip()} if "device" in item else {
+                "mig": {"gpu": str(item["mig"]["gpu"]).strip(), "profile": item["mig"]["profile"],
+                        "start": int(item["mig"]["start"])}}
+            if "sharing" in item:
+                out["sharing"] = _sharing(item["sharing"], f"devices[{i}].sharing")
+            devices.append(out)
             continue
         c = dict(item.get("constraints") or {})
         c.setdefault("type", "mig" if "profile" in c else "any")
         if "profile" in c and c["type"] == "gpu":
             raise UsageError(f"devices[{i}]: a MIG profile cannot be asked of a whole GPU")
         devices.append({"constraints": dict(sorted(c.items())), "count": int(item.get("count", 1))})
-    sharing = dict(body.get("sharing") or {})
-    strategy = sharing.setdefault("strategy", "Exclusive")
-    if "mpsConfig" in sharing and strategy != "MPS":
-        raise UsageError("sharing.mpsConfig needs sharing.strategy MPS")
-    if "timeSlicingConfig" in sharing and strategy != "TimeSlicing":
-        raise UsageError("sharing.timeSlicingConfig needs sharing.strategy TimeSlicing")
-    if strategy == "TimeSlicing":
-        sharing.setdefault("timeSlicingConfig", {}).setdefault("interval", "Default")
+    sharing = _sharing(body.get("sharing"), "sharing")
     out = {"id": body["id"], "devices": devices, "sharing": sharing}
     if body.get("cdi_names", "allocation") != "allocation":     # the default is left out, as before
         out["cdi_names"] = body["cdi_names"]
@@ -216,11 +244,12 @@ def select(request: dict, candidates: list[Candidate], users: dict[str, list[tup
     then smallest, then first matching devices (best fit: a small request does not take a
     big device while a small one is free), passing over full ones.
     """
-    strategy = request["sharing"]["strategy"]
+    default = request["sharing"]["strategy"]
     taken = taken or {}
     by_uuid = {c.uuid: c for c in candidates}
     chosen: list[str] = []
     replicas: list[str] = []
+    own: dict[str, dict] = {}
 
     def full(uuid: str) -> bool:
         return max_per_device is not None and len(users.get(uuid, ())) >= max_per_device
@@ -232,8 +261,8 @@ def select(request: dict, candidates: list[Candidate], users: dict[str, list[tup
             return "unhealthy"
         return None
 
-    def mismatch(c: Candidate) -> str | None:
-        """Why the request's strategy cannot be had on ``c``; None if it can."""
+    def mismatch(c: Candidate, strategy: str) -> str | None:
+        """Why ``strategy`` cannot be had on ``c``; None if it can."""
         if c.shared is None:
             return ("it is not shared with MPS (MPS needs its control daemon: share it with MPS in the "
                     "node's sharing configuration)") if strategy == "MPS" else None
@@ -244,14 +273,17 @@ def select(request: dict, candidates: list[Candidate], users: dict[str, list[tup
     def free(c: Candidate) -> list[str]:
         return [r for r in c.shared["replica_ids"] if r not in taken.get(c.uuid, ()) and r not in replicas]
 
-    def fits(c: Candidate) -> bool:
+    def fits(c: Candidate, strategy: str) -> bool:
         if c.shared is not None:
             return bool(free(c))
         return _shares(users.get(c.uuid, []), strategy) and not full(c.uuid)
 
     for item in request["devices"]:
+        if "mig" in item:
+            raise UsageError("a MIG device to make must be made before devices are selected")
         if "device" not in item:
             continue
+        strategy = (item.get("sharing") or request["sharing"])["strategy"]
         name = item["device"]
         replica = replica_of(name)
         uuid = resolve(replica[0] if replica else name)
@@ -264,7 +296,7 @@ def select(request: dict, candidates: list[Candidate], users: dict[str, list[tup
         c = by_uuid[uuid]
         if uuid in chosen and (not replica or c.shared is None):
             raise UsageError(f"device {name!r} is asked for twice", device=name)
-        why = usable(c) or mismatch(c)
+        why = usable(c) or mismatch(c, strategy)
         if why:
             raise DeviceNotAllocatable(f"device {c.name} ({c.uuid}) cannot be allocated: {why}",
                                        device=c.uuid, reason=why)
@@ -287,14 +319,16 @@ def select(request: dict, candidates: list[Candidate], users: dict[str, list[tup
                 hint="release one of them, use another device, or raise allocations.max_per_device")
         if uuid not in chosen:
             chosen.append(uuid)
+            if "sharing" in item and c.shared is None:
+                own[uuid] = item["sharing"]
 
     for item in request["devices"]:
         if "device" in item:
             continue
         matching = [c for c in candidates if _matches(c, item["constraints"])]
-        shareable = [c for c in matching if c.uuid not in chosen and not usable(c) and not mismatch(c)
-                     and (c.shared is not None or _shares(users.get(c.uuid, []), strategy))]
-        room = [c for c in shareable if fits(c)]
+        shareable = [c for c in matching if c.uuid not in chosen and not usable(c) and not mismatch(c, default)
+                     and (c.shared is not None or _shares(users.get(c.uuid, []), default))]
+        room = [c for c in shareable if fits(c, default)]
         room.sort(key=lambda c: (len(users.get(c.uuid, [])), c.memory_mib, c.order))
         if len(room) < item["count"]:
             at_limit = len(shareable) - len(room)
@@ -310,7 +344,9 @@ def select(request: dict, candidates: list[Candidate], users: dict[str, list[tup
             chosen.append(c.uuid)
             if c.shared is not None:
                 replicas.append(free(c)[0])
-    return _shared_selection(chosen, replicas, by_uuid)
+    selection = _shared_selection(chosen, replicas, by_uuid)
+    return Selection(selection.devices, selection.replicas, selection.shared_as,
+                     {} if selection.shared_as else own)
 
 
 def _shared_selection(chosen: list[str], replicas: list[str], by_uuid: dict[str, Candidate]) -> Selection:

@@ -16,7 +16,7 @@ from ..cdi import transient
 from ..errors import HostagentError, NotFoundError
 from ..lock import node_lock
 from . import allocations as alloc_rules
-from . import checkpoint, faults
+from . import checkpoint, faults, madedevices, timeslices
 from .events import Rendered
 from .views import allocation_json
 
@@ -31,6 +31,7 @@ class Allocator:
         self.host = agent.host
         self._files = None      # (node spec, Discovery, common edits): _driver_files()
         self._node_edits: dict = {}   # (devices, hook home) -> plain edits, for the node spec in force
+        self.undone_at_start = False  # restore destroyed MIG devices of an interrupted allocation
 
     def _same_request(self, existing: dict, request: dict) -> bool:
         """The same request, devices named by index, UUID, MIG or CDI name alike: a plugin
@@ -164,14 +165,27 @@ class Allocator:
         mps_config = alloc.request["sharing"].get("mpsConfig")
         return {u: mps_client_edits(self.host, u, devices.get(u), mps_config) for u in alloc.devices}
 
+    def _timeslices(self, allocations) -> None:
+        """Worker: the GPUs' time-slices as the allocations ask (timeslices.py)."""
+        gpus = {g.uuid for g in self.agent.inventory.gpus} if self.agent.inventory else set()
+        timeslices.apply(self.host, timeslices.wanted(allocations, gpus), gpus)
+
     def _commit_new(self, alloc, records, others, replaced) -> alloc_rules.Allocation:
-        """Worker: spec first, then the checkpoint (the commit point; the allocations it
-        replaces leave it in the same write), then the replaced ones' specs go."""
+        """Worker: spec first, the GPUs' time-slices, then the checkpoint (the commit point;
+        the allocations it replaces leave it in the same write), then the replaced ones'
+        specs go. Time-slices set for it are undone when the commit fails."""
         with node_lock(self.host, f"allocate {alloc.id}"):
             alloc = self._prepare(alloc, records)
             faults.point("allocate:after_spec")
-            checkpoint.save(self.host, [*others, alloc])
+            try:
+                self._timeslices([*others, alloc])
+                checkpoint.save(self.host, [*others, alloc])
+            except BaseException:
+                self._timeslices([*others, *replaced])
+                raise
             faults.point("allocate:after_checkpoint")
+            if alloc.made:
+                madedevices.done(self.host)
             self._remove_specs(replaced)
         return alloc
 
@@ -208,20 +222,29 @@ class Allocator:
             if self.agent.inventory is None:
                 raise self._unavailable()
             self.agent.driver.require("make an allocation")
-            users = self.agent.users()
-            if leaving:
-                users = {u: [x for x in held if x[0] not in leaving] for u, held in users.items()}
-            chosen = alloc_rules.select(
-                request, self._candidates(), users,
-                resolve=lambda name: self.agent.snapshot.lookup.get(name),
-                healthy=lambda u: (self.agent.health.get(u) or self.agent.default_health).allocatable,
-                max_per_device=limits.max_per_device, taken=self._taken(leaving))
-            uuids = chosen.devices
-            alloc = alloc_rules.Allocation(id=request["id"], devices=tuple(uuids), request=request,
-                                           created=time.time(), replicas=tuple(chosen.replicas),
-                                           shared_as=chosen.shared_as)
-            others = [a for a in self.agent.allocations.values() if a.id not in leaving]
-            alloc = await self.agent.blocking(self._commit_new, alloc, self._records(uuids), others, replaced)
+            made = await self._make(request) if any("mig" in d for d in request["devices"]) else []
+            try:
+                users = self.agent.users()
+                if leaving:
+                    users = {u: [x for x in held if x[0] not in leaving] for u, held in users.items()}
+                chosen = alloc_rules.select(
+                    _with_made(request, made), self._candidates(), users,
+                    resolve=lambda name: self.agent.snapshot.lookup.get(name),
+                    healthy=lambda u: (self.agent.health.get(u) or self.agent.default_health).allocatable,
+                    max_per_device=limits.max_per_device, taken=self._taken(leaving))
+                uuids = chosen.devices
+                alloc = alloc_rules.Allocation(id=request["id"], devices=tuple(uuids), request=request,
+                                               created=time.time(), replicas=tuple(chosen.replicas),
+                                               shared_as=chosen.shared_as, device_sharing=chosen.sharing,
+                                               made=tuple(made))
+                others = [a for a in self.agent.allocations.values() if a.id not in leaving]
+                alloc = await self.agent.blocking(self._commit_new, alloc, self._records(uuids), others, replaced)
+            except BaseException:
+                if made:
+                    await self._unmake(made, request["id"], "its allocation failed")
+                raise
+            finally:
+                self.agent.making.clear()
             for old in replaced:
                 self.agent.remove_allocation(old.id)
                 log.info("allocation %s released: replaced by %s", old.id, alloc.id,
@@ -246,23 +269,69 @@ class Allocator:
                     pass
 
     def _commit_release(self, allocs, others) -> None:
-        """Worker: checkpoint first (the commit point), then remove the specs (of those that
-        have one)."""
+        """Worker: the MIG devices made for them destroyed (a device in use refuses, and the
+        allocations stay), then the checkpoint (the commit point), the specs (of those that
+        have one), and the GPUs' time-slices."""
         with node_lock(self.host, f"release {', '.join(a.id for a in allocs)}"):
+            made = [m for a in allocs for m in a.made]
+            if made:
+                madedevices.unmake(self.host, made, self.agent.mig._refresh_spec)
             checkpoint.save(self.host, others)
             faults.point("release:after_checkpoint")
             self._remove_specs(allocs)
             faults.point("release:after_spec")
+            try:
+                self._timeslices(others)
+            except HostagentError as e:
+                log.error("time-slices not restored after releasing %s: %s", ", ".join(a.id for a in allocs),
+                          e.message)
 
     async def _release_locked(self, allocs, reason: str) -> None:
         gone = {a.id for a in allocs}
         others = [a for a in self.agent.allocations.values() if a.id not in gone]
-        await self.agent.blocking(self._commit_release, allocs, others)
+        try:
+            await self.agent.blocking(self._commit_release, allocs, others)
+        finally:
+            if any(a.made for a in allocs):
+                await self.agent.refresh_locked("MIG devices destroyed")
         for alloc in allocs:
             self.agent.remove_allocation(alloc.id)
             log.info("allocation %s released%s", alloc.id, "" if reason == "released" else f": {reason}",
                      extra={"fields": {"allocation_id": alloc.id}})
         self.agent.publish_soon(self._deleted(allocs, reason))
+
+    # ---- MIG devices made for an allocation ---------------------------------------------
+
+    def _make_work(self, request: dict) -> list[dict]:
+        with node_lock(self.host, f"make MIG devices for {request['id']}"):
+            return madedevices.make(self.host, request["id"], request, self.agent.mig._refresh_spec)
+
+    async def _make(self, request: dict) -> list[dict]:
+        """Make the request's MIG devices and read the node again (their CDI names are in the
+        node spec before they are selected); they show as made for it meanwhile."""
+        made = await self.agent.blocking(self._make_work, request)
+        self.agent.making.update({m["uuid"]: request["id"] for m in made})
+        log.info("MIG devices made for %s: %s", request["id"],
+                 ", ".join(f"{m['profile']}@{m['start']} {m['uuid']}" for m in made),
+                 extra={"fields": {"allocation_id": request["id"]}})
+        await self.agent.refresh_locked("MIG devices made")
+        return made
+
+    def _unmake_work(self, made: list[dict]) -> None:
+        with node_lock(self.host, "destroy MIG devices made"):
+            try:
+                madedevices.unmake(self.host, made, self.agent.mig._refresh_spec, force=True)
+            finally:
+                madedevices.done(self.host)
+
+    async def _unmake(self, made: list[dict], alloc_id: str, why: str) -> None:
+        try:
+            await self.agent.blocking(self._unmake_work, made)
+            log.info("MIG devices made for %s destroyed: %s", alloc_id, why)
+        except HostagentError as e:
+            log.error("MIG devices made for %s not destroyed (%s): %s", alloc_id, why, e.message)
+        self.agent.making.clear()
+        await self.agent.refresh_locked("MIG devices destroyed")
 
     async def release(self, alloc_id: str) -> alloc_rules.Allocation:
         async with self.agent.mutex:
@@ -287,6 +356,10 @@ class Allocator:
         kept, dropped = [], []
         present = {uuid for uuid, names in self.agent.cdi_names.items() if names}
         with node_lock(self.host, "restore allocations"):
+            note = madedevices.recover(self.host, saved, self.agent.mig._refresh_spec)
+            self.undone_at_start = note is not None
+            if note:
+                log.warning("%s", note)
             for alloc in saved:
                 gone = [u for u in alloc.devices if u not in present]
                 if gone:
@@ -307,4 +380,18 @@ class Allocator:
                 log.info("removed %s, left by an interrupted write", tmp)
             if len(kept) != len(saved):
                 checkpoint.save(self.host, kept)
+            try:
+                self._timeslices(kept)
+            except HostagentError as e:
+                log.error("time-slices of the allocations not set: %s", e.message)
         return kept, dropped
+
+
+def _with_made(request: dict, made: list[dict]) -> dict:
+    """The request with each MIG device to make named by the UUID it was made with."""
+    if not made:
+        return request
+    uuids = iter(m["uuid"] for m in made)
+    devices = [{**{k: v for k, v in d.items() if k != "mig"}, "device": next(uuids)} if "mig" in d else d
+               for d in request["devices"]]
+    return {**request, "devices": devices}

@@ -41,6 +41,10 @@ class ApiSettings:
     write_timeout: float = 30
     watch_buffer: int = 4096
     watch_heartbeat: float = 30
+    plugin_uids: tuple[int, ...] = ()       # besides root, may make MIG devices for claims
+
+    def __post_init__(self):
+        object.__setattr__(self, "plugin_uids", tuple(self.plugin_uids))
 
     @property
     def mode(self) -> int:

@@ -77,7 +77,8 @@ class BaseViews:
 
 def device_views(inventory: Inventory | None, cdi_names: dict[str, tuple[str, ...]],
                  health: dict, users: dict[str, list[tuple[str, str]]], default_health,
-                 sharing: dict[str, dict] | None = None, base: BaseViews | None = None) -> dict[str, dict]:
+                 sharing: dict[str, dict] | None = None, base: BaseViews | None = None,
+                 made_for: dict[str, str] | None = None) -> dict[str, dict]:
     """uuid -> view (without its revision), GPUs then MIG devices, in index order.
 
     A device is allocatable when the node spec describes it (a GPU with MIG enabled is
@@ -85,8 +86,10 @@ def device_views(inventory: Inventory | None, cdi_names: dict[str, tuple[str, ..
     and it is not unhealthy. ``sharing``: uuid -> how it is shared (``GET /v1/sharing``'s
     device entries); its ``replicas`` are the ids a device plugin advertises for it.
     ``base``: where the inventory's part is kept between calls (each view is a copy of it).
+    ``made_for``: MIG device uuid -> the allocation it was made for (``made_for`` of its view).
     """
     sharing = sharing or {}
+    made_for = made_for or {}
     if inventory is None:
         return {}
     parts = base.of(inventory) if base is not None else _inventory_views(inventory)
@@ -101,12 +104,15 @@ def device_views(inventory: Inventory | None, cdi_names: dict[str, tuple[str, ..
         shared = sharing.get(uuid)
         view["sharing"] = shared
         view["replicas"] = list(shared["replica_ids"]) if shared and names else [uuid] if names else []
+        if view["kind"] == "mig":
+            view["made_for"] = made_for.get(uuid)
     return out
 
 
 def allocation_view(alloc) -> dict:
     return {"id": alloc.id, "devices": list(alloc.devices), "cdi_devices": list(alloc.cdi_devices),
             "spec_path": alloc.spec_path, "sharing": alloc.sharing, "replicas": list(alloc.replicas),
+            "device_sharing": dict(alloc.device_sharing), "made": list(alloc.made),
             "labels": alloc.request.get("labels", {}), "request": alloc.request,
             "created": round(alloc.created, 3), "container_edits": alloc.container_edits,
             "visible_devices": ",".join(alloc.devices)}

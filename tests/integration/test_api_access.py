@@ -145,3 +145,19 @@ def test_peer_check_stands_without_socket_permissions():
     finally:
         agent.stop()
         agent.cleanup()
+
+
+MAKE = json.dumps({"id": "made-by-nobody", "devices": [{"mig": {"gpu": "0", "profile": "1g.5gb", "start": 0}}]})
+
+
+def test_only_root_or_a_plugin_uid_may_make_mig_devices_for_an_allocation(group_agent):
+    got = as_user(group_agent, [["POST", "/v1/allocations", MAKE], ["GET", "/v1/allocations/made-by-nobody", None]])
+    assert got == [(403, "forbidden"), (404, "not_found")]
+    agent = AgentProcess(make_root(), {"api": {"group": API_GROUP, "plugin_uids": [NOBODY]},
+                                       "daemon": {"resync_interval": 0}}).start()
+    try:
+        # Past the check: GPU 0 is not in MIG mode.
+        assert as_user(agent, [["POST", "/v1/allocations", MAKE]]) == [(409, "invalid_state")]
+    finally:
+        agent.stop()
+        agent.cleanup()

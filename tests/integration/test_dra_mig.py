@@ -5,6 +5,8 @@ partition drawing on its GPU's counters, which keep the scheduler from handing o
 a GPU holds.
 """
 
+import time
+
 import pytest
 
 from .dracluster import DRIVER, NODE, Cluster, quickstart, wait
@@ -95,6 +97,27 @@ def test_dynamic_mig_offers_partitions_the_scheduler_cannot_overcommit():
         from .drasched import Unschedulable
         with pytest.raises(Unschedulable):
             cluster.allocate(cluster.claims(DEMOS["gpu-test4"], 1))
+        # Prepared, each claim's partitions are made at exactly their placements; the pool
+        # does not change (a made device stands as its partition).
+        writes = cluster.api.writes
+        answers = cluster.kubelet.prepare(*claims)
+        assert all(not error for _, error in answers.values()), answers
+        with cluster.agent.client() as c:
+            migs = c.devices(type="mig")["mig_devices"]
+        assert len(migs) == 16 and all(m["made_for"].startswith("k8s-dra/") for m in migs)
+        known = cluster.cdi_devices()
+        for c in claims:
+            [alloc] = [a for a in cluster.allocations() if a["id"] == f"k8s-dra/{c['metadata']['uid']}"]
+            wanted = sorted((devices[r["device"]]["attributes"]["profile"]["string"], int(r["device"].rsplit("-", 1)[1]))
+                            for r in c["status"]["allocation"]["devices"]["results"])
+            assert sorted((m["profile"], m["start"]) for m in alloc["made"]) == wanted
+            prepared, _ = answers[c["metadata"]["uid"]]
+            assert all(cdi[0] in known for *_, cdi in prepared)
+        cluster.forget(claims)
+        with cluster.agent.client() as c:
+            assert c.devices(type="mig")["mig_devices"] == []
+        time.sleep(2.5)          # past the plugin's next comparison of the slices (--resync 2)
+        assert cluster.api.writes == writes
         assert not cluster.api.rejected
     except BaseException:
         print(cluster.plugin_log()[-6000:])

@@ -126,6 +126,7 @@ DRA_VERSIONS = ("1.34.0", str(kv.latest_version()))
 NVIDIA_CLASSES = {
     "gpu.nvidia.com": "device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == 'gpu'",
     "mig.nvidia.com": "device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == 'mig'"}
+DRA_COMMAND = ("hostagent", "dra-plugin")
 DRA_PATHS = {"/run/hostagent": True, "/var/lib/kubelet/plugins_registry": False,
              "/var/lib/kubelet/plugins/gpu.nvidia.com": False}
 
@@ -182,7 +183,7 @@ def test_the_dra_plugin_runs_beside_the_agent_without_privilege():
     agent = kind("DaemonSet")["spec"]["template"]["spec"]
     assert spec["affinity"] == agent["affinity"] and spec["tolerations"] == agent["tolerations"]
     [container] = spec["containers"]
-    assert container["command"] == ["hostagent", "dra-plugin"]
+    assert tuple(container["command"]) == DRA_COMMAND
     assert container["securityContext"] == {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
                                             "capabilities": {"drop": ["ALL"]}}
     env = {e["name"]: e for e in container["env"]}

@@ -206,12 +206,14 @@ def _usage(capacity: dict, slices: int) -> dict[str, int]:
     return out
 
 
-def _partition(gpu: dict, node: dict, p: dict, start: int, size: int) -> Published:
+def _partition(gpu: dict, node: dict, p: dict, start: int, size: int, made: str | None = None) -> Published:
+    """A partition of ``gpu``; ``made``: the MIG device made from it for a claim (whose
+    health it has then; its GPU's before)."""
     name = mig_name(gpu["minor"], p["name"], p["id"], start)
     capacity = _mig_capacity(p["memory_mib"], p["multiprocessors"], p.get("engines") or {})
     counters = {k: {"value": quantity(v)} for k, v in _usage(capacity, p["slices"]).items()}
     counters.update({f"memory-slice-{i}": {"value": "1"} for i in range(start, start + size)})
-    return Published(name, "partition", gpu["uuid"], gpu["uuid"], _mig_attributes(gpu, node, p["name"], None),
+    return Published(name, "partition", gpu["uuid"], made or gpu["uuid"], _mig_attributes(gpu, node, p["name"], None),
                      capacity, {"mig": {"gpu": gpu["uuid"], "profile": p["name"], "start": start}},
                      consumes={"counterSet": counter_set_name(gpu["minor"]), "counters": counters})
 
@@ -252,10 +254,11 @@ def _dynamic(gpu: dict, node: dict, profiles: list[dict], migs: list[dict], made
     free = [i for i in range(memory) if i not in used]
     if not free or not totals["compute-slices"]:
         return out, None
+    made_here = {(profile, start): uuid for uuid, (parent, profile, start) in made.items() if parent == gpu["uuid"]}
     for p in profiles:
         for pl in p["placements"]:
             if not used.intersection(range(pl["start"], pl["start"] + pl["size"])):
-                out.append(_partition(gpu, node, p, pl["start"], pl["size"]))
+                out.append(_partition(gpu, node, p, pl["start"], pl["size"], made_here.get((p["name"], pl["start"]))))
     counters = {k: {"value": quantity(v)} for k, v in totals.items()}
     counters.update({f"memory-slice-{i}": {"value": "1"} for i in free})
     return out, CounterSet(counter_set_name(gpu["minor"]), counters)

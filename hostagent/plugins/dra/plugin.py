@@ -101,7 +101,10 @@ class DraPlugin:
         before = self.pool
         node = getattr(view, "node", None) or {}
         if view.connected and not self._driver_down(node):
-            pool = build_pool(view.devices, self._profiles(view.devices), node, self.options.dynamic_mig)
+            # MIG devices made for this plugin's claims stand as the partitions they were made from.
+            made = {u: (d["parent_uuid"], d["profile"], d["placement"]["start"]) for u, d in view.devices.items()
+                    if d["kind"] == "mig" and owned(d.get("made_for") or "")}
+            pool = build_pool(view.devices, self._profiles(view.devices), node, self.options.dynamic_mig, made)
             for problem in pool.problems:
                 log.warning("%s", problem)
             self.pool = pool

@@ -1,0 +1,145 @@
+"""What a DRA claim asks of the agent beyond picking devices, on a simulated DGX A100:
+MIG devices made at the exact placements an allocation names and destroyed with it (all or
+nothing, journaled across a crash), each device shared its own way, and the GPUs'
+time-slices set for time-slicing allocations and restored when the last one goes."""
+
+import json
+import subprocess
+
+import pytest
+
+from hostagent.client import Request
+from hostagent.errors import ConflictError, UsageError
+from hostagent.sim.store import SimStore
+
+from .agentd import FAST, AgentProcess, make_root
+
+MODES = {"version": "v1", "mig-configs": {"modes": [{"devices": [0, 1], "mig-enabled": True, "mig-devices": {}},
+                                                   {"devices": [2, 3, 4, 5, 6, 7], "mig-enabled": False}]}}
+
+
+@pytest.fixture(scope="module")
+def agent():
+    a = AgentProcess(make_root(), FAST).start()
+    with a.client(timeout=None) as c:
+        c.mig_apply("modes", spec=MODES)
+    yield a
+    a.stop()
+    a.cleanup()
+
+
+@pytest.fixture(autouse=True)
+def clean(agent):
+    yield
+    with agent.client() as c:
+        for a in c.allocations():
+            c.release(a["id"])
+        assert c.devices(type="mig")["mig_devices"] == [], "a test left a MIG device"
+
+
+def timeslices(agent) -> list[int]:
+    return [g.timeslice for g in SimStore(agent.root).read().gpus]
+
+
+def item(gpu, profile, start, **extra):
+    return {"mig": {"gpu": str(gpu), "profile": profile, "start": start}, **extra}
+
+
+def test_mig_devices_are_made_at_the_placements_asked_and_destroyed_with_their_allocation(agent):
+    with agent.client() as c:
+        gpu = c.device("0")
+        alloc = c.allocate("claim-a", [item(0, "1g.5gb", 3), item(0, "3g.20gb", 4), item(1, "2g.10gb", 2)])
+        assert [(m["gpu"], m["profile"], m["start"]) for m in alloc["made"]] == [
+            (gpu["uuid"], "1g.5gb", 3), (gpu["uuid"], "3g.20gb", 4), (c.device("1")["uuid"], "2g.10gb", 2)]
+        assert alloc["devices"] == [m["uuid"] for m in alloc["made"]]
+        for m in alloc["made"]:
+            view = c.device(m["uuid"])
+            assert (view["profile"], view["placement"]["start"], view["made_for"]) == (m["profile"], m["start"],
+                                                                                     "claim-a")
+            # One compute instance spanning its GPU instance's compute slices.
+            assert view["ci_placement"] == {"start": 0, "size": {"1g.5gb": 1, "3g.20gb": 3, "2g.10gb": 2}[m["profile"]]}
+        # A retry is the same allocation: nothing more made.
+        again = c.allocate("claim-a", [item(0, "1g.5gb", 3), item(0, "3g.20gb", 4), item(1, "2g.10gb", 2)])
+        assert again["made"] == alloc["made"] and len(c.devices(type="mig")["mig_devices"]) == 3
+        # Slices it holds cannot be had by another.
+        with pytest.raises(ConflictError) as e:
+            c.allocate("claim-b", [item(0, "2g.10gb", 2)])
+        assert e.value.code == "insufficient_resources" and "held by 1g.5gb@3" in e.value.message
+        c.release("claim-a")
+        assert c.devices(type="mig")["mig_devices"] == []
+
+
+@pytest.mark.parametrize("items, error, words", [
+    ([item(0, "1g.5gb", 7)], UsageError, "devices[0].mig.start: 1g.5gb cannot start at memory slice 7"),
+    ([item(0, "9g.99gb", 0)], UsageError, "devices[0].mig.profile: GPU 0 has no MIG profile '9g.99gb'"),
+    ([item(3, "1g.5gb", 0)], ConflictError, "devices[0].mig: MIG is not enabled on GPU 3"),
+    ([item(0, "1g.5gb", 0), item(0, "2g.10gb", 0)], ConflictError, "devices[1].mig: memory slices 0-1"),
+    ([item(0, "1g.5gb+me", 0), item(0, "1g.5gb+me", 1)], ConflictError, "cannot hold a 1g.5gb+me beside"),
+])
+def test_a_placement_the_gpu_cannot_take_is_refused_and_nothing_is_made(agent, items, error, words):
+    with agent.client() as c:
+        with pytest.raises(error) as e:
+            c.allocate("claim-bad", items)
+        assert words in e.value.message, e.value.message
+        assert c.devices(type="mig")["mig_devices"] == [] and c.allocations() == []
+
+
+def test_what_was_made_is_destroyed_when_the_rest_of_the_allocation_fails(agent):
+    with agent.client() as c:
+        c.allocate("holder", ["5"])
+        with pytest.raises(ConflictError) as e:
+            c.allocate("claim-c", [item(0, "7g.40gb", 0), {"device": "5"}])
+        assert e.value.code == "device_busy"
+        assert c.devices(type="mig")["mig_devices"] == [] and [a["id"] for a in c.allocations()] == ["holder"]
+
+
+def test_a_crash_before_the_commit_is_undone_at_the_next_start(agent):
+    with agent.client() as c:
+        uuid = c.device("1")["uuid"]
+    # What a crash leaves: the journal, and the device it names made.
+    subprocess.run([str(agent.root / "usr/bin/nvidia-smi"), "mig", "-i", "1", "-cgi", "2g.10gb:0", "-C"], check=True,
+                   capture_output=True)
+    (agent.host.state_dir / "allocation-making.json").write_text(json.dumps(
+        {"id": "claim-crashed", "made": [{"gpu": uuid, "profile": "2g.10gb", "start": 0}]}))
+    with agent.client() as c:
+        c.refresh()
+        [made] = c.devices(type="mig")["mig_devices"]
+        assert made["placement"]["start"] == 0 and made["made_for"] is None
+    agent.stop()
+    agent.start()
+    with agent.client() as c:
+        assert c.devices(type="mig")["mig_devices"] == []
+    assert not (agent.host.state_dir / "allocation-making.json").exists()
+    assert "MIG devices made for claim-crashed before a crash destroyed (1)" in agent.log()
+
+
+def test_each_device_its_own_sharing_and_time_slices_set_and_restored(agent):
+    long_ = {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}}
+    short = {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Short"}}
+    with agent.client() as c:
+        a = c.allocate("claim-ts", [{"device": "3", "sharing": long_}, {"device": "4"}])
+        assert a["sharing"]["strategy"] == "Exclusive" and list(a["device_sharing"].values()) == [long_]
+        assert timeslices(agent)[3:5] == [3, 0]
+        # GPU 3 is time-sliced: another time-slicing allocation may share it (its interval
+        # wins while it lasts); GPU 4 is exclusive.
+        c.allocate("other-ts", ["3"], sharing=short)
+        assert timeslices(agent)[3] == 1
+        with pytest.raises(ConflictError):
+            c.allocate("other-ts-4", ["4"], sharing=short)
+        c.release("other-ts")
+        assert timeslices(agent)[3] == 3
+        # A restart keeps the interval (and does not set it again); the last release restores Default.
+        agent.stop()
+        agent.start()
+    with agent.client() as c:
+        assert timeslices(agent)[3] == 3
+        c.release("claim-ts")
+        assert timeslices(agent)[3:5] == [0, 0]
+        assert not (agent.host.state_dir / "timeslices.json").read_text().strip("{}\n")
+
+
+def test_a_mig_device_item_may_not_name_a_device_too(agent):
+    with agent.client() as c:
+        response = c.transport.handle_request(Request("POST", "/v1/allocations", json.dumps({"id": "x", "devices": [
+            {"mig": {"gpu": "0", "profile": "1g.5gb", "start": 0}, "device": "1"}]}).encode(), {}))
+        assert response.status == 400 and json.loads(response.body)["code"] == "invalid_argument"
