@@ -108,9 +108,13 @@ def test_quickstart_gpu_test6_picks_even_a100s_by_index_and_time_slices_them(clu
         answers = cluster.kubelet.prepare(*claims)
         assert all(not error for _, error in answers.values()), answers
         for a in cluster.allocations():
-            assert a["sharing"] == {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}}
+            assert list(a["device_sharing"].values()) == [
+                {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}}]
+        # The GPUs' time-slice is Long (3) while the claims hold them, Default (0) after.
+        assert [g.timeslice for g in SimStore(cluster.root).read().gpus] == [3, 0, 3, 0, 3, 0, 3, 0]
     finally:
         cluster.forget(claims)
+    assert [g.timeslice for g in SimStore(cluster.root).read().gpus] == [0] * 8
 
 
 def test_a_claim_that_does_not_fit_gets_an_error_naming_what_and_leaves_nothing(cluster):
@@ -240,3 +244,18 @@ def test_the_services_answer_errors_not_crashes(cluster):
         grpc.insecure_channel(f"unix:{p.info.endpoint}").unary_unary(
             "/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/Nope")(b"", timeout=5)
     assert e.value.code() == grpc.StatusCode.UNIMPLEMENTED
+
+
+def test_a_driver_being_changed_empties_the_pool_and_every_device_turns_unhealthy(cluster):
+    import os
+    p = cluster.kubelet.plugin()
+    with cluster.agent.client() as c:
+        c.request("POST", "/v1/driver/maintenance", {"pid": os.getpid(), "operation": "driver install (test)"})
+        try:
+            entries = p.wait_health(lambda e: e and all(status == "UNHEALTHY" for _, _, status, *_ in e))
+            assert len(entries) == 8 and "maintenance" in entries[0][3]
+            wait(lambda: cluster.api.complete(DRIVER, NODE) and not cluster.devices(), what="an empty pool")
+        finally:
+            c.request("DELETE", "/v1/driver/maintenance")
+    wait(lambda: len(cluster.devices()) == 8, what="the GPUs published again")
+    p.wait_health(lambda e: len(e) == 8 and all(status == "HEALTHY" for _, _, status, *_ in e))

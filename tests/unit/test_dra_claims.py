@@ -2,7 +2,6 @@
 (GpuConfig, MigDeviceConfig) decoded strictly, the class's then the claim's, the later
 winning; every malformed or misplaced piece an error naming its field."""
 
-import json
 
 import pytest
 
@@ -35,7 +34,7 @@ def claim(results, configs=()):
 
 
 def sharing_of(results):
-    return [(r.request, r.device.name, json.loads(r.sharing)) for r in results]
+    return [(r.request, r.device.name, r.sharing) for r in results]
 
 
 def test_nvidias_demo_configs_decode_to_the_agents_sharing():

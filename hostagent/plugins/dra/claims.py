@@ -26,13 +26,12 @@ from dataclasses import dataclass
 from .devices import Published
 from .quantity import parse_quantity
 
-__all__ = ["ClaimError", "Result", "claim_results", "parse_config", "API_VERSION", "EXCLUSIVE"]
+__all__ = ["ClaimError", "Result", "claim_results", "parse_config", "API_VERSION"]
 
 API_VERSION = "resource.nvidia.com/v1beta1"
 KINDS = {"GpuConfig": ("gpu",), "MigDeviceConfig": ("mig", "partition")}
 STRATEGIES = ("Exclusive", "TimeSlicing", "MPS")
 INTERVALS = ("Default", "Short", "Medium", "Long")
-EXCLUSIVE = json.dumps({"strategy": "Exclusive"})
 
 
 class ClaimError(Exception):
@@ -43,7 +42,7 @@ class ClaimError(Exception):
 class Result:
     request: str                  # the claim's request (``<request>/<subrequest>`` for firstAvailable)
     device: Published
-    sharing: str                  # the agent's ``sharing`` as canonical JSON
+    sharing: dict                 # the agent's ``sharing`` for it
 
 
 def _fields(obj: dict, allowed: set[str], where: str) -> None:
@@ -175,5 +174,5 @@ def claim_results(claim: dict, driver: str, pool: str, devices: dict[str, Publis
                 continue
             sharing = candidate
             break
-        out.append(Result(r["request"], device, json.dumps(sharing, sort_keys=True)))
+        out.append(Result(r["request"], device, sharing))
     return out

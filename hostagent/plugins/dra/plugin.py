@@ -89,9 +89,11 @@ class DraPlugin:
         return self.profiles
 
     def _driver_down(self, node: dict) -> str | None:
+        """Why no device can be prepared now: a driver that does not verify, or is being
+        changed; None while it verifies (or is being verified: the pool stays as it was)."""
         driver = node.get("driver") or {}
-        if driver.get("state") in ("degraded",) and not driver.get("ready"):
-            return f"the GPU driver does not verify: {driver.get('reason') or 'see GET /v1/driver'}"
+        if driver.get("state") in ("degraded", "maintenance") and not driver.get("ready"):
+            return f"the GPU driver is {driver['state']}: {driver.get('reason') or 'see GET /v1/driver'}"
         return None
 
     def refresh(self) -> bool:

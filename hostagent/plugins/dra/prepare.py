@@ -14,11 +14,12 @@ Unpreparing releases the allocation; an unknown one (already released, never mad
 
 from __future__ import annotations
 
-import json
 import logging
 
 from ...errors import HostagentError
 from .claims import ClaimError, claim_results
+
+EXCLUSIVE = {"strategy": "Exclusive"}
 from .errors import KubeError
 from .service import Prepared, PreparedDevice
 
@@ -85,17 +86,15 @@ class Preparer:
         twice = sorted({n for n in names if names.count(n) > 1})
         if twice:
             raise ClaimError(f"device {twice[0]} is allocated twice in one claim")
-        sharings = sorted({r.sharing for r in results})
-        if len(sharings) > 1:
-            raise ClaimError(f"its devices are configured to be shared in different ways ({'; '.join(sharings)}): "
-                             "one claim's devices are shared one way")
-        sharing = json.loads(sharings[0])
+        # Each device shared as its configuration says (gpu-test5: one time-sliced, one MPS).
+        items = [r.device.allocate if r.sharing == EXCLUSIVE else {**r.device.allocate, "sharing": r.sharing}
+                 for r in results]
+        mps = any(r.sharing["strategy"] == "MPS" for r in results)
         # The node spec's names where they are all a container needs (they outlive the
         # allocation and cost no spec of its own); an MPS client's own spec gives it its daemon.
         alloc = self.link.client().allocate(
-            allocation_id(claim.uid), [r.device.allocate for r in results], sharing=sharing,
-            labels={"owner": OWNER, "claim": str(claim), "claim_uid": claim.uid},
-            cdi_names="allocation" if sharing["strategy"] == "MPS" else "node", edits=False)
+            allocation_id(claim.uid), items, labels={"owner": OWNER, "claim": str(claim), "claim_uid": claim.uid},
+            cdi_names="allocation" if mps else "node", edits=False)
         cdi = alloc["cdi_devices"]
         log.info("claim %s (%s) prepared: %s", claim, claim.uid, ", ".join(names))
         return Prepared(tuple(PreparedDevice((r.request,), self.pool_name, r.device.name, (cdi[i],))
