@@ -1,6 +1,6 @@
 """Benchmark of the DRA kubelet plugin against the agent on a simulated DGX A100.
 
-    python3 bench/dra.py [--claims 300] [--xids 20]
+    python3 bench/dra.py [--claims 300] [--mig-claims 8] [--xids 20]
 
 A one-node test cluster (tests/integration/dracluster.py: the test API server, the real
 agent, the test kubelet, ``hostagent dra-plugin`` in its own process and the test scheduler)
@@ -11,7 +11,11 @@ is driven as the kubelet drives a DRA plugin:
    allocated by the scheduler beforehand and unprepared after; beside it the kubelet's retry
    of a prepared claim (the agent answers idempotently), and the plugin's and the agent's CPU
    time per prepare.
-2. XID to ``NodeWatchResources``: the time from injecting XID 79 on a GPU (through the
+2. ``NodePrepareResources`` of a four-partition MIG claim (NVIDIA's gpu-test4 claim: 1g.5gb
+   twice, 2g.10gb and 3g.20gb of one GPU) with --dynamic-mig on a 1.35 API server, the four
+   MIG devices made at the placements the scheduler chose (goal: at most 2 s), and its
+   ``NodeUnprepareResources`` (the four destroyed), --mig-claims times.
+3. XID to ``NodeWatchResources``: the time from injecting XID 79 on a GPU (through the
    simulated NVML's event API, as the driver would raise it) to the kubelet's health stream
    carrying that GPU as UNHEALTHY, --xids times (goal: within 2 s).
 """
@@ -64,6 +68,36 @@ def prepare_latency(cluster, claims: int) -> None:
     print("  CPU ms per new claim: " + ", ".join(f"{n} {v / claims * 1e3:.2f}" for n, v in cpu.items()))
 
 
+def mig_latency(claims: int) -> None:
+    from tests.integration.dracluster import Cluster, quickstart
+    demo = quickstart()["gpu-test4"]
+    modes = {"version": "v1", "mig-configs": {"modes": [{"devices": "all", "mig-enabled": True, "mig-devices": {}}]}}
+    cluster = Cluster(version=(1, 35), plugin_args=["--dynamic-mig"])
+    prepare, unprepare = [], []
+    try:
+        cluster.start()
+        cluster.kubelet.plugin()
+        with cluster.agent.client(timeout=None) as c:
+            c.mig_apply("modes", spec=modes)
+        from tests.integration.dracluster import wait
+        wait(lambda: any("-mig-" in n for n in cluster.devices()), what="partitions published")
+        for _ in range(claims):
+            [claim] = cluster.allocate(cluster.claims(demo, 1))
+            start = time.perf_counter()
+            [(devices, error)] = cluster.kubelet.prepare(claim).values()
+            prepare.append(time.perf_counter() - start)
+            assert len(devices) == 4 and not error, error
+            start = time.perf_counter()
+            assert not any(cluster.kubelet.unprepare(claim).values())
+            unprepare.append(time.perf_counter() - start)
+            cluster.api.delete_claim(claim["metadata"]["namespace"], claim["metadata"]["name"])
+    finally:
+        cluster.close()
+    print("NodePrepareResources, four MIG partitions made (gpu-test4's claim, --dynamic-mig):")
+    print(f"  prepare          {percentiles(prepare)}")
+    print(f"  unprepare        {percentiles(unprepare)}")
+
+
 def xid_latency(cluster, xids: int) -> None:
     from hostagent.sim.control import inject_xid
     from hostagent.sim.store import SimStore
@@ -86,6 +120,7 @@ def xid_latency(cluster, xids: int) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--claims", type=int, default=300)
+    parser.add_argument("--mig-claims", type=int, default=8)
     parser.add_argument("--xids", type=int, default=20)
     args = parser.parse_args()
     from tests.integration.dracluster import Cluster
@@ -99,6 +134,7 @@ def main() -> int:
         xid_latency(cluster, args.xids)
     finally:
         cluster.close()
+    mig_latency(args.mig_claims)
     print("load average at end: %.2f %.2f %.2f" % os.getloadavg())
     return 0
 
