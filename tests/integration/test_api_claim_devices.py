@@ -143,3 +143,20 @@ def test_a_mig_device_item_may_not_name_a_device_too(agent):
         response = c.transport.handle_request(Request("POST", "/v1/allocations", json.dumps({"id": "x", "devices": [
             {"mig": {"gpu": "0", "profile": "1g.5gb", "start": 0}, "device": "1"}]}).encode(), {}))
         assert response.status == 400 and json.loads(response.body)["code"] == "invalid_argument"
+
+
+def test_a_made_device_still_in_use_keeps_its_allocation_until_it_is_free(agent):
+    from hostagent.sim.control import hold, release
+    with agent.client() as c:
+        [made] = c.allocate("claim-busy", [item(0, "2g.10gb", 0)])["made"]
+        holder = hold(SimStore(agent.root), c.device(made["uuid"])["name"])
+        try:
+            with pytest.raises(ConflictError) as e:
+                c.release("claim-busy")
+            assert e.value.code == "in_use"
+            assert [a["id"] for a in c.allocations()] == ["claim-busy"]
+            assert c.device(made["uuid"])["made_for"] == "claim-busy"
+        finally:
+            release(SimStore(agent.root), holder.pid)
+        c.release("claim-busy")
+        assert c.devices(type="mig")["mig_devices"] == []
