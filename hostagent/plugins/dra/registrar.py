@@ -12,14 +12,11 @@ from __future__ import annotations
 
 import logging
 import threading
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-
-import grpc
 
 from ..kubelet import pluginregistration_pb2 as api
 from ..kubelet import pluginregistration_pb2_grpc as api_grpc
-from ..server import socket_identity
+from .served import Served
 
 __all__ = ["Registrar", "PLUGIN_TYPE", "SERVICES"]
 
@@ -48,11 +45,11 @@ class _Servicer(api_grpc.RegistrationServicer):
         return api.RegistrationStatusResponse()
 
 
-class Registrar:
+class Registrar(Served):
     def __init__(self, registry_dir: Path, driver: str, endpoint: Path, on_registered=None):
         """``endpoint``: the DRA service's socket (absolute); ``on_registered()``: called on
         the gRPC thread each time the kubelet says it registered the plugin."""
-        self.socket = Path(registry_dir) / f"{driver}-reg.sock"
+        super().__init__(Path(registry_dir) / f"{driver}-reg.sock", 2, "dra-reg")
         self.driver = driver
         self.endpoint = Path(endpoint).absolute()
         self.on_registered = on_registered
@@ -60,40 +57,15 @@ class Registrar:
         self.asked = 0                   # GetInfo calls
         self.registered = False          # the kubelet's last word
         self.error: str | None = None    # why it did not register the plugin
-        self._server: grpc.Server | None = None
-        self._identity = None
+
+    def add_services(self, server) -> None:
+        api_grpc.add_RegistrationServicer_to_server(_Servicer(self), server)
 
     def start(self) -> None:
-        """Serve on the socket (its folder made if missing; a stale file replaced)."""
-        self.socket.parent.mkdir(parents=True, exist_ok=True)
-        self.socket.unlink(missing_ok=True)
-        server = grpc.server(ThreadPoolExecutor(max_workers=2, thread_name_prefix="dra-reg"))
-        api_grpc.add_RegistrationServicer_to_server(_Servicer(self), server)
-        if not server.add_insecure_port(f"unix:{self.socket}"):
-            raise OSError(f"cannot listen on {self.socket}")
-        server.start()
-        self._server = server
-        self._identity = socket_identity(self.socket)
+        super().start()
         with self.lock:
             self.registered, self.error = False, None
         log.info("registration socket %s: driver %s, endpoint %s", self.socket, self.driver, self.endpoint)
-
-    def stop(self, grace: float = 0.5) -> None:
-        if self._server is not None:
-            self._server.stop(grace).wait()
-            self._server = None
-        if self._identity is not None and socket_identity(self.socket) == self._identity:
-            self.socket.unlink(missing_ok=True)
-        self._identity = None
-
-    def restart(self) -> None:
-        self.stop(0)
-        self.start()
-
-    @property
-    def intact(self) -> bool:
-        """False when the socket file was removed or replaced: serve it again."""
-        return self._identity is not None and socket_identity(self.socket) == self._identity
 
     def notified(self, registered: bool, error: str) -> None:
         with self.lock:

@@ -12,9 +12,7 @@ once and again at every change or heartbeat.
 from __future__ import annotations
 
 import logging
-import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,7 +20,7 @@ import grpc
 
 from ..kubelet import dra_v1_pb2, dra_v1_pb2_grpc, dra_v1beta1_pb2, dra_v1beta1_pb2_grpc
 from ..kubelet import drahealth_v1_pb2, drahealth_v1_pb2_grpc, drahealth_v1alpha1_pb2, drahealth_v1alpha1_pb2_grpc
-from ..server import socket_identity
+from .served import Served
 
 __all__ = ["ClaimRef", "PreparedDevice", "Prepared", "DraServer", "SOCKET_NAME"]
 
@@ -144,46 +142,24 @@ class _HealthV1alpha1(_Health, drahealth_v1alpha1_pb2_grpc.DRAResourceHealthServ
         super().__init__(board, drahealth_v1alpha1_pb2)
 
 
-class DraServer:
+class DraServer(Served):
     """The services on ``<plugin dir>/dra.sock``."""
 
     def __init__(self, plugin_dir: Path, handler, board, workers: int = 8):
-        self.socket = Path(plugin_dir) / SOCKET_NAME
+        super().__init__(Path(plugin_dir) / SOCKET_NAME, workers, "dra")
         self.handler = handler
         self.board = board
-        self.workers = workers
-        self._server: grpc.Server | None = None
-        self._identity = None
-        self._lock = threading.Lock()
 
-    def start(self) -> None:
-        self.socket.parent.mkdir(parents=True, exist_ok=True)
-        self.socket.unlink(missing_ok=True)
-        server = grpc.server(ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="dra"))
+    def add_services(self, server) -> None:
         dra_v1_pb2_grpc.add_DRAPluginServicer_to_server(_DraPluginV1(self.handler), server)
         dra_v1beta1_pb2_grpc.add_DRAPluginServicer_to_server(_DraPluginV1beta1(self.handler), server)
         drahealth_v1_pb2_grpc.add_DRAResourceHealthServicer_to_server(_HealthV1(self.board), server)
         drahealth_v1alpha1_pb2_grpc.add_DRAResourceHealthServicer_to_server(_HealthV1alpha1(self.board), server)
-        if not server.add_insecure_port(f"unix:{self.socket}"):
-            raise OSError(f"cannot listen on {self.socket}")
-        server.start()
-        self._server = server
-        self._identity = socket_identity(self.socket)
+
+    def start(self) -> None:
+        super().start()
         log.info("serving the DRA plugin services on %s", self.socket)
 
     def stop(self, grace: float = 0.5) -> None:
         self.board.wake()
-        if self._server is not None:
-            self._server.stop(grace).wait()
-            self._server = None
-        if self._identity is not None and socket_identity(self.socket) == self._identity:
-            self.socket.unlink(missing_ok=True)
-        self._identity = None
-
-    def restart(self) -> None:
-        self.stop(0)
-        self.start()
-
-    @property
-    def intact(self) -> bool:
-        return self._identity is not None and socket_identity(self.socket) == self._identity
+        super().stop(grace)
