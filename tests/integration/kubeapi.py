@@ -9,7 +9,8 @@ HTTP on 127.0.0.1, for a real client (lightkube) to talk to.
   with 422 and kept in ``rejected``.
 - ResourceClaims: get (tests put them in ``claims``); Nodes: get; ``/version``.
 - ``partitionable=False``: the API server of a cluster whose DRAPartitionableDevices gate is
-  off drops ``sharedCounters`` and ``consumesCounters`` from what it stores, as a real one does.
+  off drops ``sharedCounters`` and ``consumesCounters`` from what it stores, as a real one does;
+  ``defaulting``: it adds a field to each device (as a server's defaults do).
 - ``stop()``/``start()`` on the same port: the API server away and back.
 """
 
@@ -213,6 +214,7 @@ class TestApiServer:
     def __init__(self, version: tuple[int, int] = (1, 34), partitionable: bool = True):
         self.version = version
         self.partitionable = partitionable
+        self.defaulting = False                # add a field a writer did not send (a server's default)
         self.slices: dict[str, dict] = {}
         self.claims: dict[tuple[str, str], dict] = {}
         self.nodes: dict[str, dict] = {}
@@ -330,6 +332,9 @@ class TestApiServer:
         return problems
 
     def _gated(self, obj: dict) -> dict:
+        if self.defaulting:
+            for d in obj["spec"].get("devices") or []:
+                d.setdefault("allowMultipleAllocations", False)
         if self.partitionable:
             return obj
         spec = obj["spec"]

@@ -97,3 +97,14 @@ def test_fields_the_server_drops_are_reported_and_not_written_again(server, api,
     assert "enable the DRAPartitionableDevices feature gate" in caplog.text
     writes = server.writes
     assert not p.sync(wanted).changed and server.writes == writes
+
+
+def test_fields_the_server_adds_are_no_change(server, api):
+    server.defaulting = True
+    wanted = [spec("gpu-0", "gpu-1")]
+    Publisher(api, DRIVER, NODE).sync(wanted)
+    writes = server.writes
+    assert all(d["allowMultipleAllocations"] is False for d in server.pool(DRIVER, NODE)[0]["spec"]["devices"])
+    assert not Publisher(api, DRIVER, NODE).sync(wanted).changed and server.writes == writes
+    # A device of the server's slice that differs in what the plugin sets is a change.
+    assert Publisher(api, DRIVER, NODE).sync([spec("gpu-0", "gpu-2")]).changed

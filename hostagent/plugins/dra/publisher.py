@@ -41,6 +41,18 @@ def _content(spec: dict) -> str:
     return json.dumps({**rest, "pool": pool}, sort_keys=True, separators=(",", ":"))
 
 
+def _covers(have, want) -> bool:
+    """Whether ``have`` (what the API server keeps) holds everything ``want`` says, fields the
+    server adds (defaults) aside."""
+    if isinstance(want, dict):
+        # An empty value and an absent one are the same (the server leaves empty ones out).
+        return isinstance(have, dict) and all(
+            v is None or (_covers(have[k], v) if k in have else v in ([], {})) for k, v in want.items())
+    if isinstance(want, list):
+        return isinstance(have, list) and len(have) == len(want) and all(map(_covers, have, want))
+    return have == want
+
+
 def _dropped(sent: dict, got: dict, path: str = "spec") -> list[str]:
     """Fields of ``sent`` that ``got`` lacks (what the API server dropped)."""
     out = []
@@ -87,9 +99,11 @@ class Publisher:
         return [{"apiVersion": "v1", "kind": "Node", "name": self.node, "uid": self.owner_uid, "controller": True}]
 
     def _matches(self, wanted: dict, existing: dict) -> bool:
-        have = _content(existing.get("spec") or {})
-        want = _content(wanted)
-        return have == want or self._echo.get(want) == have
+        spec = existing.get("spec") or {}
+        want = {k: v for k, v in wanted.items() if k != "pool"}
+        if _covers(spec, want) and (spec.get("pool") or {}).get("name") == wanted["pool"]["name"]:
+            return True
+        return self._echo.get(_content(wanted)) == _content(spec)
 
     def sync(self, specs: list[dict]) -> Outcome:
         """Make the pool's slices ``specs`` (generation and count filled in). Raises KubeError."""
