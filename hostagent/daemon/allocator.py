@@ -32,6 +32,7 @@ class Allocator:
         self._files = None      # (node spec, Discovery, common edits): _driver_files()
         self._node_edits: dict = {}   # (devices, hook home) -> plain edits, for the node spec in force
         self.undone_at_start = False  # restore destroyed MIG devices of an interrupted allocation
+        self.timeslices = timeslices.TimeSlices(agent.host)
 
     def _same_request(self, existing: dict, request: dict) -> bool:
         """The same request, devices named by index, UUID, MIG or CDI name alike: a plugin
@@ -168,7 +169,7 @@ class Allocator:
     def _timeslices(self, allocations) -> None:
         """Worker: the GPUs' time-slices as the allocations ask (timeslices.py)."""
         gpus = {g.uuid for g in self.agent.inventory.gpus} if self.agent.inventory else set()
-        timeslices.apply(self.host, timeslices.wanted(allocations, gpus), gpus)
+        self.timeslices.apply(timeslices.wanted(allocations, gpus), gpus)
 
     def _commit_new(self, alloc, records, others, replaced) -> alloc_rules.Allocation:
         """Worker: spec first, the GPUs' time-slices, then the checkpoint (the commit point;

@@ -16,7 +16,7 @@ import logging
 
 from ..fileio import ensure_dir, write_atomic
 
-__all__ = ["wanted", "apply", "state_path"]
+__all__ = ["wanted", "TimeSlices", "state_path"]
 
 log = logging.getLogger("hostagent.daemon")
 
@@ -43,40 +43,49 @@ def wanted(allocations, gpus: set[str]) -> dict[str, str]:
     return {u: interval for u, (_, interval) in out.items()}
 
 
-def _load(host) -> dict[str, str]:
-    try:
-        return dict(json.loads(state_path(host).read_text()))
-    except FileNotFoundError:
-        return {}
-    except (OSError, ValueError, TypeError):
-        return {}
+class TimeSlices:
+    """The intervals this module set, as its state file records them (read once)."""
 
+    def __init__(self, host):
+        self.host = host
+        self._applied: dict[str, str] | None = None
 
-def apply(host, want: dict[str, str], present: set[str]) -> list[tuple[str, str]]:
-    """Worker: set the intervals that differ from the ones set last, restore ``Default`` on
-    GPUs no allocation time-slices any more (those still there: ``present``); the changes
-    made. A failure raises with what was set so far kept in the state file."""
-    from ..sharing.executor import set_interval
-    applied = _load(host)
-    before = dict(applied)
-    changes = []
-    try:
-        for uuid in sorted(set(applied) | set(want)):
-            target = want.get(uuid, DEFAULT)
-            if applied.get(uuid, DEFAULT) == target or (uuid not in want and uuid not in present):
-                if uuid not in want:
+    def _load(self) -> dict[str, str]:
+        if self._applied is None:
+            try:
+                self._applied = {str(k): str(v) for k, v in json.loads(state_path(self.host).read_text()).items()}
+            except (OSError, ValueError, TypeError, AttributeError):
+                self._applied = {}
+        return self._applied
+
+    def apply(self, want: dict[str, str], present: set[str]) -> list[tuple[str, str]]:
+        """Worker: set the intervals that differ from the ones set last, restore ``Default``
+        on GPUs no allocation time-slices any more (those still there: ``present``); the
+        changes made. Nothing is read or run when nothing differs (every allocation asks)."""
+        applied = self._load()
+        want = {u: i for u, i in want.items() if i != DEFAULT}       # Default is what a GPU has unset
+        if applied == want:
+            return []
+        from ..sharing.executor import set_interval
+        before = dict(applied)
+        changes = []
+        try:
+            for uuid in sorted(set(applied) | set(want)):
+                target = want.get(uuid, DEFAULT)
+                if applied.get(uuid, DEFAULT) == target or (uuid not in want and uuid not in present):
+                    if uuid not in want:
+                        applied.pop(uuid, None)
+                    continue
+                set_interval(self.host, uuid, target)
+                changes.append((uuid, target))
+                if target == DEFAULT:
                     applied.pop(uuid, None)
-                continue
-            set_interval(host, uuid, target)
-            changes.append((uuid, target))
-            if target == DEFAULT:
-                applied.pop(uuid, None)
-            else:
-                applied[uuid] = target
-    finally:
-        if applied != before:
-            ensure_dir(state_path(host).parent, 0o755)
-            write_atomic(state_path(host), json.dumps(applied, sort_keys=True) + "\n", mode=0o644)
-    for uuid, interval in changes:
-        log.info("GPU %s time-slice %s", uuid, interval, extra={"fields": {"device": uuid}})
-    return changes
+                else:
+                    applied[uuid] = target
+        finally:
+            if applied != before:
+                ensure_dir(state_path(self.host).parent, 0o755)
+                write_atomic(state_path(self.host), json.dumps(applied, sort_keys=True) + "\n", mode=0o644)
+        for uuid, interval in changes:
+            log.info("GPU %s time-slice %s", uuid, interval, extra={"fields": {"device": uuid}})
+        return changes
