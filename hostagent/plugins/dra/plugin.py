@@ -101,14 +101,15 @@ class DraPlugin:
         devices to publish changed."""
         view = self.link.view
         before = self.pool
-        node = getattr(view, "node", None) or {}
+        node = view.node
         if view.connected and not self._driver_down(node):
             # MIG devices made for this plugin's claims stand as the partitions they were made from.
             made = {u: (d["parent_uuid"], d["profile"], d["placement"]["start"]) for u, d in view.devices.items()
                     if d["kind"] == "mig" and owned(d.get("made_for") or "")}
             pool = build_pool(view.devices, self._profiles(view.devices), node, self.options.dynamic_mig, made)
-            for problem in pool.problems:
-                log.warning("%s", problem)
+            if pool.problems != (before.problems if before else ()):
+                for problem in pool.problems:
+                    log.warning("%s", problem)
             self.pool = pool
         elif view.connected:
             self.pool = Pool()
@@ -194,9 +195,9 @@ class DraPlugin:
             self.notifier.ready(self.status())
         try:
             while not self._stop.is_set():
-                self._view_changed.wait(self.options.poll)
+                changed = self._view_changed.wait(self.options.poll)
                 self._view_changed.clear()
-                if self.refresh():
+                if changed and self.refresh():
                     self.kick()
                 self._sockets()
                 self._report()
