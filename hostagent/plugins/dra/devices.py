@@ -8,11 +8,13 @@ DeviceClasses and the CEL selectors written for it select them unchanged.
   ``-c<its start>``), ``type: mig``.
 - With dynamic MIG, a GPU in MIG mode also offers every GPU-instance profile at every
   placement its free memory slices allow (KEP 4815): each such partition consumes the GPU's
-  counters (``memory-slice-<i>`` for each memory slice it covers, and its compute slices of
-  ``compute-slices``), so the scheduler can never hand out two that overlap. MIG devices
-  made otherwise (``mig apply``) are published as themselves and the partitions that overlap
-  them are not offered; a device made for a claim is published as the partition it was made
-  from, so preparing a claim changes nothing in the pool.
+  counters (``memory-slice-<i>`` for each memory slice it covers, its ``compute-slices``,
+  and its multiprocessors, engines and memory, as NVIDIA's driver counts them), so the
+  scheduler never hands out two that overlap, or more than the GPU can hold together. MIG
+  devices made otherwise (``mig apply``) are published as themselves, the partitions that
+  overlap them are not offered, and the counters are what they leave; a device made for a
+  claim is published as the partition it was made from (with its health), so preparing a
+  claim changes nothing in the pool.
 
 Each ``Published`` device carries how the agent allocates it: an existing device by UUID,
 a partition as the MIG device to create at its placement.
@@ -20,6 +22,7 @@ a partition as the MIG device to create at its placement.
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass, field
 
@@ -70,6 +73,7 @@ class Pool:
     counter_sets: tuple[CounterSet, ...] = ()
     problems: tuple[str, ...] = field(default=())
 
+    @functools.cached_property
     def by_name(self) -> dict[str, Published]:
         return {d.name: d for d in self.devices}
 

@@ -79,7 +79,7 @@ class Preparer:
         pool = self.pool()
         if pool is None:
             raise ClaimError("the node's devices are not known yet (is the hostagent daemon running?)")
-        results = claim_results(obj, self.driver, self.pool_name, pool.by_name())
+        results = claim_results(obj, self.driver, self.pool_name, pool.by_name)
         if not results:
             return Prepared()
         names = [r.device.name for r in results]
