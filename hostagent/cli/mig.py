@@ -273,7 +273,7 @@ def run_status(args) -> int:
         for g in d["gpus"]:
             mig = g["mig"]
             if mig is None:
-                rows.append([g["index"], g["name"], "n/a", "-", "-"])
+                rows.append([g["index"], g["product"], "n/a", "-", "-"])
                 continue
             mode = mig["mode"]["current"]
             if mig["mode"]["pending"] != mode:
@@ -281,7 +281,7 @@ def run_status(args) -> int:
             devices = ", ".join(f"{n}x {p}" for p, n in sorted(mig["devices"].items())) or "-"
             placements = ", ".join(f"{gi['profile']}@{gi['placement']['start']}:{gi['placement']['size']}"
                                    for gi in mig["gpu_instances"]) or "-"
-            rows.append([g["index"], g["name"], mode, devices, placements])
+            rows.append([g["index"], g["product"], mode, devices, placements])
         print(table(["GPU", "PRODUCT", "MIG", "DEVICES", "GPU INSTANCES"], rows))
         if d["apply_in_progress"]:
             a = d["apply_in_progress"]

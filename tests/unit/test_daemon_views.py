@@ -5,7 +5,8 @@ from dataclasses import replace
 
 from hostagent.daemon.allocations import Allocation
 from hostagent.daemon.health import Health, unmonitored
-from hostagent.daemon.views import BaseViews, allocation_json, allocation_view, device_views
+from hostagent.daemon.views import BaseViews, allocation_json, device_views
+from hostagent.model import allocation as allocation_view
 from hostagent.devices import Inventory
 from hostagent.hostroot import HostRoot
 from hostagent.sim.driverroot import create_node
