@@ -21,13 +21,19 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["HostRoot", "SIMULATE_ENV", "HOST_ROOT_ENV", "DRIVER_ROOT_ENV", "CONFIG_ENV", "resolve_within"]
+__all__ = ["HostRoot", "SIMULATE_ENV", "HOST_ROOT_ENV", "DRIVER_ROOT_ENV", "CONFIG_ENV", "LIBRARY_DIRS",
+           "resolve_within"]
 
 SIMULATE_ENV = "HOSTAGENT_SIMULATE"
 HOST_ROOT_ENV = "HOSTAGENT_HOST_ROOT"
 DRIVER_ROOT_ENV = "HOSTAGENT_DRIVER_ROOT"
 CONFIG_ENV = "HOSTAGENT_CONFIG"
 _MAX_LINKS = 40          # as the kernel's ELOOP limit
+# Where a driver root keeps the driver's libraries (Debian's multiarch, EL's lib64, the
+# driver packages' nvidia/current), relative to it.
+LIBRARY_DIRS = ("usr/lib64", "usr/lib/x86_64-linux-gnu", "usr/lib/aarch64-linux-gnu",
+                "usr/lib/x86_64-linux-gnu/nvidia/current", "usr/lib/aarch64-linux-gnu/nvidia/current",
+                "lib64", "lib/x86_64-linux-gnu", "lib/aarch64-linux-gnu")
 
 
 def resolve_within(root: Path, path: str | os.PathLike) -> Path:
