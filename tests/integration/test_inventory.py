@@ -9,9 +9,9 @@ import pytest
 
 from hostagent.devices import nvml_session, read_inventory
 from hostagent.errors import DriverNotLoaded, NvmlLibraryMissing, NotFoundError
-from hostagent.hostroot import HostRoot
 from hostagent.sim import catalog, control
 from hostagent.sim.node import MIG_ENABLE
+from hostagent.sim.platform import simulated_host
 
 PROFILES = catalog.profile_names()
 
@@ -63,7 +63,7 @@ def test_profile_tables_read_the_same_through_v1_and_versioned_structs(make_node
 
 def test_profile_ids_are_per_gpu_not_hard_coded(make_node):
     _, a30 = make_node("a30x4")
-    host_a30 = HostRoot.simulation(a30.root)
+    host_a30 = simulated_host(a30.root)
     host_a100, _ = make_node("dgx-a100")
     a30_profile = read_inventory(host_a30).gpus[0].mig.profile("1g.6gb")
     a100_profile = read_inventory(host_a100).gpus[0].mig.profile("2g.10gb")
@@ -263,7 +263,7 @@ def test_driver_not_loaded_is_a_clear_error(make_node):
 
 def test_not_a_simulated_node(tmp_path):
     with pytest.raises(NotFoundError, match="not a simulated node"):
-        read_inventory(HostRoot.simulation(tmp_path))
+        read_inventory(simulated_host(tmp_path))
 
 
 def test_missing_nvml_library_is_a_clear_error():

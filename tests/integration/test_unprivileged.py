@@ -26,11 +26,11 @@ import pytest
 
 from hostagent.cli.main import main as cli_main
 from hostagent.devices import read_inventory
-from hostagent.hostroot import HostRoot
 from hostagent.sim import control, fakenvml
 from hostagent.sim.driverroot import create_node
 from hostagent.sim.files import create_cap_nodes
 from hostagent.sim.node import MIG_ENABLE
+from hostagent.sim.platform import simulated_host
 from hostagent.sim.tools import nvidia_smi
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to start processes as another user")
@@ -239,7 +239,7 @@ def test_labels_and_cdi_spec_are_whole_without_privilege(node):
 
 
 def test_health_watch_without_privilege_sees_only_whole_gpu_events_and_says_so(node):
-    mig_dev = read_inventory(HostRoot.simulation(node.root)).gpus[0].mig.devices[1]
+    mig_dev = read_inventory(simulated_host(node.root)).gpus[0].mig.devices[1]
     with monitor_mode(node, 0o400):
         out, err = tempfile.NamedTemporaryFile(), tempfile.NamedTemporaryFile()
         pid = os.fork()

@@ -1,4 +1,5 @@
-"""The package's layering, read from its source (nothing imported): no import circle."""
+"""The package's layering, read from its source (nothing imported): no import circle, and the
+simulator reached only by itself and the two composition roots."""
 
 import ast
 from pathlib import Path
@@ -6,6 +7,9 @@ from pathlib import Path
 import hostagent
 
 PACKAGE = Path(hostagent.__file__).parent
+# Where --simulate is wired in; everything else speaks to the simulator through
+# hostagent.platform.
+COMPOSITION_ROOTS = {"hostagent.cli.main", "hostagent.daemon.main"}
 
 
 def _name(path: Path) -> str:
@@ -80,10 +84,20 @@ def _circles() -> list[list[str]]:
 
 def test_the_graph_sees_imports_at_the_top_inside_functions_and_relative_ones():
     assert "hostagent.hostroot" in GRAPH["hostagent.devices.reader"]             # from ..hostroot import
-    assert "hostagent.client" in GRAPH["hostagent.cli.common"]                   # inside a function
+    assert "hostagent.sim.platform" in GRAPH["hostagent.cli.main"]               # inside a function
     assert "hostagent.runtime.crio" in GRAPH["hostagent.runtime.configure"]      # from . import crio
     assert "hostagent.devices" in GRAPH["hostagent.daemon.views"]                # a package
 
 
 def test_no_import_circles():
     assert _circles() == [], "modules that import each other (split them so data flows one way)"
+
+
+def _simulator(module: str) -> bool:
+    return module == "hostagent.sim" or module.startswith("hostagent.sim.")
+
+
+def test_only_the_composition_roots_reach_the_simulator():
+    reaching = sorted(m for m, targets in GRAPH.items()
+                      if not _simulator(m) and m not in COMPOSITION_ROOTS and any(map(_simulator, targets)))
+    assert reaching == [], "production code imports the simulator: plug it in through hostagent.platform"
