@@ -36,7 +36,7 @@ def print_applied(out: dict) -> None:
     for w in plan["warnings"]:
         say(f"warning: {w}")
     for g in plan["gpus"]:
-        print(f"GPU {g['index']} ({g['name']}): {g['summary']}")
+        print(f"GPU {g['index']} ({g['product']}): {g['summary']}")
     if out["terminated"]:
         print(f"terminated (--force): {', '.join(out['terminated'])}")
     nodes = out["capability_nodes"]
