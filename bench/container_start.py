@@ -40,7 +40,7 @@ def main() -> int:
     from hostagent.cdi.refresh import generate
     from hostagent.cdi.render import render
     from hostagent.cdi.spec import SpecOptions
-    from hostagent.hostroot import HostRoot
+    from hostagent.sim.platform import simulated_host
     from hostagent.sim.driverroot import create_node
 
     work = Path(tempfile.mkdtemp(prefix="hostagent-bench-"))
@@ -48,7 +48,7 @@ def main() -> int:
     tag = f"localhost/hostagent-bench:{vendor[:14]}"
     try:
         create_node(work / "node", "dgx-a100")
-        spec = render(generate(HostRoot.simulation(work / "node"), SpecOptions(vendor=vendor)).spec)
+        spec = render(generate(simulated_host(work / "node"), SpecOptions(vendor=vendor)).spec)
         with host_cdi_spec(f"{vendor}-gpu.json", spec):
             samples = _measure(work, tag, args.runs, vendor)
     finally:

@@ -32,8 +32,8 @@ def timed(cmd: list[str]) -> float:
 def in_process(root: str, runs: int) -> tuple[float, float]:
     from hostagent.driver.checks import judge
     from hostagent.driver.probe import probe
-    from hostagent.hostroot import HostRoot
-    host = HostRoot.simulation(root)
+    from hostagent.sim.platform import simulated_host
+    host = simulated_host(root)
     facts = probe(host)
     read, judged = [], []
     for _ in range(runs):

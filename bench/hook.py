@@ -75,13 +75,13 @@ def build_root_from_node(base: str, profile: str) -> tuple[str, bytes, list[str]
     and that spec's link and folder arguments (the library edits the generator discovers;
     read without device nodes, so this works unprivileged too)."""
     from hostagent.cdi.discover import Discovery
-    from hostagent.hostroot import HostRoot
+    from hostagent.sim.platform import simulated_host
     from hostagent.sim import catalog
     from hostagent.sim.driverroot import create_node
     root, state = _bundle(base)
     node = os.path.join(base, "node")
     create_node(node, profile, real_nodes=False)
-    edits = Discovery(HostRoot.simulation(node), catalog.load_profile(profile).driver_version).libraries()
+    edits = Discovery(simulated_host(node), catalog.load_profile(profile).driver_version).libraries()
     for m in edits.mounts:
         dest = os.path.join(root, m.container_path.lstrip("/"))
         os.makedirs(os.path.dirname(dest), exist_ok=True)
@@ -96,12 +96,12 @@ def spec_hook_command() -> tuple[list[str], str]:
     from hostagent.cdi.spec import hook_command
     if os.geteuid() == 0:
         from hostagent.cdi.refresh import generate
-        from hostagent.hostroot import HostRoot
+        from hostagent.sim.platform import simulated_host
         from hostagent.sim.driverroot import create_node
         base = tempfile.mkdtemp(prefix="hostagent-hook-bench-node-")
         try:
             create_node(base, "t4x2")
-            [hook] = generate(HostRoot.simulation(base)).spec["containerEdits"]["hooks"]
+            [hook] = generate(simulated_host(base)).spec["containerEdits"]["hooks"]
         finally:
             shutil.rmtree(base, ignore_errors=True)
         verb = hook["args"].index("prepare")

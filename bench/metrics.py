@@ -51,7 +51,7 @@ def main() -> int:
 
     from hostagent.devices import read_inventory
     from hostagent.health import HealthMonitor, HealthOptions
-    from hostagent.hostroot import HostRoot
+    from hostagent.sim.platform import simulated_host
     from hostagent.metrics import AgentMetrics, MetricsOptions, MetricsService, allocation_labels
     from hostagent.sim.driverroot import create_node
     from hostagent.sim.node import MIG_ENABLE
@@ -66,7 +66,7 @@ def main() -> int:
                 for _ in range(7):
                     gi = s.create_gi(store.facts, g, 19)
                     s.create_ci(store.facts, g, gi.id, 0)
-        host = HostRoot.simulation(root)
+        host = simulated_host(root)
         inv = read_inventory(host)
         assert len(inv.gpus) == 8 and len(inv.mig_devices) == 56
         owners = {d.uuid: [f"claim-{i}"] for i, d in enumerate(inv.mig_devices[::4])}

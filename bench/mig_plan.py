@@ -73,7 +73,7 @@ def main() -> int:
     args = ap.parse_args()
 
     from hostagent.devices import read_inventory
-    from hostagent.hostroot import HostRoot
+    from hostagent.sim.platform import simulated_host
     from hostagent.mig import service
     from hostagent.mig.planner import plan
     from hostagent.mig.spec import parse_spec
@@ -82,7 +82,7 @@ def main() -> int:
     root = tempfile.mkdtemp(prefix="hostagent-bench-mig-")
     try:
         create_node(root, "dgx-a100")
-        host = HostRoot.simulation(root)
+        host = simulated_host(root)
         spec = parse_spec(CONFIG, "bench")
         service.apply(host, spec, "start")
         inventory = read_inventory(host)

@@ -94,13 +94,13 @@ def main() -> int:
     args = ap.parse_args()
 
     from hostagent.devices import read_inventory
-    from hostagent.hostroot import HostRoot
+    from hostagent.sim.platform import simulated_host
     from hostagent.sim.driverroot import create_node
 
     root = tempfile.mkdtemp(prefix="hostagent-bench-mig-worst-")
     try:
         create_node(root, "dgx-a100")
-        inventory = read_inventory(HostRoot.simulation(root))
+        inventory = read_inventory(simulated_host(root))
         results = {name: time_plan(inventory, spec_for(devices), args.runs) for name, devices in CASES.items()}
         # The same cases again, so a slow first pass (cold caches) does not decide a ratio.
         results = {name: min(results[name], time_plan(inventory, spec_for(CASES[name]), args.runs))

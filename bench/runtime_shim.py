@@ -110,14 +110,14 @@ def write_specs(node_root: Path, spec_dir: Path) -> tuple[str, str]:
     from hostagent.cdi.refresh import generate
     from hostagent.cdi.render import render
     from hostagent.cdi.spec import SpecOptions
-    from hostagent.hostroot import HostRoot
+    from hostagent.sim.platform import simulated_host
     from hostagent.sim.driverroot import create_node
     create_node(node_root, "dgx-a100")
     spec_dir.mkdir()
     kinds = []
     for suffix, strip in (("", False), ("-nohooks", True)):
         vendor = f"bench{suffix}.hostagent.test"
-        spec = generate(HostRoot.simulation(node_root), SpecOptions(vendor=vendor)).spec
+        spec = generate(simulated_host(node_root), SpecOptions(vendor=vendor)).spec
         if strip:
             for edits in [spec["containerEdits"]] + [d["containerEdits"] for d in spec["devices"]]:
                 edits.pop("hooks", None)

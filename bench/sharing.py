@@ -57,13 +57,13 @@ def main() -> int:
     args = ap.parse_args()
 
     from hostagent.client import Client
-    from hostagent.hostroot import HostRoot
+    from hostagent.sim.platform import simulated_host
     from hostagent.sim.driverroot import create_node
 
     tmp = Path(tempfile.mkdtemp(prefix="ha-bench-"))
     root = tmp / "node"
     create_node(root, "dgx-a100")
-    host = HostRoot.simulation(root)
+    host = simulated_host(root)
     cfg = tmp / "sharing.yaml"
     cfg.write_text(json.dumps(CONFIG))
     daemon = None

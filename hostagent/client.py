@@ -6,8 +6,9 @@
           └── HandlerTransport      a function answers: tests without a socket
 
 Error responses become the matching ``HostagentError`` subclass carrying the server's
-stable ``code``; a socket nobody listens on becomes ``DaemonNotRunning``. Standard library
-only, so the CLI can use it without slowing its start.
+stable ``code``; a socket nobody listens on becomes ``DaemonNotRunning``. Answers are the
+device model's documents (``hostagent.model``, the components of ``api/openapi.json``), as
+plain dicts. Standard library only, so the CLI can use it without slowing its start.
 """
 
 from __future__ import annotations
@@ -297,12 +298,16 @@ class Client:
     # ---- the API ------------------------------------------------------------------
 
     def node(self) -> dict:
+        """``Node``."""
         return self.get("/v1/node")
 
     def devices(self, type: str | None = None, profiles: bool = False) -> dict:
+        """``DeviceList``: ``gpus`` (``Gpu``) and ``mig_devices`` (``MigDevice``); with
+        ``profiles``, each GPU's MIG profiles in ``mig.profiles``."""
         return self.get("/v1/devices", type=type, profiles="true" if profiles else None)
 
     def device(self, ident: str) -> dict:
+        """A ``Gpu`` or ``MigDevice`` by index, UUID, MIG name (``0:1``) or CDI name."""
         return self.get("/v1/devices/" + quote(str(ident), safe=""))
 
     def allocations(self) -> list[dict]:

@@ -4,7 +4,8 @@ In production the root is ``/``. Elsewhere it is a directory that holds a whole 
 (dev, proc, sys, etc, run, var, driver files), in one of two ways:
 
 - a simulated node (``--simulate DIR``): its files are on this machine, and paths written
-  for engines (CDI specs, configs) are this machine's, root included;
+  for engines (CDI specs, configs) are this machine's, root included; its ``platform`` is
+  the simulator's (``hostagent.platform``: its NVML, its tools, no engines to restart);
 - a host's ``/`` mounted in a container (``--host-root DIR``, a DaemonSet's ``/host``):
   paths written for the host's engines are the host's, the root removed (``on_host``).
 
@@ -18,16 +19,24 @@ from __future__ import annotations
 
 import errno
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["HostRoot", "SIMULATE_ENV", "HOST_ROOT_ENV", "DRIVER_ROOT_ENV", "CONFIG_ENV", "resolve_within"]
+from .platform import HOST, Platform
+
+__all__ = ["HostRoot", "SIMULATE_ENV", "HOST_ROOT_ENV", "DRIVER_ROOT_ENV", "CONFIG_ENV", "LIBRARY_DIRS",
+           "resolve_within"]
 
 SIMULATE_ENV = "HOSTAGENT_SIMULATE"
 HOST_ROOT_ENV = "HOSTAGENT_HOST_ROOT"
 DRIVER_ROOT_ENV = "HOSTAGENT_DRIVER_ROOT"
 CONFIG_ENV = "HOSTAGENT_CONFIG"
 _MAX_LINKS = 40          # as the kernel's ELOOP limit
+# Where a driver root keeps the driver's libraries (Debian's multiarch, EL's lib64, the
+# driver packages' nvidia/current), relative to it.
+LIBRARY_DIRS = ("usr/lib64", "usr/lib/x86_64-linux-gnu", "usr/lib/aarch64-linux-gnu",
+                "usr/lib/x86_64-linux-gnu/nvidia/current", "usr/lib/aarch64-linux-gnu/nvidia/current",
+                "lib64", "lib/x86_64-linux-gnu", "lib/aarch64-linux-gnu")
 
 
 def resolve_within(root: Path, path: str | os.PathLike) -> Path:
@@ -63,7 +72,8 @@ class HostRoot:
     root: Path = Path("/")
     driver_root: Path | None = None   # where driver libraries and binaries live; default: root
     dev_root: Path | None = None      # where /dev lives; default: root
-    simulated: bool = False
+    # What differs on a simulated node (hostagent.platform); HOST on a real one.
+    platform: Platform = field(default=HOST, repr=False)
     mounted: bool = False             # root is a host's / mounted here: see on_host
     # The agent's configuration file on this machine when it is not the host's
     # /etc/hostagent/config.yaml: a DaemonSet's ConfigMap (HOSTAGENT_CONFIG).
@@ -75,46 +85,59 @@ class HostRoot:
             if value is not None and not isinstance(value, Path):
                 object.__setattr__(self, name, Path(value))
 
+    @property
+    def simulated(self) -> bool:
+        return self.platform.simulated
+
     @classmethod
-    def simulation(cls, directory: str | os.PathLike) -> "HostRoot":
-        return cls(root=Path(directory).absolute(), simulated=True)
+    def simulation(cls, directory: str | os.PathLike, platform: Platform) -> "HostRoot":
+        """The simulated node at ``directory``, run by ``platform`` (the simulator's)."""
+        return cls(root=Path(directory).absolute(), platform=platform)
 
     @classmethod
     def mounted_at(cls, directory: str | os.PathLike, driver_root: str | None = None, *,
-                   simulated: bool = False) -> "HostRoot":
+                   platform: Platform = HOST) -> "HostRoot":
         """The host whose ``/`` is mounted at ``directory``; ``driver_root`` is a path on
         that host (``/run/nvidia/driver``)."""
         root = Path(directory).absolute()
         driver = resolve_within(root, driver_root) if driver_root and driver_root.strip("/") else None
-        return cls(root=root, driver_root=driver, simulated=simulated, mounted=True)
+        return cls(root=root, driver_root=driver, platform=platform, mounted=True)
 
     @classmethod
     def from_env(cls, simulate: str | None = None, host_root: str | None = None,
-                 driver_root: str | None = None) -> "HostRoot":
+                 driver_root: str | None = None, *, simulator=None) -> "HostRoot":
         """The host the options (else HOSTAGENT_SIMULATE, HOSTAGENT_HOST_ROOT,
         HOSTAGENT_DRIVER_ROOT) name, with the configuration file HOSTAGENT_CONFIG names.
         ``--simulate DIR --host-root DIR`` is a simulated node seen as a mounted host (its
-        tree at DIR in a container)."""
+        tree at DIR in a container). ``simulator``: a function that returns the simulator's
+        platform, called only for a simulated node (the composition roots pass it)."""
         import dataclasses
-        host = cls._from_options(simulate, host_root, driver_root)
+        host = cls._from_options(simulate, host_root, driver_root, simulator)
         config = os.environ.get(CONFIG_ENV)
         return dataclasses.replace(host, config=Path(config).absolute()) if config else host
 
     @classmethod
-    def _from_options(cls, simulate: str | None, host_root: str | None, driver_root: str | None) -> "HostRoot":
+    def _from_options(cls, simulate: str | None, host_root: str | None, driver_root: str | None,
+                      simulator) -> "HostRoot":
         from .errors import UsageError
         simulate = simulate or os.environ.get(SIMULATE_ENV) or None
         host_root = host_root or os.environ.get(HOST_ROOT_ENV) or None
         driver_root = driver_root or os.environ.get(DRIVER_ROOT_ENV) or None
+        platform = HOST
+        if simulate:
+            if simulator is None:
+                raise UsageError(f"this program cannot run a simulated node (--simulate {simulate}, or "
+                                 f"{SIMULATE_ENV})", hint="use hostagent or hostagentd with --simulate")
+            platform = simulator()
         if host_root:
             if simulate and Path(simulate).absolute() != Path(host_root).absolute():
                 raise UsageError(f"--simulate {simulate} and --host-root {host_root} name different roots",
                                  hint="a simulated node seen as a mounted host is given as the same "
                                       "directory to both")
-            return cls.mounted_at(host_root, driver_root, simulated=bool(simulate))
-        host = cls.simulation(simulate) if simulate else cls()
+            return cls.mounted_at(host_root, driver_root, platform=platform)
+        host = cls.simulation(simulate, platform) if simulate else cls()
         if driver_root:          # on this machine (a simulated node's driver files elsewhere)
-            return cls(root=host.root, driver_root=Path(driver_root).absolute(), simulated=host.simulated)
+            return cls(root=host.root, driver_root=Path(driver_root).absolute(), platform=platform)
         return host
 
     # ---- host paths -> paths on this machine ------------------------------------------

@@ -7,6 +7,7 @@ import pytest
 
 from hostagent.hostroot import HostRoot
 from hostagent.sim.driverroot import create_node
+from hostagent.sim.platform import simulated_host
 
 from . import host_state
 
@@ -20,7 +21,7 @@ def make_node(tmp_path_factory):
     def make(profile: str = "dgx-a100", **options):
         root = tmp_path_factory.mktemp(profile)
         store = create_node(root, profile, **options)
-        return HostRoot.simulation(root), store
+        return simulated_host(root), store
     return make
 
 

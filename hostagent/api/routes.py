@@ -214,7 +214,8 @@ class App:
         def render(s):
             gpus = [] if kind == "mig" else [_with_profiles(d, s) if profiles else d for d in s.gpus]
             migs = [] if kind == "gpu" else s.mig_devices
-            return {"revision": s.revision, "gpus": gpus, "mig_devices": migs, "unreadable": s.unreadable}
+            return {"revision": s.revision, "gpus": gpus, "mig_devices": migs, "unreadable": s.unreadable,
+                    "unread": s.unread}
         return self._snapshot_response(request, ("devices", kind, profiles), render)
 
     def get_device(self, request: Request) -> Response:
@@ -242,19 +243,19 @@ class App:
         return _stream(producer, producer.farewell, heartbeat)
 
     def list_allocations(self, request: Request) -> Response:
-        from ..daemon.views import allocation_view
+        from ..model import allocation
         return self._snapshot_response(request, "allocations", lambda s: {
             "revision": s.revision,
-            "allocations": [_with_missing(allocation_view(a), s) for a in s.allocations.values()]})
+            "allocations": [_with_missing(allocation(a), s) for a in s.allocations.values()]})
 
     def get_allocation(self, request: Request) -> Response:
-        from ..daemon.views import allocation_view
+        from ..model import allocation
         alloc_id = request.params["id"]
         alloc = self.agent.snapshot.allocations.get(alloc_id)
         if alloc is None:
             raise NotFoundError(f"no allocation {alloc_id!r}")
         return self._snapshot_response(request, ("allocation", alloc_id),
-                                       lambda s: _with_missing(allocation_view(alloc), s))
+                                       lambda s: _with_missing(allocation(alloc), s))
 
     def create_allocation(self, request: Request):
         body = self._body(request, "createAllocation")

@@ -20,15 +20,16 @@ EVENT_TYPES = ("device_added", "device_changed", "device_removed", "node_changed
 
 
 def snapshot_line(agent, reason: str) -> tuple[int, bytes]:
-    from ..daemon.views import allocation_view, with_device_marks
+    from ..daemon.views import with_device_marks
+    from ..model import allocation
     snap = agent.snapshot
 
     def render():
         return json.dumps({"type": "snapshot", "revision": snap.revision, "reason": reason,
                            "node": {"revision": snap.revision, **snap.node},
                            "gpus": snap.gpus, "mig_devices": snap.mig_devices,
-                           "unreadable": snap.unreadable,
-                           "allocations": [with_device_marks(allocation_view(a), snap.devices)
+                           "unreadable": snap.unreadable, "unread": snap.unread,
+                           "allocations": [with_device_marks(allocation(a), snap.devices)
                                            for a in snap.allocations.values()]},
                           separators=(",", ":")).encode() + b"\n"
     return snap.revision, snap.cached(("snapshot", reason), render)

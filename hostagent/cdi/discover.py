@@ -13,14 +13,11 @@ from ..devices import Gpu, MigDevice
 from ..driver import nvcaps
 from ..driver.elf import read_soname
 from ..errors import HostagentError, NotFoundError
-from ..hostroot import HostRoot
+from ..hostroot import LIBRARY_DIRS, HostRoot
 from .edits import IPC_MOUNT_OPTIONS, LIBRARY_MOUNT_OPTIONS, DeviceNode, Edits, Mount
 
 __all__ = ["Discovery", "MissingDeviceNode"]
 
-LIBRARY_DIRS = ("usr/lib64", "usr/lib/x86_64-linux-gnu", "usr/lib/aarch64-linux-gnu",
-                "usr/lib/x86_64-linux-gnu/nvidia/current", "usr/lib/aarch64-linux-gnu/nvidia/current",
-                "lib64", "lib/x86_64-linux-gnu", "lib/aarch64-linux-gnu")
 BINARY_DIRS = ("usr/bin", "usr/sbin", "usr/local/bin", "usr/local/sbin", "bin", "sbin")
 BINARIES = ("nvidia-smi", "nvidia-debugdump", "nvidia-persistenced", "nvidia-cuda-mps-control",
             "nvidia-cuda-mps-server", "nvidia-imex", "nvidia-imex-ctl", "nvidia-xconfig")

@@ -18,9 +18,11 @@ def say(line: str) -> None:
 
 
 def host_from_args(args):
+    """The host the global options name; a simulated node is run by the simulator's platform
+    that ``main`` puts in ``args.simulator``."""
     from ..hostroot import HostRoot
     return HostRoot.from_env(getattr(args, "simulate", None), getattr(args, "host_root", None),
-                             getattr(args, "driver_root", None))
+                             getattr(args, "driver_root", None), simulator=getattr(args, "simulator", None))
 
 
 def daemon_socket(host):

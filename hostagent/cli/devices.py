@@ -13,8 +13,6 @@ from dataclasses import dataclass, field
 from .common import PRIVILEGE_HINT, daemon_client, host_from_args, unread_lines
 from .output import add_output_flag, emit, table
 
-UNKNOWN = {"state": "unknown"}
-
 __all__ = ["register"]
 
 
@@ -33,23 +31,7 @@ def run(args) -> int:
     inv = read_inventory(host)
     health = device_health(host, lost=bool(inv.unreadable))
     if args.output != "table":
-        from .output import to_plain
-        data = to_plain({"gpus": inv.gpus, "unreadable": inv.unreadable, "unread": inv.unread})
-        data["gpus"] = [_document(gpu) for gpu in data["gpus"]]
-        if args.profiles:       # once per kind of GPU, as the table shows them
-            data["mig_profiles"] = [{"gpus": indices, "product": name, "profiles": to_plain(profiles)}
-                                    for (name, profiles), indices in profile_groups(inv).items()
-                                    if profiles is not None]
-        for gpu in data["gpus"]:
-            gpu["health"] = health.get(gpu["uuid"])
-            for dev in (gpu["mig"] or {}).get("devices", ()):
-                dev["health"] = health.get(dev["uuid"])
-        for bad in data["unreadable"]:
-            key = health.key_for(bad["index"])
-            bad["uuid"] = _uuid(key)
-            bad["lost"] = bad["index"] in health.lost
-            bad["health"] = health.get(key)
-        emit(data, args.output, None)
+        emit(document(inv, health, profiles=args.profiles), args.output, None)
         return 0
     print(render(inv, profiles=args.profiles, health=health))
     return 0
@@ -65,7 +47,8 @@ class DaemonHealth:
     lost: dict[int, str] = field(default_factory=dict)
 
     def get(self, key: str) -> dict:
-        return self.by_key.get(key, UNKNOWN)
+        from ..model import UNKNOWN_HEALTH
+        return self.by_key.get(key, UNKNOWN_HEALTH)
 
     def key_for(self, index: int) -> str:
         """The key of GPU ``index``'s record: its UUID when the daemon holds it as lost."""
@@ -106,22 +89,19 @@ def _uuid(key: str) -> str | None:
     return None if key.startswith("gpu:") else key
 
 
-def _document(gpu: dict) -> dict:
-    """A GPU's JSON/YAML entry: ``mig_capable`` said outright (``mig`` is null without MIG),
-    the MIG mode as ``mode: {current, pending}``, PCI ids in nvidia-smi's hex; its MIG
-    profiles are in ``mig_profiles``, once for all the GPUs that have the same."""
-    from ..devices.records import mig_mode, pci_id
-    out = {}
-    for key, value in gpu.items():
-        if key == "mig":
-            out["mig_capable"] = value is not None
-            if value is not None:
-                value = {"mode": mig_mode(value["enabled"], value["pending"]),
-                         **{k: v for k, v in value.items() if k not in ("enabled", "pending", "profiles")}}
-        elif key in ("pci_device_id", "pci_subsystem_id"):
-            value = pci_id(value)
-        out[key] = value
-    return out
+def document(inv, health: DaemonHealth, *, profiles: bool = False) -> dict:
+    """The JSON/YAML listing: the API's ``DeviceList`` (``hostagent.model``) without what
+    only the daemon knows, health from it (``unknown`` without it), and on each unreadable
+    GPU the daemon holds as lost its ``uuid``, ``lost`` and ``health``."""
+    from .. import model
+    parts = model.inventory_devices(inv, profiles=profiles)
+    data = model.device_list((model.device(part, health.get(uuid)) for uuid, part in parts.items()), inv)
+    for bad in data["unreadable"]:
+        key = health.key_for(bad["index"])
+        bad["uuid"] = _uuid(key)
+        bad["lost"] = bad["index"] in health.lost
+        bad["health"] = health.get(key)
+    return data
 
 
 def _mig_mode(gpu) -> str:

@@ -23,9 +23,17 @@ from .parser import CommandParser, Parser, add_global_options, command_word, hoi
 __all__ = ["main", "build_parser"]
 
 # Each command is the module of the same name in this package ('-' spelled '_'), registered
-# in this order.
+# in this order; the simulator's is its own.
 COMMANDS = ("devices", "health", "node", "driver", "cdi", "labels", "mig", "sharing", "runtime", "sim", "serve",
             "device-plugin", "dra-plugin")
+MODULES = {"sim": "hostagent.sim.cli"}
+
+
+def simulator():
+    """The simulator's platform, for a node named by --simulate (or HOSTAGENT_SIMULATE): the
+    one place the command line reaches into the simulator (imported only then)."""
+    from ..sim.platform import SIMULATOR
+    return SIMULATOR
 
 
 def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
@@ -36,6 +44,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
         epilog="Run 'hostagent COMMAND --help' for a command's options.")
     parser.add_argument("--version", action="version", version=f"hostagent {__version__}")
     add_global_options(parser, top=True)
+    parser.set_defaults(simulator=simulator)     # for common.host_from_args: --simulate's platform
     parser.add_argument("-o", "--output", metavar="FORMAT", dest="output_before_command",
                         help="output format of a command that has -o (table, json, yaml, ...): "
                              "before the command as well as after it")
@@ -45,7 +54,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     word = argv[at] if at is not None else None
     names = (word,) if word else () if argv is not None and "--version" in argv else COMMANDS
     for name in names:
-        importlib.import_module(f"{__package__}.{name.replace('-', '_')}").register(sub)
+        importlib.import_module(MODULES.get(name) or f"{__package__}.{name.replace('-', '_')}").register(sub)
     return parser
 
 

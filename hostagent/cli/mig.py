@@ -11,6 +11,7 @@ import os
 import sys
 
 from .common import host_from_args, say
+from .migout import hooks_of, print_applied, progress, say_notes
 from .output import FORMATS, add_output_flag, emit, table
 
 __all__ = ["register"]
@@ -90,15 +91,6 @@ def _config_flags(v) -> None:
                    help="config to use (default: $MIG_PARTED_SELECTED_CONFIG, or the only one)")
 
 
-def hooks_of(args):
-    """The hooks file (None without one) and the variables mig-parted gives hooks."""
-    if not args.hooks:
-        return None, {}
-    from ..mig.hooks import flag_env, load_hooks
-    return load_hooks(args.hooks), flag_env(config_file=args.config_file, hooks_file=args.hooks,
-                                            skip_reset=args.skip_reset, mode_only=args.mode_only)
-
-
 def _seconds(text: str) -> float:
     import argparse
     try:
@@ -117,15 +109,6 @@ def _waiting(holder: str) -> None:
 def _spec(args):
     from ..mig.spec import load_spec
     return load_spec(args.config_file) if args.config_file else None
-
-
-def _progress(gpu, message) -> None:
-    print(f"GPU {gpu}: {message}" if gpu is not None else message, file=sys.stderr, flush=True)
-
-
-def _notes(notes) -> None:
-    for note in notes:
-        say(note)
 
 
 def render_plan(plan) -> str:
@@ -157,7 +140,7 @@ def refresh_cdi(host) -> None:
     except HostagentError as e:
         say(f"warning: the CDI spec was not refreshed: {e.message}")
         return
-    _progress(None, f"CDI spec: {change.describe()}")
+    progress(None, f"CDI spec: {change.describe()}")
     for problem in generated.problems:
         say(f"warning: {problem.message}")
 
@@ -180,10 +163,10 @@ def run_apply(args) -> int:
     try:
         result = service.apply(host, spec, args.selected_config, mode_only=args.mode_only,
                                skip_reset=args.skip_reset, force=args.force, dry_run=args.dry_run,
-                               hooks=hooks, hook_env=env, progress=_progress,
+                               hooks=hooks, hook_env=env, progress=progress,
                                on_layout_changed=refresh_cdi, lock_timeout=args.lock_timeout,
                                on_lock_wait=_waiting,
-                               refuse=mig_guard(host, checkpoint_guard(host, args.force), args.dry_run, _progress))
+                               refuse=mig_guard(host, checkpoint_guard(host, args.force), args.dry_run, progress))
     except (DriverNotLoaded, NvmlLibraryMissing) as e:
         if not args.if_driver_loaded:
             raise
@@ -191,33 +174,13 @@ def run_apply(args) -> int:
         say(f"MIG layout not applied: {e.what} (--if-driver-loaded)")
         return 0
     if args.dry_run:
-        _notes(result.notes)
+        say_notes(result.notes)
         emit(result.plan.to_dict(), args.output, lambda _: print(render_plan(result.plan)))
         print("dry run: nothing was changed", file=sys.stderr)
         return 0
-    resume(host, _progress)
+    resume(host, progress)
     print_applied(result.to_dict())
     return 0
-
-
-def print_applied(out: dict) -> None:
-    """An apply's outcome, done here or by the daemon (``ApplyResult.to_dict``): notes and
-    warnings on stderr, a line per GPU and the summary on stdout."""
-    _notes(out["notes"])
-    plan = out["plan"]
-    for w in plan["warnings"]:
-        say(f"warning: {w}")
-    for g in plan["gpus"]:
-        print(f"GPU {g['index']} ({g['name']}): {g['summary']}")
-    if out["terminated"]:
-        print(f"terminated (--force): {', '.join(out['terminated'])}")
-    nodes = out["capability_nodes"]
-    if nodes["created"] or nodes["removed"]:
-        print(f"capability nodes: {len(nodes['created'])} created, {len(nodes['removed'])} removed")
-    changed, total = len(out["changed"]), len(plan["gpus"])
-    done = (f"{changed} GPU(s) changed, {total - changed} unchanged" if changed
-            else "already in place, nothing changed")
-    print(f"MIG configuration '{plan['config']}' applied successfully: {done}")
 
 
 def run_assert(args) -> int:
@@ -233,7 +196,7 @@ def run_assert(args) -> int:
         return 0
     plan, notes = service.plan(host_from_args(args), _spec(args), args.selected_config,
                                mode_only=args.mode_only, on_layout_changed=refresh_cdi)
-    _notes(notes)
+    say_notes(notes)
     service.require_applied(plan)
     print(f"MIG configuration '{plan.config}' is applied")
     return 0
@@ -243,7 +206,7 @@ def run_plan(args) -> int:
     from ..mig import service
     plan, notes = service.plan(host_from_args(args), _spec(args), args.selected_config,
                                mode_only=args.mode_only, on_layout_changed=refresh_cdi)
-    _notes(notes)
+    say_notes(notes)
     emit(plan.to_dict(), args.output, lambda _: print(render_plan(plan)))
     return 0
 
@@ -256,7 +219,7 @@ def run_export(args) -> int:
     host = host_from_args(args)
     note = service.recover_pending(host, on_layout_changed=refresh_cdi)
     if note:
-        _notes([note])
+        say_notes([note])
     inventory = read_inventory(host)
     spec = default_spec(inventory) if args.bundled else export_spec(inventory, args.config_label)
     emit(spec.to_dict(), args.output, None)
@@ -266,14 +229,14 @@ def run_export(args) -> int:
 def run_status(args) -> int:
     from ..mig import service
     data = service.status(host_from_args(args), on_layout_changed=refresh_cdi)
-    _notes(data["notes"])
+    say_notes(data["notes"])
 
     def render(d):
         rows = []
         for g in d["gpus"]:
             mig = g["mig"]
             if mig is None:
-                rows.append([g["index"], g["name"], "n/a", "-", "-"])
+                rows.append([g["index"], g["product"], "n/a", "-", "-"])
                 continue
             mode = mig["mode"]["current"]
             if mig["mode"]["pending"] != mode:
@@ -281,7 +244,7 @@ def run_status(args) -> int:
             devices = ", ".join(f"{n}x {p}" for p, n in sorted(mig["devices"].items())) or "-"
             placements = ", ".join(f"{gi['profile']}@{gi['placement']['start']}:{gi['placement']['size']}"
                                    for gi in mig["gpu_instances"]) or "-"
-            rows.append([g["index"], g["name"], mode, devices, placements])
+            rows.append([g["index"], g["product"], mode, devices, placements])
         print(table(["GPU", "PRODUCT", "MIG", "DEVICES", "GPU INSTANCES"], rows))
         if d["apply_in_progress"]:
             a = d["apply_in_progress"]

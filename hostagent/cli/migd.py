@@ -71,7 +71,7 @@ def apply_through_daemon(args) -> int | None:
     if socket_path is None:
         return None
     from ..client import Client
-    from .mig import _progress, hooks_of, print_applied
+    from .migout import hooks_of, print_applied, progress
     layout = {"config": args.selected_config or None,
               "spec": _document(args.config_file, "MIG config file")}
     flags = {"mode_only": args.mode_only, "skip_reset": args.skip_reset, "force": args.force}
@@ -84,7 +84,7 @@ def apply_through_daemon(args) -> int | None:
         else:
             result = _apply_with_hooks(client, layout, flags, hooks, env)
     for p in result.get("progress", []):
-        _progress(p["gpu"], p["message"])
+        progress(p["gpu"], p["message"])
     print_applied(result)
     return 0
 

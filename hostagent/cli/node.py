@@ -15,11 +15,13 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
+    """The inventory's part of the API's ``Node`` (``hostagent.model``)."""
+    import os
+
     from ..devices import read_inventory
+    from ..model import node
     inv = read_inventory(host_from_args(args))
-    data = {"driver_version": inv.driver_version, "cuda_driver_version": inv.cuda_driver_version,
-            "nvml_version": inv.nvml_version, "gpus": len(inv.gpus) + len(inv.unreadable),
-            "simulated": inv.simulated, "device_nodes": inv.device_nodes, "paths": inv.paths}
+    data = node(inv, hostname=os.uname().nodename, simulated=inv.simulated)
 
     def render(d):
         rows = [[k.replace("_", " "), v] for k, v in d.items() if k != "paths"]

@@ -17,6 +17,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from .. import __version__
+from .. import model
 from ..cdi import transient
 from ..errors import HostagentError
 from ..hostroot import HostRoot
@@ -26,7 +27,7 @@ from .events import EventLog, RevisionClock
 from .health import Health, unmonitored
 from .settings import Settings
 from .state import Snapshot, diff_devices, lookup_table
-from .views import BaseViews, device_views, profile_view
+from .views import BaseViews, device_views
 
 __all__ = ["Agent"]
 
@@ -183,7 +184,7 @@ class Agent:
         self.labels = labels
         previous, self.inventory, self.spec, self.spec_options = self.inventory, inventory, generated, options
         self.cdi_names = self._cdi_names(inventory, generated, options)
-        self.profiles = {g.uuid: [profile_view(p) for p in g.mig.profiles] for g in inventory.gpus if g.mig}
+        self.profiles = {g.uuid: [model.mig_profile(p) for p in g.mig.profiles] for g in inventory.gpus if g.mig}
         if inventory != previous:
             # A copy: a listener may remove itself (the deferred MIG reconcile, once the driver
             # is there).
@@ -239,26 +240,18 @@ class Agent:
     def _node_view(self) -> dict:
         inv = self.inventory
         err = self.inventory_error
-        node = {"hostname": os.uname().nodename,
-                "driver_version": inv.driver_version if inv else None,
-                "cuda_driver_version": inv.cuda_driver_version if inv else None,
-                "nvml_version": inv.nvml_version if inv else None,
-                "simulated": self.host.simulated,
-                "device_nodes": inv.device_nodes if inv else None,
-                "gpus": len(inv.gpus) if inv else 0,
-                "mig_devices": len(inv.mig_devices) if inv else 0,
-                "unreadable_gpus": len(inv.unreadable) if inv else 0,
-                "inventory": {"state": "error" if err else ("ok" if inv else "starting"),
-                              "code": err.code if err else None,
-                              "message": err.message if err else None},
-                "driver": self.driver.summary(),
-                "cdi": {"kind": self.spec_options.kind if self.spec_options else None,
-                        "spec": str(self._spec_path()) if self.spec_options else None,
-                        "devices": len(self.spec.device_names) if self.spec else 0,
-                        "problems": [p.message for p in self.spec.problems] if self.spec else [],
-                        "allocation_kind": transient.ALLOCATION_KIND},
-                "agent": {"version": __version__, "pid": os.getpid(), "api": "v1",
-                          "started": round(self.started, 3), "config": self.settings.source}}
+        node = model.node(inv, hostname=os.uname().nodename, simulated=self.host.simulated)
+        node.update({
+            "inventory": {"state": "error" if err else ("ok" if inv else "starting"),
+                          "code": err.code if err else None, "message": err.message if err else None},
+            "driver": self.driver.summary(),
+            "cdi": {"kind": self.spec_options.kind if self.spec_options else None,
+                    "spec": str(self._spec_path()) if self.spec_options else None,
+                    "devices": len(self.spec.device_names) if self.spec else 0,
+                    "problems": [p.message for p in self.spec.problems] if self.spec else [],
+                    "allocation_kind": transient.ALLOCATION_KIND},
+            "agent": {"version": __version__, "pid": os.getpid(), "api": "v1",
+                      "started": round(self.started, 3), "config": self.settings.source}})
         return node
 
     def _spec_path(self):
@@ -292,11 +285,11 @@ class Agent:
         if node != self.snapshot.node:
             # As GET /v1/node shows it: with its revision (the event's).
             self.events.publish("node_changed", lambda r: {"node": {"revision": r, **node}})
-        unreadable = [{"index": u.index, "error": u.error, "nvml_code": u.nvml_code}
-                      for u in (self.inventory.unreadable if self.inventory else ())]
+        unreadable = [model.unreadable(u) for u in (self.inventory.unreadable if self.inventory else ())]
+        unread = [model.unread(u) for u in (self.inventory.unread if self.inventory else ())]
         self.snapshot = Snapshot(self.events.revision, node, views, unreadable,
                                  dict(self.allocations), lookup_table(views), self.profiles,
-                                 labels=self.labels)
+                                 labels=self.labels, unread=unread)
         for listener in self.publish_listeners:
             listener()
 

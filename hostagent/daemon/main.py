@@ -321,6 +321,13 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def simulator():
+    """The simulator's platform, for a node named by --simulate (or HOSTAGENT_SIMULATE): the
+    one place the daemon reaches into the simulator (imported only then)."""
+    from ..sim.platform import SIMULATOR
+    return SIMULATOR
+
+
 def check(host: HostRoot, config_path=None) -> int:
     """``hostagentd --check``: one line saying whether the node's daemon answers."""
     from ..client import Client
@@ -341,7 +348,7 @@ def main(argv: list[str] | None = None) -> int:
     hold_hangups()          # before parsing too: the unit's reload may come that early
     args = build_parser().parse_args(argv)
     try:
-        host = HostRoot.from_env(args.simulate, args.host_root, args.driver_root)
+        host = HostRoot.from_env(args.simulate, args.host_root, args.driver_root, simulator=simulator)
     except HostagentError as e:
         print(f"hostagentd: error: {e.message}", file=sys.stderr)
         return 2

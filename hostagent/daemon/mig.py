@@ -85,15 +85,9 @@ class MigOps:
     def layouts(self, snapshot_inventory) -> dict:
         from ..mig.journal import Journal
         from ..mig.layout import Layout
-        gpus = []
-        for gpu in (snapshot_inventory.gpus if snapshot_inventory else ()):
-            entry = {"index": gpu.index, "uuid": gpu.uuid, "product": gpu.name, "mig": None}
-            if gpu.mig is not None:
-                layout = Layout.of(gpu)
-                entry["mig"] = {"enabled": layout.enabled, "pending": layout.pending,
-                                "layout": layout.describe(), "devices": layout.counts(),
-                                "gpu_instances": layout.to_dict()["gpu_instances"]}
-            gpus.append(entry)
+        from ..model import mig_layout
+        gpus = [mig_layout(gpu, None if gpu.mig is None else Layout.of(gpu))
+                for gpu in (snapshot_inventory.gpus if snapshot_inventory else ())]
         return {"gpus": gpus, "apply_in_progress": Journal.path(self.host).exists()}
 
     # ---- layouts ------------------------------------------------------------------

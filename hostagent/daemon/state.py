@@ -23,6 +23,7 @@ class Snapshot:
     lookup: dict[str, str]               # index, UUID, MIG name, CDI name -> uuid
     profiles: dict = field(default_factory=dict)   # GPU uuid -> its MIG profiles (views)
     labels: object = None                # nodelabels.LabelResult
+    unread: list = field(default_factory=list)   # facts NVML refused the daemon (model.unread)
     cache: dict = field(default_factory=dict)   # rendered responses, per key
 
     def find(self, ident: str) -> dict | None:

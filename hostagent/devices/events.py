@@ -77,8 +77,8 @@ class EventSource:
     reported again at ``open()``, only retried by ``retry_lost()``.
     """
 
-    def __init__(self, host: HostRoot | None = None, *, clock=time.time, lost: Iterable[int] = ()):
-        self.host = host or HostRoot.from_env()
+    def __init__(self, host: HostRoot, *, clock=time.time, lost: Iterable[int] = ()):
+        self.host = host
         self.clock = clock
         self._stack: contextlib.ExitStack | None = None
         self._set = None

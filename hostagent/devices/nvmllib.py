@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pynvml as N
 
-from ..hostroot import HostRoot
+from ..hostroot import LIBRARY_DIRS, HostRoot
 
 __all__ = ["library_path", "load_host_library", "own_library"]
 
@@ -30,7 +30,6 @@ def own_library(host: HostRoot) -> bool:
 def library_path(host: HostRoot) -> Path | None:
     """Where the host's libnvidia-ml.so.1 is on this machine (its links followed within
     the root), or None."""
-    from ..cdi.discover import LIBRARY_DIRS
     for rel in LIBRARY_DIRS:
         path = host.resolve(host.driver(rel) / SONAME)
         if path.is_file():

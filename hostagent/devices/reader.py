@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import threading
 
 import pynvml as N
 
@@ -35,31 +34,12 @@ _ATTRS = {7: "+me", 8: "+me", 15: "+me.all", 16: "+me.all", 13: "-me", 14: "-me"
 _SKIP_PROFILE = (N.NVML_ERROR_NOT_SUPPORTED, N.NVML_ERROR_INVALID_ARGUMENT)
 _NOT_APPLICABLE = 0xFFFFFFFF
 
-_sim_lock = threading.Lock()
-
-
-def _install_simulator(host: HostRoot) -> None:
-    with _sim_lock:
-        # Whatever library is beneath pynvml now (another node's fake included) is the one
-        # to check: anyone may have installed one since this process last did.
-        lib = N.nvmlLib
-        if getattr(lib, "store", None) is None or lib.store.root != host.root:
-            from ..sim import fakenvml   # only simulated runs pay for the simulator
-            lib = fakenvml.install(host.root)
-            lib.store.check()
-    # A node whose files are unreadable is reported as such, naming the file, rather than
-    # as a vague nvmlInit failure (cheap: the state is cached until it changes).
-    lib.store.facts
-    lib.store.read()
-
-
 def load_nvml(host: HostRoot) -> None:
-    """Make pynvml use this host's NVML: the simulated node's, the host's library under its
-    root or driver root, or (on this machine's own root) the one pynvml finds."""
+    """Make pynvml use this host's NVML: its platform's (a simulated node's), the host's
+    library under its root or driver root, or (on this machine's own root) the one pynvml
+    finds."""
     from .nvmllib import load_host_library, own_library
-    if host.simulated:
-        _install_simulator(host)
-    elif own_library(host):
+    if not host.platform.load_nvml(host) and own_library(host):
         load_host_library(host)
 
 
@@ -141,9 +121,8 @@ class _Refusals:
             return default
 
 
-def read_inventory(host: HostRoot | None = None) -> Inventory:
+def read_inventory(host: HostRoot) -> Inventory:
     """Read every GPU and MIG device once; returns immutable records."""
-    host = host or HostRoot.from_env()
     with nvml_session(host):
         cuda = N.nvmlSystemGetCudaDriverVersion()
         gpus, unreadable, unread = [], [], []

@@ -8,20 +8,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 __all__ = ["Placement", "MigProfile", "ComputeInstance", "GpuInstance", "MigDevice",
-           "MigState", "Gpu", "UnreadableGpu", "Unread", "Inventory", "GpuProcess", "sysfs_bus_id", "mig_mode", "pci_id"]
-
-
-def mig_mode(enabled: bool, pending: bool) -> dict:
-    """A MIG mode for people and programs, as nvidia-smi shows it (``MIG M.``: current and
-    pending): ``{"current": "enabled", "pending": "disabled"}``."""
-    word = {True: "enabled", False: "disabled"}
-    return {"current": word[enabled], "pending": word[pending]}
-
-
-def pci_id(value: int) -> str:
-    """A PCI device or subsystem id as nvidia-smi and mig-parted's device filters write it:
-    ``0x20B010DE`` (device, then vendor)."""
-    return f"0x{value:08X}"
+           "MigState", "Gpu", "UnreadableGpu", "Unread", "Inventory", "GpuProcess", "sysfs_bus_id"]
 
 
 def sysfs_bus_id(nvml_bus_id: str) -> str:

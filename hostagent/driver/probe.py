@@ -12,7 +12,7 @@ import stat
 from pathlib import Path
 
 from ..fileio import pid_alive
-from ..hostroot import HostRoot
+from ..hostroot import LIBRARY_DIRS, HostRoot
 from .facts import DriverFacts, ModuleFacts, NodeFile, NvmlGpu, PciGpu
 from .kmsg import read_kernel_log
 
@@ -106,7 +106,6 @@ def _module_file(host: HostRoot, release: str | None) -> Path | None:
 
 def _userspace(host: HostRoot, library: str) -> tuple[str | None, str | None]:
     """(version, path) of the library ``library`` (an .so.1 name) resolves to."""
-    from ..cdi.discover import LIBRARY_DIRS
     for rel in LIBRARY_DIRS:
         link = host.driver(rel) / library
         if not os.path.lexists(link):

@@ -5,7 +5,7 @@ On ``/`` a program runs as it is. In another root (a host mounted at ``/host`` i
 container, a Debian root built for tests) it runs through ``chroot`` so it sees that
 root's files, package database and configuration. A simulated node's driver tools
 (``nvidia-smi``, ``modprobe``, ...) are the simulator's programs, which run on this machine
-against the node's files: they run directly.
+against the node's files: its platform (``hostagent.platform``) runs them directly.
 """
 
 from __future__ import annotations
@@ -20,6 +20,8 @@ from ..hostroot import HostRoot
 __all__ = ["Runner", "CommandFailed", "Result"]
 
 PATH_DIRS = ("usr/local/sbin", "usr/local/bin", "usr/sbin", "usr/bin", "sbin", "bin")
+# Programs that act on the running kernel: chrooted into a root that is not this machine's
+# (a simulated node's), they would still load modules into this machine's kernel.
 KERNEL_TOOLS = ("modprobe", "rmmod", "insmod", "nvidia-modprobe")
 ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL": "C",
        "DEBIAN_FRONTEND": "noninteractive", "APT_LISTCHANGES_FRONTEND": "none"}
@@ -61,18 +63,6 @@ class Runner:
     def has(self, program: str) -> bool:
         return self.find(program) is not None
 
-    def _simulator_tool(self, program: str, found: str) -> bool:
-        """One of the simulator's stand-ins (what driverroot writes), not the root's own."""
-        if not self.host.simulated:
-            return False
-        from ..sim.driverroot import TOOLS
-        try:
-            with open(self.host.host(found), "rb") as f:
-                head = f.read(512)
-        except OSError:
-            return False
-        return program in TOOLS and b"backed by the simulated node" in head
-
     def argv(self, argv: list[str]) -> list[str]:
         """The command line that runs ``argv`` in the host root."""
         program = argv[0]
@@ -82,12 +72,9 @@ class Runner:
                                 hint=f"install it (it is looked for in /{', /'.join(PATH_DIRS)})")
         if self.host.root == self.host.root.parent:            # "/"
             return [found, *argv[1:]]
-        if self._simulator_tool(program, found):
-            return [str(self.host.host(found)), *argv[1:]]
-        if self.host.simulated and program in KERNEL_TOOLS:
-            # A chrooted modprobe would load modules into this machine's kernel.
-            raise HostagentError(f"the simulated node has no {program} of its own", where=found,
-                                 hint="recreate the node with this version of hostagent")
+        own = self.host.platform.command(self.host, program, found)     # a simulator's stand-in
+        if own is not None:
+            return [*own, *argv[1:]]
         return ["chroot", str(self.host.root), found, *argv[1:]]
 
     def run(self, argv: list[str], *, check: bool = True, input: str | None = None) -> Result:

@@ -45,19 +45,12 @@ def describe(dev: DeviceHealth) -> tuple[str, str]:
 
 
 def annotate(listing: dict, state: HealthState) -> dict:
-    """A copy of a plain device listing (``{"gpus": [...]}`` with each GPU's ``mig.devices``,
-    as ``hostagent devices -o json`` and the API give it) with a ``health`` entry on every
-    GPU and MIG device."""
+    """A copy of a device listing (``{"gpus": [...], "mig_devices": [...]}``, as ``hostagent
+    devices -o json`` and the API give it) with a ``health`` entry on every GPU and MIG
+    device."""
     out = dict(listing)
-    gpus = []
-    for gpu in listing.get("gpus", []):
-        gpu = dict(gpu, health=summary(state.get(gpu.get("uuid"))))
-        mig = gpu.get("mig")
-        if mig and mig.get("devices"):
-            gpu["mig"] = dict(mig, devices=[dict(d, health=summary(state.get(d.get("uuid"))))
-                                            for d in mig["devices"]])
-        gpus.append(gpu)
-    out["gpus"] = gpus
+    for key in ("gpus", "mig_devices"):
+        out[key] = [dict(d, health=summary(state.get(d.get("uuid")))) for d in listing.get(key, ())]
     return out
 
 

@@ -108,7 +108,7 @@ class GpuPlan:
         return ", ".join(parts)
 
     def to_dict(self) -> dict:
-        return {"index": self.index, "uuid": self.uuid, "name": self.name,
+        return {"index": self.index, "uuid": self.uuid, "product": self.name,
                 "pci_bus_id": self.pci_bus_id, "changed": self.changed, "reset": self.reset,
                 "deferred": self.deferred,
                 "summary": self.summary(), "before": self.before.to_dict(),

@@ -12,10 +12,11 @@ from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from ..devices import read_inventory
-from ..devices.records import Inventory, mig_mode
+from ..devices.records import Inventory
 from ..errors import StateError
 from ..hostroot import HostRoot
 from ..lock import node_lock
+from ..model import mig_layout
 from .journal import Journal, read_checkpoint
 from .layout import Layout
 from .plan import MigPlan
@@ -195,14 +196,7 @@ def require_applied(result: MigPlan) -> None:
 def status(host: HostRoot, *, on_layout_changed: Callable[[HostRoot], None] = _no_hook) -> dict:
     note = recover_pending(host, on_layout_changed=on_layout_changed)
     inventory = read_inventory(host)
-    gpus = []
-    for gpu in inventory.gpus:
-        layout = Layout.of(gpu)
-        gpus.append({"index": gpu.index, "name": gpu.name, "uuid": gpu.uuid,
-                     "mig": None if gpu.mig is None else {
-                         "mode": mig_mode(layout.enabled, layout.pending),
-                         "devices": layout.counts(), "layout": layout.describe(),
-                         "gpu_instances": layout.to_dict()["gpu_instances"]}})
+    gpus = [mig_layout(gpu, None if gpu.mig is None else Layout.of(gpu)) for gpu in inventory.gpus]
     journal = Journal.load(host)
     checkpoint = read_checkpoint(host)
     return {"gpus": gpus,

@@ -24,6 +24,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .. import model
+
 __all__ = ["PluginDevice", "STRATEGIES", "GPU_RESOURCE", "mig_resource", "node_resources",
            "strategy_from_labels"]
 
@@ -77,7 +79,7 @@ def node_resources(devices: dict[str, dict], strategy: str, connected: bool = Tr
     gpus = sorted((d for d in devices.values() if d["kind"] == "gpu"), key=lambda d: d["index"])
     migs = sorted((d for d in devices.values() if d["kind"] == "mig"),
                   key=lambda d: (d["parent_index"], d["index"]))
-    mig_enabled = [g for g in gpus if (g.get("mig") or {}).get("enabled")]
+    mig_enabled = [g for g in gpus if model.mig_enabled(g)]
     whole = [g for g in gpus if g not in mig_enabled]
 
     out: dict[str, list[PluginDevice]] = {}

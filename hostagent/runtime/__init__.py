@@ -5,7 +5,7 @@
                 one module per engine (tomledit: comment-preserving TOML edits;
                 containerd_imports: the files containerd loads and the CRI section
                 they leave it with)
-    configure   plan (read, render, diff) and apply, revert
+    configure   the engines by name; plan (read, render, diff) and apply, revert
     files       reading (each file once), all-or-nothing writes with race checks
     backups     each file as it was before hostagent, for revert
     restart     systemd, or SIGHUP to containerd

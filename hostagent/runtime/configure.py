@@ -14,12 +14,33 @@ from pathlib import Path
 
 from ..errors import UsageError
 from . import backups, files
-from .engine import ENGINES, Settings, configure
+from .engine import Settings, configure
 
-__all__ = ["DEFAULT", "Plan", "plan_configure", "apply_plan", "plan_revert", "apply_revert", "backup_folder",
-           "absolute_path"]
+__all__ = ["DEFAULT", "ENGINES", "Plan", "plan_configure", "apply_plan", "plan_revert", "apply_revert",
+           "backup_folder", "absolute_path"]
 
 DEFAULT = "default"     # --drop-in not given: the engine's default drop-in (if it has any)
+
+
+def _containerd():
+    from . import containerd
+    return containerd
+
+
+def _crio():
+    from . import crio
+    return crio
+
+
+def _docker():
+    from . import docker
+    return docker
+
+
+# name -> module with DEFAULT_CONFIG, SERVICE, DROP_IN_NAME (the default drop-in, relative to
+# the main file's folder; None: no drop-ins) and build(reader, config, drop_in, explicit=...) -> Engine;
+# each imported when used.
+ENGINES = {"containerd": _containerd, "crio": _crio, "docker": _docker}
 
 
 @dataclass

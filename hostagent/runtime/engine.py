@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-__all__ = ["Engine", "Settings", "configure", "ENGINES", "DEFAULT_CDI_DIRS"]
+__all__ = ["Engine", "Settings", "configure", "DEFAULT_CDI_DIRS"]
 
 DEFAULT_CDI_DIRS = ("/etc/cdi", "/var/run/cdi")   # what the engines use when not told
 
@@ -50,23 +50,3 @@ def configure(engine: Engine, settings: Settings) -> dict[str, str | None]:
     if settings.cdi:
         engine.enable_cdi(settings.cdi_spec_dirs)
     return engine.render()
-
-
-def _containerd():
-    from . import containerd
-    return containerd
-
-
-def _crio():
-    from . import crio
-    return crio
-
-
-def _docker():
-    from . import docker
-    return docker
-
-
-# name -> module with DEFAULT_CONFIG, SERVICE, DROP_IN_NAME (the default drop-in, relative to
-# the main file's folder; None: no drop-ins) and build(reader, config, drop_in, explicit=...) -> Engine
-ENGINES = {"containerd": _containerd, "crio": _crio, "docker": _docker}

@@ -40,11 +40,9 @@ def socket_peer_pid(path) -> int:
 
 def restart(host, engine: str, service: str, *, containerd_socket: str = CONTAINERD_SOCKET) -> str:
     """Restart ``engine``; return what was done, for the user."""
-    if host.simulated:
-        from ..sim.store import SimStore
-        if SimStore(host.root).exists():
-            # No engine runs on a simulated node, and the host's own must not be touched.
-            return f"simulated node: no {engine} to restart (a real node's {service} would be restarted here)"
+    note = host.platform.restart_engine(host, engine, service)      # a simulated node has none
+    if note is not None:
+        return note
     if systemd_running(host):
         proc = subprocess.run(["systemctl", "restart", service], capture_output=True, text=True)
         if proc.returncode != 0:

@@ -14,6 +14,7 @@ from hostagent.cdi.spec import SpecOptions
 from hostagent.devices import read_inventory
 from hostagent.sim.files import add_drm_nodes, create_cap_nodes
 from hostagent.sim.node import MIG_ENABLE
+from hostagent.sim.platform import simulated_host
 
 from .conftest import PODMAN_FLAGS, host_cdi_spec, import_image, podman_run, require
 
@@ -28,7 +29,6 @@ DRM = {0: 1, 2: 3}
 
 @pytest.fixture(scope="module")
 def node(tmp_path_factory):
-    from hostagent.hostroot import HostRoot
     from hostagent.sim.driverroot import create_node
     if os.geteuid() != 0:
         pytest.skip("container engines need root here")
@@ -42,7 +42,7 @@ def node(tmp_path_factory):
         gi = s.create_gi(store.facts, 1, 19, (6, 1))
         s.create_ci(store.facts, 1, gi.id, 0)
     create_cap_nodes(store.root, store.facts)
-    host = HostRoot.simulation(root)
+    host = simulated_host(root)
     gpus = read_inventory(host).gpus
     for index, card in DRM.items():
         add_drm_nodes(root, store.facts, gpus[index].sysfs_bus_id, card)

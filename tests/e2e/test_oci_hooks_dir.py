@@ -14,8 +14,8 @@ import pytest
 from hostagent.cdi.refresh import generate
 from hostagent.cdi.render import render
 from hostagent.cdi.spec import SpecOptions
-from hostagent.hostroot import HostRoot
 from hostagent.sim.driverroot import create_node
+from hostagent.sim.platform import simulated_host
 
 from .conftest import podman_run
 
@@ -29,7 +29,7 @@ def spec_and_hooks_dir(tmp_path_factory):
         pytest.skip("container engines need root here")
     root = tmp_path_factory.mktemp("node")
     create_node(root, "t4x2")
-    spec = generate(HostRoot.simulation(root), SpecOptions()).spec
+    spec = generate(simulated_host(root), SpecOptions()).spec
     spec_path = root / "nvidia.com-gpu.json"
     spec_path.write_text(render(spec))
     spec_path.chmod(0o644)

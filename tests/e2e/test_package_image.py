@@ -13,7 +13,7 @@ import pytest
 
 from hostagent import __version__
 from hostagent.client import Client
-from hostagent.hostroot import HostRoot
+from hostagent.sim.platform import simulated_host
 
 from ..programs import script
 from .conftest import PODMAN_FLAGS
@@ -67,7 +67,7 @@ def test_image_is_tagged_with_the_version_and_runs_the_agent_on_a_simulated_node
     try:
         socket = wait_for(sim_node / "run/hostagent/hostagent.sock", name)
         # The agent in the container answers the host's client on the shared socket.
-        with Client.for_host(HostRoot.simulation(sim_node), timeout=10) as client:
+        with Client.for_host(simulated_host(sim_node), timeout=10) as client:
             node = client.node()
         assert node["agent"]["version"] == __version__ and node["gpus"] == 2
         assert podman("exec", name, "hostagentd", "--check").returncode == 0

@@ -24,6 +24,7 @@ from hostagent.cdi.refresh import generate
 from hostagent.cdi.render import render
 from hostagent.cdi.spec import SpecOptions
 from hostagent.cli.main import main
+from hostagent.sim.platform import simulated_host
 
 from .conftest import require
 
@@ -85,13 +86,12 @@ def spec_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def spec(spec_dir, tmp_path_factory):
-    from hostagent.hostroot import HostRoot
     from hostagent.sim.driverroot import create_node
     require("containerd", "ctr", "runc", "podman", "busybox")
     root = tmp_path_factory.mktemp("node")
     create_node(root, "dgx-a100")
     vendor = f"e2e-{uuid.uuid4().hex[:8]}.hostagent.test"
-    generated = generate(HostRoot.simulation(root), SpecOptions(vendor=vendor))
+    generated = generate(simulated_host(root), SpecOptions(vendor=vendor))
     (spec_dir / f"{vendor}-gpu.json").write_text(render(generated.spec))
     return generated.spec
 

@@ -16,8 +16,8 @@ from pathlib import Path
 
 from hostagent.client import Client, DaemonNotRunning
 from hostagent.errors import UnavailableError
-from hostagent.hostroot import HostRoot
 from hostagent.sim.driverroot import create_node
+from hostagent.sim.platform import simulated_host
 
 __all__ = ["make_root", "AgentProcess", "ABSENT_GROUP", "existing_group"]
 
@@ -61,7 +61,7 @@ def make_root(profile: str = "dgx-a100") -> Path:
 class AgentProcess:
     def __init__(self, root: Path, config: dict | None = None, env: dict | None = None):
         self.root = Path(root)
-        self.host = HostRoot.simulation(self.root)
+        self.host = simulated_host(self.root)
         self.config = self.root / "etc/hostagent/config.yaml"
         self.write_config(FAST if config is None else config)
         self.env = env or {}

@@ -8,8 +8,8 @@ import signal
 import time
 from pathlib import Path
 
-from hostagent.hostroot import HostRoot
 from hostagent.sharing import mps
+from hostagent.sim.platform import simulated_host
 
 __all__ = ["running", "stop_all"]
 
@@ -33,7 +33,7 @@ def running(root: Path) -> list[int]:
 def stop_all(root: Path) -> list[int]:
     """Stop every daemon of the node (as ``off`` would, then by signal) and unmount its
     shared /dev/shm; returns the pids that were still running before."""
-    host = HostRoot.simulation(root)
+    host = simulated_host(root)
     left = running(root)
     for uuid in mps.find_daemons(host):
         mps.stop(host, uuid, timeout=2.0)

@@ -62,9 +62,10 @@ def test_devices_list_shape(agent):
     assert g["cdi_devices"] == ["nvidia.com/gpu=0", f"nvidia.com/gpu={g['uuid']}"]
     assert g["health"]["state"] == "healthy" and g["health"]["reason"] == "healthy"   # monitor running
     assert g["allocatable"] is True and g["allocations"] == []
-    assert g["mig"] == {"capable": True, "enabled": False, "pending": False, "devices": []}
+    assert g["mig_capable"] is True and g["product"] == "NVIDIA A100-SXM4-40GB" and g["name"] == "0"
+    assert g["mig"] == {"mode": {"current": "disabled", "pending": "disabled"}, "devices": [], "gpu_instances": []}
     assert 0 < g["revision"] <= data["revision"]
-    assert data["mig_devices"] == [] and data["unreadable"] == []
+    assert data["mig_devices"] == [] and data["unreadable"] == [] and data["unread"] == []
 
 
 def test_device_by_every_name(agent):
@@ -225,7 +226,7 @@ def test_mig_change_behind_the_agents_back(own_agent):
                                                                f"nvidia.com/gpu={m['uuid']}"]
         assert c.device(m["name"])["uuid"] == m["uuid"] == c.device(quote(m["uuid"]))["uuid"]
         gpu7 = c.device("7")
-        assert gpu7["mig"]["enabled"] and gpu7["allocatable"] is False and gpu7["cdi_devices"] == []
+        assert gpu7["mig"]["mode"]["current"] == "enabled" and gpu7["allocatable"] is False and gpu7["cdi_devices"] == []
 
 
 def test_sigterm_ends_watch_streams_cleanly():
@@ -262,7 +263,7 @@ def test_client_mig_methods():
     agent = AgentProcess(make_root()).start()
     try:
         with agent.client(timeout=None) as c:
-            assert [g["mig"]["enabled"] for g in c.mig()["gpus"]] == [False] * 8
+            assert [g["mig"]["mode"]["current"] == "enabled" for g in c.mig()["gpus"]] == [False] * 8
             plan = c.mig_plan("all-1g.5gb")["plan"]
             assert plan["config"] == "all-1g.5gb" and plan["changed"] == list(range(8))
             assert c.mig_apply("all-1g.5gb", dry_run=True)["dry_run"] is True

@@ -235,7 +235,7 @@ def test_cli_without_hooks_goes_through_the_daemon_with_its_flags(agent, tmp_pat
     done = subprocess.run(cli + ["-c", "two", "--mode-only"], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and "applying through the daemon" in done.stderr, done.stderr
     with agent.client() as c:
-        assert [g["mig"]["enabled"] for g in c.mig()["gpus"]][:3] == [True, True, False]
+        assert [g["mig"]["mode"]["current"] == "enabled" for g in c.mig()["gpus"]][:3] == [True, True, False]
         assert c.devices(type="mig")["mig_devices"] == []          # modes only
     done = subprocess.run(cli + ["-c", "none"], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
@@ -294,7 +294,7 @@ def test_kill9_during_apply_then_restart():
             spec = json.loads((root / "var/run/cdi/nvidia.com-gpu.json").read_text())
             names = {d["name"] for d in spec["devices"]}
             for dev in c.devices()["gpus"] + c.devices()["mig_devices"]:
-                if dev["kind"] == "gpu" and dev["mig"]["enabled"]:
+                if dev["kind"] == "gpu" and dev["mig"]["mode"]["current"] == "enabled":
                     assert dev["name"] not in names
                 else:
                     assert dev["name"] in names and dev["uuid"] in names
@@ -320,7 +320,7 @@ def test_a_driver_loaded_after_the_daemon_started_gets_the_configured_layout():
         with agent.client() as c:
             c.refresh()
             deadline = time.monotonic() + 30
-            while not all(g["mig"]["enabled"] for g in c.get("/v1/mig")["gpus"]):
+            while not all(g["mig"]["mode"]["current"] == "enabled" for g in c.get("/v1/mig")["gpus"]):
                 assert time.monotonic() < deadline, agent.log()
                 time.sleep(0.1)
             assert len(c.devices(type="mig")["mig_devices"]) == 8 * 4       # 2x 1g, 2g, 3g each

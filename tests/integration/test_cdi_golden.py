@@ -14,11 +14,11 @@ from hostagent.cdi.render import render
 from hostagent.cdi.spec import SpecOptions
 from hostagent.cdi.validate import validate_spec
 from hostagent.devices import read_inventory
-from hostagent.hostroot import HostRoot
 from hostagent.sim import catalog
 from hostagent.sim.driverroot import create_node
 from hostagent.sim.files import add_drm_nodes, create_cap_nodes
 from hostagent.sim.node import MIG_ENABLE
+from hostagent.sim.platform import simulated_host
 
 
 GOLDEN = Path(__file__).parents[2] / "cdi-specs"
@@ -29,7 +29,7 @@ CASES = catalog.profile_names() + ["dgx-a100-mig", "t4x2-drm"]
 
 def build(root: Path, case: str) -> dict:
     store = create_node(root, case.removesuffix("-mig").removesuffix("-drm"), real_nodes=True, dynamic_majors=MAJORS)
-    host = HostRoot.simulation(root)
+    host = simulated_host(root)
     if case == "t4x2-drm":
         for card, gpu in enumerate(read_inventory(host).gpus, start=1):
             add_drm_nodes(root, store.facts, gpu.sysfs_bus_id, card)

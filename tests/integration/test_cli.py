@@ -33,7 +33,8 @@ def test_version():
 
 def test_devices_json_and_yaml_agree(node):
     data = json.loads(hostagent("--simulate", node, "devices", "-o", "json").stdout)
-    assert [g["name"] for g in data["gpus"]] == ["NVIDIA A100-SXM4-80GB"] * 2 + ["Tesla T4"]
+    assert [g["product"] for g in data["gpus"]] == ["NVIDIA A100-SXM4-80GB"] * 2 + ["Tesla T4"]
+    assert [g["name"] for g in data["gpus"]] == ["0", "1", "2"]
     assert data["gpus"][2]["mig"] is None and data["gpus"][2]["mig_capable"] is False
     assert data["gpus"][0]["mig_capable"] is True
     assert data["gpus"][0]["mig"]["mode"] == {"current": "disabled", "pending": "disabled"}
@@ -42,16 +43,19 @@ def test_devices_json_and_yaml_agree(node):
         ("0x20B210DE", "0x147F10DE"), ("0x1EB810DE", "0x12A210DE")]
     assert "profiles" not in data["gpus"][0]["mig"]           # only with --profiles
     assert [g["numa_node"] for g in data["gpus"]] == [0, 0, 1]
+    assert data["mig_devices"] == [] and data["unreadable"] == [] and data["unread"] == []
+    # Without a daemon: health unknown, and what only the daemon knows is left out.
+    assert {g["health"]["state"] for g in data["gpus"]} == {"unknown"}
+    assert not {"allocations", "allocatable", "replicas", "revision", "cdi_devices"} & set(data["gpus"][0])
+    assert "revision" not in data
     keys = list(data["gpus"][0])
     assert keys.index("mig_capable") == keys.index("mig") - 1
     assert yaml.safe_load(hostagent("--simulate", node, "devices", "-o", "yaml").stdout) == data
-    assert "mig_profiles" not in data
     with_profiles = json.loads(hostagent("--simulate", node, "devices", "--profiles", "-o", "json").stdout)
-    groups = with_profiles["mig_profiles"]            # once for the two A100s; the T4 has none
-    assert [(g["gpus"], g["product"]) for g in groups] == [([0, 1], "NVIDIA A100-SXM4-80GB")]
-    names = [p["name"] for p in groups[0]["profiles"]]
+    names = [p["name"] for p in with_profiles["gpus"][0]["mig"]["profiles"]]
     assert "3g.40gb" in names and "1g.10gb+me" in names
-    assert "profiles" not in with_profiles["gpus"][0]["mig"]
+    assert with_profiles["gpus"][1]["mig"]["profiles"] == with_profiles["gpus"][0]["mig"]["profiles"]
+    assert with_profiles["gpus"][2]["mig"] is None
 
 
 def test_devices_table_shows_mig_devices_and_profiles(node):

@@ -17,6 +17,7 @@ import pytest
 
 from hostagent.cli.main import build_parser, main
 from hostagent.sim.driverroot import create_node
+from hostagent.sim.platform import simulated_host
 from tests.programs import PROGRAMS, script
 
 # One invocation of each command (after "hostagent --simulate ROOT"), on an a30x4 node
@@ -132,7 +133,6 @@ def test_every_program_answers_help_and_version(program):
 def shared_node():
     """A node another user can traverse but not change (owned by root, mode 0755)."""
     import shutil
-    from hostagent.hostroot import HostRoot
     from hostagent.cdi.refresh import configured_options, refresh
     root = Path(tempfile.mkdtemp(prefix="ha-nonroot-"))
     root.chmod(0o755)
@@ -143,7 +143,7 @@ def shared_node():
                                        "    - {name: nvidia.com/gpu, replicas: 2}\n")
     from .kubeapi import kubeconfig
     kubeconfig(root / "kubeconfig", "http://127.0.0.1:9").chmod(0o644)    # an API server nobody runs
-    host = HostRoot.simulation(root)
+    host = simulated_host(root)
     refresh(host, configured_options(host))
     yield root
     shutil.rmtree(root, ignore_errors=True)

@@ -302,7 +302,7 @@ def test_devices_command_shows_health(node):
     assert {rows[m["name"]] for m in node.migs} == {"healthy"}  # MIG devices have their own rows
     data = json.loads(node.cli("devices", "-o", "json").stdout)
     assert data["gpus"][3]["health"]["state"] == "unhealthy" and data["gpus"][3]["health"]["reason"] == "ecc_dbe"
-    assert {d["health"]["state"] for d in data["gpus"][0]["mig"]["devices"]} == {"healthy"}
+    assert {d["health"]["state"] for d in data["mig_devices"] if d["parent_index"] == 0} == {"healthy"}
     with node.client() as c:                                   # leave the node healthy for others
         c.clear_health(["3"])
         assert c.device("3")["health"]["state"] == "healthy"

@@ -9,11 +9,11 @@ import pytest
 
 from hostagent.cli.main import main
 from hostagent.devices import read_inventory
-from hostagent.hostroot import HostRoot
 from hostagent.mig import service
 from hostagent.mig.planner import PlanError
 from hostagent.mig.spec import parse_spec
 from hostagent.sim.driverroot import create_node
+from hostagent.sim.platform import simulated_host
 
 OLD = "495.29.05"
 
@@ -21,7 +21,7 @@ OLD = "495.29.05"
 def node(tmp_path, profile, version=None):
     root = tmp_path / f"{profile}-{version or 'default'}"
     create_node(root, profile, driver_version=version)
-    return HostRoot.simulation(root)
+    return simulated_host(root)
 
 
 def test_an_older_branch_reports_other_memory_and_profiles_under_the_same_names(tmp_path):

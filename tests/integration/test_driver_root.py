@@ -8,7 +8,6 @@ import pytest
 
 from hostagent.errors import StateError
 from hostagent.devices import read_inventory
-from hostagent.hostroot import HostRoot
 from hostagent.sim import catalog
 from hostagent.sim import driverlibs
 from hostagent.sim.driverroot import LIB_DIR, create_node
@@ -16,6 +15,7 @@ from hostagent.sim.elf import read_soname
 from hostagent.sim import control
 from hostagent.sim.files import create_cap_nodes
 from hostagent.sim.node import MIG_ENABLE
+from hostagent.sim.platform import simulated_host
 
 
 def majors(root):
@@ -39,13 +39,13 @@ def test_device_nodes_are_character_devices_with_the_listed_majors(tmp_path):
         st = os.lstat(tmp_path / "dev" / name)
         assert stat.S_ISCHR(st.st_mode), name
         assert (os.major(st.st_rdev), os.minor(st.st_rdev)) == (major, minor), name
-    assert read_inventory(HostRoot.simulation(tmp_path)).device_nodes == "char"
+    assert read_inventory(simulated_host(tmp_path)).device_nodes == "char"
 
 
 def test_without_mknod_nodes_are_regular_files_and_the_inventory_says_so(tmp_path):
     create_node(tmp_path, "t4x2", real_nodes=False)
     assert (tmp_path / "dev/nvidia0").is_file()
-    assert read_inventory(HostRoot.simulation(tmp_path)).device_nodes == "regular-files"
+    assert read_inventory(simulated_host(tmp_path)).device_nodes == "regular-files"
 
 
 def test_proc_files(tmp_path):
@@ -148,7 +148,7 @@ def test_reboot_leaves_only_the_fixed_capability_nodes_and_loads_the_driver(tmp_
     assert sorted(p.name for p in (tmp_path / "dev/nvidia-caps").iterdir()) == ["nvidia-cap1", "nvidia-cap2"]
     state = store.read()
     assert state.driver_loaded and state.gpus[2].mig_current == MIG_ENABLE and state.gpus[2].gis == []
-    assert read_inventory(HostRoot.simulation(tmp_path)).gpus[2].mig.enabled
+    assert read_inventory(simulated_host(tmp_path)).gpus[2].mig.enabled
 
 
 def test_driver_reload_drops_instances_and_their_capability_files(tmp_path):
@@ -163,7 +163,7 @@ def test_driver_reload_drops_instances_and_their_capability_files(tmp_path):
     control.release(store)
     control.set_driver_loaded(store, False)
     control.set_driver_loaded(store, True)
-    gpu = read_inventory(HostRoot.simulation(tmp_path)).gpus[0]
+    gpu = read_inventory(simulated_host(tmp_path)).gpus[0]
     assert not gpu.mig.enabled and not gpu.mig.pending and not list(caps.rglob("access"))
 
 
@@ -187,6 +187,6 @@ def test_a_package_upgrade_replaces_every_library_of_the_old_version(tmp_path):
     assert read_soname(tmp_path / LIB_DIR / f"libnvidia-glcore.so.{new}") == f"libnvidia-glcore.so.{new}"
     faults.clear(store, "mismatch")
     from hostagent.cdi.discover import Discovery
-    mounts = {m.container_path for m in Discovery(HostRoot.simulation(tmp_path), new).libraries().mounts}
+    mounts = {m.container_path for m in Discovery(simulated_host(tmp_path), new).libraries().mounts}
     assert f"/{LIB_DIR}/vdpau/libvdpau_nvidia.so.{new}" in mounts
     assert len(mounts) == 33

@@ -16,6 +16,7 @@ from hostagent.cdi.validate import validate_spec
 from hostagent.devices.nvmllib import load_host_library
 from hostagent.hostroot import HostRoot, resolve_within
 from hostagent.sim.driverroot import LIB_DIR
+from hostagent.sim.platform import simulator
 
 from ..programs import script
 
@@ -183,7 +184,7 @@ def test_the_configuration_hostagent_config_names_is_the_daemons_and_the_clis(tm
         assert found.returncode == 0 and "healthy" in found.stdout, found.stderr
         alone = status(clean)                # the host's configuration: the default socket, no daemon
         assert alone.returncode != 0 and "no health monitor has published state" in alone.stderr
-        assert HostRoot.from_env(str(root)).config_file == root / "etc/hostagent/config.yaml"
+        assert HostRoot.from_env(str(root), simulator=simulator).config_file == root / "etc/hostagent/config.yaml"
     finally:
         daemon.terminate()
         daemon.wait(30)

@@ -9,9 +9,9 @@ import pytest
 
 from hostagent.devices import nvml_session, read_inventory
 from hostagent.errors import DriverNotLoaded, NvmlLibraryMissing, NotFoundError
-from hostagent.hostroot import HostRoot
 from hostagent.sim import catalog, control
 from hostagent.sim.node import MIG_ENABLE
+from hostagent.sim.platform import simulated_host
 
 PROFILES = catalog.profile_names()
 
@@ -63,7 +63,7 @@ def test_profile_tables_read_the_same_through_v1_and_versioned_structs(make_node
 
 def test_profile_ids_are_per_gpu_not_hard_coded(make_node):
     _, a30 = make_node("a30x4")
-    host_a30 = HostRoot.simulation(a30.root)
+    host_a30 = simulated_host(a30.root)
     host_a100, _ = make_node("dgx-a100")
     a30_profile = read_inventory(host_a30).gpus[0].mig.profile("1g.6gb")
     a100_profile = read_inventory(host_a100).gpus[0].mig.profile("2g.10gb")
@@ -136,10 +136,10 @@ def test_gpu_instances_are_all_read_when_nvml_reports_too_small_an_instance_coun
     assert done.returncode == 0, done.stderr
     doc = json.loads(done.stdout)
     (gpu0, *_) = doc["gpus"]
-    (profiles,) = [g["profiles"] for g in doc["mig_profiles"] if 0 in g["gpus"]]
+    profiles = gpu0["mig"]["profiles"]
     assert [p["instances"] for p in profiles if p["id"] == 14] == [1]   # as NVML says
     assert [g["placement"]["start"] for g in gpu0["mig"]["gpu_instances"]] == [0, 1, 2, 3]
-    assert len(gpu0["mig"]["devices"]) == 4
+    assert len(gpu0["mig"]["devices"]) == 4 and len(doc["mig_devices"]) == 4
 
 
 @pytest.mark.parametrize("sku, gi_profile, expected", [
@@ -263,7 +263,7 @@ def test_driver_not_loaded_is_a_clear_error(make_node):
 
 def test_not_a_simulated_node(tmp_path):
     with pytest.raises(NotFoundError, match="not a simulated node"):
-        read_inventory(HostRoot.simulation(tmp_path))
+        read_inventory(simulated_host(tmp_path))
 
 
 def test_missing_nvml_library_is_a_clear_error():
@@ -309,18 +309,18 @@ def test_numa_node_is_read_from_sysfs_through_the_host_root(make_node):
     assert [g.numa_node for g in read_inventory(host).gpus][:5] == [0, None, None, None, 1]
 
 
-def test_numa_node_in_the_daemons_gpu_view_matches_its_schema(make_node):
+def test_numa_node_in_a_gpus_document_matches_its_schema(make_node):
     import json
     from importlib import resources
 
     import jsonschema
 
-    from hostagent.daemon.views import gpu_view
+    from hostagent import model
     host, _ = make_node("mixed")
     host.sys(f"bus/pci/devices/{read_inventory(host).gpus[2].sysfs_bus_id}/numa_node").write_text("-1\n")
     doc = json.loads(resources.files("hostagent.api").joinpath("openapi.json").read_text())
     gpu_schema = doc["components"]["schemas"]["Gpu"]["allOf"][1]["properties"]
-    views = [gpu_view(g) for g in read_inventory(host).gpus]
+    views = [model.gpu(g) for g in read_inventory(host).gpus]
     assert [v["numa_node"] for v in views] == [0, 0, None]
     for view in views:
         jsonschema.validate(view["numa_node"], gpu_schema["numa_node"])

@@ -10,7 +10,6 @@ import pytest
 
 from hostagent.devices import read_inventory
 from hostagent.errors import StateError
-from hostagent.hostroot import HostRoot
 from hostagent.mig import service
 from hostagent.mig.defaults import default_spec
 from hostagent.mig.layout import Layout
@@ -20,6 +19,7 @@ from hostagent.mig.spec import parse_spec
 from hostagent.sim import control
 from hostagent.sim.driverroot import create_node
 from hostagent.sim.files import mig_minors
+from hostagent.sim.platform import simulated_host
 
 CALLS = {CREATE_GI: "nvmlDeviceCreateGpuInstanceWithPlacement", DESTROY_GI: "nvmlGpuInstanceDestroy",
          CREATE_CI: "nvmlGpuInstanceCreateComputeInstanceWithPlacement", DESTROY_CI: "nvmlComputeInstanceDestroy"}
@@ -270,7 +270,7 @@ def test_capability_nodes_follow_the_layout_as_real_character_devices(make_node)
 
 def test_capability_nodes_are_regular_files_where_the_node_has_no_real_devices(tmp_path):
     create_node(tmp_path, "a30x4", real_nodes=False)
-    host = HostRoot.simulation(tmp_path)
+    host = simulated_host(tmp_path)
     service.apply(host, None, "all-4g.24gb")
     minors = expected_minors(host)
     assert cap_minors(host) == minors

@@ -11,7 +11,6 @@ import yaml
 
 from hostagent.cli.main import main
 from hostagent.devices import read_inventory
-from hostagent.hostroot import HostRoot
 from hostagent.lock import node_lock
 from hostagent.mig.layout import Layout
 
@@ -256,8 +255,8 @@ def test_read_commands_do_not_wait_for_a_running_apply(capsys, node):
     # An apply in progress in another process: journal present, lock held.
     from hostagent.mig.journal import Journal
     Journal.path(host).write_text("{}")
-    code = ("import sys, time; from hostagent.lock import node_lock; from hostagent.hostroot import HostRoot\n"
-            "with node_lock(HostRoot.simulation(sys.argv[1]), 'mig apply'):\n"
+    code = ("import sys, time; from hostagent.lock import node_lock; from hostagent.sim.platform import simulated_host\n"
+            "with node_lock(simulated_host(sys.argv[1]), 'mig apply'):\n"
             "    print('locked', flush=True); time.sleep(30)")
     holder = subprocess.Popen([sys.executable, "-c", code, str(host.root)], stdout=subprocess.PIPE, text=True)
     try:

@@ -47,8 +47,8 @@ def test_kill_faults_kill_the_process_before_or_after_the_call_takes_effect(make
         s.set_mig_mode(store.facts, 0, 1)
     code = ("import sys, pynvml as N\n"
             "from hostagent.devices import nvml_session\n"
-            "from hostagent.hostroot import HostRoot\n"
-            "with nvml_session(HostRoot.simulation(sys.argv[1])):\n"
+            "from hostagent.sim.platform import simulated_host\n"
+            "with nvml_session(simulated_host(sys.argv[1])):\n"
             "    h = N.nvmlDeviceGetHandleByIndex(0)\n"
             "    N.nvmlDeviceCreateGpuInstanceWithPlacement(h, 19, N.byref(N.c_nvmlGpuInstancePlacement_t(0, 1)))\n"
             "print('survived')\n")

@@ -10,10 +10,10 @@ import pytest
 
 from hostagent.cli.main import main
 from hostagent.errors import StateError
-from hostagent.hostroot import HostRoot
 from hostagent.runtime import files
 from hostagent.runtime.configure import apply_plan, plan_configure
 from hostagent.runtime.engine import Settings
+from hostagent.sim.platform import simulated_host
 
 INPUTS = Path(__file__).parent / "golden" / "runtime" / "inputs"
 
@@ -177,7 +177,7 @@ def test_read_only_drop_in_directory_changes_nothing(root, tmp_path):
 
 
 def _plan(root):
-    host = HostRoot.simulation(root)
+    host = simulated_host(root)
     return host, plan_configure(host, "containerd", Settings(cdi=True))
 
 

@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 
 from hostagent.cli.main import main
-from hostagent.hostroot import HostRoot
 from hostagent.errors import StateError
 from hostagent.runtime.configure import apply_plan, plan_configure
 from hostagent.runtime.engine import Settings
+from hostagent.sim.platform import simulated_host
 
 INPUTS = Path(__file__).parent / "golden" / "runtime" / "inputs"
 
@@ -113,7 +113,7 @@ def test_failed_configure_keeps_the_earlier_backup(root, tmp_path):
     assert configure(root, tmp_path, "containerd") == 0
     drop_in = root / "etc/containerd/conf.d/99-hostagent.toml"
     written = drop_in.read_text()
-    plan = plan_configure(HostRoot.simulation(root), "containerd", Settings(cdi=True))
+    plan = plan_configure(simulated_host(root), "containerd", Settings(cdi=True))
     with pytest.raises(StateError):
         apply_plan(plan, tmp_path / "b" / "containerd", before_rename=lambda: drop_in.write_text("# meanwhile\n"))
     drop_in.write_text(written)

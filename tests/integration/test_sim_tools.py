@@ -17,11 +17,11 @@ from pathlib import Path
 import pytest
 
 from hostagent.devices import read_inventory
-from hostagent.hostroot import HostRoot
 from hostagent.sim import control
 from hostagent.sim.driverroot import create_node
 from hostagent.sim.files import mig_minors
 from hostagent.sim.node import MIG_DISABLE, MIG_ENABLE
+from hostagent.sim.platform import simulated_host
 
 TIMEOUT = 10
 
@@ -166,7 +166,7 @@ def test_list_gpus_with_mig_devices(sim_node):
     names = [line.split()[1] for line in lines[1:5]]
     assert names == ["3g.20gb", "2g.10gb", "1g.5gb", "1g.5gb"]
     # The "Device N" numbers are NVML's MIG device indices: the inventory's, CDI's <gpu>:<N>.
-    inv = read_inventory(HostRoot.simulation(node.root))
+    inv = read_inventory(simulated_host(node.root))
     assert [line.split("Device", 1)[1] for line in lines[1:5]] == \
         [f"{d.index:>3}: (UUID: {d.uuid})" for d in inv.gpus[0].mig.devices]
     assert lines[5].startswith("GPU 1: ") and len(lines) == 4 + 8
@@ -504,5 +504,5 @@ def test_versions_follow_a_simulated_upgrade(sim_node):
     assert "CUDA Version: 12.4" in r.stdout                            # R550's, not R535's 12.2
     r = node.smi("--query-gpu=driver_version", "--format=csv,noheader")
     assert r.stdout == "550.127.05\n550.127.05\n"
-    inv = read_inventory(HostRoot.from_env(str(node.root)))
+    inv = read_inventory(simulated_host(node.root))
     assert inv.driver_version == "550.127.05" and inv.cuda_driver_version == "12.4"

@@ -26,11 +26,11 @@ import pytest
 
 from hostagent.cli.main import main as cli_main
 from hostagent.devices import read_inventory
-from hostagent.hostroot import HostRoot
 from hostagent.sim import control, fakenvml
 from hostagent.sim.driverroot import create_node
 from hostagent.sim.files import create_cap_nodes
 from hostagent.sim.node import MIG_ENABLE
+from hostagent.sim.platform import simulated_host
 from hostagent.sim.tools import nvidia_smi
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to start processes as another user")
@@ -204,19 +204,20 @@ def test_devices_lists_every_gpu_and_mig_device_and_says_what_it_could_not_read(
     assert rc == 0, err
     mine = json.loads(out)
     assert [g["uuid"] for g in mine["gpus"]] == [g["uuid"] for g in root_view["gpus"]] and not mine["unreadable"]
-    key = ("uuid", "index", "gi", "ci", "profile", "memory_mib", "multiprocessors", "decoders", "jpegs")
+    key = ("uuid", "index", "gi", "ci", "profile", "memory_mib", "multiprocessors", "engines")
     for gpu, theirs in zip(mine["gpus"], root_view["gpus"]):
         assert gpu["minor"] == theirs["minor"]
         if gpu["mig"] and gpu["mig"]["mode"]["current"] == "enabled":
             assert gpu["memory_mib"] is None and gpu["mig"]["gpu_instances"] == []
-            assert [{k: d[k] for k in key} for d in gpu["mig"]["devices"]] == \
-                [{k: d[k] for k in key} for d in theirs["mig"]["devices"]]
-            assert all(d["placement"] is None for d in gpu["mig"]["devices"])
+            assert gpu["mig"]["devices"] == theirs["mig"]["devices"]
         else:
             assert gpu["memory_mib"] == theirs["memory_mib"]
+    assert [{k: d[k] for k in key} for d in mine["mig_devices"]] == \
+        [{k: d[k] for k in key} for d in root_view["mig_devices"]]
+    assert all(d["placement"] is None for d in mine["mig_devices"])
     assert {(u["gpu"], u["what"]) for u in mine["unread"]} >= {
         (0, "memory"), (0, "gpu instances"), (1, "memory"), (1, "gpu instances"), (2, "placements")}
-    assert len([d for g in mine["gpus"] if g["mig"] for d in g["mig"]["devices"]]) == 10
+    assert len(mine["mig_devices"]) == 10
     rc, text, _ = table
     assert rc == 0 and "GPU 0: NVML refused this user its memory, placements, gpu instances" in text
     assert "mig/monitor capability" in text and "1:4 " in text
@@ -238,7 +239,7 @@ def test_labels_and_cdi_spec_are_whole_without_privilege(node):
 
 
 def test_health_watch_without_privilege_sees_only_whole_gpu_events_and_says_so(node):
-    mig_dev = read_inventory(HostRoot.simulation(node.root)).gpus[0].mig.devices[1]
+    mig_dev = read_inventory(simulated_host(node.root)).gpus[0].mig.devices[1]
     with monitor_mode(node, 0o400):
         out, err = tempfile.NamedTemporaryFile(), tempfile.NamedTemporaryFile()
         pid = os.fork()

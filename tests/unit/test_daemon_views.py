@@ -5,16 +5,17 @@ from dataclasses import replace
 
 from hostagent.daemon.allocations import Allocation
 from hostagent.daemon.health import Health, unmonitored
-from hostagent.daemon.views import BaseViews, allocation_json, allocation_view, device_views
+from hostagent.daemon.views import BaseViews, allocation_json, device_views
+from hostagent.model import allocation as allocation_view
 from hostagent.devices import Inventory
-from hostagent.hostroot import HostRoot
 from hostagent.sim.driverroot import create_node
+from hostagent.sim.platform import simulated_host
 
 
 def _inventory(tmp_path, profile="dgx-a100"):
     from hostagent.devices import read_inventory
     create_node(tmp_path, profile)
-    return read_inventory(HostRoot.simulation(tmp_path))
+    return read_inventory(simulated_host(tmp_path))
 
 
 def test_views_from_the_kept_inventory_part_equal_fresh_ones_and_follow_a_new_inventory(tmp_path):

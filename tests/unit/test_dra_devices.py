@@ -6,7 +6,7 @@ import subprocess
 
 import pytest
 
-from hostagent.daemon.views import gpu_view, mig_view, profile_view
+from hostagent import model
 from hostagent.devices import read_inventory
 from hostagent.plugins.dra.devices import build_pool, mig_name, profile_label, semver
 from hostagent.plugins.dra.quantity import format_quantity, parse_quantity
@@ -21,13 +21,11 @@ def smi(host, *args):
 
 
 def views(host):
+    """The inventory as the agent renders it (the model), each GPU's MIG profiles apart."""
     inv = read_inventory(host)
-    out = {g.uuid: gpu_view(g) for g in inv.gpus}
-    for g in inv.gpus:
-        for d in (g.mig.devices if g.mig else ()):
-            out[d.uuid] = mig_view(d, g)
-    profiles = {g.uuid: [profile_view(p) for p in g.mig.profiles] for g in inv.gpus if g.mig}
-    node = {"driver_version": inv.driver_version, "cuda_driver_version": inv.cuda_driver_version}
+    out = model.inventory_devices(inv)
+    profiles = {g.uuid: [model.mig_profile(p) for p in g.mig.profiles] for g in inv.gpus if g.mig}
+    node = model.node(inv, hostname="node-1", simulated=True)
     return inv, out, profiles, node
 
 

@@ -6,7 +6,7 @@ from hostagent.driver.distro import Distro, parse_os_release, read_distro
 from hostagent.driver.packages import PackageFacts, upstream
 from hostagent.driver.plan import InstallPlan, NodeState, Service, flavour_for, plan_install, plan_restore
 from hostagent.errors import NotFoundError, StateError, UsageError
-from hostagent.hostroot import HostRoot
+from hostagent.sim.platform import simulated_host
 
 DEBIAN = Distro("debian", "12", "bookworm", "Debian GNU/Linux 12 (bookworm)", "debian")
 UBUNTU = Distro("ubuntu", "22.04", "jammy", "Ubuntu 22.04.4 LTS", "ubuntu")
@@ -153,7 +153,7 @@ def test_distributions(tmp_path):
     def distro(text):
         (tmp_path / "etc").mkdir(exist_ok=True)
         (tmp_path / "etc/os-release").write_text(text)
-        return read_distro(HostRoot.simulation(tmp_path))
+        return read_distro(simulated_host(tmp_path))
     assert distro('ID=ubuntu\nID_LIKE=debian\nVERSION_ID="24.04"\n').family == "ubuntu"
     assert distro('ID="rocky"\nID_LIKE="rhel centos fedora"\nVERSION_ID="9.4"\n').manager == "dnf"
     assert distro('ID=debian\nVERSION_ID="12"\nVERSION_CODENAME=bookworm\n').codename == "bookworm"

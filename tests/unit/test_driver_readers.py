@@ -10,6 +10,7 @@ from hostagent.driver.kmsg import find, read_kernel_log
 from hostagent.driver.modinfo import read_module_info
 from hostagent.hostroot import HostRoot
 from hostagent.sim.kmod import module_bytes
+from hostagent.sim.platform import simulated_host
 
 
 @pytest.mark.parametrize("name, pack", [("nvidia.ko", bytes), ("nvidia.ko.xz", lzma.compress),
@@ -41,7 +42,7 @@ def test_kernel_log_keeps_the_driver_lines_of_every_record(tmp_path):
         "4,3,201,-;NVRM: this kernel module has the version 550.90.07.  Please\n"
         "3,4,300,-;NVRM: Xid (PCI:0000:07:00): 79, pid=0, GPU has fallen off the bus.\n"
         "3,5,400,-;Loading of unsigned module is rejected")
-    log = read_kernel_log(HostRoot.simulation(tmp_path))
+    log = read_kernel_log(simulated_host(tmp_path))
     assert log.readable and len(log.lines) == 4 and not any("usb" in line for line in log.lines)
     assert [m.group(1) for m in find(log, "api-mismatch")] == ["550.127.05"]
     assert [(m.group(1), m.group(2)) for m in find(log, "xid")] == [("0000:07:00", "79")]
@@ -69,7 +70,7 @@ def test_the_kernels_signature_policy_is_read_from_files(tmp_path):
 
 
 def test_kernel_log_missing_is_said_not_raised(tmp_path):
-    log = read_kernel_log(HostRoot.simulation(tmp_path))
+    log = read_kernel_log(simulated_host(tmp_path))
     assert not log.readable and "does not exist" in log.error
 
 

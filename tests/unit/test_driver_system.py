@@ -6,6 +6,7 @@ import pytest
 from hostagent.driver.system import Runner
 from hostagent.errors import HostagentError, NotFoundError
 from hostagent.hostroot import HostRoot
+from hostagent.sim.platform import simulated_host
 
 
 def program(root, rel, text="#!/bin/sh\n"):
@@ -23,7 +24,7 @@ def test_commands_run_in_the_host_root(tmp_path):
     real = Runner(HostRoot(root=tmp_path))                       # a host mounted elsewhere
     assert real.argv(["apt-get", "install", "x"]) == ["chroot", str(tmp_path), "/usr/bin/apt-get", "install", "x"]
     assert real.argv(["modprobe", "nvidia"]) == ["chroot", str(tmp_path), "/usr/sbin/modprobe", "nvidia"]
-    sim = Runner(HostRoot.simulation(tmp_path))
+    sim = Runner(simulated_host(tmp_path))
     assert sim.argv(["nvidia-smi", "-L"]) == [str(tmp_path / "usr/bin/nvidia-smi"), "-L"]
     assert sim.argv(["apt-get", "update"])[:2] == ["chroot", str(tmp_path)]
     with pytest.raises(HostagentError, match="has no modprobe of its own"):

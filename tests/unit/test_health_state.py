@@ -228,11 +228,11 @@ def test_unreadable_gpu_has_a_record():
 def test_annotate_and_rows():
     st = S.initial(INDEX, 0.0)
     st, _ = S.apply_event(st, event(xid=94, gi=7, ci=0, at=10.0), quiet_period=60, now=10.0)
-    from hostagent.cli.output import to_plain
-    listing = annotate({"gpus": to_plain(INV.gpus)}, st)
+    from hostagent import model
+    listing = annotate(model.device_list(model.inventory_devices(INV).values(), INV), st)
     g0 = listing["gpus"][0]
     assert g0["health"]["state"] == "healthy"
-    by_uuid = {d["uuid"]: d["health"] for d in g0["mig"]["devices"]}
+    by_uuid = {d["uuid"]: d["health"] for d in listing["mig_devices"]}
     assert by_uuid["MIG-0-7-0"] == {"state": "unhealthy", "since": 10.0, "reasons": ["XID 94 (instance)"],
                                     "last_xid": 94, "recover_at": 70.0}
     assert by_uuid["MIG-0-1-0"]["state"] == "healthy"

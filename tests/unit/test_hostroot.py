@@ -10,6 +10,7 @@ import pytest
 from hostagent.errors import StateError, UsageError
 from hostagent.fileio import ensure_dir, write_atomic
 from hostagent.hostroot import DRIVER_ROOT_ENV, HOST_ROOT_ENV, SIMULATE_ENV, HostRoot, resolve_within
+from hostagent.sim.platform import SIMULATOR, simulated_host, simulator
 
 
 @pytest.fixture
@@ -63,7 +64,7 @@ def test_on_host_removes_a_mounted_root_only(debian, tmp_path):
     with pytest.raises(StateError):
         mounted.on_host(tmp_path / "elsewhere")
     # A simulated node's files are on this machine: engines here use its paths as they are.
-    assert HostRoot.simulation(debian).on_host(debian / "dev/nvidia0") == str(debian / "dev/nvidia0")
+    assert simulated_host(debian).on_host(debian / "dev/nvidia0") == str(debian / "dev/nvidia0")
     assert HostRoot().on_host("/dev/nvidia0") == "/dev/nvidia0"
     assert HostRoot().host("/var/run/cdi") == Path("/var/run/cdi")   # "/": no resolution at all
 
@@ -76,13 +77,18 @@ def test_options_and_environment(monkeypatch, debian, tmp_path):
     monkeypatch.setenv(DRIVER_ROOT_ENV, "/run/nvidia/driver")
     host = HostRoot.from_env()
     assert host.mounted and not host.simulated and host.driver_root == debian / "run/nvidia/driver"
-    both = HostRoot.from_env(simulate=str(debian))
-    assert both.mounted and both.simulated
+    both = HostRoot.from_env(simulate=str(debian), simulator=simulator)
+    assert both.mounted and both.simulated and both.platform is SIMULATOR
     with pytest.raises(UsageError):
-        HostRoot.from_env(simulate=str(tmp_path))
+        HostRoot.from_env(simulate=str(tmp_path), simulator=simulator)
     monkeypatch.delenv(HOST_ROOT_ENV)
     # Without a mounted root the driver root is a path on this machine.
-    assert HostRoot.from_env(simulate=str(debian), driver_root=str(tmp_path)).driver_root == tmp_path
+    on_this = HostRoot.from_env(simulate=str(debian), driver_root=str(tmp_path), simulator=simulator)
+    assert on_this.driver_root == tmp_path and on_this.platform is SIMULATOR
+    # Only a program that wires the simulator in (hostagent, hostagentd) runs a simulated node.
+    monkeypatch.setenv(SIMULATE_ENV, str(debian))
+    with pytest.raises(UsageError, match="cannot run a simulated node"):
+        HostRoot.from_env()
 
 
 def test_resolve_within_keeps_what_does_not_exist(tmp_path):
@@ -114,7 +120,7 @@ def test_a_mounted_hosts_driver_programs_run_in_its_root(debian, tmp_path):
         ["chroot", str(debian / "run/nvidia/driver"), "/usr/bin/nvidia-smi"]
     assert HostRoot.mounted_at(debian).driver_command("nvidia-smi") is None
     # A simulated node's stand-ins run on this machine, mounted or not.
-    assert HostRoot.mounted_at(debian, "/run/nvidia/driver", simulated=True).driver_command("nvidia-smi") == [str(smi)]
+    assert HostRoot.mounted_at(debian, "/run/nvidia/driver", platform=SIMULATOR).driver_command("nvidia-smi") == [str(smi)]
     assert HostRoot(root=debian, driver_root=debian / "run/nvidia/driver").driver_command("nvidia-smi") == [str(smi)]
 
 

@@ -8,7 +8,8 @@ from hostagent.plugins.resources import GPU_RESOURCE, mig_resource, node_resourc
 
 def gpu(i, mig=None, numa=0, health="healthy", allocations=(), cdi=True):
     return {"kind": "gpu", "uuid": f"GPU-{i}", "index": i, "numa_node": numa,
-            "mig": None if mig is None else {"enabled": True, "devices": [m["uuid"] for m in mig]},
+            "mig": None if mig is None else {"mode": {"current": "enabled", "pending": "enabled"},
+                                             "devices": [m["uuid"] for m in mig]},
             "health": {"state": health, "message": f"{health} because"},
             "cdi_devices": [f"nvidia.com/gpu=GPU-{i}"] if cdi else [], "allocations": list(allocations)}
 

@@ -26,6 +26,7 @@ import functools
 import re
 from dataclasses import dataclass, field
 
+from ... import model
 from .quantity import format_quantity as quantity
 
 __all__ = ["Published", "CounterSet", "Pool", "build_pool", "gpu_name", "mig_name", "profile_label",
@@ -155,7 +156,7 @@ def _sysfs_bus_id(bus_id: str) -> str:
 
 def _mig_capacity(memory_mib: int, multiprocessors: int, engines: dict) -> dict:
     values = {"multiprocessors": multiprocessors, "copyEngines": engines.get("copy", 0),
-              "decoders": engines.get("decoders", 0), "encoders": engines.get("encoders", 0),
+              "decoders": engines.get("decoder", 0), "encoders": engines.get("encoder", 0),
               "jpegEngines": engines.get("jpeg", 0), "ofaEngines": engines.get("ofa", 0),
               "memory": memory_mib * 2 ** 20}
     return {k: {"value": quantity(v)} for k, v in values.items()}
@@ -182,12 +183,9 @@ def _gi_profile(profile: str) -> str:
     return re.sub(r"^\d+c\.", "", profile)
 
 
-def _existing_mig(mig: dict, gpu: dict, node: dict, profiles: list[dict]) -> Published:
-    gi_profile = _gi_profile(mig["profile"])
-    info = next((p for p in profiles if p["name"] == gi_profile), None)
-    gi_id = info["id"] if info else mig.get("gi_profile_id", 0)
-    partial = gi_profile != mig["profile"]
-    name = mig_name(gpu["minor"], mig["profile"], gi_id, mig["placement"]["start"],
+def _existing_mig(mig: dict, gpu: dict, node: dict) -> Published:
+    partial = _gi_profile(mig["profile"]) != mig["profile"]
+    name = mig_name(gpu["minor"], mig["profile"], mig["gi_profile_id"], mig["placement"]["start"],
                     mig["ci_placement"]["start"] if partial else None)
     return Published(name, "mig", gpu["uuid"], mig["uuid"], _mig_attributes(gpu, node, mig["profile"], mig["uuid"]),
                      _mig_capacity(mig["memory_mib"], mig["multiprocessors"], mig.get("engines") or {}),
@@ -234,7 +232,7 @@ def _dynamic(gpu: dict, node: dict, profiles: list[dict], migs: list[dict], made
     partition in the slices they leave free, and the counter set the partitions draw on
     (what the GPU has, less what those MIG devices use)."""
     static = [m for m in migs if m["uuid"] not in made]
-    out = [_existing_mig(m, gpu, node, profiles) for m in static]
+    out = [_existing_mig(m, gpu, node) for m in static]
     totals = {counter: 0 for _, counter in COUNTED}
     for p in profiles:
         usage = _usage(_mig_capacity(p["memory_mib"], p["multiprocessors"], p.get("engines") or {}), p["slices"])
@@ -246,8 +244,8 @@ def _dynamic(gpu: dict, node: dict, profiles: list[dict], migs: list[dict], made
     instances = set()
     for m in static:
         used.update(range(m["placement"]["start"], m["placement"]["start"] + m["placement"]["size"]))
-        key = (m["placement"]["start"], _gi_profile(m["profile"]))
-        info = next((p for p in profiles if p["name"] == key[1]), None)
+        key = (m["placement"]["start"], m["gi_profile_id"])
+        info = next((p for p in profiles if p["id"] == key[1]), None)
         if key in instances or info is None:
             continue                  # several compute instances of one GPU instance count once
         instances.add(key)
@@ -285,7 +283,7 @@ def build_pool(devices: dict[str, dict], profiles: dict[str, list[dict]], node: 
     problems: list[str] = []
     for gpu in gpus:
         children = sorted(migs.get(gpu["uuid"], ()), key=lambda m: (m["placement"]["start"], m["ci_placement"]["start"]))
-        if not (gpu.get("mig") or {}).get("enabled"):
+        if not model.mig_enabled(gpu):
             published.append(_gpu(gpu, node))
             continue
         gpu_profiles = profiles.get(gpu["uuid"]) or []
@@ -297,7 +295,7 @@ def build_pool(devices: dict[str, dict], profiles: dict[str, list[dict]], node: 
             continue
         if dynamic_mig:
             problems.append(f"GPU {gpu['index']}: its MIG profiles are unknown, no partitions offered")
-        published += [_existing_mig(m, gpu, node, gpu_profiles) for m in children]
+        published += [_existing_mig(m, gpu, node) for m in children]
     names: dict[str, str] = {}
     unique = []
     for d in published:

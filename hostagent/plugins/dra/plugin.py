@@ -22,6 +22,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from ... import model
 from ...errors import HostagentError
 from ..agentlink import AgentLink
 from .devices import Pool, build_pool
@@ -78,7 +79,7 @@ class DraPlugin:
 
     def _profiles(self, devices: dict) -> dict[str, list[dict]]:
         """MIG profiles of the MIG-mode GPUs (read once per GPU: they never change)."""
-        wanted = {u for u, d in devices.items() if d["kind"] == "gpu" and (d.get("mig") or {}).get("enabled")}
+        wanted = {u for u, d in devices.items() if d["kind"] == "gpu" and model.mig_enabled(d)}
         if self.options.dynamic_mig and wanted - set(self.profiles):
             try:
                 listing = self.link.client().devices(type="gpu", profiles=True)

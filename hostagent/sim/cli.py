@@ -1,11 +1,12 @@
-"""``hostagent sim``: create and drive a simulated GPU node."""
+"""``hostagent sim``: create and drive a simulated GPU node (registered by ``cli/main.py``
+beside the other commands)."""
 
 from __future__ import annotations
 
 import os
 
+from ..cli.output import add_output_flag, emit, table
 from ..errors import UsageError
-from .output import add_output_flag, emit, table
 
 __all__ = ["register"]
 
@@ -80,7 +81,7 @@ def register(sub) -> None:
     v.add_argument("action", choices=["load", "unload"])
     v.set_defaults(run=driver)
 
-    from ..sim.faults import FAULTS
+    from .faults import FAULTS
     v = _verb(verbs, "fault", "break the node's driver as a real host breaks (or, with --clear, "
                               "apply the admin's fix): " + "; ".join(f"{k}: {t}" for k, t in FAULTS.items()))
     v.add_argument("name", choices=list(FAULTS), metavar="FAULT", help=", ".join(FAULTS))
@@ -92,7 +93,7 @@ def register(sub) -> None:
 
 def _engines(text: str) -> tuple[str, ...]:
     import argparse
-    from ..sim.rootdir import ENGINE_DIRS
+    from .rootdir import ENGINE_DIRS
     from ..suggest import unknown
     names = tuple(dict.fromkeys(n.strip() for n in text.split(",") if n.strip()))
     for name in names:
@@ -108,7 +109,7 @@ def _verb(verbs, name, text):
 
 
 def _store(args):
-    from ..sim.store import SimStore
+    from .store import SimStore
     if args.root is not None and not args.root.strip():
         raise UsageError("--root needs a directory", hint="pass the simulated node's directory")
     root = args.root or args.simulate or os.environ.get("HOSTAGENT_SIMULATE")
@@ -120,7 +121,7 @@ def _store(args):
 
 
 def profiles(args) -> int:
-    from ..sim import catalog
+    from . import catalog
     data = []
     for name in catalog.profile_names():
         prof = catalog.load_profile(name)
@@ -139,7 +140,7 @@ def _node_kind(store) -> str:
 
 
 def create(args) -> int:
-    from ..sim.rootdir import build_node
+    from .rootdir import build_node
     store = build_node(args.root, args.profile, replace=args.force, engines=args.engines,
                        driver_version=args.driver_version)
     print(f"created simulated node '{args.profile}' (driver {store.facts.driver_version}) in {store.root}; "
@@ -152,14 +153,14 @@ def create(args) -> int:
 def demo(args) -> int:
     import shutil
     import tempfile
-    from ..hostroot import HostRoot
+    from ..cli import devices
     from ..devices import read_inventory
-    from ..sim.driverroot import create_node
-    from . import devices
+    from .driverroot import create_node
+    from .platform import simulated_host
     root = tempfile.mkdtemp(prefix="hostagent-sim-")
     try:
         store = create_node(root, args.profile)
-        inv = read_inventory(HostRoot.simulation(root))
+        inv = read_inventory(simulated_host(root))
         kind = _node_kind(store)
     finally:
         shutil.rmtree(root, ignore_errors=True)
@@ -174,7 +175,7 @@ def demo(args) -> int:
 
 
 def hold(args) -> int:
-    from ..sim import control
+    from . import control
     proc = control.hold(_store(args), args.device, pid=args.pid, name=args.name, used_mib=args.memory)
     where = f"GPU {proc.gpu}" + (f" GI {proc.gi} CI {proc.ci}" if proc.gi is not None else "")
     print(f"process {proc.pid} ({proc.name}) holds {where}")
@@ -182,35 +183,35 @@ def hold(args) -> int:
 
 
 def release(args) -> int:
-    from ..sim import control
+    from . import control
     gone = control.release(_store(args), args.pid)
     print(f"released {len(gone)} hold(s)")
     return 0
 
 
 def xid(args) -> int:
-    from ..sim import control
+    from . import control
     ev = control.inject_xid(_store(args), args.gpu, args.xid, args.gi, args.ci)
     print(f"XID {args.xid} on GPU {args.gpu} (event {ev.seq})")
     return 0
 
 
 def ecc(args) -> int:
-    from ..sim import control
+    from . import control
     ev = control.inject_ecc(_store(args), args.gpu)
     print(f"double-bit ECC error on GPU {args.gpu} (event {ev.seq})")
     return 0
 
 
 def lose(args) -> int:
-    from ..sim import control
+    from . import control
     control.lose_gpu(_store(args), args.gpu)
     print(f"GPU {args.gpu} has fallen off the bus")
     return 0
 
 
 def events(args) -> int:
-    from ..sim import control
+    from . import control
     control.set_event_support(_store(args), args.gpu, args.support == "on")
     state = "works" if args.support == "on" else "fails with NOT_SUPPORTED"
     print(f"event registration on GPU {args.gpu} {state} (from the next registration)")
@@ -218,21 +219,21 @@ def events(args) -> int:
 
 
 def reboot(args) -> int:
-    from ..sim import control
+    from . import control
     control.reboot(_store(args))
     print("node rebooted")
     return 0
 
 
 def driver(args) -> int:
-    from ..sim import control
+    from . import control
     control.set_driver_loaded(_store(args), args.action == "load")
     print(f"driver {args.action}ed")
     return 0
 
 
 def fault(args) -> int:
-    from ..sim import faults
+    from . import faults
     store = _store(args)
     if args.clear:
         print(faults.clear(store, args.name, gpu=args.gpu))

@@ -1,0 +1,38 @@
+"""Where a simulated node differs from a real host: the one seam the simulator plugs into.
+
+A ``HostRoot`` carries its ``Platform``. Production code asks it three things and otherwise
+treats every host alike:
+
+- ``load_nvml(host)``: put the node's own NVML beneath pynvml (the simulator's fake one);
+  False leaves it to the host's library.
+- ``command(host, program, path)``: the command line that runs one of the root's programs
+  on this machine (the simulator's stand-ins run as they are); None: chroot into the root.
+- ``restart_engine(host, engine, service)``: what to say instead of restarting a container
+  engine (a simulated node runs none); None: restart it.
+
+``HOST`` is a real host's: it changes nothing. The composition roots (``cli/main.py``,
+``daemon/main.py``) give a node named by ``--simulate`` the simulator's (``platform`` in the
+simulator's package); no other production module imports the simulator.
+"""
+
+from __future__ import annotations
+
+__all__ = ["Platform", "HOST"]
+
+
+class Platform:
+    """A real host."""
+
+    simulated = False
+
+    def load_nvml(self, host) -> bool:
+        return False
+
+    def command(self, host, program: str, path: str) -> list[str] | None:
+        return None
+
+    def restart_engine(self, host, engine: str, service: str) -> str | None:
+        return None
+
+
+HOST = Platform()
