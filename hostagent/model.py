@@ -86,7 +86,7 @@ def gpu(g, *, profiles: bool = False) -> dict:
             "pci_bus_id": g.pci_bus_id, "pci_device_id": pci_id(g.pci_device_id),
             "pci_subsystem_id": pci_id(g.pci_subsystem_id), "numa_node": g.numa_node,
             "compute_capability": g.compute_capability, "architecture": g.architecture,
-            "mig_capable": g.mig is not None, "mig": mig}
+            "brand": g.brand, "mig_capable": g.mig is not None, "mig": mig}
 
 
 def mig_device(d, parent) -> dict:

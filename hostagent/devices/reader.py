@@ -28,6 +28,17 @@ ARCHITECTURES = {N.NVML_DEVICE_ARCH_KEPLER: "kepler", N.NVML_DEVICE_ARCH_MAXWELL
                  N.NVML_DEVICE_ARCH_ADA: "ada", N.NVML_DEVICE_ARCH_HOPPER: "hopper",
                  N.NVML_DEVICE_ARCH_BLACKWELL: "blackwell"}
 
+# nvmlBrandType_t as NVIDIA's go-nvlib names a brand (GetBrandAsString), which NVIDIA's DRA
+# driver publishes as a GPU's "brand".
+BRANDS = {N.NVML_BRAND_UNKNOWN: "Unknown", N.NVML_BRAND_QUADRO: "Quadro", N.NVML_BRAND_TESLA: "Tesla",
+          N.NVML_BRAND_NVS: "NVS", N.NVML_BRAND_GRID: "Grid", N.NVML_BRAND_GEFORCE: "GeForce",
+          N.NVML_BRAND_TITAN: "Titan", N.NVML_BRAND_NVIDIA_VAPPS: "NvidiaVApps",
+          N.NVML_BRAND_NVIDIA_VPC: "NvidiaVPC", N.NVML_BRAND_NVIDIA_VCS: "NvidiaVCS",
+          N.NVML_BRAND_NVIDIA_VWS: "NvidiaVWS", N.NVML_BRAND_NVIDIA_CLOUD_GAMING: "NvidiaCloudGaming",
+          N.NVML_BRAND_QUADRO_RTX: "QuadroRTX", N.NVML_BRAND_NVIDIA_RTX: "NvidiaRTX",
+          N.NVML_BRAND_NVIDIA: "Nvidia", N.NVML_BRAND_GEFORCE_RTX: "GeForceRTX",
+          N.NVML_BRAND_TITAN_RTX: "TitanRTX"}
+
 # Profile-name suffixes by NVML_GPU_INSTANCE_PROFILE_* value (REV1 = +me, ALL_ME, NO_ME, GFX).
 _ATTRS = {7: "+me", 8: "+me", 15: "+me.all", 16: "+me.all", 13: "-me", 14: "-me",
           10: "+gfx", 11: "+gfx", 12: "+gfx", 17: "+gfx"}
@@ -185,7 +196,16 @@ def _read_gpu(host: HostRoot, index: int, refusals: _Refusals) -> Gpu:
                pci_device_id=pci.pciDeviceId, pci_subsystem_id=pci.pciSubSystemId,
                compute_capability=f"{major}.{minor}",
                architecture=ARCHITECTURES.get(N.nvmlDeviceGetArchitecture(h), "unknown"),
+               brand=_brand(h),
                mig=_read_mig(h, index, uuid, gpu_minor, memory_mib, refusals))
+
+
+def _brand(h) -> str | None:
+    try:
+        value = N.nvmlDeviceGetBrand(h)
+    except (N.NVMLError_NotSupported, N.NVMLError_FunctionNotFound):
+        return None
+    return BRANDS.get(value, f"Unknown({value})")
 
 
 def _read_mig(h, index: int, uuid: str, gpu_minor: int, memory_mib: int | None,

@@ -135,6 +135,7 @@ class Gpu:
     mig: MigState | None       # None: the GPU is not MIG capable
     pci_subsystem_id: int = 0  # 0xSSSSVVVV, for mig-parted's qualified device filters
     numa_node: int | None = None   # from sysfs; None where the platform reports none (-1)
+    brand: str | None = None   # nvmlDeviceGetBrand, as NVIDIA's go-nvlib spells it ("Nvidia", "Tesla")
 
     @property
     def mig_capable(self) -> bool:

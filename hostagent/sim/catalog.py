@@ -14,6 +14,9 @@ __all__ = ["GiProfileSpec", "CiProfileSpec", "MigSpec", "SkuSpec", "NodeProfile"
            "driver_branch", "cuda_version", "check_driver_version"]
 
 ARCHITECTURES = {"turing": 6, "ampere": 7, "ada": 8, "hopper": 9, "blackwell": 10}
+# nvmlBrandType_t values a SKU may name in skus.yaml (brand: nvidia is the data-center GPUs':
+# NVIDIA's go-nvml mocks give BRAND_NVIDIA to A100, A30, H100, H200 and B200).
+BRANDS = {"tesla": 2, "nvidia": 14}
 
 # NVML_COMPUTE_INSTANCE_PROFILE_<N>_SLICE values, keyed by slice count.
 _CI_INDEX_BY_SLICES = {1: 0, 2: 1, 3: 2, 4: 3, 7: 4, 8: 5, 6: 6}
@@ -114,6 +117,7 @@ class SkuSpec:
     pcie_generation: int
     pcie_width: int
     mig: MigSpec | None
+    brand: str = "nvidia"
 
     @property
     def nvml_architecture(self) -> int:
@@ -248,7 +252,8 @@ def sku_from_dict(key: str, raw: dict, driver_version: str | None = None) -> Sku
         compute_capability=(int(major), int(minor)), memory_mib=raw["memory_mib"],
         multiprocessors=raw["multiprocessors"], power_limit_w=raw["power_limit_w"],
         max_sm_clock_mhz=raw["max_sm_clock_mhz"], max_mem_clock_mhz=raw["max_mem_clock_mhz"],
-        pcie_generation=raw["pcie_generation"], pcie_width=raw["pcie_width"], mig=mig)
+        pcie_generation=raw["pcie_generation"], pcie_width=raw["pcie_width"], mig=mig,
+        brand=raw.get("brand", "nvidia"))
 
 
 @functools.cache

@@ -24,7 +24,7 @@ import pynvml as N
 
 from ..errors import HostagentError
 from . import privilege, telemetry
-from .catalog import ARCHITECTURES
+from .catalog import ARCHITECTURES, BRANDS
 from .clients import driver_clients
 from .node import MIG_ENABLE, NodeState, SimGpu, SimNvmlError
 from .store import SimStore
@@ -431,6 +431,11 @@ class FakeNvmlLibrary:
     def nvmlDeviceGetArchitecture(self, handle, ptr):
         _, gpu, _ = self._device(handle)
         _put(ptr, c_uint, self._sku(gpu).nvml_architecture)
+
+    @nvml(P, P)
+    def nvmlDeviceGetBrand(self, handle, ptr):
+        _, gpu, _ = self._device(handle)
+        _put(ptr, c_uint, BRANDS[self._sku(gpu).brand])
 
     @nvml(P, P)
     def nvmlDeviceGetAttributes_v2(self, handle, ptr):

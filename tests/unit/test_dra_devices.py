@@ -53,6 +53,7 @@ def test_whole_gpus_as_nvidias_driver_names_and_describes_them(make_node):
     g = inv.gpus[0]
     assert attrs(pool.devices[0]) == {
         "type": "gpu", "uuid": g.uuid, "productName": "NVIDIA A100-SXM4-40GB", "architecture": "Ampere",
+        "brand": "Nvidia",
         "cudaComputeCapability": "8.0.0", "driverVersion": "550.90.7", "cudaDriverVersion": "12.4.0",
         "index": 0, "minor": g.minor, "resource.kubernetes.io/pciBusID": "0000:07:00.0",
         "resource.kubernetes.io/numaNode": 0}
