@@ -188,3 +188,24 @@ def test_profile_labels_semver_and_quantities():
         10 * 2 ** 30, 512 * 2 ** 20, 10 ** 9, 1500, 512, 7]
     with pytest.raises(ValueError):
         parse_quantity("ten gigs")
+
+
+def test_slices_stay_within_the_api_servers_limits():
+    from hostagent.plugins.dra.devices import CounterSet, Pool, Published
+    plain = [Published(f"gpu-{i}", "gpu", "u", "u", {"type": {"string": "gpu"}}, {}, {}) for i in range(200)]
+    consuming = [Published(f"gpu-0-mig-1g5gb-19-{i}", "partition", "u", "u", {"type": {"string": "mig"}}, {}, {},
+                           consumes={"counterSet": "gpu-0-counter-set", "counters": {"memory-slice-0": {"value": "1"}}})
+                 for i in range(100)]
+    sets = tuple(CounterSet(f"gpu-{i}-counter-set", {"memory-slice-0": {"value": "1"}}) for i in range(10))
+    pool = Pool(tuple(plain + consuming), sets)
+    specs = layout(pool, "gpu.nvidia.com", "node-1", "node-1", (1, 35))
+    # 10 counter sets: 8 and 2; 200 plain devices: 128 and 72; 100 partitions: 64 and 36.
+    assert [(len(s.get("sharedCounters") or ()), len(s.get("devices") or ())) for s in specs] == [
+        (8, 0), (2, 0), (0, 128), (0, 72), (0, 64), (0, 36)]
+    assert [d["name"] for s in specs for d in s.get("devices") or ()] == [d.name for d in plain + consuming]
+    for spec in specs:
+        assert slice_problems({**spec, "pool": {**spec["pool"], "generation": 1, "resourceSliceCount": len(specs)}},
+                              (1, 35)) == []
+    # Nothing at all: one empty slice says the driver is there.
+    assert layout(Pool(), "gpu.nvidia.com", "node-1", "node-1", (1, 35)) == [
+        {"driver": "gpu.nvidia.com", "pool": {"name": "node-1"}, "nodeName": "node-1", "devices": []}]
