@@ -13,7 +13,7 @@ from hostagent.devices import nvml_session, read_inventory
 from hostagent.devices.computectl import ComputeControl
 from hostagent.sharing import mps
 
-from .mpsprocs import running, stop_all
+from .mpsprocs import daemon_pid, running, stop_all
 
 ROOT = pytest.mark.skipif(os.geteuid() != 0, reason="compute modes and MPS daemons need root "
                           "(nvml.h: Requires root/admin permissions); CI runs as root")
@@ -79,7 +79,7 @@ def test_apply_status_off(node, capsys):
     assert "Timeslice: Short" in smi(host, "compute-policy", "-l", "-i", "2")
     assert (host.root / "etc/hostagent/sharing.yaml").exists()
     for uuid in (u0, u1):
-        pid = mps.daemon_pid(host, uuid)
+        pid = daemon_pid(host, uuid)
         assert pid is not None and mps.probe(host, uuid)
         env = dict(v.split("=", 1) for v in open(f"/proc/{pid}/environ").read().split("\0") if v)
         # A clean environment: the directories and the one device, nothing of the agent's.
