@@ -297,6 +297,10 @@ class Client:
 
     # ---- the API ------------------------------------------------------------------
 
+    def live(self) -> dict:
+        """``GET /v1/live``: whether the agent's work moves (an error coded ``stuck`` if not)."""
+        return self.get("/v1/live")
+
     def node(self) -> dict:
         """``Node``."""
         return self.get("/v1/node")

@@ -67,6 +67,7 @@ class App:
     EXACT = {
         "/v1/openapi.json": (Route("GET", "get_openapi", "operator"),),
         "/v1/node": (Route("GET", "get_node", "operator"),),
+        "/v1/live": (Route("GET", "get_live", "operator"),),
         "/v1/devices": (Route("GET", "list_devices", "operator"),),
         "/v1/watch": (Route("GET", "watch", "operator"),),
         "/v1/allocations": (Route("GET", "list_allocations", "operator"),
@@ -201,6 +202,18 @@ class App:
 
     def get_node(self, request: Request) -> Response:
         return self._snapshot_response(request, "node", lambda s: {"revision": s.revision, **s.node})
+
+    def get_live(self, request: Request) -> Response:
+        """Whether the agent's work moves (its worker, its mutex): the liveness probe's
+        question, which an answering socket alone does not settle."""
+        from .. import __version__
+        import os
+        why = self.agent.stuck()
+        if why is not None:
+            return error_response(503, "stuck", f"the agent's work is stuck: {why}",
+                                  {"hint": "restart the agent (its liveness probe does)"})
+        return Response(200, _dumps({"live": True, "version": __version__, "pid": os.getpid()}),
+                        (("Cache-Control", "no-store"),))
 
     def list_devices(self, request: Request) -> Response:
         kind = request.param("type")
