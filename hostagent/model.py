@@ -183,5 +183,5 @@ def allocation(a) -> dict:
     return {"id": a.id, "devices": list(a.devices), "cdi_devices": list(a.cdi_devices),
             "spec_path": a.spec_path, "sharing": a.sharing, "replicas": list(a.replicas),
             "labels": a.request.get("labels", {}), "request": a.request,
-            "created": round(a.created, 3), "container_edits": a.container_edits,
+            "created": round(a.created, 3), "owner": a.owner, "container_edits": a.container_edits,
             "visible_devices": ",".join(a.devices)}

@@ -272,22 +272,22 @@ class App:
 
     def create_allocation(self, request: Request):
         body = self._body(request, "createAllocation")
-        return self._create(body, minimal=_prefers_minimal(request))
+        return self._create(body, request.caller.uid, minimal=_prefers_minimal(request))
 
-    async def _create(self, body, minimal: bool):
+    async def _create(self, body, uid: int, minimal: bool):
         from ..daemon.views import allocation_json
-        created, alloc = await self.agent.allocator.allocate(body)
+        created, alloc = await self.agent.allocator.allocate(body, uid)
         headers = (("Location", f"/v1/allocations/{alloc.id}"),)
         if minimal:
             headers += (("Preference-Applied", "return=minimal"),)
         return Response(201 if created else 200, allocation_json(alloc, edits=not minimal) + b"\n", headers)
 
     def delete_allocation(self, request: Request):
-        return self._delete(request.params["id"])
+        return self._delete(request.params["id"], request.caller.uid)
 
-    async def _delete(self, alloc_id):
+    async def _delete(self, alloc_id, uid: int):
         from ..daemon.views import allocation_json
-        alloc = await self.agent.allocator.release(alloc_id)
+        alloc = await self.agent.allocator.release(alloc_id, uid)
         return Response(200, allocation_json(alloc) + b"\n")
 
     def prefer_allocation(self, request: Request) -> Response:
