@@ -2,7 +2,10 @@
 
 The socket is bound under a temporary name, given its group and mode, and renamed into
 place, so no client ever sees it with the wrong permissions and a stale socket from a
-crashed daemon is replaced atomically.
+crashed daemon is replaced atomically. Beside the API socket the daemon serves root's own,
+``admin.sock`` (0600): connecting needs write permission on the socket, so no other user
+can fill its accept queue, and root (its CLI, the kubelet plugins, the liveness probe) is
+served however the API socket is flooded.
 """
 
 from __future__ import annotations
@@ -44,13 +47,15 @@ def group_id(name: str, host: HostRoot | None = None) -> int | None:
     return None
 
 
-def bind_socket(path: Path, group: str, mode: int, backlog: int = 1024,
+def bind_socket(path: Path, group: str | None, mode: int, backlog: int = 1024,
                 host: HostRoot | None = None) -> tuple[socket.socket, int | None]:
     """A listening socket at ``path``: ``mode``, group ``group`` (of ``host``); root-only
-    (group bits cleared) when the group does not exist. Returns the socket and the group's id."""
+    (group bits cleared) when the group does not exist, or is None (root's own socket).
+    Returns the socket and the group's id."""
     ensure_dir(path.parent, 0o755)
-    gid = group_id(group, host)
-    if gid is None:
+    if group is None:
+        gid, mode = None, mode & 0o700
+    elif (gid := group_id(group, host)) is None:
         mode &= 0o700
         log.warning("group %r does not exist: the API socket is root-only (mode %04o); "
                     "create the group (groupadd --system %s) and restart to let its members in",

@@ -119,6 +119,9 @@ class Daemon:
         from ..api.server import ApiServer
         from .agent import Agent
         from .features import Features
+        from pathlib import Path
+
+        from ..client import admin_socket
         from .listen import bind_socket
         from .notify import watchdog_interval
         loop = asyncio.get_running_loop()
@@ -150,9 +153,11 @@ class Daemon:
             return self._stop_during_start()
         api = self.settings.api
         sock, gid = bind_socket(self.socket_path, api.group, api.mode, host=self.host)
-        inode = os.stat(self.socket_path).st_ino
+        admin_path = Path(admin_socket(self.socket_path))
+        admin, _ = bind_socket(admin_path, None, 0o600)
+        inodes = {p: os.stat(p).st_ino for p in (self.socket_path, admin_path)}
         self.server = ApiServer(App(self.agent), _server_options(api, gid))
-        await self.server.start(sock)
+        await self.server.start(sock, admin)
         log.info("listening on %s", self.socket_path, extra={"fields": {"socket": str(self.socket_path)}})
         self._serving = True
         self._ready()
@@ -179,13 +184,15 @@ class Daemon:
         features = asyncio.ensure_future(self.features.stop(exiting=True))
         await self.server.stop(self.settings.daemon.shutdown_grace)
         await features
-        try:
-            # Only our own socket: a newer daemon may have replaced it already.
-            if os.stat(self.socket_path).st_ino == inode:
-                os.unlink(self.socket_path)
-        except OSError:
-            pass
+        for path, inode in inodes.items():
+            try:
+                # Only our own socket: a newer daemon may have replaced it already.
+                if os.stat(path).st_ino == inode:
+                    os.unlink(path)
+            except OSError:
+                pass
         sock.close()
+        admin.close()
         self.agent.driver.markers.not_ready()     # as the GPU operator's validator at its stop
         self.agent.close()
         return 0
