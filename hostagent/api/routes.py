@@ -244,7 +244,7 @@ class App:
     def watch(self, request: Request):
         since = request.param("since")
         if since is not None:
-            if not since.isdigit() or len(since) > 19:
+            if not (since.isascii() and since.isdigit()) or len(since) > 19:
                 raise UsageError("since must be a revision (a non-negative integer)", parameter="since")
             since = int(since)
         types = watch_types(request.param("types"))

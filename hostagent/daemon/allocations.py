@@ -36,12 +36,12 @@ _ID_RE = re.compile(ID_PATTERN)
 STRATEGIES = ("Exclusive", "TimeSlicing", "MPS")
 # The request's strategy names for the sharing configuration's ("mps", "time-slicing").
 REQUEST_STRATEGY = {"mps": "MPS", "time-slicing": "TimeSlicing"}
-_REPLICA = re.compile(r"^(.+)::([0-9]+)$")
+_REPLICA = re.compile(r"(.+)::([0-9]+)")
 
 
 def replica_of(name: str) -> tuple[str, int] | None:
     """``<uuid>::<n>`` -> (uuid, n); None for any other name."""
-    m = _REPLICA.match(name)
+    m = _REPLICA.fullmatch(name)
     return (m.group(1), int(m.group(2))) if m else None
 
 
@@ -162,7 +162,7 @@ class Selection:
 
 def normalize(body: dict) -> dict:
     """Fill defaults and check what JSON Schema cannot (cross-field rules)."""
-    if not _ID_RE.match(body["id"]):
+    if not _ID_RE.fullmatch(body["id"]):
         raise UsageError(f"allocation id {body['id']!r} is not valid", hint=f"it must match {ID_PATTERN}")
     devices = []
     for i, item in enumerate(body["devices"]):
