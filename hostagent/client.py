@@ -465,9 +465,11 @@ class Client:
         """``GET /v1/sharing``: what is shared, how, and each MPS daemon's state."""
         return self.get("/v1/sharing")
 
-    def sharing_apply(self, config: dict | None, dry_run: bool = False) -> dict:
-        """``PUT /v1/sharing`` (root): apply a sharing config document (None: off)."""
-        return self.request("PUT", "/v1/sharing", {"config": config, "dry_run": dry_run}).json()
+    def sharing_apply(self, config: dict | None, dry_run: bool = False, force: bool = False) -> dict:
+        """``PUT /v1/sharing`` (root): apply a sharing config document (None: off); ``force``:
+        devices in allocations may change too."""
+        body = {"config": config, "dry_run": dry_run, **({"force": True} if force else {})}
+        return self.request("PUT", "/v1/sharing", body).json()
 
     def metrics(self) -> str:
         """The Prometheus text exposition the socket serves at ``/metrics``."""

@@ -165,19 +165,20 @@ class SharingOps:
         await self._publish(reason)
 
     async def _run(self, config, *, dry_run: bool = False, only: set[str] | None = None,
-                   persist: bool = True):
+                   persist: bool = True, force: bool = False):
         """The service's apply on the worker thread (the agent's mutex held); the watches
-        follow the outcome."""
+        follow the outcome. ``force``: devices in allocations may change too."""
         from ..sharing import service
         fn = functools.partial(service.apply, self.host, config, dry_run=dry_run, only=only,
-                               allocations=list(self.agent.allocations.values()), persist=persist)
+                               allocations=[] if force else list(self.agent.allocations.values()),
+                               persist=persist)
         outcome = await self.agent.blocking(fn)
         if not dry_run:
             await self._follow(outcome)
         return outcome
 
     async def apply(self, body: dict) -> dict:
-        """``PUT /v1/sharing``: ``config`` a document (None: off), ``dry_run``."""
+        """``PUT /v1/sharing``: ``config`` a document (None: off), ``dry_run``, ``force``."""
         from ..sharing.config import EMPTY, parse
         config = EMPTY if body.get("config") is None else parse(body["config"], "the sharing configuration")
         dry_run = bool(body.get("dry_run"))
@@ -186,7 +187,7 @@ class SharingOps:
             if why is not None and not dry_run and not config.empty:
                 from ..errors import UnavailableError
                 raise UnavailableError(f"MPS daemons cannot start now: {why}", hint="see GET /v1/node")
-            outcome = await self._run(config, dry_run=dry_run)
+            outcome = await self._run(config, dry_run=dry_run, force=bool(body.get("force")))
             if not dry_run:
                 failed = outcome.report.failed if outcome.report else []
                 log.info("sharing configuration %s: %d step(s), %d failed",

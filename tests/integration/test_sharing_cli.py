@@ -111,6 +111,27 @@ def test_apply_status_off(node, capsys):
 
 
 @ROOT
+def test_off_with_force_stops_sharing_that_allocations_use(node, capsys):
+    """What removing the package runs (the daemon stopped): devices in allocations keep their
+    sharing unless forced; forced, every daemon stops, the modes come back and the shared
+    /dev/shm is unmounted."""
+    from hostagent.daemon import checkpoint
+    from hostagent.daemon.allocations import Allocation
+    host, cfg = node
+    assert run(capsys, host, "apply", "-f", cfg)[0] == 0
+    u0 = read_inventory(host).gpus[0].uuid
+    checkpoint.save(host, [Allocation("pod-a", (u0,), {"id": "pod-a", "devices": [{"device": "0"}],
+                                                       "sharing": {"strategy": "MPS"}}, 0.0,
+                                      replicas=(f"{u0}::0",), shared_as="mps")])
+    code, out, err = run(capsys, host, "off")
+    assert code == 1 and "pod-a" in err and daemon_pid(host, u0) is not None
+    code, out, err = run(capsys, host, "off", "--force")
+    assert code == 0, out + err
+    assert running(host.root) == [] and modes(host)[:3] == ["DEFAULT"] * 3
+    assert not os.path.ismount(mps.shm_dir(host)) and not mps.daemon_dir(host, u0).exists()
+
+
+@ROOT
 def test_the_compute_mode_keeps_other_processes_off_an_mps_gpu(node, capsys):
     """EXCLUSIVE_PROCESS lets the MPS server be the GPU's one context: a client's server
     starts through the daemon, a process bypassing MPS is refused, and an MPS server is
