@@ -486,12 +486,12 @@ class Client:
 
 def _socket_access_hint(path: str) -> str:
     """Who may connect: root, and the members of the socket's group when it has one."""
+    from .groups import group_name
     try:
-        import grp
         gid = os.stat(path).st_gid
-        group = grp.getgrgid(gid).gr_name if gid != 0 else None
-    except (OSError, KeyError):
-        group = None
+    except OSError:
+        gid = 0
+    group = group_name(gid) if gid != 0 else None
     if group is None:
         return "only root may use it"
     return (f"root and the members of group '{group}' may use it; to join: "

@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
-import grp
 import logging
 import os
 import socket
@@ -21,30 +20,12 @@ from pathlib import Path
 
 from ..errors import StateError
 from ..fileio import ensure_dir
+from ..groups import group_id
 from ..hostroot import HostRoot
 
 __all__ = ["bind_socket", "instance_lock", "group_id"]
 
 log = logging.getLogger("hostagent.daemon")
-
-
-def group_id(name: str, host: HostRoot | None = None) -> int | None:
-    """The group's id; a mounted host's (from its /etc/group: the host's users connect, and
-    this container's own groups are not theirs)."""
-    if host is None or not host.mounted:
-        try:
-            return grp.getgrnam(name).gr_gid
-        except KeyError:
-            return None
-    try:
-        lines = host.host("/etc/group").read_text().splitlines()
-    except OSError:
-        return None
-    for line in lines:
-        fields = line.split(":")
-        if len(fields) >= 3 and fields[0] == name and fields[2].isdigit():
-            return int(fields[2])
-    return None
 
 
 def bind_socket(path: Path, group: str | None, mode: int, backlog: int = 1024,
