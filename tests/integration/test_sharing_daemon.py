@@ -76,7 +76,7 @@ def test_apply_through_the_api_publishes_devices_and_events(agent):
             c.sharing_apply({"sharing": {"mps": {"resources": [{"name": "gpu", "replicas": 99}]}}})
         assert e.value.status == 400 and e.value.code == "invalid_config" and "99 replicas is more than the 48 MPS clients" in e.value.message
         with pytest.raises(HostagentError) as e:
-            c.request("PUT", "/v1/sharing", {"config": {}, "force": True})
+            c.request("PUT", "/v1/sharing", {"config": {}, "bogus": True})
         assert e.value.code == "invalid_argument"
         assert c.sharing()["config"]["document"] == CONFIG
         dry = c.sharing_apply(None, dry_run=True)
