@@ -17,6 +17,7 @@ import errno
 import json
 import os
 import socket
+import time
 from dataclasses import dataclass, field
 from urllib.parse import quote, urlencode
 
@@ -24,9 +25,17 @@ from .errors import (ConflictError, HostagentError, NotFoundError, PermissionDen
                      UnavailableError, UsageError)
 
 __all__ = ["Client", "Request", "Response", "Transport", "UnixSocketTransport", "HandlerTransport",
-           "DaemonNotRunning", "ApiError", "DEFAULT_SOCKET", "daemon_running"]
+           "DaemonNotRunning", "ApiError", "DEFAULT_SOCKET", "ADMIN_SOCKET", "admin_socket", "daemon_running"]
 
 DEFAULT_SOCKET = "/run/hostagent/hostagent.sock"
+ADMIN_SOCKET = "admin.sock"       # root's own socket, beside the API socket (0600 root)
+CONNECT_RETRY = 0.01              # seconds between tries while the socket's accept queue is full
+
+
+def admin_socket(path: str | os.PathLike) -> str:
+    """The root-only socket the daemon serves beside the API socket ``path``: other users
+    cannot connect to it, so they cannot fill its accept queue."""
+    return os.path.join(os.path.dirname(os.fspath(path)), ADMIN_SOCKET)
 _MAX_HEAD = 65536
 
 
@@ -156,20 +165,42 @@ class UnixSocketTransport(Transport):
         self._sock: socket.socket | None = None
 
     def _connect(self) -> socket.socket:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
-        sock.settimeout(self.timeout)
-        try:
-            sock.connect(self.path)
-        except OSError as e:
-            sock.close()
-            if e.errno in (errno.ENOENT, errno.ECONNREFUSED):
-                raise DaemonNotRunning("the hostagent daemon is not running", where=self.path,
-                                       hint="start it: systemctl start hostagent") from None
-            if e.errno == errno.EACCES:
-                raise PermissionDenied("no permission to connect to the agent's socket",
-                                       where=self.path, hint=_socket_access_hint(self.path)) from None
-            raise UnavailableError(f"cannot connect to the agent: {e.strerror}", where=self.path) from None
-        return sock
+        """Root goes through the root-only socket when the daemon has one (other users'
+        connections cannot crowd it); everyone else, and root without it, through ``path``."""
+        if os.geteuid() == 0:
+            admin = admin_socket(self.path)
+            if admin != self.path and os.path.exists(admin):
+                try:
+                    return self._open(admin)
+                except (DaemonNotRunning, PermissionDenied):
+                    pass
+        return self._open(self.path)
+
+    def _open(self, path: str) -> socket.socket:
+        """A connection to ``path``; while its accept queue is full (EAGAIN), tried again
+        until the timeout."""
+        deadline = time.monotonic() + (self.timeout if self.timeout is not None else 30.0)
+        while True:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+            sock.settimeout(self.timeout)
+            try:
+                sock.connect(path)
+                return sock
+            except OSError as e:
+                sock.close()
+                if e.errno == errno.EAGAIN and time.monotonic() < deadline:
+                    time.sleep(CONNECT_RETRY)
+                    continue
+                if e.errno in (errno.ENOENT, errno.ECONNREFUSED):
+                    raise DaemonNotRunning("the hostagent daemon is not running", where=path,
+                                           hint="start it: systemctl start hostagent") from None
+                if e.errno == errno.EACCES:
+                    raise PermissionDenied("no permission to connect to the agent's socket",
+                                           where=path, hint=_socket_access_hint(path)) from None
+                if e.errno == errno.EAGAIN:
+                    raise UnavailableError("the agent's socket accepts no connection (its queue is full)",
+                                           where=path, hint="try again; see who floods it") from None
+                raise UnavailableError(f"cannot connect to the agent: {e.strerror}", where=path) from None
 
     def close(self) -> None:
         if self._sock is not None:
@@ -296,6 +327,10 @@ class Client:
         return self.request("GET", path, query=query).json()
 
     # ---- the API ------------------------------------------------------------------
+
+    def live(self) -> dict:
+        """``GET /v1/live``: whether the agent's work moves (an error coded ``stuck`` if not)."""
+        return self.get("/v1/live")
 
     def node(self) -> dict:
         """``Node``."""
@@ -430,9 +465,11 @@ class Client:
         """``GET /v1/sharing``: what is shared, how, and each MPS daemon's state."""
         return self.get("/v1/sharing")
 
-    def sharing_apply(self, config: dict | None, dry_run: bool = False) -> dict:
-        """``PUT /v1/sharing`` (root): apply a sharing config document (None: off)."""
-        return self.request("PUT", "/v1/sharing", {"config": config, "dry_run": dry_run}).json()
+    def sharing_apply(self, config: dict | None, dry_run: bool = False, force: bool = False) -> dict:
+        """``PUT /v1/sharing`` (root): apply a sharing config document (None: off); ``force``:
+        devices in allocations may change too."""
+        body = {"config": config, "dry_run": dry_run, **({"force": True} if force else {})}
+        return self.request("PUT", "/v1/sharing", body).json()
 
     def metrics(self) -> str:
         """The Prometheus text exposition the socket serves at ``/metrics``."""
@@ -449,12 +486,12 @@ class Client:
 
 def _socket_access_hint(path: str) -> str:
     """Who may connect: root, and the members of the socket's group when it has one."""
+    from .groups import group_name
     try:
-        import grp
         gid = os.stat(path).st_gid
-        group = grp.getgrgid(gid).gr_name if gid != 0 else None
-    except (OSError, KeyError):
-        group = None
+    except OSError:
+        gid = 0
+    group = group_name(gid) if gid != 0 else None
     if group is None:
         return "only root may use it"
     return (f"root and the members of group '{group}' may use it; to join: "
@@ -462,12 +499,20 @@ def _socket_access_hint(path: str) -> str:
 
 
 def daemon_running(socket_path: str | os.PathLike) -> bool:
-    """Whether a daemon accepts connections on ``socket_path`` (cheap: connect and close)."""
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
-    try:
-        sock.connect(os.fspath(socket_path))
-        return True
-    except OSError:
-        return False
-    finally:
-        sock.close()
+    """Whether a daemon listens on ``socket_path`` (or, for root, on the root-only socket
+    beside it): cheap, connect and close. A full accept queue means one listens."""
+    paths = [os.fspath(socket_path)]
+    if os.geteuid() == 0:
+        paths.insert(0, admin_socket(paths[0]))
+    for path in paths:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        sock.settimeout(5.0)
+        try:
+            sock.connect(path)
+            return True
+        except OSError as e:
+            if e.errno == errno.EAGAIN:
+                return True
+        finally:
+            sock.close()
+    return False

@@ -101,11 +101,11 @@ def key_path(path) -> str:
 def validate_data(data, source: str = "config") -> dict:
     """Validate a parsed document; return it with defaults filled in. Every problem is
     reported with its key path (``runtime.cdi_spec_dirs[1]: ...``)."""
-    import jsonschema
+    from .schemas import Draft7
     if data is None:
         data = {}
     sch = schema()
-    validator = jsonschema.Draft7Validator(sch)
+    validator = Draft7(sch)
     errors = sorted(validator.iter_errors(data), key=lambda e: list(map(str, e.absolute_path)))
     if errors:
         problems = []

@@ -142,13 +142,14 @@ def _fsync_dir(directory: str) -> None:
         os.close(fd)
 
 
-def read_regular(path: str, limit: int = MAX_USER_FILE) -> tuple[bytes, os.stat_result]:
+def read_regular(path: str, limit: int = MAX_USER_FILE, *, follow: bool = True) -> tuple[bytes, os.stat_result]:
     """The bytes of ``path`` and its stat, read without ever blocking: opened non-blocking
     (a FIFO or a device named as a config file would hang a plain open or read), refused
-    unless it is a regular file, and at most ``limit`` bytes. Raises OSError as open does
-    (FileNotFoundError, PermissionError, ...) and ValueError saying what the file is
-    instead."""
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+    unless it is a regular file, and at most ``limit`` bytes. ``follow`` False: a symlink
+    is refused too (for files someone else can write: OSError ELOOP). Raises OSError as
+    open does (FileNotFoundError, PermissionError, ...) and ValueError saying what the file
+    is instead."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | (0 if follow else os.O_NOFOLLOW))
     try:
         st = os.fstat(fd)
         kind = st.st_mode & _S_IFMT

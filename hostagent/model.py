@@ -184,5 +184,5 @@ def allocation(a) -> dict:
             "spec_path": a.spec_path, "sharing": a.sharing, "replicas": list(a.replicas),
             "device_sharing": dict(a.device_sharing), "made": list(a.made),
             "labels": a.request.get("labels", {}), "request": a.request,
-            "created": round(a.created, 3), "container_edits": a.container_edits,
+            "created": round(a.created, 3), "owner": a.owner, "container_edits": a.container_edits,
             "visible_devices": ",".join(a.devices)}

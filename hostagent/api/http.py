@@ -22,8 +22,8 @@ REASONS = {100: "Continue", 200: "OK", 201: "Created", 202: "Accepted", 204: "No
            431: "Request Header Fields Too Large", 500: "Internal Server Error",
            501: "Not Implemented", 503: "Service Unavailable", 505: "HTTP Version Not Supported"}
 
-_TOKEN = re.compile(rb"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
-_VERSION = re.compile(rb"^HTTP/1\.[01]$")
+_TOKEN = re.compile(rb"[!#$%&'*+.^_`|~0-9A-Za-z-]+")      # whole values only (fullmatch)
+_VERSION = re.compile(rb"HTTP/1\.[01]")
 LAST_CHUNK = b"0\r\n\r\n"
 
 
@@ -71,9 +71,9 @@ def parse_head(head: bytes, limits: Limits = Limits()) -> Request:
         method, target, version = lines[0].split(b" ")
     except ValueError:
         raise HttpError(400, "bad_request", "malformed request line") from None
-    if not _TOKEN.match(method):
+    if not _TOKEN.fullmatch(method):
         raise HttpError(400, "bad_request", "malformed method")
-    if not _VERSION.match(version):
+    if not _VERSION.fullmatch(version):
         if version.startswith(b"HTTP/"):
             raise HttpError(505, "http_version_not_supported", "only HTTP/1.0 and HTTP/1.1 are served")
         raise HttpError(400, "bad_request", "malformed request line")
@@ -86,7 +86,7 @@ def parse_head(head: bytes, limits: Limits = Limits()) -> Request:
     headers: dict[str, str] = {}
     for line in lines[1:]:
         name, sep, value = line.partition(b":")
-        if not sep or not _TOKEN.match(name):
+        if not sep or not _TOKEN.fullmatch(name):
             # Also refuses obsolete line folding (a line starting with a space).
             raise HttpError(400, "bad_request", "malformed header field")
         try:
@@ -105,7 +105,7 @@ def parse_head(head: bytes, limits: Limits = Limits()) -> Request:
                         "chunked request bodies are not accepted; send Content-Length")
     length = headers.get("content-length")
     if length is not None:
-        if not length.isdigit() or len(length) > 18:
+        if not (length.isascii() and length.isdigit()) or len(length) > 18:
             raise HttpError(400, "bad_request", "malformed Content-Length")
         request.content_length = int(length)
         if request.content_length > limits.max_body_bytes:

@@ -67,6 +67,7 @@ class App:
     EXACT = {
         "/v1/openapi.json": (Route("GET", "get_openapi", "operator"),),
         "/v1/node": (Route("GET", "get_node", "operator"),),
+        "/v1/live": (Route("GET", "get_live", "operator"),),
         "/v1/devices": (Route("GET", "list_devices", "operator"),),
         "/v1/watch": (Route("GET", "watch", "operator"),),
         "/v1/allocations": (Route("GET", "list_allocations", "operator"),
@@ -202,6 +203,18 @@ class App:
     def get_node(self, request: Request) -> Response:
         return self._snapshot_response(request, "node", lambda s: {"revision": s.revision, **s.node})
 
+    def get_live(self, request: Request) -> Response:
+        """Whether the agent's work moves (its worker, its mutex): the liveness probe's
+        question, which an answering socket alone does not settle."""
+        from .. import __version__
+        import os
+        why = self.agent.stuck()
+        if why is not None:
+            return error_response(503, "stuck", f"the agent's work is stuck: {why}",
+                                  {"hint": "restart the agent (its liveness probe does)"})
+        return Response(200, _dumps({"live": True, "version": __version__, "pid": os.getpid()}),
+                        (("Cache-Control", "no-store"),))
+
     def list_devices(self, request: Request) -> Response:
         kind = request.param("type")
         if kind not in (None, "gpu", "mig"):
@@ -231,7 +244,7 @@ class App:
     def watch(self, request: Request):
         since = request.param("since")
         if since is not None:
-            if not since.isdigit() or len(since) > 19:
+            if not (since.isascii() and since.isdigit()) or len(since) > 19:
                 raise UsageError("since must be a revision (a non-negative integer)", parameter="since")
             since = int(since)
         types = watch_types(request.param("types"))
@@ -259,32 +272,22 @@ class App:
 
     def create_allocation(self, request: Request):
         body = self._body(request, "createAllocation")
-        if any("mig" in d for d in body["devices"]):
-            self._may_change_the_node(request.caller, "make MIG devices for an allocation")
-        return self._create(body, minimal=_prefers_minimal(request))
+        return self._create(body, request.caller.uid, minimal=_prefers_minimal(request))
 
-    def _may_change_the_node(self, caller, what: str) -> None:
-        """Allocations that change the node (MIG devices made for them): root, or a uid the
-        configuration names (``api.plugin_uids``: a DRA plugin not running as root)."""
-        if caller.role == "admin" or caller.uid in self.agent.settings.api.plugin_uids:
-            return
-        raise PermissionDenied(f"only root or a uid of api.plugin_uids may {what}", uid=caller.uid,
-                               hint="run the DRA plugin as root, or add its uid to api.plugin_uids")
-
-    async def _create(self, body, minimal: bool):
+    async def _create(self, body, uid: int, minimal: bool):
         from ..daemon.views import allocation_json
-        created, alloc = await self.agent.allocator.allocate(body)
+        created, alloc = await self.agent.allocator.allocate(body, uid)
         headers = (("Location", f"/v1/allocations/{alloc.id}"),)
         if minimal:
             headers += (("Preference-Applied", "return=minimal"),)
         return Response(201 if created else 200, allocation_json(alloc, edits=not minimal) + b"\n", headers)
 
     def delete_allocation(self, request: Request):
-        return self._delete(request.params["id"])
+        return self._delete(request.params["id"], request.caller.uid)
 
-    async def _delete(self, alloc_id):
+    async def _delete(self, alloc_id, uid: int):
         from ..daemon.views import allocation_json
-        alloc = await self.agent.allocator.release(alloc_id)
+        alloc = await self.agent.allocator.release(alloc_id, uid)
         return Response(200, allocation_json(alloc) + b"\n")
 
     def prefer_allocation(self, request: Request) -> Response:

@@ -70,7 +70,7 @@ def _inline(node, components: dict, within: tuple = ()):
 
 @functools.cache
 def _validator(operation_id: str):
-    import jsonschema
+    from ..schemas import Draft202012
     doc = document()
     for item in doc["paths"].values():
         for op in item.values():
@@ -79,7 +79,7 @@ def _validator(operation_id: str):
                                  doc["components"]["schemas"])
                 # A root holding the components, so references left (recursive ones) resolve.
                 root = {"$schema": doc["jsonSchemaDialect"], "components": doc["components"], **schema}
-                return jsonschema.Draft202012Validator(root, format_checker=None)
+                return Draft202012(root, format_checker=None)
     raise KeyError(operation_id)
 
 

@@ -406,7 +406,7 @@ class ApiServer:
         self.connections: set[Connection] = set()
         self.per_user: dict[int, int] = {}
         self.closing = False
-        self._server = None
+        self._servers = []
         self._drained: asyncio.Future | None = None     # stop(): the last connection is gone
 
     def admit(self, conn: Connection) -> bool:
@@ -460,18 +460,19 @@ class ApiServer:
             if not self.connections and self._drained is not None and not self._drained.done():
                 self._drained.set_result(None)
 
-    async def start(self, sock) -> None:
-        """Serve on an already bound and listening UNIX socket."""
+    async def start(self, *socks) -> None:
+        """Serve on already bound and listening UNIX sockets (the API's, and root's own)."""
         self.loop = asyncio.get_running_loop()
-        self._server = await self.loop.create_unix_server(lambda: Connection(self), sock=sock)
+        self._servers = [await self.loop.create_unix_server(lambda: Connection(self), sock=sock)
+                         for sock in socks]
 
     async def stop(self, grace: float = 5.0) -> None:
         """Stop accepting; end idle connections and streams (each with its last chunk); let
         requests in flight finish; then wait (a second at most) for what was written to
         reach the clients."""
         self.closing = True
-        if self._server is not None:
-            self._server.close()
+        for server in self._servers:
+            server.close()
         busy = []
         for conn in list(self.connections):
             if conn.task is not None and not conn.task.done():

@@ -20,9 +20,9 @@ _NULLS = ("", "~", "null", "Null", "NULL")
 _SPECIAL_FLOATS = {**dict.fromkeys((".nan", ".NaN", ".NAN"), float("nan")),
                    **dict.fromkeys((".inf", ".Inf", ".INF", "+.inf", "+.Inf", "+.INF"), float("inf")),
                    **dict.fromkeys(("-.inf", "-.Inf", "-.INF"), float("-inf"))}
-_FLOAT = re.compile(r"^[-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)([eE][-+]?[0-9]+)?$")
-_TIMESTAMP = re.compile(r"^[0-9]{4}-[0-9]{1,2}-[0-9]{1,2}([Tt ].*)?$")
-_INT_BODY = re.compile(r"^(0[xX][0-9a-fA-F]+|0[oO][0-7]+|0[bB][01]+|0[0-7]*|[1-9][0-9]*)$")
+_FLOAT = re.compile(r"[-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)([eE][-+]?[0-9]+)?")   # fullmatch: whole values
+_TIMESTAMP = re.compile(r"[0-9]{4}-[0-9]{1,2}-[0-9]{1,2}([Tt ].*)?", re.DOTALL)
+_INT_BODY = re.compile(r"0[xX][0-9a-fA-F]+|0[oO][0-7]+|0[bB][01]+|0[0-7]*|[1-9][0-9]*")
 
 # Fields the CDI structs type as numbers or booleans; every other scalar is a string.
 NUMBER_FIELDS = frozenset(("major", "minor", "fileMode", "uid", "gid", "timeout", "additionalGids"))
@@ -39,14 +39,14 @@ def go_scalar(text: str):
     if text in _SPECIAL_FLOATS:
         return "float", _SPECIAL_FLOATS[text]
     if text[:1] in "+-0123456789":
-        if _TIMESTAMP.match(text):
+        if _TIMESTAMP.fullmatch(text):
             return "timestamp", text
         plain = text.replace("_", "")
         sign, body = (plain[0], plain[1:]) if plain[:1] in "+-" else ("", plain)
-        if _INT_BODY.match(body):
+        if _INT_BODY.fullmatch(body):
             base = 8 if len(body) > 1 and body[0] == "0" and body[1].isdigit() else 0
             return "int", int(sign + body, base)
-        if _FLOAT.match(plain):
+        if _FLOAT.fullmatch(plain):
             return "float", float(plain)
     elif text[:1] == ".":
         try:

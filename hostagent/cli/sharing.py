@@ -37,6 +37,9 @@ def register(sub) -> None:
 
     v = verbs.add_parser("off", help="stop sharing: stop the MPS daemons, restore compute modes and time-slices")
     v.add_argument("--dry-run", action="store_true", help="print the plan and change nothing")
+    v.add_argument("--force", action="store_true",
+                   help="also when allocations use shared devices (their containers lose MPS); removing the "
+                        "package does this")
     add_output_flag(v)
     v.set_defaults(run=run_off)
 
@@ -117,12 +120,13 @@ def _apply(args, config_doc) -> int:
     client = _client(host)
     if client is not None:
         with client:
-            out = client.sharing_apply(config_doc, dry_run=args.dry_run)
+            out = client.sharing_apply(config_doc, dry_run=args.dry_run, force=getattr(args, "force", False))
     else:
         from ..sharing.config import EMPTY, parse
         from ..sharing.service import apply
         config = EMPTY if config_doc is None else parse(config_doc, args.file)
-        out = apply(host, config, dry_run=args.dry_run, allocations=_allocations(host),
+        forced = getattr(args, "force", False)
+        out = apply(host, config, dry_run=args.dry_run, allocations=[] if forced else _allocations(host),
                     on_lock_wait=_waiting).to_dict()
     emit(out, args.output, print_outcome)
     return 1 if out.get("report") and out["report"]["failed"] else 0

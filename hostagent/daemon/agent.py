@@ -25,6 +25,7 @@ from . import allocations as alloc_rules
 from . import checkpoint
 from .events import EventLog, RevisionClock
 from .health import Health, unmonitored
+from .liveness import DEFAULT
 from .settings import Settings
 from .state import Snapshot, diff_devices, lookup_table
 from .views import BaseViews, device_views
@@ -77,14 +78,22 @@ class Agent:
         self.allocator = Allocator(self)
         self.mig = MigOps(self)
         self.sharing = SharingOps(self)
-        self.mutex = asyncio.Lock()
+        from .liveness import TimedLock, WorkClock
+        self.mutex = TimedLock()
+        self.work = WorkClock(settings.daemon.work_timeout)    # what the worker runs: for the liveness probe
         self._worker = ThreadPoolExecutor(1, thread_name_prefix="hostagent-worker")
 
     # ---- plumbing ---------------------------------------------------------------
 
-    async def blocking(self, fn, *args):
-        """Run ``fn`` on the worker thread (NVML and file writes never block the loop)."""
-        return await asyncio.get_running_loop().run_in_executor(self._worker, fn, *args)
+    async def blocking(self, fn, *args, budget=DEFAULT):
+        """Run ``fn`` on the worker thread (NVML and file writes never block the loop); a
+        call running past ``budget`` seconds (``daemon.work_timeout`` by default) makes the
+        agent not live (``liveness``)."""
+        return await asyncio.get_running_loop().run_in_executor(self._worker, self.work.timed(fn, budget), *args)
+
+    def stuck(self) -> str | None:
+        """Why the agent's work does not move (None: it does): the liveness probe's answer."""
+        return self.work.stuck(self.mutex)
 
     def close(self) -> None:
         self._worker.shutdown(wait=True, cancel_futures=True)

@@ -1,7 +1,8 @@
 """Allocations, pure: normalise a request, pick devices, check conflicts.
 
 An allocation is what a kubelet plugin prepares for a claim or a container: an id, the
-devices (named, or described by constraints), and how they are shared. Nothing here does
+devices (named, or described by constraints), how they are shared, and its owner (the uid
+that made it: only that uid, or root, may release it or replace it with another). Nothing here does
 I/O; the agent writes the transient CDI spec and the checkpoint.
 
 Sharing rules (after the device plugin and the DRA driver): an exclusive allocation's
@@ -24,9 +25,9 @@ import json
 import re
 from dataclasses import dataclass, field
 
-from ..errors import ConflictError, UsageError
+from ..errors import ConflictError, PermissionDenied, UsageError
 
-__all__ = ["Allocation", "Candidate", "Selection", "normalize", "select", "UnknownDevice", "DeviceBusy",
+__all__ = ["Allocation", "Candidate", "Selection", "normalize", "select", "NotOwner", "UnknownDevice", "DeviceBusy",
            "DeviceNotAllocatable", "InsufficientDevices", "AllocationConflict", "ShareLimitReached",
            "AllocationLimitReached", "SharingMismatch", "ID_PATTERN", "replica_of"]
 
@@ -35,13 +36,17 @@ _ID_RE = re.compile(ID_PATTERN)
 STRATEGIES = ("Exclusive", "TimeSlicing", "MPS")
 # The request's strategy names for the sharing configuration's ("mps", "time-slicing").
 REQUEST_STRATEGY = {"mps": "MPS", "time-slicing": "TimeSlicing"}
-_REPLICA = re.compile(r"^(.+)::([0-9]+)$")
+_REPLICA = re.compile(r"(.+)::([0-9]+)")
 
 
 def replica_of(name: str) -> tuple[str, int] | None:
     """``<uuid>::<n>`` -> (uuid, n); None for any other name."""
-    m = _REPLICA.match(name)
+    m = _REPLICA.fullmatch(name)
     return (m.group(1), int(m.group(2))) if m else None
+
+
+class NotOwner(PermissionDenied):
+    code = "not_owner"
 
 
 class UnknownDevice(UsageError):
@@ -84,6 +89,7 @@ class Allocation:
     created: float
     replicas: tuple[str, ...] = ()   # the replica ids it holds (devices the sharing configuration shares)
     shared_as: str | None = None     # "mps" or "time-slicing" when the configuration shares its devices
+    owner: int = 0                   # the uid that made it: it (or root) may release or replace it
     device_sharing: dict = field(default_factory=dict)   # uuid -> its own sharing, where a named item gave one
     made: tuple[dict, ...] = ()      # MIG devices made for it: {uuid, gpu, profile, start}, destroyed with it
     # Derived from the host when the spec is written; not part of the checkpoint.
@@ -119,7 +125,8 @@ class Allocation:
         return self.sharing_of(uuid)["strategy"]
 
     def checkpoint(self) -> dict:
-        out = {"id": self.id, "devices": list(self.devices), "request": self.request, "created": self.created}
+        out = {"id": self.id, "devices": list(self.devices), "request": self.request, "created": self.created,
+               "owner": self.owner}
         if self.shared_as:
             out.update(replicas=list(self.replicas), shared_as=self.shared_as)
         if self.device_sharing:
@@ -139,8 +146,12 @@ class Allocation:
     def from_checkpoint(cls, data: dict) -> "Allocation":
         return cls(id=data["id"], devices=tuple(data["devices"]), request=data["request"],
                    created=float(data["created"]), replicas=tuple(data.get("replicas", ())),
-                   shared_as=data.get("shared_as"), device_sharing=dict(data.get("device_sharing") or {}),
-                   made=tuple(data.get("made") or ()))
+                   shared_as=data.get("shared_as"), owner=int(data.get("owner", 0)),
+                   device_sharing=dict(data.get("device_sharing") or {}), made=tuple(data.get("made") or ()))
+
+    def may_change(self, uid: int) -> bool:
+        """May ``uid`` release or replace it? Its owner and root may."""
+        return uid == 0 or uid == self.owner
 
 
 @dataclass(frozen=True)
@@ -181,7 +192,7 @@ def _sharing(raw: dict | None, where: str) -> dict:
 
 def normalize(body: dict) -> dict:
     """Fill defaults and check what JSON Schema cannot (cross-field rules)."""
-    if not _ID_RE.match(body["id"]):
+    if not _ID_RE.fullmatch(body["id"]):
         raise UsageError(f"allocation id {body['id']!r} is not valid", hint=f"it must match {ID_PATTERN}")
     devices = []
     for i, item in enumerate(body["devices"]):

@@ -25,6 +25,16 @@ __all__ = ["Allocator"]
 log = logging.getLogger("hostagent.daemon")
 
 
+def _refuse_others(allocs, uid: int) -> None:
+    """403 when ``uid`` may not change one of ``allocs`` (not its owner, not root)."""
+    theirs = [a for a in allocs if not a.may_change(uid)]
+    if theirs:
+        names = ", ".join(f"{a.id!r} (uid {a.owner})" for a in theirs[:5]) + (" ..." if len(theirs) > 5 else "")
+        raise alloc_rules.NotOwner(f"allocation(s) {names} belong to another caller: only their owner or root "
+                                   f"may release or replace them", ids=[a.id for a in theirs], uid=uid,
+                                   hint="release your own allocations; root may release any")
+
+
 class Allocator:
     def __init__(self, agent):
         self.agent = agent
@@ -190,15 +200,34 @@ class Allocator:
             self._remove_specs(replaced)
         return alloc
 
-    async def allocate(self, body: dict) -> tuple[bool, alloc_rules.Allocation]:
-        """Create (True) or return the identical existing (False) allocation. The
-        allocations ``body["replaces"]`` names (those that exist) are released in the same
-        commit: their devices are free for this one, and a refused request releases none."""
+    def _may_change_the_node(self, uid: int, what: str) -> None:
+        """Allocations that change the node for a claim (MIG devices made for them): root, or
+        a uid the configuration names (``api.plugin_uids``: a DRA plugin not running as root)."""
+        if uid != 0 and uid not in self.agent.settings.api.plugin_uids:
+            from ..errors import PermissionDenied
+            raise PermissionDenied(f"only root or a uid of api.plugin_uids may {what}", uid=uid,
+                                   hint="run the DRA plugin as root, or add its uid to api.plugin_uids")
+
+    async def allocate(self, body: dict, owner: int = 0) -> tuple[bool, alloc_rules.Allocation]:
+        """Create (True) or return the identical existing (False) allocation, for the caller
+        ``owner`` (a uid). The allocations ``body["replaces"]`` names (those that exist) are
+        released in the same commit: their devices are free for this one, and a refused
+        request releases none. Only an allocation's owner, or root, may replace it, and only
+        its owner have it back (root, asking for another uid's, is told 409)."""
         request = alloc_rules.normalize(body)
+        if any("mig" in d for d in request["devices"]):
+            self._may_change_the_node(owner, "make MIG devices for an allocation")
         async with self.agent.mutex:
             replaced = [self.agent.allocations[r] for r in dict.fromkeys(body.get("replaces") or ())
                         if r in self.agent.allocations and r != request["id"]]
             existing = self.agent.allocations.get(request["id"])
+            _refuse_others([*replaced, *([existing] if existing else [])], owner)
+            if existing is not None and existing.owner != owner:
+                # Root asking again for another uid's id (a plugin's id taken first by someone
+                # else): never handed back as root's; released first, it can be made afresh.
+                raise alloc_rules.AllocationConflict(
+                    f"allocation {request['id']!r} exists, made by uid {existing.owner}",
+                    hint="release it first, or use another id", id=request["id"], owner=existing.owner)
             if existing is not None:
                 if self._same_request(existing.request, request):
                     if replaced:
@@ -236,8 +265,8 @@ class Allocator:
                 uuids = chosen.devices
                 alloc = alloc_rules.Allocation(id=request["id"], devices=tuple(uuids), request=request,
                                                created=time.time(), replicas=tuple(chosen.replicas),
-                                               shared_as=chosen.shared_as, device_sharing=chosen.sharing,
-                                               made=tuple(made))
+                                               shared_as=chosen.shared_as, owner=owner,
+                                               device_sharing=chosen.sharing, made=tuple(made))
                 others = [a for a in self.agent.allocations.values() if a.id not in leaving]
                 alloc = await self.agent.blocking(self._commit_new, alloc, self._records(uuids), others, replaced)
             except BaseException:
@@ -334,7 +363,8 @@ class Allocator:
         self.agent.making.clear()
         await self.agent.refresh_locked("MIG devices destroyed")
 
-    async def release(self, alloc_id: str) -> alloc_rules.Allocation:
+    async def release(self, alloc_id: str, caller: int = 0) -> alloc_rules.Allocation:
+        """Release an allocation of ``caller`` (a uid; root may release any)."""
         async with self.agent.mutex:
             alloc = self.agent.allocations.get(alloc_id)
             if alloc is None:
@@ -342,6 +372,7 @@ class Allocator:
                 raise NotFoundError(f"no allocation {alloc_id!r}: already released, or never made",
                                     id=alloc_id, hint="nothing to release; a retried release may "
                                     "take this as done")
+            _refuse_others([alloc], caller)
             await self._release_locked([alloc], "released")
             return alloc
 

@@ -1,7 +1,8 @@
 """Crash points for tests: ``HOSTAGENT_FAULT=allocate:after_spec,...`` makes the daemon kill
 itself with SIGKILL when it reaches a named point, so tests can show that every crash window
 of an allocation or a release ends consistent after a restart; ``NAME=stop`` stops it there
-instead (SIGSTOP), so a test can act while it is held at that point and then continue it.
+instead (SIGSTOP), so a test can act while it is held at that point and then continue it;
+``NAME=hang`` blocks the thread that reaches it for good (work that never ends).
 Unset in production: each point then costs one set lookup.
 """
 
@@ -22,3 +23,6 @@ def point(name: str) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
     elif f"{name}=stop" in _ARMED:
         os.kill(os.getpid(), signal.SIGSTOP)
+    elif f"{name}=hang" in _ARMED:
+        import threading
+        threading.Event().wait()

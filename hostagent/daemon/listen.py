@@ -2,7 +2,10 @@
 
 The socket is bound under a temporary name, given its group and mode, and renamed into
 place, so no client ever sees it with the wrong permissions and a stale socket from a
-crashed daemon is replaced atomically.
+crashed daemon is replaced atomically. Beside the API socket the daemon serves root's own,
+``admin.sock`` (0600): connecting needs write permission on the socket, so no other user
+can fill its accept queue, and root (its CLI, the kubelet plugins, the liveness probe) is
+served however the API socket is flooded.
 """
 
 from __future__ import annotations
@@ -10,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
-import grp
 import logging
 import os
 import socket
@@ -18,6 +20,7 @@ from pathlib import Path
 
 from ..errors import StateError
 from ..fileio import ensure_dir
+from ..groups import group_id
 from ..hostroot import HostRoot
 
 __all__ = ["bind_socket", "instance_lock", "group_id"]
@@ -25,32 +28,15 @@ __all__ = ["bind_socket", "instance_lock", "group_id"]
 log = logging.getLogger("hostagent.daemon")
 
 
-def group_id(name: str, host: HostRoot | None = None) -> int | None:
-    """The group's id; a mounted host's (from its /etc/group: the host's users connect, and
-    this container's own groups are not theirs)."""
-    if host is None or not host.mounted:
-        try:
-            return grp.getgrnam(name).gr_gid
-        except KeyError:
-            return None
-    try:
-        lines = host.host("/etc/group").read_text().splitlines()
-    except OSError:
-        return None
-    for line in lines:
-        fields = line.split(":")
-        if len(fields) >= 3 and fields[0] == name and fields[2].isdigit():
-            return int(fields[2])
-    return None
-
-
-def bind_socket(path: Path, group: str, mode: int, backlog: int = 1024,
+def bind_socket(path: Path, group: str | None, mode: int, backlog: int = 1024,
                 host: HostRoot | None = None) -> tuple[socket.socket, int | None]:
     """A listening socket at ``path``: ``mode``, group ``group`` (of ``host``); root-only
-    (group bits cleared) when the group does not exist. Returns the socket and the group's id."""
+    (group bits cleared) when the group does not exist, or is None (root's own socket).
+    Returns the socket and the group's id."""
     ensure_dir(path.parent, 0o755)
-    gid = group_id(group, host)
-    if gid is None:
+    if group is None:
+        gid, mode = None, mode & 0o700
+    elif (gid := group_id(group, host)) is None:
         mode &= 0o700
         log.warning("group %r does not exist: the API socket is root-only (mode %04o); "
                     "create the group (groupadd --system %s) and restart to let its members in",

@@ -119,6 +119,9 @@ class Daemon:
         from ..api.server import ApiServer
         from .agent import Agent
         from .features import Features
+        from pathlib import Path
+
+        from ..client import admin_socket
         from .listen import bind_socket
         from .notify import watchdog_interval
         loop = asyncio.get_running_loop()
@@ -150,9 +153,11 @@ class Daemon:
             return self._stop_during_start()
         api = self.settings.api
         sock, gid = bind_socket(self.socket_path, api.group, api.mode, host=self.host)
-        inode = os.stat(self.socket_path).st_ino
+        admin_path = Path(admin_socket(self.socket_path))
+        admin, _ = bind_socket(admin_path, None, 0o600)
+        inodes = {p: os.stat(p).st_ino for p in (self.socket_path, admin_path)}
         self.server = ApiServer(App(self.agent), _server_options(api, gid))
-        await self.server.start(sock)
+        await self.server.start(sock, admin)
         log.info("listening on %s", self.socket_path, extra={"fields": {"socket": str(self.socket_path)}})
         self._serving = True
         self._ready()
@@ -179,13 +184,15 @@ class Daemon:
         features = asyncio.ensure_future(self.features.stop(exiting=True))
         await self.server.stop(self.settings.daemon.shutdown_grace)
         await features
-        try:
-            # Only our own socket: a newer daemon may have replaced it already.
-            if os.stat(self.socket_path).st_ino == inode:
-                os.unlink(self.socket_path)
-        except OSError:
-            pass
+        for path, inode in inodes.items():
+            try:
+                # Only our own socket: a newer daemon may have replaced it already.
+                if os.stat(path).st_ino == inode:
+                    os.unlink(path)
+            except OSError:
+                pass
         sock.close()
+        admin.close()
         self.agent.driver.markers.not_ready()     # as the GPU operator's validator at its stop
         self.agent.close()
         return 0
@@ -206,8 +213,16 @@ class Daemon:
         return 0
 
     async def _watchdog(self, interval: float) -> None:
+        """systemd's watchdog, kept only while the agent's work moves: stuck, systemd
+        restarts it (WatchdogSec)."""
+        said = None
         while True:
-            self.notifier.watchdog()
+            why = self.agent.stuck()
+            if why is None:
+                self.notifier.watchdog()
+            elif why != said:
+                log.error("not telling systemd's watchdog the agent lives: %s", why)
+            said = why
             await asyncio.sleep(interval)
 
     async def _resync(self) -> None:
@@ -272,6 +287,7 @@ class Daemon:
         set_level(self.log_level or new.daemon.log_level)
         old, self.settings = self.settings, new
         self.agent.settings = new
+        self.agent.work.budget = new.daemon.work_timeout
         log.info("configuration reloaded from %s", new.source or "defaults (no file)")
         self.agent.driver.reconfigure(new.sections)
         await self.agent.driver.verify("reload")
@@ -316,8 +332,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_arguments(parser)
     add_root_options(parser)
     parser.add_argument("--check", action="store_true",
-                        help="do not start: ask the running daemon for its status (GET /v1/node on api.socket) "
-                             "and exit 0 if it answers, 1 if not (a liveness probe)")
+                        help="do not start: ask the running daemon whether its work moves (GET /v1/live on "
+                             "api.socket) and exit 0 if it does, 1 if it does not answer or its work is stuck "
+                             "(a liveness probe)")
     return parser
 
 
@@ -329,17 +346,20 @@ def simulator():
 
 
 def check(host: HostRoot, config_path=None) -> int:
-    """``hostagentd --check``: one line saying whether the node's daemon answers."""
+    """``hostagentd --check``: one line saying whether the node's daemon answers and its
+    work moves."""
     from ..client import Client
     from .settings import load_settings
     try:
         socket_path = host.host(load_settings(host, config_path).api.socket)
         with Client(socket_path=socket_path, timeout=5.0) as client:
-            agent = client.node().get("agent", {})
+            live = client.live()
     except HostagentError as e:
-        print(f"hostagentd: not answering: {e.message}", file=sys.stderr)
+        print(f"hostagentd: {'answers, but' if e.code == 'stuck' else 'not answering:'} {e.message}",
+              file=sys.stderr)
         return 1
-    print(f"hostagentd {agent.get('version', '?')} (pid {agent.get('pid', '?')}) answers on {socket_path}")
+    print(f"hostagentd {live.get('version', '?')} (pid {live.get('pid', '?')}) answers on {socket_path}, "
+          "its work moves")
     return 0
 
 

@@ -23,6 +23,10 @@ __all__ = ["MigOps"]
 
 log = logging.getLogger("hostagent.daemon")
 
+# A layout's apply (or the start-up reconcile) on the worker: GPU resets of up to
+# mig.reset.RESET_TIMEOUT each, hooks, rollback; past this the agent counts as stuck.
+MIG_BUDGET = 3600.0
+
 
 def _spec(body: dict):
     from ..mig.spec import parse_spec
@@ -133,7 +137,7 @@ class MigOps:
             started, progress, ok = [], [], False
             self.agent.sharing.paused = True
             try:
-                result = await self.agent.blocking(self._apply_work, body, started, progress)
+                result = await self.agent.blocking(self._apply_work, body, started, progress, budget=MIG_BUDGET)
                 ok = True
             finally:
                 if not body.get("dry_run"):
@@ -233,7 +237,7 @@ class MigOps:
 
     async def _reconcile(self, settings, reason: str) -> None:
         try:
-            notes, result = await self.agent.blocking(self._reconcile_work, settings)
+            notes, result = await self.agent.blocking(self._reconcile_work, settings, budget=MIG_BUDGET)
         except (DriverNotLoaded, NvmlLibraryMissing) as e:
             log.warning("MIG layout %r not applied yet (%s): %s; it is applied when the driver is loaded",
                         settings.config, reason, e.message)

@@ -56,7 +56,7 @@ def _unit(ident: str, devices: dict[str, dict], lookup: dict[str, str]) -> _Unit
                                  "with ::<n> for replicas)")
     parent = devices.get(view.get("parent_uuid") or "", view)
     index = view["index"] if view["kind"] == "gpu" else view["parent_index"]
-    order = (index, -1 if view["kind"] == "gpu" else view["index"], int(replica) if (replica or "").isdigit() else 0)
+    order = (index, -1 if view["kind"] == "gpu" else view["index"], int(replica) if (replica or "").isascii() and (replica or "").isdigit() else 0)
     return _Unit(ident, uuid, parent["uuid"], parent.get("numa_node"), replica, order)
 
 

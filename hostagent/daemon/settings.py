@@ -23,6 +23,7 @@ class DaemonSettings:
     log_level: str = "info"
     resync_interval: float = 60
     shutdown_grace: float = 5
+    work_timeout: float = 120
 
 
 @dataclass(frozen=True)

@@ -44,6 +44,7 @@ class Watch:
     reason: str | None = None
     since: float = 0.0
     pid: int | None = None
+    process: object = None           # processes.ProcessRecord of the daemon, from the sharing state
     failures: int = 0                # probes failed in a row
     attempts: int = 0                # restarts failed in a row
     next_restart: float | None = None     # monotonic time of the next restart
@@ -117,7 +118,7 @@ class SharingOps:
                 log.warning("MPS daemons of %s stopped: %s", ", ".join(stopped), reason)
             self.waiting = self.gate() or reason
             for w in self.watches.values():
-                w.state, w.reason, w.pid = "waiting", self.waiting, None
+                w.state, w.reason, w.pid, w.process = "waiting", self.waiting, None, None
                 self.agent.metrics.mps_daemon(w.uuid, False, w.restarts)
             await self._publish("waiting")
 
@@ -164,19 +165,20 @@ class SharingOps:
         await self._publish(reason)
 
     async def _run(self, config, *, dry_run: bool = False, only: set[str] | None = None,
-                   persist: bool = True):
+                   persist: bool = True, force: bool = False):
         """The service's apply on the worker thread (the agent's mutex held); the watches
-        follow the outcome."""
+        follow the outcome. ``force``: devices in allocations may change too."""
         from ..sharing import service
         fn = functools.partial(service.apply, self.host, config, dry_run=dry_run, only=only,
-                               allocations=list(self.agent.allocations.values()), persist=persist)
+                               allocations=[] if force else list(self.agent.allocations.values()),
+                               persist=persist)
         outcome = await self.agent.blocking(fn)
         if not dry_run:
             await self._follow(outcome)
         return outcome
 
     async def apply(self, body: dict) -> dict:
-        """``PUT /v1/sharing``: ``config`` a document (None: off), ``dry_run``."""
+        """``PUT /v1/sharing``: ``config`` a document (None: off), ``dry_run``, ``force``."""
         from ..sharing.config import EMPTY, parse
         config = EMPTY if body.get("config") is None else parse(body["config"], "the sharing configuration")
         dry_run = bool(body.get("dry_run"))
@@ -185,7 +187,7 @@ class SharingOps:
             if why is not None and not dry_run and not config.empty:
                 from ..errors import UnavailableError
                 raise UnavailableError(f"MPS daemons cannot start now: {why}", hint="see GET /v1/node")
-            outcome = await self._run(config, dry_run=dry_run)
+            outcome = await self._run(config, dry_run=dry_run, force=bool(body.get("force")))
             if not dry_run:
                 failed = outcome.report.failed if outcome.report else []
                 log.info("sharing configuration %s: %d step(s), %d failed",
@@ -211,7 +213,6 @@ class SharingOps:
 
     async def _follow(self, outcome) -> None:
         """Watches for the daemons the state now records (loop thread)."""
-        from ..sharing import mps
         from ..sharing.state import SharingState
         state = await self.agent.blocking(SharingState.load, self.host)
         failed = {r.step.target: r.error for r in (outcome.report.failed if outcome.report else [])
@@ -236,11 +237,10 @@ class SharingOps:
             elif record is not None:
                 if w.state != "ready":
                     w.state, w.reason, w.since = "ready", None, now
-                w.pid, w.failures, w.attempts, w.next_restart = record.pid, 0, 0, None
+                w.pid, w.process, w.failures, w.attempts, w.next_restart = record.pid, record.known, 0, 0, None
                 w.restarts = max(w.restarts, record.restarts)
-            elif outcome.plan.desired.daemons.get(uuid) is not None:     # answering, unrecorded: adopted
-                w.pid = await asyncio.to_thread(mps.daemon_pid, self.host, uuid)
-                w.state, w.reason, w.since = "ready", None, now
+            elif outcome.plan.desired.daemons.get(uuid) is not None:
+                self._down(w, "no daemon of its runs")
             else:
                 self._down(w, "its device is not on the node now")
             self.agent.metrics.mps_daemon(uuid, w.state == "ready", w.restarts)
@@ -277,7 +277,6 @@ class SharingOps:
         """One round of supervision. What it finds is judged under the agent's mutex: a change
         under way (an apply, an off, a MIG change) stops and starts daemons itself, and its
         watches are the ones that count after it."""
-        from ..sharing import mps
         if self.paused or self.agent.mutex.locked():
             return
         why = self.gate()
@@ -293,9 +292,17 @@ class SharingOps:
         if self.waiting is not None:         # the driver is back: start what waited
             await self.reconcile("driver ready")
             return
-        ready = [(w, w.pid) for w in self.watches.values() if w.state == "ready"]
-        if not ready:
-            return
+        ready = [(w, w.process) for w in self.watches.values() if w.state == "ready"]
+        if ready:
+            await self._judge(ready)
+        for w in [w for w in self.watches.values() if w.state == "down" and w.next_restart is not None
+                  and w.next_restart <= time.monotonic()]:
+            await self._restart(w)
+
+    async def _judge(self, ready) -> None:
+        """Which of the ``ready`` daemons exited, or stopped answering (probed every
+        ``probe_interval``): marked down."""
+        from ..processes import current
         answers = None
         now = time.monotonic()
         if now >= self._next_probe:
@@ -303,10 +310,10 @@ class SharingOps:
             answers = await asyncio.to_thread(self._probe, [w.uuid for w, _ in ready], self._setting("probe_timeout"))
         async with self.agent.mutex:
             changed = False
-            for w, pid in ready:
-                if self.watches.get(w.uuid) is not w or w.state != "ready" or w.pid != pid:
+            for w, process in ready:
+                if self.watches.get(w.uuid) is not w or w.state != "ready" or w.process != process:
                     continue                 # a change replaced or restarted it meanwhile
-                if pid is None or not mps.alive(pid):
+                if not current(process):
                     self._down(w, "the daemon exited")
                     changed = True
                 elif answers is None:
@@ -320,14 +327,15 @@ class SharingOps:
                         changed = True
             if changed:
                 await self._publish("daemon_down")
-        for w in [w for w in self.watches.values() if w.state == "down" and w.next_restart is not None
-                  and w.next_restart <= time.monotonic()]:
-            await self._restart(w)
 
     def _probe(self, uuids: list[str], timeout: float) -> dict[str, bool]:
-        from ..sharing.service import answering
-        live = answering(self.host, uuids, timeout)
-        return {u: u in live for u in uuids}
+        """Each daemon asked through its pipe (a front end with a timeout: nothing here
+        reads a file clients use, nor can block)."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        from ..sharing import mps
+        with ThreadPoolExecutor(min(8, len(uuids))) as pool:
+            return dict(zip(uuids, pool.map(lambda u: mps.probe(self.host, u, timeout), uuids)))
 
     async def _restart(self, w: Watch) -> None:
         async with self.agent.mutex:

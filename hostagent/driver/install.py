@@ -177,7 +177,7 @@ class Installer:
             if service.unit:
                 self.runner.run(["systemctl", "stop", service.unit])
             else:
-                _terminate(service.pid)
+                _terminate(self.host, service)
             self._stopped.append(service)
 
     def _commands(self, step: Step, plan: InstallPlan, outcome: Outcome) -> None:
@@ -250,14 +250,31 @@ class Installer:
             self.progress(f"  the agent did not leave maintenance: {e.message}")
 
 
-def _terminate(pid: int, timeout: float = 30) -> None:
-    try:
-        os.kill(pid, signal.SIGTERM)
-    except ProcessLookupError:
+def _terminate(host, service, timeout: float = 30) -> None:
+    """SIGTERM to the daemon its pid file named, once that process is seen to run the
+    daemon's program (a pid file is the daemon's to write, and a pid may be reused)."""
+    from .. import processes
+    rec = processes.record(service.pid)
+    if rec is None:
         return
-    deadline = time.monotonic() + timeout
-    from ..fileio import pid_alive
-    while pid_alive(pid):
-        if time.monotonic() > deadline:
-            raise StateError(f"process {pid} did not stop within {timeout:g} s")
-        time.sleep(0.05)
+    program = service.start[0] if service.start else service.name
+    path = host.driver_tool(program)
+    try:
+        expected = processes.program(str(path)) if path is not None else None
+    except OSError:
+        expected = None
+    argv = _cmdline(rec.pid)
+    if expected is None or rec.exe != expected.exe or (expected.script is not None and expected.script not in argv):
+        raise StateError(f"process {rec.pid}, named by the pid file of {service.name}, does not run {program}: "
+                         "not stopped", hint=f"stop {service.name} yourself, then run the install again")
+    processes.send(rec, signal.SIGTERM)
+    if not processes.wait_gone(rec, timeout):
+        raise StateError(f"process {rec.pid} did not stop within {timeout:g} s")
+
+
+def _cmdline(pid: int) -> list[str]:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return [a.decode(errors="replace") for a in f.read(1 << 16).split(b"\0") if a]
+    except OSError:
+        return []

@@ -15,7 +15,7 @@ from .packages import PackageFacts
 __all__ = ["NodeState", "Service", "Step", "InstallPlan", "plan_install", "plan_restore", "check_version",
            "wanted_names", "flavour_for", "MODULE_UNLOAD_ORDER", "MODULE_LOAD_ORDER"]
 
-VERSION = re.compile(r"^\d{3,4}\.\d{1,3}(\.\d{1,3})?$")
+VERSION = re.compile(r"[0-9]{3,4}\.[0-9]{1,3}(\.[0-9]{1,3})?")     # the whole value (fullmatch), ASCII digits
 # As NVIDIA's driver manager unloads them (k8s-driver-manager) and its container loads them.
 MODULE_UNLOAD_ORDER = ("nvidia_drm", "nvidia_modeset", "nvidia_uvm", "nvidia_peermem", "nvidia")
 MODULE_LOAD_ORDER = ("nvidia", "nvidia-uvm", "nvidia-modeset")
@@ -96,8 +96,9 @@ class InstallPlan:
 
 
 def check_version(version: str) -> str:
-    version = (version or "").strip()
-    if not VERSION.match(version):
+    """The version as given, if it is one (digits and dots, nothing around them)."""
+    version = version or ""
+    if not VERSION.fullmatch(version):
         raise UsageError(f"{version!r} is not an NVIDIA driver version", hint="give one like 550.90.07")
     return version
 

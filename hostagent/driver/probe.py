@@ -52,10 +52,13 @@ def _read(path: Path) -> str | None:
 def _alive(host: HostRoot, pid_file: str) -> int | None:
     """The pid in the host's ``pid_file`` if that process lives. A mounted host's pids are
     those of its /proc (this process may be in a PID namespace of its own, a container's);
-    a simulated node's daemons are this machine's processes."""
+    a simulated node's daemons are this machine's processes. The file is its daemon's (a
+    daemon that may run as a user of its own): read without blocking, a regular file of a
+    few bytes, no symlink."""
+    from ..fileio import read_regular
     try:
-        pid = int((_read(host.host(pid_file)) or "").strip())
-    except ValueError:
+        pid = int(read_regular(str(host.host(pid_file)), 64, follow=False)[0].decode().strip())
+    except (OSError, ValueError):
         return None
     if pid <= 0:
         return None

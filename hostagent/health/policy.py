@@ -34,7 +34,7 @@ def parse_xids(items, what: str) -> tuple[bool, frozenset[int]]:
                 continue
             if part in _ALL:
                 everything = True
-            elif part.isdigit() and int(part) > 0:
+            elif part.isascii() and part.isdigit() and int(part) > 0:
                 xids.add(int(part))
             else:
                 raise ConfigError(f"{what}: {part!r} is neither an XID number nor 'all'",

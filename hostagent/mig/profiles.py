@@ -43,7 +43,7 @@ def _field(text: str, unit: str) -> int:
     if not text.endswith(unit):
         raise ValueError(f"missing '{unit}' from '%d{unit}'")
     number = text[:-len(unit)]
-    if not number.isdigit() or int(number) == 0:
+    if not (number.isascii() and number.isdigit()) or int(number) == 0:
         raise ValueError(f"malformed number in '%d{unit}'")
     return int(number)
 

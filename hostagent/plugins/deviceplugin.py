@@ -30,7 +30,7 @@ from .kubelet import deviceplugin_pb2 as api
 from .kubelet import deviceplugin_pb2_grpc as api_grpc
 from .podresources import held_devices
 from .resources import HEALTHY, node_resources, strategy_from_labels
-from .server import PluginError, ResourceServer, socket_identity
+from .server import PluginError, ResourceServer, socket_identity, some
 
 __all__ = ["Options", "DevicePlugin", "register", "API_VERSION", "KUBELET_SOCKET"]
 
@@ -88,9 +88,11 @@ class DevicePlugin:
         unknown = [i for i in ids if i not in known]
         if not ids or unknown:
             raise PluginError(grpc.StatusCode.INVALID_ARGUMENT,
-                              f"unknown device(s) for {resource}: {', '.join(unknown) or 'none asked for'}")
+                              f"unknown device(s) for {resource}: {some(unknown) or 'none asked for'}")
         if len(set(ids)) != len(ids):
-            raise PluginError(grpc.StatusCode.INVALID_ARGUMENT, f"a device is asked for twice: {ids}")
+            from collections import Counter
+            twice = [i for i, n in Counter(ids).items() if n > 1]
+            raise PluginError(grpc.StatusCode.INVALID_ARGUMENT, f"device(s) asked for twice: {some(twice)}")
         asked = set(ids)        # in the resource's order, however the kubelet ordered them
         return {d.id: d.uuid for d in server.devices if d.id in asked}
 

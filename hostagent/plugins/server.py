@@ -22,15 +22,32 @@ from .kubelet import deviceplugin_pb2 as api
 from .kubelet import deviceplugin_pb2_grpc as api_grpc
 from .resources import PluginDevice
 
-__all__ = ["ResourceServer", "PluginError", "socket_name", "socket_identity"]
+__all__ = ["ResourceServer", "PluginError", "socket_name", "socket_identity", "short", "some"]
 
 log = logging.getLogger("hostagent.plugins")
 
 
+MAX_MESSAGE = 400      # characters of an error the kubelet is sent (gRPC carries it in a header)
+
+
+def short(message: str, limit: int = MAX_MESSAGE) -> str:
+    """``message`` cut to ``limit`` characters, saying so."""
+    return message if len(message) <= limit else message[:limit - 20].rstrip() + " ... (cut)"
+
+
+def some(items, n: int = 3) -> str:
+    """The first ``n`` of ``items``, and how many more: a message names a few, never all."""
+    items = list(items)
+    head = ", ".join(map(str, items[:n]))
+    return head + (f" and {len(items) - n} more" if len(items) > n else "")
+
+
 class PluginError(Exception):
-    """An answer the kubelet gets as a gRPC error: ``code`` a ``grpc.StatusCode``."""
+    """An answer the kubelet gets as a gRPC error: ``code`` a ``grpc.StatusCode``; the message
+    is kept short (a long one would reach the kubelet as RESOURCE_EXHAUSTED instead)."""
 
     def __init__(self, code: grpc.StatusCode, message: str):
+        message = short(message)
         super().__init__(message)
         self.code = code
         self.message = message
@@ -151,6 +168,13 @@ class ResourceServer(api_grpc.DevicePluginServicer):
 
     def Allocate(self, request, context):
         response = api.AllocateResponse()
+        twice = _shared_ids([list(r.devices_ids) for r in request.container_requests])
+        if twice:
+            # The kubelet gives each container devices of its own: a device in two of one
+            # request's containers would be given to both.
+            message = f"{self.resource}: device(s) {some(twice)} asked for by more than one container of one request"
+            log.warning("%s", message)
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, message)
         for req in request.container_requests:
             response.container_responses.append(
                 self._answer(context, self.handler.allocate, self.resource, list(req.devices_ids)))
@@ -167,4 +191,15 @@ class ResourceServer(api_grpc.DevicePluginServicer):
             context.abort(e.code, e.message)
         except Exception as e:          # a bug: the kubelet gets an error, the server lives on
             log.exception("%s: request failed", self.resource)
-            context.abort(grpc.StatusCode.INTERNAL, f"internal error: {e}")
+            context.abort(grpc.StatusCode.INTERNAL, short(f"internal error: {e}"))
+
+
+def _shared_ids(requests: list[list[str]]) -> list[str]:
+    """Device ids that more than one of the requests names, in the order first met."""
+    seen, shared = set(), {}
+    for ids in requests:
+        for i in set(ids):
+            if i in seen:
+                shared[i] = None
+            seen.add(i)
+    return list(shared)

@@ -1,8 +1,10 @@
-"""What a container sharing a device with MPS needs, as container edits: the daemon's pipe
-directory, ``CUDA_MPS_PIPE_DIRECTORY``, the shared ``/dev/shm`` and the limits.
+"""What a container sharing a device with MPS needs, as container edits: the daemon's socket,
+``CUDA_MPS_PIPE_DIRECTORY``, the shared ``/dev/shm`` and the limits.
 
-The pipe directory is mounted at ``/tmp/nvidia-mps`` (CUDA's default pipe directory, where the
-DRA driver mounts it too), so a client finds the daemon with or without the variable. The
+The daemon's client directory (its ``control`` socket and nothing else: see ``mps``) is
+mounted read-only at ``/tmp/nvidia-mps`` (CUDA's default pipe directory, where the DRA
+driver mounts the whole pipe directory, read-write), so a client finds the daemon with or
+without the variable, and cannot change anything the daemon or the agent uses. The
 limits are the daemon's defaults (or lower ones the allocation asked for, the DRA driver's
 ``mpsConfig``) as the client's own variables, ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` and
 ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`` (``0=<MiB>M``: the container sees its one device as 0):
@@ -21,6 +23,7 @@ from .resolve import DeviceSharing
 __all__ = ["CONTAINER_PIPE", "mps_client_edits"]
 
 CONTAINER_PIPE = "/tmp/nvidia-mps"
+SOCKET_MOUNT_OPTIONS = ("ro", *IPC_MOUNT_OPTIONS)
 
 
 def _mib(quantity: str | None) -> int | None:
@@ -45,5 +48,6 @@ def mps_client_edits(host: HostRoot, uuid: str, device: DeviceSharing | None, mp
         env.append(f"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE={threads}")
     if pinned is not None:
         env.append(f"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0={pinned}M")
-    return Edits(env=tuple(env), mounts=(Mount(host.on_host(mps.pipe_dir(host, uuid)), CONTAINER_PIPE, IPC_MOUNT_OPTIONS),
+    return Edits(env=tuple(env), mounts=(Mount(host.on_host(mps.client_dir(host, uuid)), CONTAINER_PIPE,
+                                               SOCKET_MOUNT_OPTIONS),
                                          Mount(host.on_host(mps.shm_dir(host)), "/dev/shm", IPC_MOUNT_OPTIONS)))

@@ -35,7 +35,7 @@ MAX_NAME = 63                        # the device plugin's MaxResourceNameLength
 INTERVALS = ("Default", "Short", "Medium", "Long")
 # The file's keys, hostagent's record names.
 STRATEGY_KEYS = (("mps", "mps"), ("timeSlicing", "time-slicing"))
-_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")   # fullmatch
 _UNITS = {"": 1, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12,
           "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}
 
@@ -84,13 +84,13 @@ def _schema() -> dict:
 
 
 def _problem(e, schema: dict) -> str:
-    import jsonschema
+    from ..schemas import Draft7
     from ..config import key_path
     from ..schemamsg import describe
     where = key_path(e.absolute_path)
     if e.absolute_path and e.absolute_path[-1] == "devices":
         if isinstance(e.instance, list) and e.instance:
-            item = jsonschema.Draft7Validator(schema["definitions"]["devices"]["oneOf"][2]["items"])
+            item = Draft7(schema["definitions"]["devices"]["oneOf"][2]["items"])
             bad = [(i, v) for i, v in enumerate(e.instance) if not item.is_valid(v)]
             if bad:
                 return "; ".join(f"{where}[{i}]: {v!r} is not a GPU index, a MIG name (0:1) or a UUID"
@@ -108,7 +108,7 @@ def resource_name(raw: str, where: str, source: str | None) -> str:
     name = raw if raw.startswith(PREFIX + "/") else f"{PREFIX}/{raw}"
     if len(name) > MAX_NAME:
         raise _error(f"{where}: resource name {name!r} is longer than {MAX_NAME} characters", source)
-    if not _DNS_SUBDOMAIN.match(name.split("/", 1)[1]):
+    if not _DNS_SUBDOMAIN.fullmatch(name.split("/", 1)[1]):
         raise _error(f"{where}: incorrect format for resource name {name!r} (lower-case letters, "
                      f"digits, '-' and '.')", source)
     return name
@@ -134,13 +134,13 @@ def _error(what: str, source: str | None) -> ConfigError:
 def parse(data, source: str | None = None) -> SharingConfig:
     """Validate a parsed document and build its records; every schema problem is named with
     its key path in one error."""
-    import jsonschema
+    from ..schemas import Draft7
     if data is None:
         data = {}
     if not isinstance(data, dict):
         raise _error(f"the sharing configuration must be a mapping, not {type(data).__name__}", source)
     schema = _schema()
-    errors = sorted(jsonschema.Draft7Validator(schema).iter_errors(data),
+    errors = sorted(Draft7(schema).iter_errors(data),
                     key=lambda e: list(map(str, e.absolute_path)))
     if errors:
         raise _error("; ".join(dict.fromkeys(_problem(e, schema) for e in errors)), source)

@@ -135,7 +135,8 @@ def execute(host: HostRoot, plan: SharingPlan, state: SharingState, *, interpret
     notes: dict[tuple[str, str], list[str]] = {}
 
     def stopped(step):
-        mps.stop(host, step.target)
+        record = state.daemons.get(step.target)
+        mps.stop(host, step.target, record.known if record else None)
     for uuid, (error, _) in _parallel(stopped, by_action.get("stop_daemon", [])).items():
         if error:
             errors[("stop_daemon", uuid)] = error
@@ -161,17 +162,18 @@ def execute(host: HostRoot, plan: SharingPlan, state: SharingState, *, interpret
         d = plan.desired.devices[step.target]
         if d.gpu_uuid in bad_gpus:
             raise StateError(f"not started: the compute mode of GPU {d.gpu_index} could not be set")
-        pid, said = mps.start(host, step.target, daemon_settings(d), interpreter, import_path,
-                              adopt=not step.detail.get("restart"))
+        record = state.daemons.get(step.target)
+        process, said = mps.start(host, step.target, daemon_settings(d), interpreter, import_path,
+                                  adopt=not step.detail.get("restart"), known=record.known if record else None)
         notes[("start_daemon", step.target)] = said
-        return pid
-    for uuid, (error, pid) in _parallel(started, by_action.get("start_daemon", [])).items():
+        return process
+    for uuid, (error, process) in _parallel(started, by_action.get("start_daemon", [])).items():
         if error:
             errors[("start_daemon", uuid)] = error
             continue
         before = state.daemons.get(uuid)
-        state.daemons[uuid] = DaemonRecord(uuid, pid, time.time(), daemon_settings(plan.desired.devices[uuid]),
-                                           before.restarts + 1 if before else 0)
+        state.daemons[uuid] = DaemonRecord(uuid, process.pid, time.time(), daemon_settings(plan.desired.devices[uuid]),
+                                           before.restarts + 1 if before else 0, process.to_dict())
     for step in by_action.get("configure_daemon", []):
         try:
             mps.configure(host, step.target, daemon_settings(plan.desired.devices[step.target]))

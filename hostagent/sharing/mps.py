@@ -1,13 +1,31 @@
 """MPS control daemons, one per shared GPU or MIG device: start, probe, configure, stop.
 
-Each daemon has its own directories under ``/run/hostagent/mps/<uuid>/`` (``pipe``, ``log``)
-and runs with a clean environment: ``CUDA_MPS_PIPE_DIRECTORY``, ``CUDA_MPS_LOG_DIRECTORY``
-and ``CUDA_VISIBLE_DEVICES=<uuid>`` (the device plugin leaves the last one out, its issue
-#2056: its daemons see every GPU). The daemon is started through ``launch`` (see there:
-the shared ``/dev/shm`` its servers and clients meet in) with ``-d`` and talked to through
-its front end, ``nvidia-cuda-mps-control`` reading commands on stdin, as the device plugin
-does (its EchoPipeToControl). It writes ``nvidia-cuda-mps-control.pid`` in its pipe
-directory (NVIDIA's MPS documentation), which is how a restarted agent finds it again.
+Each daemon has its own directories under ``/run/hostagent/mps/<uuid>/``: ``pipe`` (its
+``CUDA_MPS_PIPE_DIRECTORY``), ``log`` and ``client``, and runs with a clean environment:
+``CUDA_MPS_PIPE_DIRECTORY``, ``CUDA_MPS_LOG_DIRECTORY`` and ``CUDA_VISIBLE_DEVICES=<uuid>``
+(the device plugin leaves the last one out, its issue #2056: its daemons see every GPU).
+The daemon is started through ``launch`` (see there: the shared ``/dev/shm`` its servers
+and clients meet in) with ``-d`` and talked to through its front end,
+``nvidia-cuda-mps-control`` reading commands on stdin, as the device plugin does (its
+EchoPipeToControl).
+
+What clients get: a running daemon's pipe directory holds ``control`` (the socket CUDA
+clients connect to, mode 0666), ``control_privileged`` (root's: administration commands),
+``control_lock`` (the daemon's flock), ``log`` (a FIFO its servers write their log to) and
+``nvidia-cuda-mps-control.pid``, as published listings of running daemons show, and
+nothing more while servers run: clients and servers find each other through ``control``.
+The servers run on the host, as the daemon's children, and use the pipe directory there.
+So a container is given ``client``, a directory holding one entry, ``control``, a hard link
+to the daemon's socket (a UNIX socket is reached by its inode, whatever its name), mounted
+read-only: connecting to a socket needs no write access to its file system, and nothing
+else there is a client's to open, lock, replace or write. After a restart of the daemon
+the link is replaced; containers mount the directory, so they see the new socket.
+
+Which process a daemon is comes from the kernel, never from the pid file in its pipe
+directory: after ``-d`` the daemon is found among the processes running the control
+binary with ``-d`` and this pipe directory in their environment, and recorded (pid, start
+time, executable: ``processes.ProcessRecord``) in the sharing state. Signals go to that
+recorded process only, checked again right before (``processes.send``).
 
 Limits use the device index the daemon sees: with ``CUDA_VISIBLE_DEVICES`` set, "the
 devices will be remapped by the MPS server" (MPS documentation), so its one device is 0.
@@ -29,15 +47,17 @@ import tempfile
 import time
 from pathlib import Path
 
+from .. import processes
 from ..errors import NotFoundError, StateError
 from ..hostroot import HostRoot
+from ..processes import ProcessRecord
 
-__all__ = ["MPS_ROOT", "PROBE", "MpsError", "daemon_dir", "pipe_dir", "log_dir", "shm_dir", "environment",
-           "control_tool", "ask", "probe", "daemon_pid", "start", "configure", "stop", "find_daemons",
-           "shm_size", "unmount_shm", "alive", "ANSWER_TIMEOUT"]
+__all__ = ["MPS_ROOT", "PROBE", "MpsError", "daemon_dir", "pipe_dir", "log_dir", "client_dir", "shm_dir",
+           "environment", "control_tool", "ask", "probe", "find", "leftovers", "start", "configure", "stop",
+           "find_daemons", "shm_size", "unmount_shm", "ANSWER_TIMEOUT", "SOCKET"]
 
 MPS_ROOT = "/run/hostagent/mps"
-PID_FILE = "nvidia-cuda-mps-control.pid"
+SOCKET = "control"          # the socket clients connect to, in the pipe directory
 PROBE = "get_default_active_thread_percentage"     # the device plugin's AssertHealthy
 ANSWER_TIMEOUT = 5.0       # one front-end run: a daemon answers in milliseconds; the rest is margin
 READY_TIMEOUT = 10.0       # from -d until the daemon answers
@@ -59,6 +79,11 @@ def pipe_dir(host: HostRoot, uuid: str) -> Path:
 
 def log_dir(host: HostRoot, uuid: str) -> Path:
     return daemon_dir(host, uuid) / "log"
+
+
+def client_dir(host: HostRoot, uuid: str) -> Path:
+    """What containers mount (read-only): the daemon's socket, and nothing else."""
+    return daemon_dir(host, uuid) / "client"
 
 
 def shm_dir(host: HostRoot) -> Path:
@@ -106,21 +131,33 @@ def probe(host: HostRoot, uuid: str, timeout: float = ANSWER_TIMEOUT) -> bool:
     return _percentage(ask(host, uuid, [PROBE], timeout)) is not None
 
 
-def daemon_pid(host: HostRoot, uuid: str) -> int | None:
-    """The pid its pid file names, if that process runs."""
-    try:
-        pid = int((pipe_dir(host, uuid) / PID_FILE).read_text().strip() or 0)
-    except (OSError, ValueError):
-        return None
-    return pid if pid > 0 and alive(pid) else None
+def leftovers(host: HostRoot, uuids, known: dict[str, ProcessRecord | None]) -> set[str]:
+    """The devices of ``uuids`` on whose pipe directory a control daemon runs that is not
+    the one ``known`` records (one look at the processes for them all)."""
+    rest = {str(pipe_dir(host, u)): u for u in uuids if not processes.current(known.get(u))}
+    return set(_find(host, rest)) if rest else set()
 
 
-def alive(pid: int) -> bool:
-    import psutil
+def find(host: HostRoot, uuid: str) -> list[ProcessRecord]:
+    """The processes running the control daemon on the device's pipe directory (by what the
+    kernel shows of them: the control binary, ``-d``, the pipe directory in their
+    environment)."""
+    return _find(host, {str(pipe_dir(host, uuid)): uuid}).get(uuid, [])
+
+
+def _find(host: HostRoot, pipes: dict[str, str]) -> dict[str, list[ProcessRecord]]:
+    """uuid -> the daemons running on its pipe directory (``pipes``: pipe directory -> uuid)."""
     try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
+        program = processes.program(control_tool(host))
+    except (OSError, NotFoundError):
+        return {}
+    out: dict[str, list[ProcessRecord]] = {}
+    for rec in processes.find(program, ("-d",)):
+        env = processes.environment(rec) or {}
+        uuid = pipes.get(env.get("CUDA_MPS_PIPE_DIRECTORY", ""))
+        if uuid is not None:
+            out.setdefault(uuid, []).append(rec)
+    return out
 
 
 def find_daemons(host: HostRoot) -> list[str]:
@@ -169,19 +206,44 @@ def _command(values: dict) -> list[str]:
             f"set_default_device_pinned_mem_limit 0 {values['pinned_memory_limit_mib']}M"]
 
 
-def start(host: HostRoot, uuid: str, settings: dict, interpreter: str = sys.executable,
-          import_path: str | None = None, adopt: bool = True) -> tuple[int, list[str]]:
-    """Start the device's daemon, send its defaults and wait until it answers; (pid, notes
-    from the launcher). ``adopt``: one that answers already is kept; else (a restart of one
-    that stopped answering) whatever runs is ended first."""
-    if adopt and daemon_pid(host, uuid) is not None and probe(host, uuid):
-        configure(host, uuid, settings)
-        return daemon_pid(host, uuid), []
-    _kill_leftover(host, uuid)
+def _link_client(host: HostRoot, uuid: str) -> None:
+    """The client directory's ``control``: a hard link to the daemon's socket, replaced at once."""
     from ..fileio import ensure_dir
-    from .launch import command
-    for d in (pipe_dir(host, uuid), log_dir(host, uuid)):
+    folder = ensure_dir(client_dir(host, uuid), 0o755)
+    tmp = folder / f".{SOCKET}.{os.getpid()}"
+    tmp.unlink(missing_ok=True)
+    try:
+        os.link(pipe_dir(host, uuid) / SOCKET, tmp, follow_symlinks=False)
+    except OSError as e:
+        raise MpsError(f"the MPS control daemon of {uuid} answers but its socket cannot be given to clients: "
+                       f"{e.strerror or e}", where=str(pipe_dir(host, uuid) / SOCKET)) from None
+    os.replace(tmp, folder / SOCKET)
+
+
+def _fresh_dirs(host: HostRoot, uuid: str) -> None:
+    """An empty pipe directory (whatever an earlier daemon, or anyone, left there goes),
+    the log directory and the client directory."""
+    from ..fileio import ensure_dir
+    shutil.rmtree(pipe_dir(host, uuid), ignore_errors=True)
+    for d in (pipe_dir(host, uuid), log_dir(host, uuid), client_dir(host, uuid)):
         ensure_dir(d, 0o755)
+
+
+def start(host: HostRoot, uuid: str, settings: dict, interpreter: str = sys.executable,
+          import_path: str | None = None, adopt: bool = True,
+          known: ProcessRecord | None = None) -> tuple[ProcessRecord, list[str]]:
+    """Start the device's daemon, send its defaults and wait until it answers; (its process,
+    notes from the launcher). ``known``: the process recorded for it. ``adopt``: the
+    recorded daemon, if it runs and answers, is kept; else (a restart of one that stopped
+    answering, or a daemon nobody recorded) whatever runs on its pipe directory is ended
+    first, and the directory made anew."""
+    if adopt and processes.current(known) and probe(host, uuid):
+        _link_client(host, uuid)
+        configure(host, uuid, settings)
+        return known, []
+    _end(host, uuid, known)
+    from .launch import command
+    _fresh_dirs(host, uuid)
     cmd = outside(host, command(interpreter, control_tool(host), shm_dir(host), shm_size(host),
                                 environment(host, uuid), import_path), uuid)
     # Output to a file, not a pipe: a daemon that keeps the descriptors it inherited would
@@ -209,11 +271,13 @@ def start(host: HostRoot, uuid: str, settings: dict, interpreter: str = sys.exec
             raise MpsError(f"the MPS control daemon of {uuid} started but does not answer",
                            where=str(log_dir(host, uuid)), hint="see control.log there")
         time.sleep(0.05)
-    pid = daemon_pid(host, uuid)
-    if pid is None:
-        raise MpsError(f"the MPS control daemon of {uuid} answers but wrote no pid file",
-                       where=str(pipe_dir(host, uuid) / PID_FILE))
-    return pid, notes
+    found = find(host, uuid)
+    if len(found) != 1:
+        raise MpsError(f"the MPS control daemon of {uuid} answers, but {len(found)} processes run the control "
+                       f"daemon on its pipe directory", where=str(pipe_dir(host, uuid)),
+                       hint="stop them (echo quit | nvidia-cuda-mps-control with that CUDA_MPS_PIPE_DIRECTORY)")
+    _link_client(host, uuid)
+    return found[0], notes
 
 
 def configure(host: HostRoot, uuid: str, settings: dict) -> None:
@@ -224,38 +288,31 @@ def configure(host: HostRoot, uuid: str, settings: dict) -> None:
                        f"({'; '.join(answer or ['no answer'])})", where=str(log_dir(host, uuid)))
 
 
-def stop(host: HostRoot, uuid: str, timeout: float = QUIT_TIMEOUT) -> None:
+def stop(host: HostRoot, uuid: str, known: ProcessRecord | None = None, timeout: float = QUIT_TIMEOUT) -> None:
     """``quit``, as the device plugin stops its daemons; a daemon still there after
-    ``timeout`` gets SIGTERM, then SIGKILL. Its directories go last."""
-    pid = daemon_pid(host, uuid)
-    if pid is not None:
-        ask(host, uuid, ["quit"], timeout)
-        _wait_gone(pid, timeout)
-    _kill_leftover(host, uuid)
+    ``timeout`` gets SIGTERM, then SIGKILL. Its directories go last. ``known``: the process
+    recorded for it (else it is looked for)."""
+    _end(host, uuid, known, quit_timeout=timeout)
     shutil.rmtree(daemon_dir(host, uuid), ignore_errors=True)
 
 
-def _wait_gone(pid: int, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while alive(pid):
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(0.02)
-    return True
-
-
-def _kill_leftover(host: HostRoot, uuid: str) -> None:
-    """A daemon that no longer answers: ended by signal (its pid file names it)."""
-    pid = daemon_pid(host, uuid)
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        if pid is None or not alive(pid):
-            return
-        try:
-            os.kill(pid, sig)
-        except ProcessLookupError:
-            return
-        if _wait_gone(pid, 1.0):
-            return
+def _end(host: HostRoot, uuid: str, known: ProcessRecord | None, quit_timeout: float = 0.0) -> None:
+    """End the device's daemon, each process that is one: ``quit`` first when
+    ``quit_timeout``, then SIGTERM and SIGKILL, to the checked process only."""
+    if processes.current(known):
+        daemons = [known]
+    else:
+        daemons = find(host, uuid)
+    if not daemons:
+        return
+    if quit_timeout:
+        ask(host, uuid, ["quit"], quit_timeout)
+        for rec in daemons:
+            processes.wait_gone(rec, quit_timeout)
+    for rec in daemons:
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            if not processes.send(rec, sig) or processes.wait_gone(rec, 1.0):
+                break
 
 
 def unmount_shm(host: HostRoot, interpreter: str = sys.executable) -> None:

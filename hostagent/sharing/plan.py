@@ -27,7 +27,8 @@ NODE_ACTIONS = frozenset(ORDER) - {"share", "unshare"}
 class Live:
     """What the node shows now."""
     compute_modes: dict[str, str] = field(default_factory=dict)   # GPU uuid -> mode
-    answering: frozenset[str] = frozenset()                       # devices whose MPS daemon answers
+    answering: frozenset[str] = frozenset()                       # devices whose recorded MPS daemon answers
+    leftovers: frozenset[str] = frozenset()                       # devices with an MPS daemon nobody recorded
     names: dict[str, str] = field(default_factory=dict)           # uuid -> "GPU 3", "MIG device 0:1"
 
 
@@ -104,7 +105,7 @@ def plan(desired: Desired, state: SharingState, live: Live) -> SharingPlan:
             (f"GPU {d.gpu_index}" for d in state.devices.values() if d.gpu_uuid == uuid), uuid))
 
     wanted = desired.daemons
-    for uuid in sorted((set(state.daemons) | live.answering) - set(wanted)):
+    for uuid in sorted((set(state.daemons) | live.answering | live.leftovers) - set(wanted)):
         steps.append(Step("stop_daemon", uuid, label(uuid)))
     for uuid, interval in sorted(state.intervals.items()):
         g = desired.gpus.get(uuid)

@@ -50,9 +50,10 @@ def device_names(inventory: Inventory | None) -> dict[str, str]:
     return out
 
 
-def answering(host: HostRoot, uuids, timeout: float = mps.ANSWER_TIMEOUT) -> frozenset[str]:
-    """The devices whose MPS daemon runs and answers (probed in parallel)."""
-    candidates = [u for u in sorted(set(uuids)) if mps.daemon_pid(host, u) is not None]
+def answering(host: HostRoot, uuids, state: SharingState, timeout: float = mps.ANSWER_TIMEOUT) -> frozenset[str]:
+    """The devices whose recorded MPS daemon runs and answers (probed in parallel)."""
+    from ..processes import current
+    candidates = [u for u in sorted(set(uuids)) if u in state.daemons and current(state.daemons[u].known)]
     if not candidates:
         return frozenset()
     with ThreadPoolExecutor(min(8, len(candidates))) as pool:
@@ -75,7 +76,9 @@ def compute_modes(host: HostRoot, inventory: Inventory, uuids) -> dict[str, str]
 def observe(host: HostRoot, inventory: Inventory, state: SharingState, desired: Desired) -> Live:
     gpus = set(desired.gpus) | set(state.saved_modes) | {d.gpu_uuid for d in state.devices.values()}
     daemons = set(state.daemons) | set(mps.find_daemons(host)) | set(desired.daemons)
-    return Live(compute_modes(host, inventory, gpus), answering(host, daemons), device_names(inventory))
+    known = {u: r.known for u, r in state.daemons.items()}
+    return Live(compute_modes(host, inventory, gpus), answering(host, daemons, state),
+                frozenset(mps.leftovers(host, daemons, known)), device_names(inventory))
 
 
 def refuse_allocated(state: SharingState, desired: Desired, allocations) -> None:
@@ -145,7 +148,7 @@ def status(host: HostRoot, inventory: Inventory | None = None, daemons: dict | N
     inventory = inventory if inventory is not None else read_inventory(host)
     present = set(device_names(inventory))
     if daemons is None:
-        live = answering(host, set(state.daemons) | set(mps.find_daemons(host)))
+        live = answering(host, state.daemons, state)
         daemons = {u: {"state": "ready" if u in live else "down"} for u in state.daemons}
     modes = compute_modes(host, inventory, {d.gpu_uuid for d in state.devices.values()} | set(state.saved_modes))
     devices = []
@@ -188,9 +191,9 @@ def pause(host: HostRoot, devices) -> list[str]:
         for uuid, d in sorted(state.devices.items()):
             if d.strategy != "mps" or uuid not in devices:
                 continue
-            if mps.daemon_pid(host, uuid) is not None or uuid in state.daemons:
-                mps.stop(host, uuid)
-                state.daemons.pop(uuid, None)
+            record = state.daemons.pop(uuid, None)
+            mps.stop(host, uuid, record.known if record else None)
+            if record is not None:
                 stopped.append(d.label)
         if stopped:
             state.save(host)

@@ -2,7 +2,9 @@
 
 The sharing in force (per device, as resolved when it was applied), the compute mode each
 GPU had before hostagent changed it (restored on ``off``), the time-slice interval it set,
-and its MPS daemons (pid, start time, settings sent, restarts). Written atomically after
+and its MPS daemons (the process as the kernel showed it when the daemon started: pid, start
+time, executable; the settings sent; restarts). This is the only place a daemon's pid comes
+from: never its pid file, which sits among what clients use. Written atomically after
 every change, so an agent that restarts adopts its daemons and a later ``off`` restores
 what was there before, whichever process made the change (the CLI or the daemon).
 """
@@ -14,6 +16,7 @@ from dataclasses import asdict, dataclass, field
 
 from ..errors import StateError
 from ..hostroot import HostRoot
+from ..processes import ProcessRecord
 from .resolve import DeviceSharing
 
 __all__ = ["SharingState", "DaemonRecord", "state_path"]
@@ -28,6 +31,15 @@ class DaemonRecord:
     started: float | None = None
     settings: dict = field(default_factory=dict)     # active_thread_percentage, pinned_memory_limit_mib
     restarts: int = 0
+    process: dict | None = None    # ProcessRecord.to_dict(); None in a record of an older agent
+
+    @property
+    def known(self) -> ProcessRecord | None:
+        """The daemon's process as recorded (None: not recorded, never trusted by pid alone)."""
+        try:
+            return ProcessRecord.from_dict(self.process)
+        except (KeyError, TypeError, ValueError):
+            return None
 
 
 @dataclass

@@ -1,7 +1,13 @@
 # What the agent wrote on the host: its state, the node's and the allocations' CDI specs
 # (the node's only when its hook is hostagent's), its node labels, the runtime shim front
 # 'hostagent runtime install-shim' wrote, the readiness markers it published.
-rm -rf /var/lib/hostagent /run/hostagent
+# A shared /dev/shm still mounted (sharing could not be stopped): detached first, so the MPS
+# clients keep their files and the folder under it can go; nothing of another file system
+# is removed.
+if grep -qs ' /run/hostagent/mps/shm ' /proc/mounts; then
+    umount -l /run/hostagent/mps/shm || true
+fi
+rm -rf --one-file-system /var/lib/hostagent /run/hostagent || echo "hostagent: /run/hostagent could not be removed whole" >&2
 for spec in /etc/cdi/nvidia.com-gpu.json /var/run/cdi/nvidia.com-gpu.json; do
     if [ -f "$spec" ] && grep -qF 'hostagent.hooks.main' "$spec"; then
         rm -f "$spec"

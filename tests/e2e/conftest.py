@@ -11,7 +11,8 @@ import pytest
 
 from tests import programs
 
-BUSYBOX_APPLETS = ("sh", "true", "ls", "cat", "readlink", "grep", "echo", "test", "stat", "find", "env", "id")
+BUSYBOX_APPLETS = ("sh", "true", "ls", "cat", "readlink", "grep", "echo", "test", "stat", "find", "env", "id",
+                   "sleep", "rm", "mkfifo", "ln")
 PODMAN_FLAGS = ("--runtime", "runc", "--ulimit", "nofile=1024:1024", "--ulimit", "nproc=1024:1024")
 
 

@@ -194,8 +194,13 @@ def test_purge_leaves_nothing(box, deb_package):
     box.run("/opt/hostagent/bin/python", "-I", "-c", "from hostagent.driver.markers import Markers; "
             "from hostagent.hostroot import HostRoot; "
             f"assert Markers(HostRoot(), '{operator}').ready()")
+    # MPS clients' shared /dev/shm, still mounted with a client's file in it (sharing that
+    # could not be stopped): detached, not emptied, and the purge goes through.
+    box.sh("mkdir -p /run/hostagent/mps/shm && mount -t tmpfs shm /run/hostagent/mps/shm && "
+           "echo client > /run/hostagent/mps/shm/cuda.shm.0")
     box.run("apt-get", "purge", "-y", "hostagent", timeout=300)
     assert processes(box, "hostagentd") == []
+    assert "/run/hostagent" not in box.run("cat", "/proc/mounts").stdout
     # Its marker went, the operator's files stayed (then the test's own go).
     assert box.sh(f"ls -A {operator}").stdout.split() == [".driver-ctr-ready", "cuda-ready", "toolkit-ready"]
     box.sh("rm -rf /run/nvidia")

@@ -71,6 +71,8 @@ def test_image_is_tagged_with_the_version_and_runs_the_agent_on_a_simulated_node
             node = client.node()
         assert node["agent"]["version"] == __version__ and node["gpus"] == 2
         assert podman("exec", name, "hostagentd", "--check").returncode == 0
+        # No group of its own whose id could be another group on the node.
+        assert podman("exec", name, "getent", "group", "hostagent", check=False).returncode == 2
         # The DaemonSet's second container: the device plugin's gRPC is in the image too.
         assert "--plugin-dir" in podman("exec", name, "hostagent", "device-plugin", "--help").stdout
         as_root = json.loads(podman("exec", name, "hostagent", "devices", "-o", "json").stdout)

@@ -11,7 +11,24 @@ from pathlib import Path
 from hostagent.sharing import mps
 from hostagent.sim.platform import simulated_host
 
-__all__ = ["running", "stop_all"]
+__all__ = ["running", "stop_all", "alive", "daemon_pid"]
+
+
+def alive(pid: int) -> bool:
+    """A process that runs (a zombie does not)."""
+    import psutil
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def daemon_pid(host: HostRoot, uuid: str) -> int | None:
+    """The pid of the device's control daemon, found as the agent finds it (its binary, its
+    pipe directory in its environment); None when none runs."""
+    found = mps.find(host, uuid)
+    assert len(found) <= 1, found
+    return found[0].pid if found else None
 
 
 def running(root: Path) -> list[int]:

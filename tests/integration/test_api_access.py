@@ -8,6 +8,8 @@ import stat
 
 import pytest
 
+from hostagent.errors import HostagentError
+
 from .agentd import AgentProcess, existing_group, make_root
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to start processes as other users")
@@ -103,6 +105,33 @@ def test_group_member_reads_and_allocates_but_does_not_administer(group_agent):
         ["DELETE", "/v1/allocations/by-nobody", None]])
     assert got == [(200, None), (200, None), (200, None), (200, None), (200, None),
                    (201, None), (200, None), (403, "forbidden"), (200, None)]
+
+
+def test_an_allocation_is_its_owners_and_roots(group_agent):
+    """A member may not release, take back or replace an allocation of another uid (root's,
+    the device plugin's): 403 not_owner, and nothing changes; its own it may."""
+    with group_agent.client() as c:
+        c.allocate("roots", ["2"])
+    other = json.dumps({"id": "by-nobody-2", "devices": [{"device": "2"}], "replaces": ["roots"]})
+    again = json.dumps({"id": "roots", "devices": [{"device": "2"}]})
+    own = json.dumps({"id": "mine", "devices": [{"device": "3"}]})
+    replacing = json.dumps({"id": "mine-2", "devices": [{"device": "3"}], "replaces": ["mine"]})
+    got = as_user(group_agent, [
+        ["DELETE", "/v1/allocations/roots", None], ["POST", "/v1/allocations", other],
+        ["POST", "/v1/allocations", again], ["POST", "/v1/allocations", own],
+        ["POST", "/v1/allocations", replacing], ["GET", "/v1/allocations/mine-2", None]])
+    assert got == [(403, "not_owner"), (403, "not_owner"), (403, "not_owner"), (201, None), (201, None),
+                   (200, None)]
+    with group_agent.client() as c:
+        allocations = {a["id"]: a for a in c.allocations()}
+        assert allocations["roots"]["owner"] == 0 and allocations["mine-2"]["owner"] == NOBODY
+        assert "mine" not in allocations and "by-nobody-2" not in allocations
+        # A member's allocation under an id root (a plugin) asks for is not handed to root.
+        with pytest.raises(HostagentError) as e:
+            c.allocate("mine-2", ["3"])
+        assert e.value.code == "allocation_conflict" and e.value.details["owner"] == NOBODY
+        c.release("mine-2")                 # root may release anyone's
+        c.release("roots")
 
 
 def test_group_member_reads_health_labels_and_metrics_but_does_not_clear(group_agent):

@@ -209,6 +209,34 @@ def test_bad_requests_are_grpc_errors_and_the_plugin_keeps_serving(node):
     node.wait_released()
 
 
+def test_one_request_never_gives_a_gpu_to_two_containers(node):
+    """Two containers of one Allocate naming the same GPU: refused whole (no container gets
+    it, no allocation is made), as the kubelet never asks so."""
+    k = node.kubelet
+    k.endpoint(GPU)
+    before = node.owned()
+    with pytest.raises(grpc.RpcError) as e:
+        k.allocate(GPU, uuids(node, 2), uuids(node, 3, 2))
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "more than one container" in e.value.details()
+    assert node.owned() == before
+    two = k.allocate(GPU, uuids(node, 2), uuids(node, 3))        # distinct devices: each its own
+    assert [list(r.cdi_devices) for r in two.container_responses] != [[], []]
+    node.wait_released()
+
+
+def test_a_large_bad_request_gets_a_short_error(node):
+    """Thousands of unknown (or repeated) ids: INVALID_ARGUMENT naming a few, never a
+    message so long the kubelet sees RESOURCE_EXHAUSTED."""
+    k = node.kubelet
+    k.endpoint(GPU)
+    for ids, says in (([f"GPU-{i:036d}" for i in range(5000)], "and 4997 more"),
+                      (uuids(node, 1) * 3000, "asked for twice: GPU-")):
+        with pytest.raises(grpc.RpcError) as e:
+            k.allocate(GPU, ids)
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and len(e.value.details()) <= 400
+        assert says in e.value.details()
+
+
 def test_an_xid_turns_exactly_its_gpu_unhealthy(node):
     e = node.kubelet.endpoint(GPU)
     inject_xid(SimStore(node.root), 2, 79)

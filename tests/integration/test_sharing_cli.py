@@ -13,7 +13,7 @@ from hostagent.devices import nvml_session, read_inventory
 from hostagent.devices.computectl import ComputeControl
 from hostagent.sharing import mps
 
-from .mpsprocs import running, stop_all
+from .mpsprocs import daemon_pid, running, stop_all
 
 ROOT = pytest.mark.skipif(os.geteuid() != 0, reason="compute modes and MPS daemons need root "
                           "(nvml.h: Requires root/admin permissions); CI runs as root")
@@ -79,7 +79,7 @@ def test_apply_status_off(node, capsys):
     assert "Timeslice: Short" in smi(host, "compute-policy", "-l", "-i", "2")
     assert (host.root / "etc/hostagent/sharing.yaml").exists()
     for uuid in (u0, u1):
-        pid = mps.daemon_pid(host, uuid)
+        pid = daemon_pid(host, uuid)
         assert pid is not None and mps.probe(host, uuid)
         env = dict(v.split("=", 1) for v in open(f"/proc/{pid}/environ").read().split("\0") if v)
         # A clean environment: the directories and the one device, nothing of the agent's.
@@ -108,6 +108,27 @@ def test_apply_status_off(node, capsys):
     assert not os.path.ismount(mps.shm_dir(host)) and not (host.root / "etc/hostagent/sharing.yaml").exists()
     code, out, _ = run(capsys, host, "status")
     assert out.strip() == "no device is shared"
+
+
+@ROOT
+def test_off_with_force_stops_sharing_that_allocations_use(node, capsys):
+    """What removing the package runs (the daemon stopped): devices in allocations keep their
+    sharing unless forced; forced, every daemon stops, the modes come back and the shared
+    /dev/shm is unmounted."""
+    from hostagent.daemon import checkpoint
+    from hostagent.daemon.allocations import Allocation
+    host, cfg = node
+    assert run(capsys, host, "apply", "-f", cfg)[0] == 0
+    u0 = read_inventory(host).gpus[0].uuid
+    checkpoint.save(host, [Allocation("pod-a", (u0,), {"id": "pod-a", "devices": [{"device": "0"}],
+                                                       "sharing": {"strategy": "MPS"}}, 0.0,
+                                      replicas=(f"{u0}::0",), shared_as="mps")])
+    code, out, err = run(capsys, host, "off")
+    assert code == 1 and "pod-a" in err and daemon_pid(host, u0) is not None
+    code, out, err = run(capsys, host, "off", "--force")
+    assert code == 0, out + err
+    assert running(host.root) == [] and modes(host)[:3] == ["DEFAULT"] * 3
+    assert not os.path.ismount(mps.shm_dir(host)) and not mps.daemon_dir(host, u0).exists()
 
 
 @ROOT

@@ -4,6 +4,8 @@ death or a hang, with back-off), adoption across an agent restart, MIG changes."
 import json
 import os
 import signal
+import stat
+import subprocess
 import time
 
 import pytest
@@ -12,7 +14,7 @@ from hostagent.errors import HostagentError
 from hostagent.sharing import mps
 
 from .agentd import FAST, AgentProcess, make_root
-from .mpsprocs import running
+from .mpsprocs import alive, daemon_pid, running
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="compute modes and MPS daemons need root "
                                 "(nvml.h: Requires root/admin permissions); CI runs as root")
@@ -57,7 +59,7 @@ def test_apply_through_the_api_publishes_devices_and_events(agent):
         status = c.sharing()
         assert status["config"]["document"] == CONFIG and status["strategies"] == ["mps", "time-slicing"]
         d0 = daemon(c, "0")
-        assert d0["state"] == "ready" and d0["pid"] == mps.daemon_pid(agent.host, c.device("0")["uuid"])
+        assert d0["state"] == "ready" and d0["pid"] == daemon_pid(agent.host, c.device("0")["uuid"])
         dev0, dev2, dev3 = c.device("0"), c.device("2"), c.device("3")
         assert dev0["replicas"] == [f"{dev0['uuid']}::{i}" for i in range(4)]
         assert dev0["sharing"]["strategy"] == "mps" and dev0["sharing"]["mps"]["state"] == "ready"
@@ -74,7 +76,7 @@ def test_apply_through_the_api_publishes_devices_and_events(agent):
             c.sharing_apply({"sharing": {"mps": {"resources": [{"name": "gpu", "replicas": 99}]}}})
         assert e.value.status == 400 and e.value.code == "invalid_config" and "99 replicas is more than the 48 MPS clients" in e.value.message
         with pytest.raises(HostagentError) as e:
-            c.request("PUT", "/v1/sharing", {"config": {}, "force": True})
+            c.request("PUT", "/v1/sharing", {"config": {}, "bogus": True})
         assert e.value.code == "invalid_argument"
         assert c.sharing()["config"]["document"] == CONFIG
         dry = c.sharing_apply(None, dry_run=True)
@@ -100,17 +102,55 @@ def test_a_dead_or_hung_daemon_is_restarted(agent):
             except ProcessLookupError:
                 pass
         assert again["restarts"] == after["restarts"] + 1
-        assert not mps.alive(after["pid"])               # the hung one was killed, not left beside
+        assert not alive(after["pid"])               # the hung one was killed, not left beside
         metrics = c.metrics()
         assert f'hostagent_mps_daemon_restarts_total{{device="{uuid}"}} 2.0' in metrics
         assert f'hostagent_mps_daemon_up{{device="{uuid}"}} 1.0' in metrics
+
+
+def test_a_pipe_directory_a_client_wrote_moves_nothing(agent):
+    """What a container could do to a pipe directory it could write (containers given the
+    daemon's pipe directory read-write, as MPS clients of other plugins are): a host pid in
+    the pid file, then the pid file made a FIFO, and the socket removed. The agent signals
+    no process but the daemon it recorded (checked first), never blocks on the FIFO, keeps
+    answering, and restarts the daemon in a new pipe directory."""
+    victim = subprocess.Popen(["sleep", "120"])
+    try:
+        with agent.client() as c:
+            c.sharing_apply(CONFIG)
+            uuid = c.device("0")["uuid"]
+            for attack in ("pid", "fifo"):
+                before = daemon(c, "0")
+                assert before["state"] == "ready"
+                pid_file, socket_file = (mps.pipe_dir(agent.host, uuid) / name
+                                         for name in ("nvidia-cuda-mps-control.pid", "control"))
+                if attack == "pid":
+                    pid_file.write_text(f"{victim.pid}\n")
+                else:
+                    pid_file.unlink()
+                    os.mkfifo(pid_file)
+                socket_file.unlink()
+                after = until(lambda: (d := daemon(c, "0"))["state"] == "ready" and d["pid"] != before["pid"] and d,
+                              timeout=20, what=f"a restart after the {attack} attack")
+                assert victim.poll() is None and not alive(before["pid"])
+                assert after["pid"] == daemon_pid(agent.host, uuid) and mps.probe(agent.host, uuid)
+                assert not stat.S_ISFIFO(os.lstat(mps.pipe_dir(agent.host, uuid) / "nvidia-cuda-mps-control.pid").st_mode)
+            pid_file.write_text(f"{victim.pid}\n")
+            started = time.monotonic()
+            c.sharing_apply(None)
+            assert time.monotonic() - started < 15 and victim.poll() is None
+            assert running(agent.root) == []
+            c.sharing_apply(CONFIG)
+    finally:
+        victim.kill()
+        victim.wait()
 
 
 def test_a_restarted_agent_adopts_its_daemons(agent):
     with agent.client() as c:
         pids = {n: daemon(c, n)["pid"] for n in ("0", "1")}
     assert agent.stop() == 0
-    assert all(mps.alive(p) for p in pids.values())        # the daemons outlive the agent
+    assert all(alive(p) for p in pids.values())        # the daemons outlive the agent
     agent.start()
     with agent.client() as c:
         assert {n: daemon(c, n)["pid"] for n in ("0", "1")} == pids
@@ -135,9 +175,13 @@ def test_allocations_of_shared_devices(agent):
             env = a["container_edits"]["env"]
             assert "CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps" in env and "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50" in env
             assert "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=8192M" in env
-            mounts = {m["containerPath"]: m["hostPath"] for m in a["container_edits"]["mounts"]}
-            assert mounts["/tmp/nvidia-mps"] == str(mps.pipe_dir(agent.host, g1["uuid"]))
-            assert mounts["/dev/shm"] == str(mps.shm_dir(agent.host))
+            mounts = {m["containerPath"]: m for m in a["container_edits"]["mounts"]}
+            # The daemon's socket alone, read-only: never its pipe directory.
+            client = mps.client_dir(agent.host, g1["uuid"])
+            assert mounts["/tmp/nvidia-mps"]["hostPath"] == str(client) and "ro" in mounts["/tmp/nvidia-mps"]["options"]
+            assert os.listdir(client) == ["control"]
+            assert os.stat(client / "control").st_ino == os.stat(mps.pipe_dir(agent.host, g1["uuid"]) / "control").st_ino
+            assert mounts["/dev/shm"]["hostPath"] == str(mps.shm_dir(agent.host))
             spec = json.loads(open(a["spec_path"]).read())
             validate_spec(spec)
             (device,) = spec["devices"]
@@ -213,7 +257,7 @@ def test_mps_on_mig_devices_follows_a_mig_change():
             assert stopped == [f"MPS daemons of MIG device {gone['name']} stopped for the MIG change"], result["progress"]
             (left,) = c.devices(type="mig")["mig_devices"]
             assert left["uuid"] == keep["uuid"] and left["sharing"]["mps"]["pid"] == keep_pid
-            assert mps.alive(int(server))                      # its client's server was never touched
+            assert alive(int(server))                      # its client's server was never touched
             assert [d["name"] for d in c.sharing()["devices"]] == [keep["name"]]
             assert not mps.daemon_dir(agent.host, gone["uuid"]).exists()
             # A bigger layout: the new 1g.10gb devices get daemons of their own.
@@ -261,7 +305,7 @@ def test_a_driver_install_stops_the_daemons_until_the_driver_verifies(agent):
             status = c.sharing()
             assert status["waiting"] and "the driver is being changed (test install" in status["waiting"]
             assert {d["mps"]["state"] for d in status["devices"] if d["mps"]} == {"waiting"}
-            assert running(agent.root) == [] and not mps.alive(before)
+            assert running(agent.root) == [] and not alive(before)
             with pytest.raises(HostagentError) as e:
                 c.sharing_apply(CONFIG)
             assert e.value.code == "unavailable" and "the driver is being changed" in e.value.message

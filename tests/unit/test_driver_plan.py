@@ -106,7 +106,8 @@ def test_refusals_unknown_version_foreign_holds_and_bad_versions():
     ours = NodeState(**{**NODE.__dict__, "our_holds": frozenset({"libcuda1"})})
     plan = plan_install(DEBIAN, debian_facts(held=frozenset({"libcuda1"})), ours, "550.127.05")
     assert plan.unhold == ("libcuda1",) and steps(plan)["unhold"].commands == (("apt-mark", "unhold", "libcuda1"),)
-    for bad in ("latest", "550", "550.90.07.1", "", "550.90.07; rm -rf /"):
+    for bad in ("latest", "550", "550.90.07.1", "", "550.90.07; rm -rf /", "550.127.05\n", " 550.127.05",
+                "５５０.127.05"):
         with pytest.raises(UsageError):
             plan_install(DEBIAN, debian_facts(), NODE, bad)
 

@@ -132,3 +132,15 @@ def test_a_mounted_hosts_group_is_the_hosts(debian):
     host = HostRoot.mounted_at(debian)
     assert group_id("hostagent", host) == 4321
     assert group_id(mine, host) is None and group_id(mine) == os.getgid()
+
+
+def test_the_groups_name_is_the_mounted_hosts(tmp_path, monkeypatch):
+    """In the agent's container a gid means what the host's /etc/group says, not the image's."""
+    from hostagent.groups import group_name
+    (tmp_path / "etc").mkdir()
+    (tmp_path / "etc/group").write_text("root:x:0:\nhostagent:x:64999:alice\n")
+    host = HostRoot.mounted_at(tmp_path)
+    assert group_name(64999, host) == "hostagent" and group_name(0, host) == "root"
+    assert group_name(12345, host) is None
+    monkeypatch.setenv("HOSTAGENT_HOST_ROOT", str(tmp_path))
+    assert group_name(64999) == "hostagent"          # a command in the container, given no HostRoot

@@ -39,9 +39,11 @@ def log_line(path: str | os.PathLike, who: str, message: str, pid: int | None = 
 
 
 def read_pid(path: str | os.PathLike) -> int | None:
+    """The pid a daemon's pid file holds; None for anything but a small regular file (a
+    FIFO put in its place must not hang the simulated driver)."""
+    from ...fileio import read_regular
     try:
-        with open(path) as f:
-            return int(f.read().strip() or 0) or None
+        return int(read_regular(os.fspath(path), 64, follow=False)[0].decode().strip() or 0) or None
     except (OSError, ValueError):
         return None
 
