@@ -353,12 +353,15 @@ class Client:
 
     def allocate(self, alloc_id: str, devices: list, sharing: dict | None = None,
                  labels: dict | None = None, cdi_names: str | None = None, replaces=(),
-                 edits: bool = True) -> dict:
-        """``devices``: names ("0", a UUID, "0:1", a CDI name) or ``{"constraints": {...},
-        "count": n}`` items; ``cdi_names``: ``node`` for the node spec's names and no
+                 edits: bool = True, own_mps_daemon: bool = False) -> dict:
+        """``devices``: names ("0", a UUID, "0:1", a CDI name), ``{"constraints": {...},
+        "count": n}`` or ``{"mig": {"gpu", "profile", "start"}}`` items (each named item may
+        carry its own ``sharing``); ``cdi_names``: ``node`` for the node spec's names and no
         transient spec (the agent's default: ``allocation``); ``replaces``: ids of
         allocations to release in the same commit; ``edits=False``: the answer without its
-        ``container_edits`` (``Prefer: return=minimal``), for callers that hand on CDI names."""
+        ``container_edits`` (``Prefer: return=minimal``), for callers that hand on CDI names;
+        ``own_mps_daemon``: an MPS control daemon of its own for its MPS devices the node
+        does not share (root, or a uid of ``api.plugin_uids``)."""
         items = [d if isinstance(d, dict) else {"device": str(d)} for d in devices]
         body = {"id": alloc_id, "devices": items}
         if sharing:
@@ -369,6 +372,8 @@ class Client:
             body["replaces"] = list(replaces)
         if labels:
             body["labels"] = labels
+        if own_mps_daemon:
+            body["own_mps_daemon"] = True
         return self.request("POST", "/v1/allocations", body,
                             headers=None if edits else {"Prefer": "return=minimal"}).json()
 

@@ -182,7 +182,7 @@ def allocation(a) -> dict:
     """An allocation (``Allocation``) from the daemon's record."""
     return {"id": a.id, "devices": list(a.devices), "cdi_devices": list(a.cdi_devices),
             "spec_path": a.spec_path, "sharing": a.sharing, "replicas": list(a.replicas),
-            "device_sharing": dict(a.device_sharing), "made": list(a.made),
+            "device_sharing": dict(a.device_sharing), "made": list(a.made), "mps": a.mps,
             "labels": a.request.get("labels", {}), "request": a.request,
             "created": round(a.created, 3), "owner": a.owner, "container_edits": a.container_edits,
             "visible_devices": ",".join(a.devices)}

@@ -92,6 +92,7 @@ class Allocation:
     owner: int = 0                   # the uid that made it: it (or root) may release or replace it
     device_sharing: dict = field(default_factory=dict)   # uuid -> its own sharing, where a named item gave one
     made: tuple[dict, ...] = ()      # MIG devices made for it: {uuid, gpu, profile, start}, destroyed with it
+    mps: dict | None = None          # its own MPS control daemon: {key, devices, process}
     # Derived from the host when the spec is written; not part of the checkpoint.
     cdi_devices: tuple[str, ...] = field(default=(), compare=False)
     container_edits: dict = field(default_factory=dict, compare=False)
@@ -108,7 +109,7 @@ class Allocation:
         """Whether it gets a transient CDI spec of its own: when asked for (the default), and
         always for an MPS client, whose pipe, shared memory and limits no node spec holds.
         Otherwise its names are the node spec's, and nothing is written but the checkpoint."""
-        return self.request.get("cdi_names") != "node" or self.shared_as == "mps"
+        return self.request.get("cdi_names") != "node" or self.shared_as == "mps" or self.mps is not None
 
     @property
     def sharing(self) -> dict:
@@ -133,6 +134,8 @@ class Allocation:
             out["device_sharing"] = self.device_sharing
         if self.made:
             out["made"] = list(self.made)
+        if self.mps:
+            out["mps"] = self.mps
         return out
 
     @functools.cached_property
@@ -147,7 +150,15 @@ class Allocation:
         return cls(id=data["id"], devices=tuple(data["devices"]), request=data["request"],
                    created=float(data["created"]), replicas=tuple(data.get("replicas", ())),
                    shared_as=data.get("shared_as"), owner=int(data.get("owner", 0)),
-                   device_sharing=dict(data.get("device_sharing") or {}), made=tuple(data.get("made") or ()))
+                   device_sharing=dict(data.get("device_sharing") or {}), made=tuple(data.get("made") or ()),
+                   mps=data.get("mps"))
+
+    def own_mps_devices(self) -> list[str]:
+        """The devices its own MPS daemon serves: those it shares with MPS that the sharing
+        configuration does not (it asked for a daemon of its own)."""
+        if self.shared_as or not self.request.get("own_mps_daemon"):
+            return []
+        return [u for u in self.devices if self.strategy_of(u) == "MPS"]
 
     def may_change(self, uid: int) -> bool:
         """May ``uid`` release or replace it? Its owner and root may."""
@@ -213,6 +224,8 @@ def normalize(body: dict) -> dict:
     out = {"id": body["id"], "devices": devices, "sharing": sharing}
     if body.get("cdi_names", "allocation") != "allocation":     # the default is left out, as before
         out["cdi_names"] = body["cdi_names"]
+    if body.get("own_mps_daemon"):
+        out["own_mps_daemon"] = True
     if body.get("labels"):
         out["labels"] = dict(sorted(body["labels"].items()))
     return out
@@ -256,6 +269,7 @@ def select(request: dict, candidates: list[Candidate], users: dict[str, list[tup
     big device while a small one is free), passing over full ones.
     """
     default = request["sharing"]["strategy"]
+    own_mps = bool(request.get("own_mps_daemon"))
     taken = taken or {}
     by_uuid = {c.uuid: c for c in candidates}
     chosen: list[str] = []
@@ -276,7 +290,8 @@ def select(request: dict, candidates: list[Candidate], users: dict[str, list[tup
         """Why ``strategy`` cannot be had on ``c``; None if it can."""
         if c.shared is None:
             return ("it is not shared with MPS (MPS needs its control daemon: share it with MPS in the "
-                    "node's sharing configuration)") if strategy == "MPS" else None
+                    "node's sharing configuration, or ask for own_mps_daemon)") if strategy == "MPS" and not own_mps \
+                else None
         if strategy != "Exclusive" and REQUEST_STRATEGY[c.shared["strategy"]] != strategy:
             return f"the node shares it with {c.shared['strategy']}, not {strategy}"
         return None
@@ -284,10 +299,15 @@ def select(request: dict, candidates: list[Candidate], users: dict[str, list[tup
     def free(c: Candidate) -> list[str]:
         return [r for r in c.shared["replica_ids"] if r not in taken.get(c.uuid, ()) and r not in replicas]
 
+    def conflict(c: Candidate, strategy: str) -> str:
+        """The strategy its conflicts are judged by: a daemon of the allocation's own is the
+        device's alone."""
+        return "Exclusive" if strategy == "MPS" and own_mps and c.shared is None else strategy
+
     def fits(c: Candidate, strategy: str) -> bool:
         if c.shared is not None:
             return bool(free(c))
-        return _shares(users.get(c.uuid, []), strategy) and not full(c.uuid)
+        return _shares(users.get(c.uuid, []), conflict(c, strategy)) and not full(c.uuid)
 
     for item in request["devices"]:
         if "mig" in item:
@@ -320,7 +340,7 @@ def select(request: dict, candidates: list[Candidate], users: dict[str, list[tup
                 raise DeviceBusy(f"{'replica ' + name if replica else f'every replica of device {c.name} ({c.uuid})'} "
                                  f"is in use by another allocation", device=c.uuid, allocations=holders)
             replicas.append(want)
-        elif not _shares(users.get(uuid, []), strategy):
+        elif not _shares(users.get(uuid, []), conflict(c, strategy)):
             raise DeviceBusy(f"device {c.name} ({c.uuid}) is in use by another allocation",
                              device=c.uuid, allocations=[a for a, _ in users[uuid]])
         elif full(uuid):
@@ -338,7 +358,7 @@ def select(request: dict, candidates: list[Candidate], users: dict[str, list[tup
             continue
         matching = [c for c in candidates if _matches(c, item["constraints"])]
         shareable = [c for c in matching if c.uuid not in chosen and not usable(c) and not mismatch(c, default)
-                     and (c.shared is not None or _shares(users.get(c.uuid, []), default))]
+                     and (c.shared is not None or _shares(users.get(c.uuid, []), conflict(c, default)))]
         room = [c for c in shareable if fits(c, default)]
         room.sort(key=lambda c: (len(users.get(c.uuid, [])), c.memory_mib, c.order))
         if len(room) < item["count"]:

@@ -8,6 +8,8 @@ failed write never leaves memory ahead of the disk.
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import logging
 import os
 import time
@@ -16,7 +18,7 @@ from ..cdi import transient
 from ..errors import HostagentError, NotFoundError
 from ..lock import node_lock
 from . import allocations as alloc_rules
-from . import checkpoint, faults, madedevices, timeslices
+from . import checkpoint, claimmps, faults, madedevices, timeslices
 from .events import Rendered
 from .views import allocation_json
 
@@ -168,6 +170,8 @@ class Allocator:
         """Worker: an MPS allocation's client edits (pipe, shm, limits) for its device. The
         sharing state gives the limits, so a restore at start (before the sharing view
         exists) writes the same spec."""
+        if alloc.mps:
+            return claimmps.client_edits(self.host, alloc, alloc.mps)
         if alloc.shared_as != "mps":
             return {}
         from ..sharing.clients import mps_client_edits
@@ -181,18 +185,35 @@ class Allocator:
         gpus = {g.uuid for g in self.agent.inventory.gpus} if self.agent.inventory else set()
         self.timeslices.apply(timeslices.wanted(allocations, gpus), gpus)
 
+    def _gpus(self, uuids) -> list[str]:
+        """Which of ``uuids`` are whole GPUs (not MIG devices)."""
+        gpus = {g.uuid for g in self.agent.inventory.gpus} if self.agent.inventory else set()
+        return [u for u in uuids if u in gpus]
+
+    def _start_own_mps(self, alloc, known=None) -> dict:
+        """Worker: the allocation's own MPS daemon (claimmps.py), running; its record."""
+        devices = alloc.own_mps_devices()
+        home = self.agent.hook_home()
+        return claimmps.start(self.host, alloc, devices, self._gpus(devices), known, home.interpreter,
+                              home.import_path)
+
     def _commit_new(self, alloc, records, others, replaced) -> alloc_rules.Allocation:
-        """Worker: spec first, the GPUs' time-slices, then the checkpoint (the commit point;
-        the allocations it replaces leave it in the same write), then the replaced ones'
-        specs go. Time-slices set for it are undone when the commit fails."""
+        """Worker: its own MPS daemon (if it asks for one), the spec, the GPUs' time-slices,
+        then the checkpoint (the commit point; the allocations it replaces leave it in the
+        same write), then the replaced ones' specs go. The daemon and the time-slices are
+        undone when the commit fails."""
         with node_lock(self.host, f"allocate {alloc.id}"):
-            alloc = self._prepare(alloc, records)
-            faults.point("allocate:after_spec")
+            if alloc.own_mps_devices():
+                alloc = dataclasses.replace(alloc, mps=self._start_own_mps(alloc))
             try:
+                alloc = self._prepare(alloc, records)
+                faults.point("allocate:after_spec")
                 self._timeslices([*others, alloc])
                 checkpoint.save(self.host, [*others, alloc])
             except BaseException:
                 self._timeslices([*others, *replaced])
+                if alloc.mps:
+                    claimmps.stop(self.host, alloc.mps, self._gpus(alloc.mps["devices"]))
                 raise
             faults.point("allocate:after_checkpoint")
             if alloc.made:
@@ -201,8 +222,9 @@ class Allocator:
         return alloc
 
     def _may_change_the_node(self, uid: int, what: str) -> None:
-        """Allocations that change the node for a claim (MIG devices made for them): root, or
-        a uid the configuration names (``api.plugin_uids``: a DRA plugin not running as root)."""
+        """Allocations that change the node for a claim (MIG devices made for them, an MPS
+        daemon of their own): root, or a uid the configuration names (``api.plugin_uids``: a
+        DRA plugin not running as root)."""
         if uid != 0 and uid not in self.agent.settings.api.plugin_uids:
             from ..errors import PermissionDenied
             raise PermissionDenied(f"only root or a uid of api.plugin_uids may {what}", uid=uid,
@@ -267,6 +289,8 @@ class Allocator:
                                                created=time.time(), replicas=tuple(chosen.replicas),
                                                shared_as=chosen.shared_as, owner=owner,
                                                device_sharing=chosen.sharing, made=tuple(made))
+                if alloc.own_mps_devices():
+                    self._may_change_the_node(owner, "start an MPS control daemon for an allocation")
                 others = [a for a in self.agent.allocations.values() if a.id not in leaving]
                 alloc = await self.agent.blocking(self._commit_new, alloc, self._records(uuids), others, replaced)
             except BaseException:
@@ -303,6 +327,9 @@ class Allocator:
         allocations stay), then the checkpoint (the commit point), the specs (of those that
         have one), and the GPUs' time-slices."""
         with node_lock(self.host, f"release {', '.join(a.id for a in allocs)}"):
+            for a in allocs:
+                if a.mps:
+                    claimmps.stop(self.host, a.mps, self._gpus(a.mps["devices"]))
             made = [m for a in allocs for m in a.made]
             if made:
                 madedevices.unmake(self.host, made, self.agent.mig._refresh_spec)
@@ -329,6 +356,52 @@ class Allocator:
             log.info("allocation %s released%s", alloc.id, "" if reason == "released" else f": {reason}",
                      extra={"fields": {"allocation_id": alloc.id}})
         self.agent.publish_soon(self._deleted(allocs, reason))
+
+    # ---- allocations' own MPS daemons -------------------------------------------------
+
+    async def supervise(self, period: float = 2.0) -> None:
+        """Start again the own MPS daemon of an allocation whose daemon exited (its clients
+        reconnect to the new one through the same client folder)."""
+        while True:
+            await asyncio.sleep(period)
+            try:
+                await self.check_own_daemons()
+            except Exception:               # a bug: say so, keep supervising
+                log.exception("supervision of the allocations' MPS daemons failed")
+
+    async def check_own_daemons(self) -> list[str]:
+        """The allocations whose daemon was started again."""
+        from ..processes import ProcessRecord, current
+        dead = [a.id for a in self.agent.allocations.values()
+                if a.mps and not current(ProcessRecord.from_dict(a.mps.get("process")))]
+        if not dead or self.agent.mutex.locked():
+            return []
+        restarted = []
+        async with self.agent.mutex:
+            for alloc_id in dead:
+                alloc = self.agent.allocations.get(alloc_id)
+                if alloc is None or current(ProcessRecord.from_dict(alloc.mps.get("process"))):
+                    continue                # released, or restarted, meanwhile
+                try:
+                    alloc = await self.agent.blocking(self._restart_own_mps, alloc)
+                except HostagentError as e:
+                    log.error("MPS daemon of allocation %s exited and did not start again: %s", alloc_id, e.message,
+                              extra={"fields": {"allocation_id": alloc_id}})
+                    continue
+                self.agent.add_allocation(alloc)
+                restarted.append(alloc_id)
+                log.warning("MPS daemon of allocation %s had exited: started again", alloc_id,
+                            extra={"fields": {"allocation_id": alloc_id}})
+            if restarted:
+                self.agent.publish()
+        return restarted
+
+    def _restart_own_mps(self, alloc):
+        """Worker: its daemon started afresh and recorded in the checkpoint."""
+        with node_lock(self.host, f"restart the MPS daemon of {alloc.id}"):
+            alloc = dataclasses.replace(alloc, mps=self._start_own_mps(alloc))
+            checkpoint.save(self.host, [alloc if a.id == alloc.id else a for a in self.agent.allocations.values()])
+        return alloc
 
     # ---- MIG devices made for an allocation ---------------------------------------------
 
@@ -392,15 +465,24 @@ class Allocator:
             self.undone_at_start = note is not None
             if note:
                 log.warning("%s", note)
+            changed = False
             for alloc in saved:
                 gone = [u for u in alloc.devices if u not in present]
                 if gone:
                     dropped.append((alloc.id, f"device(s) {', '.join(gone)} gone or no longer allocatable"))
                     continue
                 try:
+                    if alloc.mps:           # its daemon adopted if it still runs, else started again
+                        record = self._start_own_mps(alloc, alloc.mps.get("process"))
+                        changed |= record != alloc.mps
+                        alloc = dataclasses.replace(alloc, mps=record)
                     kept.append(self._prepare(alloc, self._records(alloc.devices)))
                 except HostagentError as e:
                     dropped.append((alloc.id, e.message))
+            for name in claimmps.orphans(self.host, kept):
+                from ..sharing import mps
+                mps.stop(self.host, name)
+                log.warning("MPS daemon %s stopped: no allocation has it", name)
             owned = {transient.safe_id(a.id) for a in kept if a.own_spec}
             for sid, path in transient.transient_spec_files(self.host).items():
                 if sid not in owned:
@@ -410,7 +492,7 @@ class Allocator:
             for tmp in transient.stray_temporaries(self.host) + checkpoint.stray_temporaries(self.host):
                 tmp.unlink(missing_ok=True)
                 log.info("removed %s, left by an interrupted write", tmp)
-            if len(kept) != len(saved):
+            if len(kept) != len(saved) or changed:
                 checkpoint.save(self.host, kept)
             try:
                 self._timeslices(kept)

@@ -172,6 +172,7 @@ class Daemon:
         self._spawn(self.agent.driver.watch())
         self._spawn(self.features.supervise())
         self._spawn(self.agent.sharing.supervise())
+        self._spawn(self.agent.allocator.supervise())
         await self._stop.wait()
 
         log.info("stopping")

@@ -99,11 +99,13 @@ def control_tool(host: HostRoot) -> str:
                         hint="install the NVIDIA driver's MPS utilities (Debian: nvidia-cuda-mps)")
 
 
-def environment(host: HostRoot, uuid: str) -> dict[str, str]:
-    """The daemon's whole environment: nothing is inherited from the agent."""
+def environment(host: HostRoot, uuid: str, devices: list[str] | None = None) -> dict[str, str]:
+    """The daemon's whole environment: nothing is inherited from the agent. ``uuid`` names
+    the daemon (its device's, or an allocation's key); ``devices``: the devices it serves
+    when they are not that one."""
     return {"CUDA_MPS_PIPE_DIRECTORY": str(pipe_dir(host, uuid)),
             "CUDA_MPS_LOG_DIRECTORY": str(log_dir(host, uuid)),
-            "CUDA_VISIBLE_DEVICES": uuid,
+            "CUDA_VISIBLE_DEVICES": ",".join(devices) if devices else uuid,
             "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
 
 
@@ -202,8 +204,17 @@ def shm_size(host: HostRoot) -> str:
 
 
 def _command(values: dict) -> list[str]:
-    return [f"set_default_active_thread_percentage {values['active_thread_percentage']}",
-            f"set_default_device_pinned_mem_limit 0 {values['pinned_memory_limit_mib']}M"]
+    """The defaults to send: the active thread percentage, and the pinned memory limit of
+    each device the daemon sees (``pinned_memory_limits_mib``: index -> MiB; else
+    ``pinned_memory_limit_mib`` for its one device, 0); a value left out is not sent."""
+    out = []
+    if values.get("active_thread_percentage") is not None:
+        out.append(f"set_default_active_thread_percentage {values['active_thread_percentage']}")
+    limits = values.get("pinned_memory_limits_mib")
+    if limits is None and values.get("pinned_memory_limit_mib") is not None:
+        limits = {0: values["pinned_memory_limit_mib"]}
+    out += [f"set_default_device_pinned_mem_limit {i} {mib}M" for i, mib in sorted((limits or {}).items())]
+    return out
 
 
 def _link_client(host: HostRoot, uuid: str) -> None:
@@ -231,7 +242,7 @@ def _fresh_dirs(host: HostRoot, uuid: str) -> None:
 
 def start(host: HostRoot, uuid: str, settings: dict, interpreter: str = sys.executable,
           import_path: str | None = None, adopt: bool = True,
-          known: ProcessRecord | None = None) -> tuple[ProcessRecord, list[str]]:
+          known: ProcessRecord | None = None, devices: list[str] | None = None) -> tuple[ProcessRecord, list[str]]:
     """Start the device's daemon, send its defaults and wait until it answers; (its process,
     notes from the launcher). ``known``: the process recorded for it. ``adopt``: the
     recorded daemon, if it runs and answers, is kept; else (a restart of one that stopped
@@ -245,7 +256,7 @@ def start(host: HostRoot, uuid: str, settings: dict, interpreter: str = sys.exec
     from .launch import command
     _fresh_dirs(host, uuid)
     cmd = outside(host, command(interpreter, control_tool(host), shm_dir(host), shm_size(host),
-                                environment(host, uuid), import_path), uuid)
+                                environment(host, uuid, devices), import_path), uuid)
     # Output to a file, not a pipe: a daemon that keeps the descriptors it inherited would
     # otherwise hold the pipe open, and the run would wait for its end.
     with tempfile.TemporaryFile("w+") as out:
@@ -283,7 +294,8 @@ def start(host: HostRoot, uuid: str, settings: dict, interpreter: str = sys.exec
 def configure(host: HostRoot, uuid: str, settings: dict) -> None:
     """Send new defaults; they apply to the servers the daemon starts from now on."""
     answer = ask(host, uuid, [*_command(settings), PROBE])
-    if _percentage(answer) != float(settings["active_thread_percentage"]):
+    wanted = settings.get("active_thread_percentage")
+    if _percentage(answer) is None or (wanted is not None and _percentage(answer) != float(wanted)):
         raise MpsError(f"the MPS control daemon of {uuid} did not take its defaults "
                        f"({'; '.join(answer or ['no answer'])})", where=str(log_dir(host, uuid)))
 

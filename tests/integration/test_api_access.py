@@ -177,11 +177,14 @@ def test_peer_check_stands_without_socket_permissions():
 
 
 MAKE = json.dumps({"id": "made-by-nobody", "devices": [{"mig": {"gpu": "0", "profile": "1g.5gb", "start": 0}}]})
+OWN_MPS = json.dumps({"id": "mps-by-nobody", "devices": [{"device": "2", "sharing": {"strategy": "MPS"}}],
+                      "own_mps_daemon": True})
 
 
-def test_only_root_or_a_plugin_uid_may_make_mig_devices_for_an_allocation(group_agent):
-    got = as_user(group_agent, [["POST", "/v1/allocations", MAKE], ["GET", "/v1/allocations/made-by-nobody", None]])
-    assert got == [(403, "forbidden"), (404, "not_found")]
+def test_only_root_or_a_plugin_uid_may_make_mig_devices_or_mps_daemons_for_an_allocation(group_agent):
+    got = as_user(group_agent, [["POST", "/v1/allocations", MAKE], ["GET", "/v1/allocations/made-by-nobody", None],
+                                ["POST", "/v1/allocations", OWN_MPS], ["GET", "/v1/allocations/mps-by-nobody", None]])
+    assert got == [(403, "forbidden"), (404, "not_found"), (403, "forbidden"), (404, "not_found")]
     agent = AgentProcess(make_root(), {"api": {"group": API_GROUP, "plugin_uids": [NOBODY]},
                                        "daemon": {"resync_interval": 0}}).start()
     try:

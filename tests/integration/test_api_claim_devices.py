@@ -4,7 +4,9 @@ nothing, journaled across a crash), each device shared its own way, and the GPUs
 time-slices set for time-slicing allocations and restored when the last one goes."""
 
 import json
+import os
 import subprocess
+import time
 
 import pytest
 
@@ -160,3 +162,66 @@ def test_a_made_device_still_in_use_keeps_its_allocation_until_it_is_free(agent)
             release(SimStore(agent.root), holder.pid)
         c.release("claim-busy")
         assert c.devices(type="mig")["mig_devices"] == []
+
+
+MPS_50 = {"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 50,
+                                           "defaultPinnedDeviceMemoryLimit": "10240Mi"}}
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="compute modes and MPS daemons need root (nvml.h: Requires "
+                    "root/admin permissions); CI runs as root")
+def test_an_allocation_gets_an_mps_daemon_of_its_own_for_the_devices_the_node_does_not_share(agent):
+    from hostagent.processes import ProcessRecord, current
+    from hostagent.sharing import mps
+
+    from .mpsprocs import running
+    with agent.client() as c:
+        # Without asking for one, MPS needs the node's sharing configuration.
+        with pytest.raises(ConflictError) as e:
+            c.allocate("claim-mps", [{"device": "6", "sharing": MPS_50}])
+        assert e.value.code == "device_not_allocatable" and "own_mps_daemon" in e.value.message
+        gpus = {g["index"]: g["uuid"] for g in c.devices(type="gpu")["gpus"]}
+        a = c.allocate("claim-mps", [{"device": "6", "sharing": MPS_50}, {"device": "7", "sharing": MPS_50},
+                                     {"device": "5"}], own_mps_daemon=True, cdi_names="allocation")
+        key = a["mps"]["key"]
+        assert a["mps"]["devices"] == [gpus[6], gpus[7]] and key.startswith("alloc-")
+        record = ProcessRecord.from_dict(a["mps"]["process"])
+        assert current(record) and [r.pid for r in mps.find(agent.host, key)] == [record.pid]
+        # It serves those two GPUs alone, in EXCLUSIVE_PROCESS while it runs, with the claim's limits.
+        log = (mps.log_dir(agent.host, key) / "control.log").read_text()
+        assert f"CUDA_VISIBLE_DEVICES={gpus[6]},{gpus[7]}" in log
+        modes = [g.compute_mode for g in SimStore(agent.root).read().gpus]
+        assert modes[5:8] == [0, 3, 3]          # NVML_COMPUTEMODE_DEFAULT, EXCLUSIVE_PROCESS
+        assert mps.ask(agent.host, key, ["get_default_active_thread_percentage"]) == ["50.0"]
+        assert mps.ask(agent.host, key, ["get_default_device_pinned_mem_limit 1"]) == ["10240M"]
+        # Its clients get the daemon's socket alone, read-only, and the limits; GPU 5 none of it.
+        spec = json.loads(open(a["spec_path"]).read())
+        by_device = {d["name"]: d["containerEdits"] for d in spec["devices"]}
+        mps_edits = [e for e in by_device.values() if any(m["containerPath"] == "/tmp/nvidia-mps"
+                                                          for m in e.get("mounts", ()))]
+        assert len(mps_edits) == 2
+        mount = next(m for m in mps_edits[0]["mounts"] if m["containerPath"] == "/tmp/nvidia-mps")
+        assert mount["hostPath"].endswith(f"/mps/{key}/client") and "ro" in mount["options"]
+        assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50" in mps_edits[0]["env"]
+        assert "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=10240M,1=10240M" in mps_edits[0]["env"]
+        # Its devices are its own: another allocation gets neither.
+        with pytest.raises(ConflictError):
+            c.allocate("other", [{"device": "6", "sharing": MPS_50}], own_mps_daemon=True)
+        # A daemon that exits is started again; a restarted agent adopts the running one.
+        import signal
+        os.kill(record.pid, signal.SIGKILL)
+        deadline = time.monotonic() + 15
+        while True:
+            now = c.allocation("claim-mps")["mps"]["process"]
+            if now["pid"] != record.pid and current(ProcessRecord.from_dict(now)):
+                break
+            assert time.monotonic() < deadline, "the daemon was not started again"
+            time.sleep(0.1)
+    agent.stop()
+    agent.start()
+    with agent.client() as c:
+        assert c.allocation("claim-mps")["mps"]["process"] == now
+        c.release("claim-mps")
+    assert not mps.find(agent.host, key) and not mps.daemon_dir(agent.host, key).exists()
+    assert [g.compute_mode for g in SimStore(agent.root).read().gpus][5:8] == [0, 0, 0]
+    assert running(agent.root) == []

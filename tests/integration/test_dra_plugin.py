@@ -7,10 +7,12 @@ One cluster for the module (``hostagent dra-plugin`` as a child process); each t
 it as it found it (no claim, no allocation, every device healthy).
 """
 
+import os
 import time
 
 import grpc
 import pytest
+import yaml
 
 from hostagent.sim.control import inject_xid
 from hostagent.sim.store import SimStore
@@ -247,7 +249,6 @@ def test_the_services_answer_errors_not_crashes(cluster):
 
 
 def test_a_driver_being_changed_empties_the_pool_and_every_device_turns_unhealthy(cluster):
-    import os
     p = cluster.kubelet.plugin()
     with cluster.agent.client() as c:
         c.request("POST", "/v1/driver/maintenance", {"pid": os.getpid(), "operation": "driver install (test)"})
@@ -259,3 +260,42 @@ def test_a_driver_being_changed_empties_the_pool_and_every_device_turns_unhealth
             c.request("DELETE", "/v1/driver/maintenance")
     wait(lambda: len(cluster.devices()) == 8, what="the GPUs published again")
     p.wait_health(lambda e: len(e) == 8 and all(status == "HEALTHY" for _, _, status, *_ in e))
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="compute modes and MPS daemons need root (nvml.h: Requires "
+                    "root/admin permissions); CI runs as root")
+@pytest.mark.parametrize("demo", ["gpu-test5", "gpu-test-mps"])
+def test_quickstart_mps_and_time_sliced_claims_get_a_daemon_of_their_own(cluster, demo):
+    from hostagent.sharing import mps
+
+    from .mpsprocs import running
+    claims = cluster.allocate(cluster.claims(DEMOS[demo]))
+    try:
+        answers = cluster.kubelet.prepare(*claims)
+        assert all(not error for _, error in answers.values()), answers
+        [alloc] = cluster.allocations()
+        devices = cluster.devices()
+        [(prepared, _)] = answers.values()
+        by_request = {requests[0]: (device, cdi[0]) for requests, _, device, cdi in prepared}
+        uuid = {r: devices[d]["attributes"]["uuid"]["string"] for r, (d, _) in by_request.items()}
+        # The MPS device has the claim's daemon, with the claim's limits; its CDI device gives
+        # the client the daemon's socket and the limits.
+        assert alloc["mps"]["devices"] == [uuid["mps-gpu"]]
+        assert alloc["device_sharing"][uuid["mps-gpu"]]["mpsConfig"] == {
+            "defaultActiveThreadPercentage": 50, "defaultPinnedDeviceMemoryLimit": "10240Mi"}
+        assert mps.ask(cluster.agent.host, alloc["mps"]["key"], ["get_default_active_thread_percentage"]) == ["50.0"]
+        spec = yaml.safe_load(open(alloc["spec_path"]).read())
+        edits = {f"{spec['kind']}={d['name']}": d["containerEdits"] for d in spec["devices"]}
+        mps_edits = edits[by_request["mps-gpu"][1]]
+        assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50" in mps_edits["env"]
+        assert any(m["containerPath"] == "/tmp/nvidia-mps" for m in mps_edits["mounts"])
+        if demo == "gpu-test5":
+            # The time-sliced device: interval Long (3) on its GPU, and no MPS for its containers.
+            ts = edits[by_request["ts-gpu"][1]]
+            assert not any(m["containerPath"] == "/tmp/nvidia-mps" for m in ts.get("mounts", ()))
+            index = devices[by_request["ts-gpu"][0]]["attributes"]["index"]["int"]
+            assert SimStore(cluster.root).read().gpus[index].timeslice == 3
+    finally:
+        cluster.forget(claims)
+    assert running(cluster.root) == []
+    assert [g.timeslice for g in SimStore(cluster.root).read().gpus] == [0] * 8

@@ -94,7 +94,7 @@ class Preparer:
         # allocation and cost no spec of its own); an MPS client's own spec gives it its daemon.
         alloc = self.link.client().allocate(
             allocation_id(claim.uid), items, labels={"owner": OWNER, "claim": str(claim), "claim_uid": claim.uid},
-            cdi_names="allocation" if mps else "node", edits=False)
+            cdi_names="allocation" if mps else "node", edits=False, own_mps_daemon=mps)
         cdi = alloc["cdi_devices"]
         log.info("claim %s (%s) prepared: %s", claim, claim.uid, ", ".join(names))
         return Prepared(tuple(PreparedDevice((r.request,), self.pool_name, r.device.name, (cdi[i],))
