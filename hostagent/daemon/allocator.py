@@ -480,8 +480,7 @@ class Allocator:
                 except HostagentError as e:
                     dropped.append((alloc.id, e.message))
             for name in claimmps.orphans(self.host, kept):
-                from ..sharing import mps
-                mps.stop(self.host, name)
+                claimmps.stop_orphan(self.host, name, set(self._gpus(present)))
                 log.warning("MPS daemon %s stopped: no allocation has it", name)
             owned = {transient.safe_id(a.id) for a in kept if a.own_spec}
             for sid, path in transient.transient_spec_files(self.host).items():

@@ -30,7 +30,7 @@ from ..sharing import mps
 from ..sharing.clients import CONTAINER_PIPE, SOCKET_MOUNT_OPTIONS
 from ..sharing.config import quantity_mib
 
-__all__ = ["key", "settings", "start", "stop", "client_edits", "orphans", "PREFIX"]
+__all__ = ["key", "settings", "start", "stop", "stop_orphan", "client_edits", "orphans", "PREFIX"]
 
 log = logging.getLogger("hostagent.daemon")
 
@@ -119,6 +119,18 @@ def client_edits(host, alloc, record: dict) -> dict[str, Edits]:
         Mount(host.on_host(mps.client_dir(host, record["key"])), CONTAINER_PIPE, SOCKET_MOUNT_OPTIONS),
         Mount(host.on_host(mps.shm_dir(host)), "/dev/shm", IPC_MOUNT_OPTIONS)))
     return {u: edits for u in record["devices"]}
+
+
+def stop_orphan(host, name: str, gpus: set[str]) -> None:
+    """Worker: a daemon no allocation has, ended; the GPUs it served (its environment says
+    which: the kernel's record of it, not a file) back in DEFAULT."""
+    from .. import processes
+    served = set()
+    for rec in mps.find(host, name):
+        env = processes.environment(rec) or {}
+        served |= set(filter(None, env.get("CUDA_VISIBLE_DEVICES", "").split(",")))
+    mps.stop(host, name)
+    _modes(host, sorted(served & gpus), "DEFAULT")
 
 
 def orphans(host, allocations) -> list[str]:

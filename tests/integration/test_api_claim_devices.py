@@ -225,3 +225,23 @@ def test_an_allocation_gets_an_mps_daemon_of_its_own_for_the_devices_the_node_do
     assert not mps.find(agent.host, key) and not mps.daemon_dir(agent.host, key).exists()
     assert [g.compute_mode for g in SimStore(agent.root).read().gpus][5:8] == [0, 0, 0]
     assert running(agent.root) == []
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="MPS daemons need root; CI runs as root")
+def test_a_daemon_no_allocation_has_is_stopped_at_start(agent):
+    from hostagent.daemon import checkpoint
+    from hostagent.sharing import mps
+    with agent.client() as c:
+        key = c.allocate("claim-left", [{"device": "4", "sharing": MPS_50}], own_mps_daemon=True)["mps"]["key"]
+    assert mps.find(agent.host, key)
+    agent.stop()
+    # What a crash between the daemon's start and the allocation's commit leaves: a daemon
+    # the checkpoint does not name.
+    path = checkpoint.path(agent.host)
+    saved = json.loads(path.read_text())
+    saved["allocations"] = [a for a in saved["allocations"] if a["id"] != "claim-left"]
+    path.write_text(json.dumps(saved))
+    agent.start()
+    assert not mps.find(agent.host, key) and not mps.daemon_dir(agent.host, key).exists()
+    assert f"MPS daemon {key} stopped: no allocation has it" in agent.log()
+    assert SimStore(agent.root).read().gpus[4].compute_mode == 0          # DEFAULT again
