@@ -133,12 +133,14 @@ def read_inventory(host: HostRoot) -> Inventory:
                 unread += refusals.found
             except N.NVMLError as e:
                 unreadable.append(UnreadableGpu(index=index, error=str(e), nvml_code=e.value))
+        from .topology import read_topology
+        topology = read_topology(host, [(g, N.nvmlDeviceGetHandleByIndex(g.index)) for g in gpus])
         return Inventory(
             driver_version=_text(N.nvmlSystemGetDriverVersion()),
             cuda_driver_version=f"{cuda // 1000}.{cuda % 1000 // 10}",
             nvml_version=_text(N.nvmlSystemGetNVMLVersion()),
             gpus=tuple(gpus), unreadable=tuple(unreadable), unread=tuple(unread),
-            simulated=host.simulated,
+            simulated=host.simulated, topology=topology,
             device_nodes=_device_node_kind(host),
             paths={"root": str(host.root), "driver_root": str(host.driver()),
                    "dev_root": str(host.dev()), "cdi_dir": str(host.cdi_dir),

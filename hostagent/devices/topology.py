@@ -1,0 +1,156 @@
+"""Read how the node's GPUs are connected, through pynvml, into a ``Topology`` record.
+
+Per GPU: its PCIe root (from sysfs, as Kubernetes' ``resource.kubernetes.io/pcieRoot`` is
+derived), its CPU and memory affinity, its active NVLinks and where each leads (a GPU or an
+NVSwitch). Per pair of GPUs: ``nvmlDeviceGetTopologyCommonAncestor``'s PCIe level and the
+NVLinks between them, those through NVSwitches counted as nvidia-smi counts them (the links
+of the GPU with fewer into the switches both reach: every pair of an HGX board has all its
+links). What NVML will not tell is ``unknown``, never guessed: a GPU whose ancestry NVML
+refuses with every other GPU (a virtual GPU, an old driver) has its ``error`` set, and its
+links, NVLinks included, are unknown.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections import Counter
+
+import pynvml as N
+
+from ..hostroot import HostRoot
+from .records import PCIE_LEVELS, UNKNOWN, Gpu, GpuLink, GpuTopology, Topology, sysfs_bus_id
+
+__all__ = ["read_topology", "pcie_root", "bits", "cpu_text"]
+
+CPU_WORDS = 64          # cpuSet words (unsigned long): 4096 CPUs
+NODE_WORDS = 4          # nodeSet words: 256 NUMA nodes
+_ROOT = re.compile(r"^pci[0-9a-f]{4}:[0-9a-f]{2}$")
+
+
+def bits(words, width: int = 64) -> list[int]:
+    """The set bits of NVML's cpuSet/nodeSet words."""
+    out = []
+    for w, word in enumerate(words):
+        while word:
+            low = word & -word
+            out.append(w * width + low.bit_length() - 1)
+            word ^= low
+    return out
+
+
+def cpu_text(cpus) -> str:
+    """[0, 1, 2, 5] -> "0-2,5", the kernel's and nvidia-smi's notation."""
+    runs: list[list[int]] = []
+    for c in sorted(set(cpus)):
+        if runs and c == runs[-1][1] + 1:
+            runs[-1][1] = c
+        else:
+            runs.append([c, c])
+    return ",".join(f"{a}-{b}" if a != b else str(a) for a, b in runs)
+
+
+def pcie_root(host: HostRoot, nvml_bus_id: str) -> str | None:
+    """The PCIe root (``pci0000:3a``) of a device: the first folder under /sys/devices its
+    /sys/bus/pci/devices link leads to (Kubernetes' deviceattribute derivation); None where
+    the link is missing or leads elsewhere."""
+    bdf = sysfs_bus_id(nvml_bus_id)
+    try:
+        target = os.readlink(host.sys("bus/pci/devices") / bdf)
+    except OSError:
+        return None
+    parts = [p for p in target.split("/") if p not in ("", ".", "..")]
+    if "devices" not in parts or parts[-1] != bdf:
+        return None
+    root = parts[parts.index("devices") + 1] if parts.index("devices") + 1 < len(parts) else ""
+    return root if _ROOT.match(root) else None
+
+
+def _affinity(h) -> tuple[str | None, str | None] | str:
+    """(CPUs, NUMA nodes) near the GPU, or why NVML would not say."""
+    try:
+        cpus = bits(N.nvmlDeviceGetCpuAffinity(h, CPU_WORDS))
+        nodes = bits(N.nvmlDeviceGetMemoryAffinity(h, NODE_WORDS, N.NVML_AFFINITY_SCOPE_NODE))
+    except N.NVMLError as e:
+        return f"nvmlDeviceGetCpuAffinity: {e}"
+    return cpu_text(cpus) or None, cpu_text(nodes) or None
+
+
+def _nvlinks(h) -> list[tuple[int, str]]:
+    """(remote device type, remote bus id) of each active NVLink. NOT_SUPPORTED on the first
+    link: the GPU has none; INVALID_ARGUMENT: past its last (links are numbered densely)."""
+    out = []
+    for link in range(N.NVML_NVLINK_MAX_LINKS):
+        try:
+            if N.nvmlDeviceGetNvLinkState(h, link) != N.NVML_FEATURE_ENABLED:
+                continue
+        except N.NVMLError as e:
+            if e.value in (N.NVML_ERROR_NOT_SUPPORTED, N.NVML_ERROR_INVALID_ARGUMENT):
+                break
+            raise
+        try:
+            kind = N.nvmlDeviceGetNvLinkRemoteDeviceType(h, link)
+        except N.NVMLError_FunctionNotFound:      # older drivers: told apart by bus id below
+            kind = N.NVML_NVLINK_DEVICE_TYPE_UNKNOWN
+        bus = N.nvmlDeviceGetNvLinkRemotePciInfo(h, link).busId
+        out.append((kind, _norm(bus)))
+    return out
+
+
+def _norm(bus) -> str:
+    text = bus.decode() if isinstance(bus, bytes) else str(bus)
+    return sysfs_bus_id(text)
+
+
+def read_topology(host: HostRoot, gpus: list[tuple[Gpu, object]]) -> Topology:
+    """``gpus``: each readable GPU with its NVML handle."""
+    errors: dict[int, str] = {}
+    levels: dict[tuple[int, int], str] = {}
+    failed = Counter()
+    for i, (a, ha) in enumerate(gpus):
+        for b, hb in gpus[i + 1:]:
+            try:
+                levels[a.index, b.index] = PCIE_LEVELS.get(N.nvmlDeviceGetTopologyCommonAncestor(ha, hb), UNKNOWN)
+            except N.NVMLError as e:
+                levels[a.index, b.index] = UNKNOWN
+                failed.update((a.index, b.index))
+                errors.setdefault(a.index, f"nvmlDeviceGetTopologyCommonAncestor: {e}")
+                errors.setdefault(b.index, f"nvmlDeviceGetTopologyCommonAncestor: {e}")
+    affinity = {gpu.index: _affinity(h) for gpu, h in gpus}
+    # A GPU is unplaced when NVML refuses its affinity, or its ancestry with every other GPU
+    # (of three or more: of two, either may be the one).
+    errors = {i: e for i, e in errors.items() if isinstance(affinity[i], str) or failed[i] == len(gpus) - 1 > 1}
+    for i, why in affinity.items():
+        if isinstance(why, str):
+            errors.setdefault(i, why)
+    by_bus = {sysfs_bus_id(g.pci_bus_id): g.index for g, _ in gpus}
+    direct: dict[int, Counter] = {}
+    switched: dict[int, Counter] = {}
+    for gpu, h in gpus:
+        if gpu.index in errors:
+            continue
+        try:
+            links = _nvlinks(h)
+        except N.NVMLError as e:
+            errors[gpu.index] = f"nvmlDeviceGetNvLinkState: {e}"
+            continue
+        direct[gpu.index] = Counter(by_bus[bus] for kind, bus in links if bus in by_bus)
+        switched[gpu.index] = Counter(bus for kind, bus in links if bus not in by_bus)
+    records = []
+    for gpu, h in gpus:
+        cpus, nodes = (None, None) if isinstance(affinity[gpu.index], str) else affinity[gpu.index]
+        known = gpu.index not in errors
+        records.append(GpuTopology(
+            index=gpu.index, pcie_root=pcie_root(host, gpu.pci_bus_id), cpu_affinity=cpus,
+            numa_affinity=nodes, error=errors.get(gpu.index),
+            nvlinks=sum(direct[gpu.index].values()) + sum(switched[gpu.index].values()) if known else None,
+            nvswitch_links=sum(switched[gpu.index].values()) if known else 0))
+    links = []
+    for (a, b), pcie in levels.items():
+        if a in errors or b in errors:
+            links.append(GpuLink((a, b), UNKNOWN, None))
+            continue
+        shared = set(switched[a]) & set(switched[b])
+        through = min(sum(switched[a][s] for s in shared), sum(switched[b][s] for s in shared))
+        links.append(GpuLink((a, b), pcie, min(direct[a][b], direct[b][a]) + through))
+    return Topology(gpus=tuple(records), links=tuple(links))
