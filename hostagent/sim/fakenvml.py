@@ -1044,3 +1044,6 @@ def uninstall() -> None:
     with N.libLoadLock:
         N.nvmlLib = None
         N._nvmlGetFunctionPointer_cache.clear()
+
+
+from . import faketopology  # noqa: E402,F401  (registers the topology calls; needs nvml above)
