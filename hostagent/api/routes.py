@@ -296,7 +296,7 @@ class App:
         snap = self.agent.snapshot
         in_use = {uuid: len(users) for uuid, users in self.agent.users().items()}
         devices = prefer(body["available"], body.get("must_include", []), body["size"], snap.devices,
-                         snap.lookup, in_use, body.get("policy", "distributed"))
+                         snap.lookup, in_use, body.get("policy", "distributed"), self.agent.links)
         return Response(200, _dumps({"devices": devices, "revision": snap.revision}))
 
     def refresh(self, request: Request):

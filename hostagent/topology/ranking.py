@@ -1,0 +1,222 @@
+"""Which set of GPUs is best connected: NVIDIA go-gpuallocator's best-effort policy, then
+NUMA, then the caller's own tie-breaks.
+
+A pair of GPUs scores as go-gpuallocator's ``calculateGPUPairScore`` does: its PCIe level
+(SYS 10, NODE 20, PHB 30, PXB 40, PIX 50, same board 60) plus 100 a NVLink; a set, the sum
+of its pairs. The policy does not take the single best set: it divides all the offered GPUs
+into sets of the size asked (the last one short, when they do not divide evenly), takes the
+division with the highest total (so what is left stays well connected for the next
+request), and from it the best set that holds the GPUs that must be included. Among equal
+divisions the one with more sets inside a NUMA node wins, then the first in go-gpuallocator's
+order; among equal sets, fewer NUMA nodes, then the caller's ranking, then the first.
+
+The divisions are searched exactly (memoised over subsets of GPUs, kept across calls) up to
+``EXACT_UP_TO`` GPUs; beyond, a set is grown greedily from the best pair.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+
+from ..devices.records import UNKNOWN, Inventory
+
+__all__ = ["Links", "PCIE_POINTS", "NVLINK_POINTS", "EXACT_UP_TO"]
+
+PCIE_POINTS = {"SYS": 10, "NODE": 20, "PHB": 30, "PXB": 40, "PIX": 50, "BOARD": 60}
+NVLINK_POINTS = 100
+EXACT_UP_TO = 10
+_MEMO_LIMIT = 200_000
+
+
+@dataclass
+class Links:
+    """How one inventory's GPUs (by index) are connected, scored for allocation."""
+    scores: dict[tuple[int, int], int]          # (a, b), a < b -> pair score
+    numa: dict[int, int | None]
+    nvlinks: dict[tuple[int, int], int] = field(default_factory=dict)   # (a, b), a < b
+    roots: dict[int, str | None] = field(default_factory=dict)          # PCIe root of each GPU
+    unknown: dict[int, str] = field(default_factory=dict)               # GPU -> why its links are unknown
+    key: object = None             # what it was made from (key_of): the same key, the same links
+    _memo: dict = field(default_factory=dict, repr=False)
+    _sets: dict = field(default_factory=dict, repr=False)
+
+    @staticmethod
+    def key_of(inventory: Inventory):
+        return inventory.topology, tuple((g.index, g.numa_node) for g in inventory.gpus)
+
+    @classmethod
+    def of(cls, inventory: Inventory) -> "Links":
+        topology = inventory.topology
+        numa = {g.index: g.numa_node for g in inventory.gpus}
+        if topology is None:
+            return cls({}, numa, unknown={g.index: "the topology was not read" for g in inventory.gpus},
+                       key=cls.key_of(inventory))
+        scores, nvlinks, unknown = {}, {}, {}
+        for g in topology.gpus:
+            if g.error:
+                unknown[g.index] = g.error
+        for link in topology.links:
+            if link.pcie == UNKNOWN or link.nvlinks is None:
+                for i in link.gpus:
+                    unknown.setdefault(i, f"its link to GPU {link.gpus[1] if i == link.gpus[0] else link.gpus[0]} is unknown")
+                continue
+            scores[link.gpus] = PCIE_POINTS.get(link.pcie, 0) + NVLINK_POINTS * link.nvlinks
+            nvlinks[link.gpus] = link.nvlinks
+        return cls(scores, numa, nvlinks, {g.index: g.pcie_root for g in topology.gpus}, unknown,
+                   key=cls.key_of(inventory))
+
+    # ---- pairs and sets ------------------------------------------------------------
+
+    def score(self, a: int, b: int) -> int:
+        return self.scores.get((a, b) if a < b else (b, a), 0)
+
+    def nvlinked(self, a: int, b: int) -> bool:
+        return self.nvlinks.get((a, b) if a < b else (b, a), 0) > 0
+
+    def set_score(self, members) -> int:
+        members = sorted(members)
+        return sum(self.score(a, b) for i, a in enumerate(members) for b in members[i + 1:])
+
+    def numa_nodes(self, members) -> int:
+        return len({self.numa.get(i) for i in members})
+
+    def why_unknown(self, indices) -> str | None:
+        """Why the links of any of these GPUs are unknown (None: all are known)."""
+        return next((f"GPU {i}: {self.unknown[i]}" for i in sorted(indices) if i in self.unknown), None)
+
+    def warm(self, up_to: int = 8) -> None:
+        """Search every division of every subset of the GPUs ahead of the first request (a
+        node of ``up_to`` GPUs or fewer): a few tens of ms once per inventory instead of up
+        to a millisecond at the first requests of each kind."""
+        gpus = sorted(self.numa)
+        if len(gpus) > up_to:
+            return
+        for mask in range(1, 1 << len(gpus)):
+            members = [gpus[i] for i in range(len(gpus)) if mask >> i & 1]
+            for size in range(2, len(members)):
+                self._best_division(_mask(members), 0, size)
+
+    # ---- the best set --------------------------------------------------------------
+
+    def best(self, available, required, size: int, rank=None) -> tuple[int, ...] | None:
+        """The best set of ``size`` of the GPUs ``available`` holding all ``required``; None
+        where there is none (too few, or a required GPU not available). ``rank(set)``: the
+        caller's tie-break after NUMA, lower first (default: none)."""
+        available = sorted(set(available))
+        required = sorted(set(required))
+        if size <= 0 or size > len(available) or len(required) > size or not set(required) <= set(available):
+            return None
+        rank = rank or (lambda members: ())
+        if size == 1:       # go-gpuallocator: each GPU is its own candidate
+            candidates = [(r,) for r in required] or [(i,) for i in available]
+        elif len(available) > EXACT_UP_TO:
+            return self._greedy(available, required, size, rank)
+        else:
+            candidates = [s for s in self._division(available, required, size)
+                          if len(s) == size and set(required) <= set(s)]
+        return max(candidates, key=lambda s: (self.set_score(s), -self.numa_nodes(s), _neg(rank(s))))
+
+    def _division(self, available, required, size: int) -> list[tuple[int, ...]]:
+        """The best division of ``available`` into sets of ``size``: memoised by subset."""
+        full = _mask(available)
+        req = _mask(required)
+        out, mask = [], full
+        while mask:
+            _, group = self._best_division(mask, req & mask, size)
+            out.append(_members(group))
+            mask &= ~group
+        return out
+
+    def _best_division(self, mask: int, req: int, size: int):
+        """((total score, sets inside one NUMA node), first set) of the best division of the
+        GPUs in ``mask`` into sets of ``size`` (one short set when they do not divide), where
+        the GPUs in ``req`` share one full set. Candidates come in go-gpuallocator's order:
+        the lowest GPU with each combination of the others, the short set's padding last."""
+        key = (mask, req, size)
+        hit = self._memo.get(key)
+        if hit is not None:
+            return hit
+        reals = _members(mask)
+        pad = -len(reals) % size
+        if len(reals) + pad == size:
+            best = (self._group_key(mask), mask) if not (req and pad) else ((-1, 0), mask)
+        else:
+            low, others = reals[0], reals[1:]
+            best = None
+            slots = [*others] + [None] * pad
+            for combo in itertools.combinations(range(len(slots)), size - 1):
+                nils = sum(slots[c] is None for c in combo)
+                if nils not in (0, pad):
+                    continue
+                group = 1 << low
+                for c in combo:
+                    if slots[c] is not None:
+                        group |= 1 << slots[c]
+                if req and group & req and (group & req != req or nils):
+                    continue
+                rest = self._best_division(mask & ~group, 0 if group & req else req, size)[0]
+                if rest[0] < 0:
+                    continue
+                here = self._group_key(group)
+                total = (here[0] + rest[0], here[1] + rest[1])
+                if best is None or total > best[0]:
+                    best = (total, group)
+            best = best or ((-1, 0), mask)
+        if len(self._memo) > _MEMO_LIMIT:
+            self._memo.clear()
+        self._memo[key] = best
+        return best
+
+    def _group_key(self, group: int) -> tuple[int, int]:
+        hit = self._sets.get(group)
+        if hit is None:
+            members = _members(group)
+            hit = self._sets[group] = (self.set_score(members), int(self.numa_nodes(members) == 1))
+        return hit
+
+    def _greedy(self, available, required, size: int, rank) -> tuple[int, ...]:
+        chosen = list(required)
+        if not chosen:
+            pair = max(itertools.combinations(available, 2),
+                       key=lambda p: (self.score(*p), -self.numa_nodes(p), _neg(rank(p))))
+            chosen = list(pair)
+        while len(chosen) < size:
+            nxt = max((i for i in available if i not in chosen),
+                      key=lambda i: (sum(self.score(i, c) for c in chosen), -self.numa_nodes([*chosen, i]),
+                                     _neg(rank((*chosen, i)))))
+            chosen.append(nxt)
+        return tuple(sorted(chosen))
+
+
+def _mask(indices) -> int:
+    out = 0
+    for i in indices:
+        out |= 1 << i
+    return out
+
+
+def _members(mask: int) -> tuple[int, ...]:
+    out = []
+    while mask:
+        low = mask & -mask
+        out.append(low.bit_length() - 1)
+        mask ^= low
+    return tuple(out)
+
+
+class _neg:
+    """Reverses a comparable so that ``max`` prefers the lower."""
+    __slots__ = ("value",)
+
+    def __init__(self, value):
+        self.value = value
+
+    def __lt__(self, other):
+        return self.value > other.value
+
+    def __gt__(self, other):
+        return self.value < other.value
+
+    def __eq__(self, other):
+        return self.value == other.value
