@@ -216,17 +216,19 @@ def _shares(users: list[tuple[str, str]], strategy: str) -> bool:
 
 def select(request: dict, candidates: list[Candidate], users: dict[str, list[tuple[str, str]]],
            resolve, healthy, max_per_device: int | None = None,
-           taken: dict[str, set[str]] | None = None) -> Selection:
+           taken: dict[str, set[str]] | None = None, links=None) -> Selection:
     """The devices (and replicas) the request gets: named devices first, then each
     constraint group's.
 
     ``users``: uuid -> [(allocation id, strategy)] of other allocations; ``resolve(name)``
     -> uuid or None; ``healthy(uuid)`` -> bool; ``max_per_device``: allocations at most on
     one unshared device (None: no limit); ``taken``: uuid -> replica ids other allocations
-    hold. Named devices are taken as named; each constraint group takes the least shared,
+    hold; ``links``: how the GPUs are connected (``topology.ranking.Links``). Named devices
+    are taken as named; each constraint group takes the best-connected of the least shared,
     then smallest, then first matching devices (best fit: a small request does not take a
-    big device while a small one is free), passing over full ones.
+    big device while a small one is free), passing over full ones (``connected.take``).
     """
+    from .connected import take
     strategy = request["sharing"]["strategy"]
     taken = taken or {}
     by_uuid = {c.uuid: c for c in candidates}
@@ -317,7 +319,7 @@ def select(request: dict, candidates: list[Candidate], users: dict[str, list[tup
                 + ")",
                 wanted=item["count"], available=len(room), matching=len(matching),
                 at_share_limit=at_limit, constraints=item["constraints"])
-        for c in room[:item["count"]]:
+        for c in take(room, item["count"], item["constraints"], links):
             chosen.append(c.uuid)
             if c.shared is not None:
                 replicas.append(free(c)[0])

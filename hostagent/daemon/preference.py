@@ -149,24 +149,10 @@ def _best_gpus(links: Links, must: list[_Unit], candidates: list[_Unit], size: i
 
 
 def _one_parent(links: Links, must: list[_Unit], candidates: list[_Unit], needed: int, key) -> list[str]:
-    """MIG devices (or a mix): from the GPUs ``must`` is on first, then from one GPU that holds
-    the rest (the one offering the fewest that does), else from the GPUs offering the most,
-    each next one the best connected to those taken; inside a GPU in ``key`` order."""
+    """MIG devices (or a mix): from the GPUs ``must`` is on first, then one GPU, else the
+    best-connected GPUs (``Links.spread``); inside a GPU in ``key`` order."""
     pools: dict[int, list[_Unit]] = {}
     for u in sorted(candidates, key=key):
         pools.setdefault(u.gpu, []).append(u)
-    taken = {u.gpu for u in must}
-    chosen: list[str] = []
-    while len(chosen) < needed:
-        left = needed - len(chosen)
-
-        def parent_key(gpu: int):
-            fits = len(pools[gpu]) >= left
-            return (gpu not in taken, not fits, -sum(links.score(gpu, t) for t in taken),
-                    len(pools[gpu]) if fits else -len(pools[gpu]), key(pools[gpu][0]))
-        gpu = min((g for g in pools if pools[g]), key=parent_key)
-        take = pools[gpu][:left]
-        pools[gpu] = pools[gpu][left:]
-        chosen += [u.ident for u in take]
-        taken.add(gpu)
-    return chosen
+    picked = links.spread(pools, needed, {u.gpu for u in must}, tiebreak=lambda gpu: key(pools[gpu][0]))
+    return [u.ident for u in picked]

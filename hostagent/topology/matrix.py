@@ -50,14 +50,12 @@ def _cell(inventory: Inventory, a: int, b: int) -> str:
 def text(inventory: Inventory, indices: list[int]) -> str:
     """The matrix of GPUs ``indices``, each row with its CPU and NUMA affinity, and the legend."""
     topology = inventory.topology
-    numa = {g.index: g.numa_node for g in inventory.gpus}
     head = "\t" + "\t".join(f"GPU{i}" for i in indices) + "\tCPU Affinity\tNUMA Affinity\tGPU NUMA ID"
     rows = [head]
     for a in indices:
         place = topology.gpu(a) if topology else None
         cpus = place.cpu_affinity if place and place.cpu_affinity else "N/A"
-        nodes = place.numa_affinity if place and place.numa_affinity else (
-            str(numa[a]) if numa.get(a) is not None else "N/A")
+        nodes = place.numa_affinity if place and place.numa_affinity else "N/A"
         cells = "\t".join(_cell(inventory, a, b) for b in indices)
         rows.append(f"GPU{a}\t{cells}\t{cpus}\t{nodes}\t\tN/A")
     return "\n".join(rows + [""] + legend_lines()) + "\n"

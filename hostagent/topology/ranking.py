@@ -17,6 +17,7 @@ The divisions are searched exactly (memoised over subsets of GPUs, kept across c
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import dataclass, field
 
 from ..devices.records import UNKNOWN, Inventory
@@ -27,6 +28,7 @@ PCIE_POINTS = {"SYS": 10, "NODE": 20, "PHB": 30, "PXB": 40, "PIX": 50, "BOARD": 
 NVLINK_POINTS = 100
 EXACT_UP_TO = 10
 _MEMO_LIMIT = 200_000
+_COMBINATIONS = 5000
 
 
 @dataclass
@@ -35,6 +37,7 @@ class Links:
     scores: dict[tuple[int, int], int]          # (a, b), a < b -> pair score
     numa: dict[int, int | None]
     nvlinks: dict[tuple[int, int], int] = field(default_factory=dict)   # (a, b), a < b
+    codes: dict[tuple[int, int], str] = field(default_factory=dict)     # (a, b), a < b -> "NV2", "PIX"...
     roots: dict[int, str | None] = field(default_factory=dict)          # PCIe root of each GPU
     unknown: dict[int, str] = field(default_factory=dict)               # GPU -> why its links are unknown
     key: object = None             # what it was made from (key_of): the same key, the same links
@@ -52,18 +55,22 @@ class Links:
         if topology is None:
             return cls({}, numa, unknown={g.index: "the topology was not read" for g in inventory.gpus},
                        key=cls.key_of(inventory))
-        scores, nvlinks, unknown = {}, {}, {}
+        scores, nvlinks, codes, unknown = {}, {}, {}, {}
         for g in topology.gpus:
             if g.error:
                 unknown[g.index] = g.error
+        placed = dict(unknown)        # GPUs NVML could not place: their own reason says it all
         for link in topology.links:
             if link.pcie == UNKNOWN or link.nvlinks is None:
-                for i in link.gpus:
-                    unknown.setdefault(i, f"its link to GPU {link.gpus[1] if i == link.gpus[0] else link.gpus[0]} is unknown")
+                a, b = link.gpus
+                if a not in placed and b not in placed:
+                    unknown.setdefault(a, f"its link to GPU {b} is unknown")
+                    unknown.setdefault(b, f"its link to GPU {a} is unknown")
                 continue
             scores[link.gpus] = PCIE_POINTS.get(link.pcie, 0) + NVLINK_POINTS * link.nvlinks
             nvlinks[link.gpus] = link.nvlinks
-        return cls(scores, numa, nvlinks, {g.index: g.pcie_root for g in topology.gpus}, unknown,
+            codes[link.gpus] = link.code
+        return cls(scores, numa, nvlinks, codes, {g.index: g.pcie_root for g in topology.gpus}, unknown,
                    key=cls.key_of(inventory))
 
     # ---- pairs and sets ------------------------------------------------------------
@@ -80,6 +87,12 @@ class Links:
 
     def numa_nodes(self, members) -> int:
         return len({self.numa.get(i) for i in members})
+
+    def describe(self, members) -> str:
+        """``0-1 NV1, 0-2 PHB``: each pair's link in nvidia-smi's notation."""
+        members = sorted(members)
+        return ", ".join(f"{a}-{b} {self.codes.get((a, b), 'unknown')}"
+                         for i, a in enumerate(members) for b in members[i + 1:])
 
     def why_unknown(self, indices) -> str | None:
         """Why the links of any of these GPUs are unknown (None: all are known)."""
@@ -116,6 +129,43 @@ class Links:
             candidates = [s for s in self._division(available, required, size)
                           if len(s) == size and set(required) <= set(s)]
         return max(candidates, key=lambda s: (self.set_score(s), -self.numa_nodes(s), _neg(rank(s))))
+
+    def best_valid(self, available, size: int, valid, rank=None) -> tuple[int, ...] | None:
+        """The best set of ``size`` of ``available`` for which ``valid(set)`` holds (every
+        combination up to ``_COMBINATIONS``, else grown greedily); None if there is none."""
+        available = sorted(set(available))
+        rank = rank or (lambda members: ())
+        if size > len(available):
+            return None
+        if math.comb(len(available), size) > _COMBINATIONS:
+            sets = [s for s in [self._greedy(available, [], size, rank)] if valid(s)]
+        else:
+            sets = [s for s in itertools.combinations(available, size) if valid(s)]
+        return max(sets, key=lambda s: (self.set_score(s), -self.numa_nodes(s), _neg(rank(s))), default=None)
+
+    def spread(self, pools: dict[int, list], needed: int, taken=(), tiebreak=None) -> list:
+        """``needed`` items of ``pools`` (GPU -> its items, in the order to take them): from
+        the GPUs ``taken`` first, then from one GPU that holds the rest (the one holding the
+        fewest that does), else from the GPU holding the most, each next GPU the best
+        connected to those taken; ``tiebreak(gpu)`` after that, lower first."""
+        pools = {g: list(items) for g, items in pools.items() if items}
+        taken = set(taken)
+        tiebreak = tiebreak or (lambda gpu: gpu)
+        out: list = []
+        while len(out) < needed and pools:
+            left = needed - len(out)
+
+            def order(gpu: int):
+                fits = len(pools[gpu]) >= left
+                return (gpu not in taken, not fits, -sum(self.score(gpu, t) for t in taken if t != gpu),
+                        len(pools[gpu]) if fits else -len(pools[gpu]), tiebreak(gpu))
+            gpu = min(pools, key=order)
+            out += pools[gpu][:left]
+            pools[gpu] = pools[gpu][left:]
+            if not pools[gpu]:
+                del pools[gpu]
+            taken.add(gpu)
+        return out
 
     def _division(self, available, required, size: int) -> list[tuple[int, ...]]:
         """The best division of ``available`` into sets of ``size``: memoised by subset."""

@@ -12,12 +12,13 @@ CROSS, SAME, BRIDGE, SWITCH = "SYS", "NODE", "PHB", "PIX"
 
 
 def node(nvlinks: dict, pcie: dict, numa: list) -> Links:
-    scores, counts = {}, {}
+    scores, counts, codes = {}, {}, {}
     for pair in {*nvlinks, *pcie}:
         a, b = sorted(pair)
         scores[a, b] = PCIE_POINTS.get(pcie.get(pair), 0) + NVLINK_POINTS * nvlinks.get(pair, 0)
         counts[a, b] = nvlinks.get(pair, 0)
-    return Links(scores, dict(enumerate(numa)), counts)
+        codes[a, b] = f"NV{counts[a, b]}" if counts[a, b] else pcie.get(pair, "unknown")
+    return Links(scores, dict(enumerate(numa)), counts, codes)
 
 
 def halves(inner: dict) -> dict:

@@ -91,7 +91,7 @@ def test_among_equally_connected_sets_numa_then_the_tightest_fit():
 
 
 def test_a_gpu_of_unknown_topology_falls_back_to_numa():
-    unknown = Links(DGX1_VOLTA.scores, DGX1_VOLTA.numa, DGX1_VOLTA.nvlinks,
+    unknown = Links(DGX1_VOLTA.scores, DGX1_VOLTA.numa, DGX1_VOLTA.nvlinks, DGX1_VOLTA.codes,
                     unknown={4: "nvmlDeviceGetTopologyCommonAncestor: Not Supported"})
     assert unknown.why_unknown([0, 1, 4]) == "GPU 4: nvmlDeviceGetTopologyCommonAncestor: Not Supported"
     assert with_links(gpus(0, 1, 4), 2, links=unknown) == gpus(0, 1)
