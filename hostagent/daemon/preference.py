@@ -25,7 +25,7 @@ Ids are answered as the caller spelled them (the kubelet compares strings).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from ..errors import UsageError
 from ..topology.ranking import Links
@@ -43,8 +43,7 @@ def split_replica(ident: str) -> tuple[str, str | None]:
     return base, (replica if sep else None)
 
 
-@dataclass(frozen=True)
-class _Unit:
+class _Unit(NamedTuple):
     ident: str            # as the caller spelled it
     uuid: str             # the physical device (GPU or MIG device)
     parent: str           # the GPU it is on (itself for a GPU)
@@ -124,7 +123,7 @@ def prefer(available: list[str], must_include: list[str], size: int, devices: di
 
     gpus = {u.gpu for u in units.values()}
     whole = all(u.whole for u in units.values())
-    if (links is not None and not replicas and not links.why_unknown(gpus)
+    if (links is not None and not replicas and (must or needed > 1) and not links.why_unknown(gpus)
             and not (whole and len(gpus) < len(units))):      # a GPU offered twice, spelt two ways
         if whole:
             return must + _best_gpus(links, [units[i] for i in must], candidates, size, key)

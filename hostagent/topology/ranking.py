@@ -122,13 +122,17 @@ class Links:
             return None
         rank = rank or (lambda members: ())
         if size == 1:       # go-gpuallocator: each GPU is its own candidate
-            candidates = [(r,) for r in required] or [(i,) for i in available]
+            candidates = [_mask([r]) for r in required] or [_mask([i]) for i in available]
         elif len(available) > EXACT_UP_TO:
             return self._greedy(available, required, size, rank)
         else:
-            candidates = [s for s in self._division(available, required, size)
-                          if len(s) == size and set(required) <= set(s)]
-        return max(candidates, key=lambda s: (self.set_score(s), -self.numa_nodes(s), _neg(rank(s))))
+            req = _mask(required)
+            candidates = [g for g in self._division(available, required, size)
+                          if g & req == req and bin(g).count("1") == size]
+        # The best score on the fewest NUMA nodes; the caller's rank only among those equal.
+        top = max(self._group_key(g)[::2] for g in candidates)
+        tied = [_members(g) for g in candidates if self._group_key(g)[::2] == top]
+        return tied[0] if len(tied) == 1 else min(tied, key=rank)
 
     def best_valid(self, available, size: int, valid, rank=None) -> tuple[int, ...] | None:
         """The best set of ``size`` of ``available`` for which ``valid(set)`` holds (every
@@ -167,14 +171,13 @@ class Links:
             taken.add(gpu)
         return out
 
-    def _division(self, available, required, size: int) -> list[tuple[int, ...]]:
-        """The best division of ``available`` into sets of ``size``: memoised by subset."""
-        full = _mask(available)
+    def _division(self, available, required, size: int) -> list[int]:
+        """The best division of ``available`` into sets of ``size`` (as masks): memoised by subset."""
         req = _mask(required)
-        out, mask = [], full
+        out, mask = [], _mask(available)
         while mask:
             _, group = self._best_division(mask, req & mask, size)
-            out.append(_members(group))
+            out.append(group)
             mask &= ~group
         return out
 
@@ -190,7 +193,7 @@ class Links:
         reals = _members(mask)
         pad = -len(reals) % size
         if len(reals) + pad == size:
-            best = (self._group_key(mask), mask) if not (req and pad) else ((-1, 0), mask)
+            best = (self._group_key(mask)[:2], mask) if not (req and pad) else ((-1, 0), mask)
         else:
             low, others = reals[0], reals[1:]
             best = None
@@ -209,7 +212,7 @@ class Links:
                 if rest[0] < 0:
                     continue
                 here = self._group_key(group)
-                total = (here[0] + rest[0], here[1] + rest[1])
+                total = (here[0] + rest[0], here[1] + rest[1])          # score, sets in one NUMA node
                 if best is None or total > best[0]:
                     best = (total, group)
             best = best or ((-1, 0), mask)
@@ -218,11 +221,13 @@ class Links:
         self._memo[key] = best
         return best
 
-    def _group_key(self, group: int) -> tuple[int, int]:
+    def _group_key(self, group: int) -> tuple[int, int, int]:
+        """(score, inside one NUMA node, minus the NUMA nodes spanned) of a set, as a mask."""
         hit = self._sets.get(group)
         if hit is None:
             members = _members(group)
-            hit = self._sets[group] = (self.set_score(members), int(self.numa_nodes(members) == 1))
+            nodes = self.numa_nodes(members)
+            hit = self._sets[group] = (self.set_score(members), int(nodes == 1), -nodes)
         return hit
 
     def _greedy(self, available, required, size: int, rank) -> tuple[int, ...]:
