@@ -76,10 +76,12 @@ def _affinity(h) -> tuple[str | None, str | None] | str:
     return cpu_text(cpus) or None, cpu_text(nodes) or None
 
 
-def _nvlinks(h) -> list[tuple[int, str]]:
-    """(remote device type, remote bus id) of each active NVLink. NOT_SUPPORTED on the first
-    link: the GPU has none; INVALID_ARGUMENT: past its last (links are numbered densely)."""
-    out = []
+def _nvlinks(h, gpu_at: dict[str, int]) -> tuple[Counter, Counter]:
+    """This GPU's active NVLinks: (GPU index -> links to it, NVSwitch bus id -> links to it).
+    NOT_SUPPORTED on the first link: the GPU has none; INVALID_ARGUMENT: past its last (links
+    are numbered densely). A remote type NVML cannot give (an older driver) is told by the
+    far end's bus id."""
+    gpus, switches = Counter(), Counter()
     for link in range(N.NVML_NVLINK_MAX_LINKS):
         try:
             if N.nvmlDeviceGetNvLinkState(h, link) != N.NVML_FEATURE_ENABLED:
@@ -88,58 +90,63 @@ def _nvlinks(h) -> list[tuple[int, str]]:
             if e.value in (N.NVML_ERROR_NOT_SUPPORTED, N.NVML_ERROR_INVALID_ARGUMENT):
                 break
             raise
+        bus = sysfs_bus_id(_text(N.nvmlDeviceGetNvLinkRemotePciInfo(h, link).busId))
         try:
             kind = N.nvmlDeviceGetNvLinkRemoteDeviceType(h, link)
-        except N.NVMLError_FunctionNotFound:      # older drivers: told apart by bus id below
-            kind = N.NVML_NVLINK_DEVICE_TYPE_UNKNOWN
-        bus = N.nvmlDeviceGetNvLinkRemotePciInfo(h, link).busId
-        out.append((kind, _norm(bus)))
-    return out
+        except N.NVMLError_FunctionNotFound:
+            kind = N.NVML_NVLINK_DEVICE_TYPE_GPU if bus in gpu_at else N.NVML_NVLINK_DEVICE_TYPE_SWITCH
+        if kind == N.NVML_NVLINK_DEVICE_TYPE_SWITCH:
+            switches[bus] += 1
+        elif bus in gpu_at:
+            gpus[gpu_at[bus]] += 1
+    return gpus, switches
 
 
-def _norm(bus) -> str:
-    text = bus.decode() if isinstance(bus, bytes) else str(bus)
-    return sysfs_bus_id(text)
+def _text(value) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def read_topology(host: HostRoot, gpus: list[tuple[Gpu, object]]) -> Topology:
-    """``gpus``: each readable GPU with its NVML handle."""
-    errors: dict[int, str] = {}
+def _ancestry(gpus) -> tuple[dict[tuple[int, int], str], dict[int, str], Counter]:
+    """Each pair's PCIe level; for each GPU the first refusal, and how many pairs NVML refused."""
     levels: dict[tuple[int, int], str] = {}
-    failed = Counter()
+    refusals: dict[int, str] = {}
+    refused = Counter()
     for i, (a, ha) in enumerate(gpus):
         for b, hb in gpus[i + 1:]:
             try:
                 levels[a.index, b.index] = PCIE_LEVELS.get(N.nvmlDeviceGetTopologyCommonAncestor(ha, hb), UNKNOWN)
             except N.NVMLError as e:
                 levels[a.index, b.index] = UNKNOWN
-                failed.update((a.index, b.index))
-                errors.setdefault(a.index, f"nvmlDeviceGetTopologyCommonAncestor: {e}")
-                errors.setdefault(b.index, f"nvmlDeviceGetTopologyCommonAncestor: {e}")
+                refused.update((a.index, b.index))
+                for gpu in (a.index, b.index):
+                    refusals.setdefault(gpu, f"nvmlDeviceGetTopologyCommonAncestor: {e}")
+    return levels, refusals, refused
+
+
+def read_topology(host: HostRoot, gpus: list[tuple[Gpu, object]]) -> Topology:
+    """``gpus``: each readable GPU with its NVML handle."""
+    levels, refusals, refused = _ancestry(gpus)
     affinity = {gpu.index: _affinity(h) for gpu, h in gpus}
     # A GPU is unplaced when NVML refuses its affinity, or its ancestry with every other GPU
-    # (of three or more: of two, either may be the one).
-    errors = {i: e for i, e in errors.items() if isinstance(affinity[i], str) or failed[i] == len(gpus) - 1 > 1}
+    # of three or more (of two, either may be the one NVML cannot place).
+    errors = {i: why for i, why in refusals.items()
+              if isinstance(affinity[i], str) or len(gpus) > 2 and refused[i] == len(gpus) - 1}
     for i, why in affinity.items():
         if isinstance(why, str):
             errors.setdefault(i, why)
-    by_bus = {sysfs_bus_id(g.pci_bus_id): g.index for g, _ in gpus}
+    gpu_at = {sysfs_bus_id(g.pci_bus_id): g.index for g, _ in gpus}
     direct: dict[int, Counter] = {}
     switched: dict[int, Counter] = {}
     for gpu, h in gpus:
-        if gpu.index in errors:
-            continue
-        try:
-            links = _nvlinks(h)
-        except N.NVMLError as e:
-            errors[gpu.index] = f"nvmlDeviceGetNvLinkState: {e}"
-            continue
-        direct[gpu.index] = Counter(by_bus[bus] for kind, bus in links if bus in by_bus)
-        switched[gpu.index] = Counter(bus for kind, bus in links if bus not in by_bus)
+        if gpu.index not in errors:
+            try:
+                direct[gpu.index], switched[gpu.index] = _nvlinks(h, gpu_at)
+            except N.NVMLError as e:
+                errors[gpu.index] = f"nvmlDeviceGetNvLinkState: {e}"
     records = []
-    for gpu, h in gpus:
-        cpus, nodes = (None, None) if isinstance(affinity[gpu.index], str) else affinity[gpu.index]
+    for gpu, _ in gpus:
         known = gpu.index not in errors
+        cpus, nodes = affinity[gpu.index] if not isinstance(affinity[gpu.index], str) else (None, None)
         records.append(GpuTopology(
             index=gpu.index, pcie_root=pcie_root(host, gpu.pci_bus_id), cpu_affinity=cpus,
             numa_affinity=nodes, error=errors.get(gpu.index),
