@@ -149,14 +149,14 @@ def main() -> int:
     parser.add_argument("--baseline", metavar="REF", help="also time preference.py at this git revision")
     args = parser.parse_args()
     from hostagent.devices import read_inventory
-    from hostagent.hostroot import HostRoot
     from hostagent.sim.driverroot import create_node
+    from hostagent.sim.platform import simulated_host
     root = Path(tempfile.mkdtemp(prefix="ha-topo-"))
     try:
         root.chmod(0o755)
         create_node(root, "dgx1-v100")
         print(f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}; simulated dgx1-v100 in {root}")
-        pure(args, read_inventory(HostRoot.simulation(root)))
+        pure(args, read_inventory(simulated_host(root)))
         api(args, root)
         print(f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     finally:

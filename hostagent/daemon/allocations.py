@@ -26,6 +26,7 @@ import re
 from dataclasses import dataclass, field
 
 from ..errors import ConflictError, PermissionDenied, UsageError
+from .connected import Unconnected, take
 
 __all__ = ["Allocation", "Candidate", "Selection", "normalize", "select", "NotOwner", "UnknownDevice", "DeviceBusy",
            "DeviceNotAllocatable", "InsufficientDevices", "AllocationConflict", "ShareLimitReached",
@@ -228,7 +229,6 @@ def select(request: dict, candidates: list[Candidate], users: dict[str, list[tup
     then smallest, then first matching devices (best fit: a small request does not take a
     big device while a small one is free), passing over full ones (``connected.take``).
     """
-    from .connected import take
     strategy = request["sharing"]["strategy"]
     taken = taken or {}
     by_uuid = {c.uuid: c for c in candidates}
@@ -319,7 +319,14 @@ def select(request: dict, candidates: list[Candidate], users: dict[str, list[tup
                 + ")",
                 wanted=item["count"], available=len(room), matching=len(matching),
                 at_share_limit=at_limit, constraints=item["constraints"])
-        for c in take(room, item["count"], item["constraints"], links):
+        try:
+            group = take(room, item["count"], item["constraints"], links)
+        except Unconnected as e:
+            raise InsufficientDevices(
+                f"no {item['count']} free device(s) matching {item['constraints']} with {e}",
+                wanted=item["count"], available=len(room), constraints=item["constraints"], best=e.best,
+                hint="ask for fewer devices, drop the topology constraint, or free devices so connected") from None
+        for c in group:
             chosen.append(c.uuid)
             if c.shared is not None:
                 replicas.append(free(c)[0])

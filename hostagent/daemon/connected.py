@@ -10,27 +10,38 @@ Of it a group of ``count`` takes:
 - ``"links": "nvlink"``: only a set whose every pair is joined by NVLink (MIG devices never
   are: a MIG-enabled GPU has no peer-to-peer access, over NVLink or PCIe, in NVIDIA's MIG user
   guide); ``"pcie_root": "same"``: only devices under one PCIe root. A GPU whose topology NVML
-  would not tell satisfies neither. With no such set free the group is refused
-  (``insufficient_devices``), naming the best-connected set there was;
+  would not tell satisfies neither. With no such set free ``Unconnected`` says why, naming
+  the best-connected set there was (the allocation refuses the group with it:
+  ``insufficient_devices``);
 - where the topology of a device in ``room`` is unknown (and no topology constraint is
   asked): the NUMA node that holds the group alone, the tightest, else ``room``'s order.
+
+Devices are ``allocations.Candidate`` records (their ``order`` begins with the GPU's index).
 """
 
 from __future__ import annotations
 
 from ..topology.ranking import Links
-from .allocations import Candidate, InsufficientDevices
 
-__all__ = ["take", "TOPOLOGY_KEYS"]
+__all__ = ["take", "Unconnected", "TOPOLOGY_KEYS"]
 
 TOPOLOGY_KEYS = ("links", "pcie_root")
 
 
-def _gpu(c: Candidate) -> int:
+class Unconnected(Exception):
+    """No set of the devices free is connected as the constraints ask: ``why``, and ``best``,
+    the names of the best-connected set there was."""
+
+    def __init__(self, asked: str, why: str, best: list[str]):
+        super().__init__(f"{asked}: {why}")
+        self.asked, self.why, self.best = asked, why, best
+
+
+def _gpu(c) -> int:
     return c.order[0]
 
 
-def take(room: list[Candidate], count: int, constraints: dict, links: Links | None) -> list[Candidate]:
+def take(room: list, count: int, constraints: dict, links: Links | None) -> list:
     """``count`` devices of ``room`` (there are at least that many)."""
     if count == 1:          # no pair to connect: the allocation's own order alone
         return room[:1]
@@ -38,13 +49,13 @@ def take(room: list[Candidate], count: int, constraints: dict, links: Links | No
     same_root = constraints.get("pcie_root") == "same"
     if links is None:
         if nvlink or same_root:
-            _refuse(room, count, constraints, "the GPUs' topology is not known", [])
+            _refuse(constraints, "the GPUs' topology is not known", [])
         return room[:count]
     if nvlink or same_root:
         known = [c for c in room if _gpu(c) not in links.unknown]
         chosen = _constrained(known, count, nvlink, same_root, links)
         if chosen is None:
-            _refuse(room, count, constraints, *_best_there_was(known, count, links))
+            _refuse(constraints, *_best_there_was(known, count, links))
         return chosen
     if links.why_unknown({_gpu(c) for c in room}):
         return _numa_first(room, count, links)
@@ -55,18 +66,18 @@ def take(room: list[Candidate], count: int, constraints: dict, links: Links | No
     return _by_parent(room, count, links)
 
 
-def _by_parent(room: list[Candidate], count: int, links: Links) -> list[Candidate]:
-    pools: dict[int, list[Candidate]] = {}
+def _by_parent(room: list, count: int, links: Links) -> list:
+    pools: dict[int, list] = {}
     for c in room:
         pools.setdefault(_gpu(c), []).append(c)
     first = {g: room.index(items[0]) for g, items in pools.items()}
     return links.spread(pools, count, tiebreak=first.__getitem__)
 
 
-def _constrained(room, count, nvlink: bool, same_root: bool, links: Links) -> list[Candidate] | None:
+def _constrained(room, count, nvlink: bool, same_root: bool, links: Links) -> list | None:
     if nvlink and any(c.kind != "gpu" for c in room):
         room = [c for c in room if c.kind == "gpu"]       # MIG devices: no peer-to-peer at all
-    groups: dict[object, list[Candidate]] = {}
+    groups: dict[object, list] = {}
     for c in room:
         groups.setdefault(links.roots.get(_gpu(c)) if same_root else None, []).append(c)
     best, best_key = None, None
@@ -83,7 +94,7 @@ def _constrained(room, count, nvlink: bool, same_root: bool, links: Links) -> li
     return best
 
 
-def _in_group(members, count: int, nvlink: bool, links: Links) -> list[Candidate] | None:
+def _in_group(members, count: int, nvlink: bool, links: Links) -> list | None:
     if len(members) < count:
         return None
     if all(c.kind == "gpu" for c in members):
@@ -95,8 +106,8 @@ def _in_group(members, count: int, nvlink: bool, links: Links) -> list[Candidate
     return _by_parent(members, count, links)
 
 
-def _numa_first(room: list[Candidate], count: int, links: Links) -> list[Candidate]:
-    nodes: dict[object, list[Candidate]] = {}
+def _numa_first(room: list, count: int, links: Links) -> list:
+    nodes: dict[object, list] = {}
     for c in room:
         nodes.setdefault(links.numa.get(_gpu(c)), []).append(c)
     fitting = [members for members in nodes.values() if len(members) >= count]
@@ -115,9 +126,6 @@ def _best_there_was(room, count: int, links: Links) -> tuple[str, list[str]]:
     return f"the best connected were GPUs {', '.join(map(str, best))} ({links.describe(best)})", names
 
 
-def _refuse(room, count: int, constraints: dict, why: str, best: list[str]):
+def _refuse(constraints: dict, why: str, best: list[str]):
     asked = " and ".join(f"{k}: {constraints[k]}" for k in TOPOLOGY_KEYS if k in constraints)
-    raise InsufficientDevices(
-        f"no {count} free device(s) matching {constraints} with {asked}: {why}",
-        wanted=count, available=len(room), constraints=constraints, best=best,
-        hint="ask for fewer devices, drop the topology constraint, or free devices so connected")
+    raise Unconnected(asked, why, best)

@@ -1,6 +1,6 @@
 """The fake NVML's topology calls: PCIe ancestry, peer-to-peer status, NVLinks, affinity.
 
-Registered on ``FakeNvmlLibrary`` like the functions in ``fakenvml`` (each takes the
+Registered (``cfuncs.nvml``) on ``FakeNvmlLibrary`` like the functions in ``fakenvml`` (each takes the
 library first); the answers come from the node's ``SimTopology`` (sim/topology.py). Where
 nvml.h leaves a case open the choice is noted (docs/simulator.md lists them):
 
@@ -25,7 +25,7 @@ from ctypes import c_uint, c_ulonglong, c_void_p, sizeof
 
 import pynvml as N
 
-from .fakenvml import P, _normal_bus_id, _put, _struct, nvml
+from .cfuncs import P, normal_bus_id, nvml, put, struct
 from .node import SimNvmlError
 from .topology import switch_bus_id
 
@@ -48,13 +48,13 @@ def _placed(lib, handle):
 def _put_handles(lib, indices, count_ptr, array) -> None:
     """NVML's two-call protocol: a NULL array asks the count; a short one is INSUFFICIENT_SIZE."""
     have = c_uint.from_address(count_ptr).value
-    _put(count_ptr, c_uint, len(indices))
+    put(count_ptr, c_uint, len(indices))
     if not array:
         return
     if have < len(indices):
         raise SimNvmlError(N.NVML_ERROR_INSUFFICIENT_SIZE, "device buffer too small")
     for i, index in enumerate(indices):
-        _put(array + i * sizeof(c_void_p), c_void_p, lib._handle("gpu", index))
+        put(array + i * sizeof(c_void_p), c_void_p, lib._handle("gpu", index))
 
 
 def _placeable(state, index: int) -> bool:
@@ -68,7 +68,7 @@ def _put_bits(ptr: int, words: int, bits) -> None:
     for bit in bits:
         value |= 1 << bit
     for w in range(words):
-        _put(ptr + w * sizeof(c_ulonglong), c_ulonglong, (value >> (w * WORD_BITS)) & (2 ** WORD_BITS - 1))
+        put(ptr + w * sizeof(c_ulonglong), c_ulonglong, (value >> (w * WORD_BITS)) & (2 ** WORD_BITS - 1))
 
 
 # ---- PCIe ancestry and peer access ------------------------------------------------
@@ -79,7 +79,7 @@ def nvmlDeviceGetTopologyCommonAncestor(self, first, second, ptr):
     _, b, _ = _placed(self, second)
     if a.index == b.index:
         raise SimNvmlError(N.NVML_ERROR_INVALID_ARGUMENT, "the same GPU twice")
-    _put(ptr, c_uint, topology.level(a.index, b.index))
+    put(ptr, c_uint, topology.level(a.index, b.index))
 
 
 @nvml(P, c_uint, P, P)
@@ -112,7 +112,7 @@ def nvmlDeviceGetP2PStatus(self, first, second, index, ptr):
         status = N.NVML_P2P_STATUS_OK
     else:
         status = N.NVML_P2P_STATUS_CHIPSET_NOT_SUPPORTED
-    _put(ptr, c_uint, status)
+    put(ptr, c_uint, status)
 
 
 # ---- CPU and memory affinity --------------------------------------------------------
@@ -165,13 +165,13 @@ def _link(lib, handle, link: int):
 @nvml(P, c_uint, P)
 def nvmlDeviceGetNvLinkState(self, handle, link, ptr):
     _, _, far = _link(self, handle, link)
-    _put(ptr, c_uint, N.NVML_FEATURE_ENABLED if far else N.NVML_FEATURE_DISABLED)
+    put(ptr, c_uint, N.NVML_FEATURE_ENABLED if far else N.NVML_FEATURE_DISABLED)
 
 
 @nvml(P, c_uint, P)
 def nvmlDeviceGetNvLinkVersion(self, handle, link, ptr):
     gpu, topology, _ = _link(self, handle, link)
-    _put(ptr, c_uint, topology.nvlink_version[gpu.index])
+    put(ptr, c_uint, topology.nvlink_version[gpu.index])
 
 
 @nvml(P, c_uint, c_uint, P)
@@ -180,7 +180,7 @@ def nvmlDeviceGetNvLinkCapability(self, handle, link, capability, ptr):
     if capability >= N.NVML_NVLINK_CAP_COUNT:
         raise SimNvmlError(N.NVML_ERROR_INVALID_ARGUMENT, f"bad capability {capability}")
     offered = (N.NVML_NVLINK_CAP_P2P_SUPPORTED, N.NVML_NVLINK_CAP_P2P_ATOMICS, N.NVML_NVLINK_CAP_VALID)
-    _put(ptr, c_uint, int(far is not None and capability in offered))
+    put(ptr, c_uint, int(far is not None and capability in offered))
 
 
 @nvml(P, c_uint, P)
@@ -193,10 +193,10 @@ def nvmlDeviceGetNvLinkRemotePciInfo_v2(self, handle, link, ptr):
         device_id = self.facts.skus[self._state().gpus[far.gpu].sku].pci_device_id
     else:
         bus, device_id = switch_bus_id(far.switch), topology.switch_device_id
-    info = _struct(ptr, N.nvmlPciInfo_t)
+    info = struct(ptr, N.nvmlPciInfo_t)
     ctypes.memset(ptr, 0, sizeof(N.nvmlPciInfo_t))     # pciSubSystemId is not filled (nvml.h)
     domain, bus_no, rest = bus.split(":")
-    nvml_id = _normal_bus_id(bus).encode()
+    nvml_id = normal_bus_id(bus).encode()
     info.busIdLegacy = info.busId = nvml_id
     info.domain, info.bus, info.device = int(domain, 16), int(bus_no, 16), int(rest.split(".")[0], 16)
     info.pciDeviceId = device_id
@@ -207,4 +207,4 @@ def nvmlDeviceGetNvLinkRemoteDeviceType(self, handle, link, ptr):
     _, _, far = _link(self, handle, link)
     kind = (N.NVML_NVLINK_DEVICE_TYPE_UNKNOWN if far is None else
             N.NVML_NVLINK_DEVICE_TYPE_GPU if far.gpu is not None else N.NVML_NVLINK_DEVICE_TYPE_SWITCH)
-    _put(ptr, c_uint, kind)
+    put(ptr, c_uint, kind)
