@@ -136,6 +136,7 @@ class Gpu:
     mig: MigState | None       # None: the GPU is not MIG capable
     pci_subsystem_id: int = 0  # 0xSSSSVVVV, for mig-parted's qualified device filters
     numa_node: int | None = None   # from sysfs; None where the platform reports none (-1)
+    pcie_root: str | None = None   # from sysfs: "pci0000:3a", as resource.kubernetes.io/pcieRoot; None: unknown
 
     @property
     def mig_capable(self) -> bool:
@@ -190,9 +191,8 @@ UNKNOWN = "unknown"
 # hostagent.devices.read_inventory() -> Inventory.topology.gpus
 @dataclass(frozen=True)
 class GpuTopology:
-    """Where a GPU sits: its PCIe root, the CPUs and memory nodes near it, its NVLinks."""
+    """Where NVML says a GPU sits: the CPUs and memory nodes near it, its NVLinks."""
     index: int
-    pcie_root: str | None        # "pci0000:3a", as the resource.kubernetes.io/pcieRoot attribute
     cpu_affinity: str | None     # "0-19,40-59": the CPUs of its NUMA node (nvidia-smi's CPU Affinity)
     numa_affinity: str | None    # "0": the NUMA nodes of its memory affinity
     nvlinks: int | None          # its active NVLinks (0: none); None: unknown
@@ -226,6 +226,10 @@ class Topology:
     def link(self, a: int, b: int) -> GpuLink | None:
         key = (min(a, b), max(a, b))
         return next((link for link in self.links if link.gpus == key), None)
+
+    def peers(self, index: int) -> list[tuple[int, GpuLink]]:
+        """Each other GPU and how GPU ``index`` reaches it, in index order."""
+        return sorted((link.gpus[link.gpus[0] == index], link) for link in self.links if index in link.gpus)
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,8 @@
 """Read how the node's GPUs are connected, through pynvml, into a ``Topology`` record.
 
-Per GPU: its PCIe root (from sysfs, as Kubernetes' ``resource.kubernetes.io/pcieRoot`` is
-derived), its CPU and memory affinity, its active NVLinks and where each leads (a GPU or an
-NVSwitch). Per pair of GPUs: ``nvmlDeviceGetTopologyCommonAncestor``'s PCIe level and the
+Per GPU: its CPU and memory affinity, its active NVLinks and where each leads (a GPU or an
+NVSwitch); its PCIe root (``pcie_root``, from sysfs, as Kubernetes'
+``resource.kubernetes.io/pcieRoot`` is derived) is read with the GPU's record. Per pair of GPUs: ``nvmlDeviceGetTopologyCommonAncestor``'s PCIe level and the
 NVLinks between them, those through NVSwitches counted as nvidia-smi counts them (the links
 of the GPU with fewer into the switches both reach: every pair of an HGX board has all its
 links). What NVML will not tell is ``unknown``, never guessed: a GPU whose ancestry NVML
@@ -123,7 +123,7 @@ def _ancestry(gpus) -> tuple[dict[tuple[int, int], str], dict[int, str], Counter
     return levels, refusals, refused
 
 
-def read_topology(host: HostRoot, gpus: list[tuple[Gpu, object]]) -> Topology:
+def read_topology(gpus: list[tuple[Gpu, object]]) -> Topology:
     """``gpus``: each readable GPU with its NVML handle."""
     levels, refusals, refused = _ancestry(gpus)
     affinity = {gpu.index: _affinity(h) for gpu, h in gpus}
@@ -148,7 +148,7 @@ def read_topology(host: HostRoot, gpus: list[tuple[Gpu, object]]) -> Topology:
         known = gpu.index not in errors
         cpus, nodes = affinity[gpu.index] if not isinstance(affinity[gpu.index], str) else (None, None)
         records.append(GpuTopology(
-            index=gpu.index, pcie_root=pcie_root(host, gpu.pci_bus_id), cpu_affinity=cpus,
+            index=gpu.index, cpu_affinity=cpus,
             numa_affinity=nodes, error=errors.get(gpu.index),
             nvlinks=sum(direct[gpu.index].values()) + sum(switched[gpu.index].values()) if known else None,
             nvswitch_links=sum(switched[gpu.index].values()) if known else 0))

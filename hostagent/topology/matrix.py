@@ -6,6 +6,7 @@ pair of GPUs.
 
 from __future__ import annotations
 
+from .. import model
 from ..devices.records import UNKNOWN, Inventory
 
 __all__ = ["LEGEND", "document", "text", "select_gpus"]
@@ -61,6 +62,10 @@ def text(inventory: Inventory, indices: list[int]) -> str:
     return "\n".join(rows + [""] + legend_lines()) + "\n"
 
 
+_NOT_READ = {"cpu_affinity": None, "numa_affinity": None, "nvlinks": None, "nvswitch_links": 0,
+             "error": "topology not read"}
+
+
 def document(inventory: Inventory, indices: list[int]) -> dict:
     """Each GPU (index, UUID, PCIe root, NUMA node, affinity, NVLinks, why unknown) and each
     pair of them (``link`` in nvidia-smi's notation, the NVLink count, the PCIe level)."""
@@ -72,12 +77,8 @@ def document(inventory: Inventory, indices: list[int]) -> dict:
             continue
         place = topology.gpu(gpu.index) if topology else None
         gpus.append({"index": gpu.index, "uuid": gpu.uuid, "pci_bus_id": gpu.pci_bus_id,
-                     "pcie_root": place.pcie_root if place else None, "numa_node": gpu.numa_node,
-                     "cpu_affinity": place.cpu_affinity if place else None,
-                     "numa_affinity": place.numa_affinity if place else None,
-                     "nvlinks": place.nvlinks if place else None,
-                     "nvswitch_links": place.nvswitch_links if place else 0,
-                     "error": place.error if place else "topology not read"})
+                     "pcie_root": gpu.pcie_root, "numa_node": gpu.numa_node,
+                     **(model.gpu_place(place) if place else _NOT_READ)})
     pairs = [{"gpus": list(link.gpus), "link": link.code, "nvlinks": link.nvlinks, "pcie": link.pcie}
              for link in (topology.links if topology else ()) if set(link.gpus) <= chosen]
     return {"gpus": gpus, "pairs": pairs, "legend": dict(LEGEND)}

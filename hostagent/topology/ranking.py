@@ -46,12 +46,13 @@ class Links:
 
     @staticmethod
     def key_of(inventory: Inventory):
-        return inventory.topology, tuple((g.index, g.numa_node) for g in inventory.gpus)
+        return inventory.topology, tuple((g.index, g.numa_node, g.pcie_root) for g in inventory.gpus)
 
     @classmethod
     def of(cls, inventory: Inventory) -> "Links":
         topology = inventory.topology
         numa = {g.index: g.numa_node for g in inventory.gpus}
+        roots = {g.index: g.pcie_root for g in inventory.gpus}
         if topology is None:
             return cls({}, numa, unknown={g.index: "the topology was not read" for g in inventory.gpus},
                        key=cls.key_of(inventory))
@@ -70,7 +71,7 @@ class Links:
             scores[link.gpus] = PCIE_POINTS.get(link.pcie, 0) + NVLINK_POINTS * link.nvlinks
             nvlinks[link.gpus] = link.nvlinks
             codes[link.gpus] = link.code
-        return cls(scores, numa, nvlinks, codes, {g.index: g.pcie_root for g in topology.gpus}, unknown,
+        return cls(scores, numa, nvlinks, codes, roots, unknown,
                    key=cls.key_of(inventory))
 
     # ---- pairs and sets ------------------------------------------------------------

@@ -140,8 +140,7 @@ def test_nvlinks_lead_to_gpus_or_to_nvswitches_as_nvml_reports_them(make_node):
 
 def test_the_pcie_root_is_read_as_kubernetes_derives_it(make_node):
     host, _ = make_node("t4x2")
-    topology = read_inventory(host).topology
-    assert [g.pcie_root for g in topology.gpus] == ["pci0000:3a", "pci0000:d7"]
+    assert [g.pcie_root for g in read_inventory(host).gpus] == ["pci0000:3a", "pci0000:d7"]
     link = host.sys("bus/pci/devices") / "0000:3b:00.0"
     assert os.readlink(link) == "../../../devices/pci0000:3a/0000:3a:01.0/0000:3b:00.0"
     assert (link / "driver").resolve().name == "nvidia" and (link / "numa_node").read_text() == "0\n"
@@ -211,6 +210,11 @@ def test_a_gpu_of_unknown_topology_makes_the_daemon_prefer_by_numa_and_say_why(d
             uuid = [g["uuid"] for g in c.devices()["gpus"]]
             assert sorted(c.preferred_allocation([uuid[i] for i in (0, 1, 4)], 2)) == sorted([uuid[0], uuid[1]])
             assert "GPU topology unknown (GPU 4: nvmlDeviceGetTopologyCommonAncestor: Not Supported)" in dgx1.log()
+            gpu4 = c.device(uuid[4])["topology"]
+            assert gpu4["error"] == "nvmlDeviceGetTopologyCommonAncestor: Not Supported" and gpu4["nvlinks"] is None
+            assert {(p["link"], p["nvlinks"]) for p in gpu4["peers"]} == {("unknown", None)}
+            assert c.device(uuid[0])["topology"]["peers"][3] == {
+                "index": 4, "uuid": uuid[4], "link": "unknown", "nvlinks": None, "pcie": "unknown"}
             # Free: 0, 4 and 5. NVLink joins 0-4 (NV2) and 4-5 (NV1), but GPU 4's links are
             # not known now: no pair qualifies.
             c.allocate("others", [{"device": str(i)} for i in (1, 2, 3, 6, 7)])
