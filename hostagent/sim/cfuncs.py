@@ -8,13 +8,13 @@ of the same name; ``FakeNvmlLibrary`` binds every registered one. Modules that a
 from __future__ import annotations
 
 import ctypes
-from ctypes import c_void_p
+from ctypes import c_uint, c_void_p
 
 import pynvml as N
 
 from .node import SimNvmlError
 
-__all__ = ["FUNCS", "P", "nvml", "put", "put_str", "struct", "normal_bus_id"]
+__all__ = ["FUNCS", "P", "nvml", "put", "put_str", "struct", "sized", "normal_bus_id"]
 
 FUNCS: dict[str, tuple[tuple, object]] = {}
 P = c_void_p   # every pointer and handle is passed as an address
@@ -43,6 +43,18 @@ def struct(ptr: int, ctype):
     if not ptr:
         raise SimNvmlError(N.NVML_ERROR_INVALID_ARGUMENT, "NULL pointer")
     return ctype.from_address(ptr)
+
+
+def sized(count_ptr: int, array: int, count: int, what: str) -> bool:
+    """NVML's two-call protocol for ``count`` items: the count is put; False where the array
+    is NULL (only the count was asked), INSUFFICIENT_SIZE where it is too short."""
+    have = c_uint.from_address(count_ptr).value
+    put(count_ptr, c_uint, count)
+    if not array:
+        return False
+    if have < count:
+        raise SimNvmlError(N.NVML_ERROR_INSUFFICIENT_SIZE, f"{what} buffer too small")
+    return True
 
 
 def normal_bus_id(bus_id: str) -> str:

@@ -27,7 +27,7 @@ from ..errors import HostagentError
 from . import faketopology  # noqa: F401  (registers the topology calls)
 from . import privilege, telemetry
 from .catalog import ARCHITECTURES
-from .cfuncs import FUNCS, P, normal_bus_id, nvml, put, put_str, struct
+from .cfuncs import FUNCS, P, normal_bus_id, nvml, put, put_str, sized, struct
 from .clients import driver_clients
 from .node import MIG_ENABLE, NodeState, SimGpu, SimNvmlError
 from .store import SimStore
@@ -646,12 +646,8 @@ class FakeNvmlLibrary:
 
     @staticmethod
     def _put_placements(array, count_ptr, starts, size, ctype):
-        have = c_uint.from_address(count_ptr).value
-        put(count_ptr, c_uint, len(starts))
-        if not array:
+        if not sized(count_ptr, array, len(starts), "placement"):
             return
-        if have < len(starts):
-            raise SimNvmlError(N.NVML_ERROR_INSUFFICIENT_SIZE, "placement buffer too small")
         for i, start in enumerate(starts):
             pl = ctype.from_address(array + i * sizeof(ctype))
             pl.start, pl.size = start, size

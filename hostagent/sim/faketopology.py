@@ -25,7 +25,7 @@ from ctypes import c_uint, c_ulonglong, c_void_p, sizeof
 
 import pynvml as N
 
-from .cfuncs import P, normal_bus_id, nvml, put, struct
+from .cfuncs import P, normal_bus_id, nvml, put, sized, struct
 from .node import SimNvmlError
 from .topology import switch_bus_id
 
@@ -46,13 +46,8 @@ def _placed(lib, handle):
 
 
 def _put_handles(lib, indices, count_ptr, array) -> None:
-    """NVML's two-call protocol: a NULL array asks the count; a short one is INSUFFICIENT_SIZE."""
-    have = c_uint.from_address(count_ptr).value
-    put(count_ptr, c_uint, len(indices))
-    if not array:
+    if not sized(count_ptr, array, len(indices), "device"):
         return
-    if have < len(indices):
-        raise SimNvmlError(N.NVML_ERROR_INSUFFICIENT_SIZE, "device buffer too small")
     for i, index in enumerate(indices):
         put(array + i * sizeof(c_void_p), c_void_p, lib._handle("gpu", index))
 
