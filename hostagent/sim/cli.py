@@ -225,7 +225,7 @@ def events(args) -> int:
 
 
 def topology(args) -> int:
-    from ..sim import control
+    from . import control
     control.set_topology_support(_store(args), args.gpu, args.support == "on")
     print(f"topology calls on GPU {args.gpu} {'work' if args.support == 'on' else 'fail with NOT_SUPPORTED'}")
     return 0

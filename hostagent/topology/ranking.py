@@ -54,7 +54,7 @@ class Links:
         numa = {g.index: g.numa_node for g in inventory.gpus}
         roots = {g.index: g.pcie_root for g in inventory.gpus}
         if topology is None:
-            return cls({}, numa, unknown={g.index: "the topology was not read" for g in inventory.gpus},
+            return cls({}, numa, roots=roots, unknown={g.index: "the topology was not read" for g in inventory.gpus},
                        key=cls.key_of(inventory))
         scores, nvlinks, codes, unknown = {}, {}, {}, {}
         for g in topology.gpus:
