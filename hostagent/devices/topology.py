@@ -25,7 +25,7 @@ __all__ = ["read_topology", "pcie_root", "bits", "cpu_text"]
 
 CPU_WORDS = 64          # cpuSet words (unsigned long): 4096 CPUs
 NODE_WORDS = 4          # nodeSet words: 256 NUMA nodes
-_ROOT = re.compile(r"^pci[0-9a-f]{4}:[0-9a-f]{2}$")
+_ROOT = re.compile(r"pci[0-9a-f]{4}:[0-9a-f]{2}")
 
 
 def bits(words, width: int = 64) -> list[int]:
@@ -63,7 +63,7 @@ def pcie_root(host: HostRoot, nvml_bus_id: str) -> str | None:
     if "devices" not in parts or parts[-1] != bdf:
         return None
     root = parts[parts.index("devices") + 1] if parts.index("devices") + 1 < len(parts) else ""
-    return root if _ROOT.match(root) else None
+    return root if _ROOT.fullmatch(root) else None
 
 
 def _affinity(h) -> tuple[str | None, str | None] | str:

@@ -5,12 +5,12 @@ topo``), seen from that GPU."""
 
 import json
 
-import jsonschema
 import pytest
 
 from hostagent import model
 from hostagent.api.schema import document
 from hostagent.cli.main import main
+from hostagent.schemas import Draft202012
 from hostagent.sim import catalog
 from hostagent.sim.node import MIG_ENABLE
 
@@ -23,7 +23,7 @@ def validator(component: str):
     doc = document()
     root = {"$schema": doc["jsonSchemaDialect"], "components": doc["components"],
             "$ref": f"#/components/schemas/{component}"}
-    return jsonschema.Draft202012Validator(root)
+    return Draft202012(root)
 
 
 def give_mig_devices(store) -> None:
