@@ -345,6 +345,10 @@ class Client:
         """A ``Gpu`` or ``MigDevice`` by index, UUID, MIG name (``0:1``) or CDI name."""
         return self.get("/v1/devices/" + quote(str(ident), safe=""))
 
+    def topology(self, gpus=None) -> dict:
+        """How the GPUs are connected (``GET /v1/topology``); ``gpus``: indices or UUIDs."""
+        return self.get("/v1/topology", gpus=",".join(map(str, gpus)) if gpus else None)
+
     def allocations(self) -> list[dict]:
         return self.get("/v1/allocations")["allocations"]
 

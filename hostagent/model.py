@@ -18,7 +18,7 @@ through both paths and validates both against the components.
 
 from __future__ import annotations
 
-__all__ = ["UNKNOWN_HEALTH", "DAEMON_FIELDS", "placement", "mig_mode", "mig_profile", "gpu",
+__all__ = ["UNKNOWN_HEALTH", "DAEMON_FIELDS", "placement", "mig_mode", "mig_profile", "gpu_place", "gpu",
            "mig_device", "inventory_devices", "device", "daemon_device", "device_list", "unreadable", "unread",
            "node", "allocation", "mig_layout", "mig_enabled", "pci_id"]
 
@@ -71,9 +71,29 @@ def _gpu_instance(gi) -> dict:
                                    "placement": placement(ci.placement)} for ci in gi.compute_instances]}
 
 
-def gpu(g, *, profiles: bool = False) -> dict:
+def gpu_place(place) -> dict:
+    """What NVML says of where a GPU sits, from its ``devices.GpuTopology``: the CPUs and NUMA
+    nodes near it, its NVLinks (how many lead to NVSwitches), why NVML could not place it."""
+    return {"cpu_affinity": place.cpu_affinity, "numa_affinity": place.numa_affinity,
+            "nvlinks": place.nvlinks, "nvswitch_links": place.nvswitch_links, "error": place.error}
+
+
+def _topology(g, inventory) -> dict | None:
+    """A GPU's ``GpuTopology``: its place and how it reaches every other GPU (None: the
+    inventory's topology was not read)."""
+    topology = inventory.topology if inventory is not None else None
+    place = topology.gpu(g.index) if topology is not None else None
+    if place is None:
+        return None
+    uuids = {other.index: other.uuid for other in inventory.gpus}
+    return {**gpu_place(place), "peers": [
+        {"index": other, "uuid": uuids[other], "link": link.code, "nvlinks": link.nvlinks, "pcie": link.pcie}
+        for other, link in topology.peers(g.index)]}
+
+
+def gpu(g, *, profiles: bool = False, inventory=None) -> dict:
     """The inventory's part of a GPU's document; with ``profiles``, its MIG profiles in
-    ``mig.profiles``."""
+    ``mig.profiles``; ``inventory`` (the GPU's), its ``topology`` (else null)."""
     mig = None
     if g.mig is not None:
         mig = {"mode": mig_mode(g.mig.enabled, g.mig.pending),
@@ -85,6 +105,7 @@ def gpu(g, *, profiles: bool = False) -> dict:
             "product": g.name, "serial": g.serial, "memory_mib": g.memory_mib,
             "pci_bus_id": g.pci_bus_id, "pci_device_id": pci_id(g.pci_device_id),
             "pci_subsystem_id": pci_id(g.pci_subsystem_id), "numa_node": g.numa_node,
+            "pcie_root": g.pcie_root, "topology": _topology(g, inventory),
             "compute_capability": g.compute_capability, "architecture": g.architecture,
             "brand": g.brand, "mig_capable": g.mig is not None, "mig": mig}
 
@@ -97,6 +118,7 @@ def mig_device(d, parent) -> dict:
             "gi_profile_id": d.gi_profile_id, "ci_profile_id": d.ci_profile_id,
             "placement": placement(d.placement), "ci_placement": placement(d.ci_placement),
             "memory_mib": d.memory_mib, "multiprocessors": d.multiprocessors, "engines": _engines(d),
+            "numa_node": parent.numa_node, "pcie_root": parent.pcie_root,
             "compute_capability": parent.compute_capability, "architecture": parent.architecture}
 
 
@@ -106,7 +128,7 @@ def inventory_devices(inventory, *, profiles: bool = False) -> dict[str, dict]:
     out: dict[str, dict] = {}
     migs = []
     for g in inventory.gpus:
-        out[g.uuid] = gpu(g, profiles=profiles)
+        out[g.uuid] = gpu(g, profiles=profiles, inventory=inventory)
         migs += [(d, g) for d in (g.mig.devices if g.mig else ())]
     for d, parent in migs:
         out[d.uuid] = mig_device(d, parent)

@@ -69,6 +69,7 @@ class App:
         "/v1/node": (Route("GET", "get_node", "operator"),),
         "/v1/live": (Route("GET", "get_live", "operator"),),
         "/v1/devices": (Route("GET", "list_devices", "operator"),),
+        "/v1/topology": (Route("GET", "get_topology", "operator"),),
         "/v1/watch": (Route("GET", "watch", "operator"),),
         "/v1/allocations": (Route("GET", "list_allocations", "operator"),
                             Route("POST", "create_allocation", "operator")),
@@ -241,6 +242,22 @@ class App:
         return self._snapshot_response(request, ("device", view["uuid"]),
                                        lambda s: _with_profiles(view, s) if view["kind"] == "gpu" else view)
 
+    def get_topology(self, request: Request) -> Response:
+        from ..daemon.allocations import UnknownDevice
+        from ..topology.matrix import document, select_gpus
+        inventory = self.agent.inventory
+        if inventory is None:
+            raise UnavailableError("the node's inventory is not available", hint="see GET /v1/node")
+        wanted = request.param("gpus")
+        names = [n for n in wanted.split(",") if n.strip()] if wanted else None
+        try:
+            indices = select_gpus(inventory, names)
+        except KeyError as e:
+            raise UnknownDevice(f"no GPU {e.args[0]!r} on this node", device=e.args[0], parameter="gpus",
+                                hint="name GPUs by index or UUID, as GET /v1/devices lists them") from None
+        return self._snapshot_response(request, ("topology", tuple(indices)), lambda s: {
+            "revision": s.revision, **document(inventory, indices)})
+
     def watch(self, request: Request):
         since = request.param("since")
         if since is not None:
@@ -296,7 +313,7 @@ class App:
         snap = self.agent.snapshot
         in_use = {uuid: len(users) for uuid, users in self.agent.users().items()}
         devices = prefer(body["available"], body.get("must_include", []), body["size"], snap.devices,
-                         snap.lookup, in_use, body.get("policy", "distributed"))
+                         snap.lookup, in_use, body.get("policy", "distributed"), self.agent.links)
         return Response(200, _dumps({"devices": devices, "revision": snap.revision}))
 
     def refresh(self, request: Request):

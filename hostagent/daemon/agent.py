@@ -57,6 +57,7 @@ class Agent:
         self.profiles: dict[str, list[dict]] = {}   # GPU uuid -> its MIG profile views
         self._users = None                # users(), until the allocations change
         self._base_views = BaseViews()    # the inventory's part of the device views
+        self.links = None                 # topology.ranking.Links of the inventory's GPUs
         self.snapshot = Snapshot(self.events.revision, {}, {}, [], {}, {})
         self._restore_pending = False     # checkpoint loaded, not yet checked against the inventory
         self.labels = None                # nodelabels.LabelResult of the last inventory read
@@ -115,7 +116,18 @@ class Agent:
         # which also restores a spec (or a labels file) someone deleted.
         options, change, generated = self.refresh_cdi(inventory)
         labels = compute_and_write(self.host, inventory, LabelSettings.from_sections(self.settings.sections))
-        return inventory, generated, options, change, labels
+        return inventory, generated, options, change, labels, self._links_for(inventory)
+
+    def _links_for(self, inventory):
+        """Worker: how the inventory's GPUs are connected, for allocations: the one in use
+        while the topology is the same, else a new one, searched ahead of the first request."""
+        from ..topology.ranking import Links
+        links = self.links
+        if links is not None and links.key == Links.key_of(inventory):
+            return links
+        links = Links.of(inventory)
+        links.warm()
+        return links
 
     def refresh_cdi(self, inventory=None):
         """Worker: regenerate the node's CDI spec (written only if it changed), counted in
@@ -170,7 +182,7 @@ class Agent:
         if self.driver.maintenance is not None:
             return                 # a driver install runs: NVML is left alone
         try:
-            inventory, generated, options, change, labels = await self.blocking(self._read)
+            inventory, generated, options, change, labels, links = await self.blocking(self._read)
         except HostagentError as e:
             if self.inventory_error is None or self.inventory_error.message != e.message:
                 log.error("cannot read the inventory (%s): %s", reason, e.message,
@@ -192,6 +204,11 @@ class Agent:
             before.append(("labels_changed", {"labels": labels.labels}))
         self.labels = labels
         previous, self.inventory, self.spec, self.spec_options = self.inventory, inventory, generated, options
+        if links is not self.links:
+            unknown = links.why_unknown(links.numa)
+            if unknown:
+                log.warning("GPU topology unknown (%s): allocations prefer GPUs by NUMA node instead", unknown)
+            self.links = links
         self.cdi_names = self._cdi_names(inventory, generated, options)
         self.profiles = {g.uuid: [model.mig_profile(p) for p in g.mig.profiles] for g in inventory.gpus if g.mig}
         if inventory != previous:

@@ -26,6 +26,7 @@ import re
 from dataclasses import dataclass, field
 
 from ..errors import ConflictError, PermissionDenied, UsageError
+from .connected import Unconnected, take
 
 __all__ = ["Allocation", "Candidate", "Selection", "normalize", "select", "NotOwner", "UnknownDevice", "DeviceBusy",
            "DeviceNotAllocatable", "InsufficientDevices", "AllocationConflict", "ShareLimitReached",
@@ -257,16 +258,17 @@ def _shares(users: list[tuple[str, str]], strategy: str) -> bool:
 
 def select(request: dict, candidates: list[Candidate], users: dict[str, list[tuple[str, str]]],
            resolve, healthy, max_per_device: int | None = None,
-           taken: dict[str, set[str]] | None = None) -> Selection:
+           taken: dict[str, set[str]] | None = None, links=None) -> Selection:
     """The devices (and replicas) the request gets: named devices first, then each
     constraint group's.
 
     ``users``: uuid -> [(allocation id, strategy)] of other allocations; ``resolve(name)``
     -> uuid or None; ``healthy(uuid)`` -> bool; ``max_per_device``: allocations at most on
     one unshared device (None: no limit); ``taken``: uuid -> replica ids other allocations
-    hold. Named devices are taken as named; each constraint group takes the least shared,
+    hold; ``links``: how the GPUs are connected (``topology.ranking.Links``). Named devices
+    are taken as named; each constraint group takes the best-connected of the least shared,
     then smallest, then first matching devices (best fit: a small request does not take a
-    big device while a small one is free), passing over full ones.
+    big device while a small one is free), passing over full ones (``connected.take``).
     """
     default = request["sharing"]["strategy"]
     own_mps = bool(request.get("own_mps_daemon"))
@@ -371,7 +373,14 @@ def select(request: dict, candidates: list[Candidate], users: dict[str, list[tup
                 + ")",
                 wanted=item["count"], available=len(room), matching=len(matching),
                 at_share_limit=at_limit, constraints=item["constraints"])
-        for c in room[:item["count"]]:
+        try:
+            group = take(room, item["count"], item["constraints"], links)
+        except Unconnected as e:
+            raise InsufficientDevices(
+                f"no {item['count']} free device(s) matching {item['constraints']} with {e}",
+                wanted=item["count"], available=len(room), constraints=item["constraints"], best=e.best,
+                hint="ask for fewer devices, drop the topology constraint, or free devices so connected") from None
+        for c in group:
             chosen.append(c.uuid)
             if c.shared is not None:
                 replicas.append(free(c)[0])

@@ -283,7 +283,7 @@ class Allocator:
                     _with_made(request, made), self._candidates(), users,
                     resolve=lambda name: self.agent.snapshot.lookup.get(name),
                     healthy=lambda u: (self.agent.health.get(u) or self.agent.default_health).allocatable,
-                    max_per_device=limits.max_per_device, taken=self._taken(leaving))
+                    max_per_device=limits.max_per_device, taken=self._taken(leaving), links=self.agent.links)
                 uuids = chosen.devices
                 alloc = alloc_rules.Allocation(id=request["id"], devices=tuple(uuids), request=request,
                                                created=time.time(), replicas=tuple(chosen.replicas),

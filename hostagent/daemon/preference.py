@@ -3,11 +3,17 @@
 Before it allocates, the kubelet's device manager asks a device plugin which ``size`` of the
 ``available`` devices (``must_include`` among them) it would rather hand out. The answer here:
 
-- **NUMA first**: as few NUMA nodes as possible, the ones of ``must_include`` first; among
-  the NUMA nodes that hold the request alone, the one with the fewest offered devices
-  (tightest fit, so large free groups stay whole for large requests).
-- **Then the tightest fit** inside it: MIG devices from the GPU with the fewest offered
-  devices first (whole GPUs stay free for whole-GPU work), then in index order.
+- **Whole GPUs: the best-connected set** (``topology.ranking``): NVIDIA go-gpuallocator's
+  best-effort policy over NVLinks and PCIe levels (the device plugin's own choice for whole
+  GPUs), then the fewest NUMA nodes, then the tie-breaks below.
+- **MIG devices: one parent GPU** where one holds them all (the one with the fewest offered
+  that does, so whole GPUs stay free for whole-GPU work); else the parents with the most
+  offered first, each next one the best connected to those taken.
+- **NUMA first** where the topology is unknown (a GPU NVML cannot place; the caller logs
+  why), and as the tie-break above: as few NUMA nodes as possible, the ones of
+  ``must_include`` first; among the NUMA nodes that hold the request alone, the one with the
+  fewest offered devices (tightest fit, so large free groups stay whole for large requests);
+  inside it MIG devices from the GPU with the fewest offered devices first, then index order.
 - **Replicas** (``<uuid>::<n>`` ids of shared devices) spread across devices, the least used
   first (``distributed``, as the NVIDIA device plugin does by default), or fill the most used
   device first (``packed``). "Used" counts the agent's allocations on the device plus the
@@ -19,9 +25,10 @@ Ids are answered as the caller spelled them (the kubelet compares strings).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from ..errors import UsageError
+from ..topology.ranking import Links
 from .allocations import InsufficientDevices, UnknownDevice
 
 __all__ = ["prefer", "POLICIES", "REPLICA_SEPARATOR", "split_replica"]
@@ -36,11 +43,12 @@ def split_replica(ident: str) -> tuple[str, str | None]:
     return base, (replica if sep else None)
 
 
-@dataclass(frozen=True)
-class _Unit:
+class _Unit(NamedTuple):
     ident: str            # as the caller spelled it
     uuid: str             # the physical device (GPU or MIG device)
     parent: str           # the GPU it is on (itself for a GPU)
+    gpu: int              # that GPU's index
+    whole: bool           # a whole GPU (not a MIG device)
     numa: int | None
     replica: str | None
     order: tuple
@@ -57,15 +65,17 @@ def _unit(ident: str, devices: dict[str, dict], lookup: dict[str, str]) -> _Unit
     parent = devices.get(view.get("parent_uuid") or "", view)
     index = view["index"] if view["kind"] == "gpu" else view["parent_index"]
     order = (index, -1 if view["kind"] == "gpu" else view["index"], int(replica) if (replica or "").isascii() and (replica or "").isdigit() else 0)
-    return _Unit(ident, uuid, parent["uuid"], parent.get("numa_node"), replica, order)
+    return _Unit(ident, uuid, parent["uuid"], index, view["kind"] == "gpu", parent.get("numa_node"), replica, order)
 
 
 def prefer(available: list[str], must_include: list[str], size: int, devices: dict[str, dict],
-           lookup: dict[str, str], in_use: dict[str, int], policy: str = "distributed") -> list[str]:
+           lookup: dict[str, str], in_use: dict[str, int], policy: str = "distributed",
+           links: Links | None = None) -> list[str]:
     """``size`` ids: ``must_include`` first, then the preferred ones of ``available``.
 
     ``devices``: uuid -> device view (``GET /v1/devices``); ``lookup``: any device name ->
-    uuid; ``in_use``: uuid -> allocations using it."""
+    uuid; ``in_use``: uuid -> allocations using it; ``links``: how the GPUs are connected
+    (None, or unknown for a GPU offered: NUMA first)."""
     if policy not in POLICIES:
         raise UsageError(f"unknown policy {policy!r}", hint=f"use one of {', '.join(POLICIES)}")
     offered = list(dict.fromkeys([*available, *must_include]))
@@ -111,6 +121,13 @@ def prefer(available: list[str], must_include: list[str], size: int, devices: di
             inner = (per_parent[u.parent],)
         return (rank[u.numa], *inner, u.order, u.ident)
 
+    gpus = {u.gpu for u in units.values()}
+    whole = all(u.whole for u in units.values())
+    if (links is not None and not replicas and (must or needed > 1) and not links.why_unknown(gpus)
+            and not (whole and len(gpus) < len(units))):      # a GPU offered twice, spelt two ways
+        if whole:
+            return must + _best_gpus(links, [units[i] for i in must], candidates, size, key)
+        return must + _one_parent(links, [units[i] for i in must], candidates, needed, key)
     chosen = []
     pool = list(candidates)
     for _ in range(needed):
@@ -119,3 +136,22 @@ def prefer(available: list[str], must_include: list[str], size: int, devices: di
         picked[best.uuid] = picked.get(best.uuid, 0) + 1
         chosen.append(best.ident)
     return must + chosen
+
+
+def _best_gpus(links: Links, must: list[_Unit], candidates: list[_Unit], size: int, key) -> list[str]:
+    """The best-connected set of whole GPUs holding ``must`` (``key``: the tie-break after NUMA)."""
+    by_gpu = {u.gpu: u for u in [*must, *candidates]}
+    taken = {u.gpu for u in must}
+    best = links.best(list(by_gpu), list(taken), size,
+                      rank=lambda members: sorted(key(by_gpu[i]) for i in members if i not in taken))
+    return [u.ident for u in sorted((by_gpu[i] for i in best if i not in taken), key=key)]
+
+
+def _one_parent(links: Links, must: list[_Unit], candidates: list[_Unit], needed: int, key) -> list[str]:
+    """MIG devices (or a mix): from the GPUs ``must`` is on first, then one GPU, else the
+    best-connected GPUs (``Links.spread``); inside a GPU in ``key`` order."""
+    pools: dict[int, list[_Unit]] = {}
+    for u in sorted(candidates, key=key):
+        pools.setdefault(u.gpu, []).append(u)
+    picked = links.spread(pools, needed, {u.gpu for u in must}, tiebreak=lambda gpu: key(pools[gpu][0]))
+    return [u.ident for u in picked]

@@ -19,6 +19,7 @@ from ..errors import DriverNotLoaded, NvmlError, NvmlLibraryMissing
 from ..hostroot import HostRoot
 from .records import (ComputeInstance, Gpu, GpuInstance, Inventory, MigDevice, MigProfile,
                       MigState, Placement, Unread, UnreadableGpu, sysfs_bus_id)
+from .topology import pcie_root, read_topology
 
 __all__ = ["nvml_session", "read_inventory", "mig_profile_name", "load_nvml"]
 
@@ -144,12 +145,13 @@ def read_inventory(host: HostRoot) -> Inventory:
                 unread += refusals.found
             except N.NVMLError as e:
                 unreadable.append(UnreadableGpu(index=index, error=str(e), nvml_code=e.value))
+        topology = read_topology([(g, N.nvmlDeviceGetHandleByIndex(g.index)) for g in gpus])
         return Inventory(
             driver_version=_text(N.nvmlSystemGetDriverVersion()),
             cuda_driver_version=f"{cuda // 1000}.{cuda % 1000 // 10}",
             nvml_version=_text(N.nvmlSystemGetNVMLVersion()),
             gpus=tuple(gpus), unreadable=tuple(unreadable), unread=tuple(unread),
-            simulated=host.simulated,
+            simulated=host.simulated, topology=topology,
             device_nodes=_device_node_kind(host),
             paths={"root": str(host.root), "driver_root": str(host.driver()),
                    "dev_root": str(host.dev()), "cdi_dir": str(host.cdi_dir),
@@ -192,7 +194,7 @@ def _read_gpu(host: HostRoot, index: int, refusals: _Refusals) -> Gpu:
     bus_id = _text(pci.busId)
     return Gpu(index=index, minor=gpu_minor, uuid=uuid, name=_text(N.nvmlDeviceGetName(h)),
                serial=serial, memory_mib=memory_mib, pci_bus_id=bus_id,
-               numa_node=_numa_node(host, bus_id),
+               numa_node=_numa_node(host, bus_id), pcie_root=pcie_root(host, bus_id),
                pci_device_id=pci.pciDeviceId, pci_subsystem_id=pci.pciSubSystemId,
                compute_capability=f"{major}.{minor}",
                architecture=ARCHITECTURES.get(N.nvmlDeviceGetArchitecture(h), "unknown"),

@@ -8,7 +8,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 __all__ = ["Placement", "MigProfile", "ComputeInstance", "GpuInstance", "MigDevice",
-           "MigState", "Gpu", "UnreadableGpu", "Unread", "Inventory", "GpuProcess", "sysfs_bus_id"]
+           "MigState", "Gpu", "UnreadableGpu", "Unread", "Inventory", "GpuProcess", "sysfs_bus_id",
+           "GpuTopology", "GpuLink", "Topology", "PCIE_LEVELS", "UNKNOWN"]
 
 
 def sysfs_bus_id(nvml_bus_id: str) -> str:
@@ -135,6 +136,7 @@ class Gpu:
     mig: MigState | None       # None: the GPU is not MIG capable
     pci_subsystem_id: int = 0  # 0xSSSSVVVV, for mig-parted's qualified device filters
     numa_node: int | None = None   # from sysfs; None where the platform reports none (-1)
+    pcie_root: str | None = None   # from sysfs: "pci0000:3a", as resource.kubernetes.io/pcieRoot; None: unknown
     brand: str | None = None   # nvmlDeviceGetBrand, as NVIDIA's go-nvlib spells it ("Nvidia", "Tesla")
 
     @property
@@ -181,6 +183,56 @@ class Unread:
     error: str
 
 
+# NVML's PCIe levels (nvmlGpuTopologyLevel_t) in nvidia-smi's notation; "BOARD" is
+# NVML_TOPOLOGY_INTERNAL (two GPUs on one board), for which nvidia-smi has no code.
+PCIE_LEVELS = {0: "BOARD", 10: "PIX", 20: "PXB", 30: "PHB", 40: "NODE", 50: "SYS"}
+UNKNOWN = "unknown"
+
+
+# hostagent.devices.read_inventory() -> Inventory.topology.gpus
+@dataclass(frozen=True)
+class GpuTopology:
+    """Where NVML says a GPU sits: the CPUs and memory nodes near it, its NVLinks."""
+    index: int
+    cpu_affinity: str | None     # "0-19,40-59": the CPUs of its NUMA node (nvidia-smi's CPU Affinity)
+    numa_affinity: str | None    # "0": the NUMA nodes of its memory affinity
+    nvlinks: int | None          # its active NVLinks (0: none); None: unknown
+    nvswitch_links: int = 0      # of which to NVSwitches
+    error: str | None = None     # why NVML could not place it: its links are then unknown
+
+
+# hostagent.devices.read_inventory() -> Inventory.topology.links
+@dataclass(frozen=True)
+class GpuLink:
+    """How two GPUs (``gpus``, by index, the lower first) reach each other."""
+    gpus: tuple[int, int]
+    pcie: str                    # PCIE_LEVELS' codes, or "unknown"
+    nvlinks: int | None          # NVLinks joining them, directly or through NVSwitches; None: unknown
+
+    @property
+    def code(self) -> str:
+        """nvidia-smi topo -m's cell: ``NV<n>`` over NVLink, else the PCIe level."""
+        return f"NV{self.nvlinks}" if self.nvlinks else self.pcie
+
+
+# hostagent.devices.read_inventory() -> Inventory.topology
+@dataclass(frozen=True)
+class Topology:
+    gpus: tuple[GpuTopology, ...]
+    links: tuple[GpuLink, ...]   # one per pair of readable GPUs
+
+    def gpu(self, index: int) -> GpuTopology | None:
+        return next((g for g in self.gpus if g.index == index), None)
+
+    def link(self, a: int, b: int) -> GpuLink | None:
+        key = (min(a, b), max(a, b))
+        return next((link for link in self.links if link.gpus == key), None)
+
+    def peers(self, index: int) -> list[tuple[int, GpuLink]]:
+        """Each other GPU and how GPU ``index`` reaches it, in index order."""
+        return sorted((link.gpus[link.gpus[0] == index], link) for link in self.links if index in link.gpus)
+
+
 @dataclass(frozen=True)
 class Inventory:
     driver_version: str
@@ -191,6 +243,7 @@ class Inventory:
     unread: tuple[Unread, ...] = ()
     simulated: bool = False
     device_nodes: str = "char"  # "char", or "regular-files" on a simulated node without mknod
+    topology: Topology | None = None   # None: not read (an inventory built by hand)
     paths: dict = field(default_factory=dict, compare=False)
 
     @property

@@ -13,7 +13,7 @@ __all__ = ["GiProfileSpec", "CiProfileSpec", "MigSpec", "SkuSpec", "NodeProfile"
            "skus", "raw_skus", "sku_from_dict", "profile_names", "load_profile", "ci_profile_index",
            "driver_branch", "cuda_version", "check_driver_version"]
 
-ARCHITECTURES = {"turing": 6, "ampere": 7, "ada": 8, "hopper": 9, "blackwell": 10}
+ARCHITECTURES = {"volta": 5, "turing": 6, "ampere": 7, "ada": 8, "hopper": 9, "blackwell": 10}
 # nvmlBrandType_t values a SKU may name in skus.yaml (brand: nvidia is the data-center GPUs':
 # NVIDIA's go-nvml mocks give BRAND_NVIDIA to A100, A30, H100, H200 and B200).
 BRANDS = {"tesla": 2, "nvidia": 14}
@@ -117,6 +117,8 @@ class SkuSpec:
     pcie_generation: int
     pcie_width: int
     mig: MigSpec | None
+    nvlink_links: int = 0       # NVLinks the GPU has (0: none)
+    nvlink_version: int = 0     # nvmlNvlinkVersion_t of its links
     brand: str = "nvidia"
 
     @property
@@ -146,6 +148,7 @@ class NodeProfile:
     numa_nodes: int = 1      # GPUs spread over them in order; 0: the platform reports none
     minors: tuple[int, ...] = ()   # device minor of each GPU, by index; () means minor = index
     nvswitches: int = 0      # NVSwitch chips on the baseboard (/proc/driver/nvidia-nvswitch)
+    topology: dict | None = None   # the profile's topology section (sim/topology.py)
 
     def minor(self, index: int) -> int:
         return self.minors[index] if self.minors else index
@@ -154,6 +157,8 @@ class NodeProfile:
         """The NUMA node sysfs reports for GPU ``index`` (-1: none)."""
         if self.numa_nodes < 1:
             return -1
+        if self.topology:
+            return int(self.topology["gpus"][index]["numa"])
         return index * self.numa_nodes // len(self.gpus)
 
 
@@ -253,6 +258,8 @@ def sku_from_dict(key: str, raw: dict, driver_version: str | None = None) -> Sku
         multiprocessors=raw["multiprocessors"], power_limit_w=raw["power_limit_w"],
         max_sm_clock_mhz=raw["max_sm_clock_mhz"], max_mem_clock_mhz=raw["max_mem_clock_mhz"],
         pcie_generation=raw["pcie_generation"], pcie_width=raw["pcie_width"], mig=mig,
+        nvlink_links=int((raw.get("nvlink") or {}).get("links", 0)),
+        nvlink_version=int((raw.get("nvlink") or {}).get("version", 0)),
         brand=raw.get("brand", "nvidia"))
 
 
@@ -288,4 +295,4 @@ def load_profile(name: str) -> NodeProfile:
                        driver_version=str(raw["driver_version"]),
                        cuda_driver_version=int(raw["cuda_driver_version"]), gpus=slots,
                        numa_nodes=int(raw.get("numa_nodes", 1)), minors=minors,
-                       nvswitches=int(raw.get("nvswitches", 0)))
+                       nvswitches=int(raw.get("nvswitches", 0)), topology=raw.get("topology"))

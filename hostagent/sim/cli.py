@@ -72,6 +72,12 @@ def register(sub) -> None:
     v.add_argument("support", choices=["on", "off"])
     v.set_defaults(run=events)
 
+    v = _verb(verbs, "topology", "make NVML's topology calls on a GPU fail with NOT_SUPPORTED (off), "
+                                 "as on a virtual GPU, or work (on)")
+    v.add_argument("--gpu", type=int, required=True)
+    v.add_argument("support", choices=["on", "off"])
+    v.set_defaults(run=topology)
+
     v = _verb(verbs, "reboot", "reboot the node: instances vanish, pending MIG modes apply, "
                                "Hopper and newer lose MIG mode, the driver loads")
     v.set_defaults(run=reboot)
@@ -215,6 +221,13 @@ def events(args) -> int:
     control.set_event_support(_store(args), args.gpu, args.support == "on")
     state = "works" if args.support == "on" else "fails with NOT_SUPPORTED"
     print(f"event registration on GPU {args.gpu} {state} (from the next registration)")
+    return 0
+
+
+def topology(args) -> int:
+    from . import control
+    control.set_topology_support(_store(args), args.gpu, args.support == "on")
+    print(f"topology calls on GPU {args.gpu} {'work' if args.support == 'on' else 'fail with NOT_SUPPORTED'}")
     return 0
 
 

@@ -16,7 +16,7 @@ from .files import remove_cap_nodes
 from .node import NodeState, SimNvmlError, SimProcess
 from .store import SimStore
 
-__all__ = ["resolve_device", "hold", "release", "inject_xid", "inject_ecc", "lose_gpu",
+__all__ = ["resolve_device", "hold", "release", "inject_xid", "inject_ecc", "lose_gpu", "set_topology_support",
            "set_event_support", "reboot", "set_driver_loaded", "reset_gpus", "stop_spawned",
            "start_persistenced"]
 
@@ -123,6 +123,12 @@ def set_event_support(store: SimStore, gpu: int, supported: bool) -> None:
     supported-types mask still lists the events). Takes effect at the next registration."""
     with store.mutate() as state:
         state.gpus[_gpu_index(state, gpu)].events_supported = supported
+
+
+def set_topology_support(store: SimStore, gpu: int, supported: bool) -> None:
+    """Whether NVML's topology calls work on a GPU (off: NOT_SUPPORTED, as on a virtual GPU)."""
+    with store.mutate() as state:
+        state.gpus[_gpu_index(state, gpu)].topology = supported
 
 
 def reboot(store: SimStore) -> None:

@@ -13,7 +13,7 @@ import uuid as uuidlib
 from pathlib import Path
 
 from ..fileio import ensure_dir
-from . import catalog, driverlibs, kmod, unixsock
+from . import catalog, driverlibs, kmod, topology, unixsock
 from .elf import shared_object_bytes
 from .files import FIXED_CAP_MINORS, NodeFiles, can_create_device_nodes
 from .node import NodeState, SimGpu
@@ -83,6 +83,11 @@ def create_node(root: str | os.PathLike, profile_name: str, *, real_nodes: bool 
                  "real_device_nodes": real_nodes, "nvswitches": profile.nvswitches,
                  "majors": {"nvidia": NVIDIA_MAJOR, "nvidia-uvm": uvm_major, "nvidia-caps": caps_major},
                  "skus": {k: v for k, v in catalog.raw_skus().items() if k in used_skus}}
+    model = None
+    if profile.topology:
+        facts_raw["topology"] = topology.resolve(profile.topology, [g.pci_bus_id for g in gpus],
+                                                 [slot.sku for slot in profile.gpus])
+        model = topology.SimTopology.from_dict(facts_raw["topology"])
 
     # /dev
     for gpu in gpus:
@@ -98,9 +103,14 @@ def create_node(root: str | os.PathLike, profile_name: str, *, real_nodes: bool 
     # /sys (the module's own files and /proc/driver come with loading it: sim/kmod.py)
     w.file("proc/sys/kernel/osrelease", f"{kmod.KERNEL_RELEASE}\n", mode=0o444)
     w.file("sys/class/dmi/id/product_name", f"{profile.machine}\n", mode=0o444)
+    folders = topology.sysfs_paths(model) if model else {}
     for gpu in gpus:
         sku = catalog.skus()[gpu.sku]
         pci = f"sys/bus/pci/devices/{gpu.pci_bus_id}"
+        if gpu.pci_bus_id in folders:      # the kernel's device folder, nested under its bridges
+            ensure_dir(root / "sys/devices" / folders[gpu.pci_bus_id])
+            w.link(pci, f"../../../devices/{folders[gpu.pci_bus_id]}")
+            w.file(f"{pci}/local_cpulist", f"{topology.cpu_text(model.gpu_cpus(gpu.index))}\n", mode=0o444)
         w.file(f"{pci}/vendor", "0x10de\n", mode=0o444)
         w.file(f"{pci}/device", f"0x{sku.pci_device_id >> 16:04x}\n", mode=0o444)
         w.file(f"{pci}/class", "0x030200\n", mode=0o444)  # 3D controller

@@ -5,6 +5,7 @@ them with ctypes arguments. Replacing that object with ``FakeNvmlLibrary`` leave
 pynvml's own marshalling, struct versioning and error handling in the path. A function
 the fake does not implement raises AttributeError, which pynvml turns into
 NVML_ERROR_FUNCTION_NOT_FOUND; the name is also recorded in ``missing`` for tests.
+Functions are declared with ``cfuncs.nvml``; the topology calls live in ``faketopology``.
 """
 
 from __future__ import annotations
@@ -23,8 +24,10 @@ from ctypes import (CFUNCTYPE, c_char_p, c_int, c_uint, c_ulonglong, c_void_p,
 import pynvml as N
 
 from ..errors import HostagentError
+from . import faketopology  # noqa: F401  (registers the topology calls)
 from . import privilege, telemetry
 from .catalog import ARCHITECTURES, BRANDS
+from .cfuncs import FUNCS, P, normal_bus_id, nvml, put, put_str, sized, struct
 from .clients import driver_clients
 from .node import MIG_ENABLE, NodeState, SimGpu, SimNvmlError
 from .store import SimStore
@@ -33,9 +36,6 @@ from .versions import cuda_version, library_version, module_version
 __all__ = ["FakeNvmlLibrary", "Fault", "install", "uninstall", "FAULT_ENV", "MUTATING"]
 
 log = logging.getLogger(__name__)
-
-_FUNCS: dict[str, tuple[tuple, object]] = {}
-P = c_void_p   # every pointer and handle is passed as an address
 
 # nvmlEventSetWait_v2 polls the state file: at once, then with pauses growing from 20 ms to
 # 200 ms while nothing arrives (kept per event set across waits, reset by an event). A real
@@ -92,31 +92,6 @@ def _die() -> None:
         time.sleep(1)
 
 
-def nvml(*argtypes):
-    """Register a method as the C function of the same name with these argument types."""
-    def register(fn):
-        _FUNCS[fn.__name__] = (argtypes, fn)
-        return fn
-    return register
-
-
-def _put(ptr: int, ctype, value) -> None:
-    ctype.from_address(ptr).value = value
-
-
-def _put_str(buf: int, length: int, text: str) -> None:
-    data = text.encode()
-    if len(data) + 1 > length:
-        raise SimNvmlError(N.NVML_ERROR_INSUFFICIENT_SIZE, "buffer too small")
-    ctypes.memmove(buf, data + b"\0", len(data) + 1)
-
-
-def _struct(ptr: int, ctype):
-    if not ptr:
-        raise SimNvmlError(N.NVML_ERROR_INVALID_ARGUMENT, "NULL pointer")
-    return ctype.from_address(ptr)
-
-
 class FakeNvmlLibrary:
     def __init__(self, store: SimStore):
         self.store = store
@@ -134,7 +109,7 @@ class FakeNvmlLibrary:
         # HOSTAGENT_SIM_FAULT set gets its own).
         self.faults: list[Fault] = [Fault.parse(f) for f in os.environ.get(FAULT_ENV, "").split(",") if f]
         self._funcs = {name: self._bind(name, argtypes, impl)
-                       for name, (argtypes, impl) in _FUNCS.items()}
+                       for name, (argtypes, impl) in FUNCS.items()}
         # nvmlErrorString returns a char*; pynvml sets restype itself.
         self._funcs["nvmlErrorString"] = CFUNCTYPE(c_void_p, c_int)(self._error_string)
         # Instance attributes shadow the Python methods of the same name: callers get C functions.
@@ -203,7 +178,7 @@ class FakeNvmlLibrary:
         return ctypes.addressof(self._handles[key])
 
     def _put_handle(self, ptr: int, *key) -> None:
-        _put(ptr, c_void_p, self._handle(*key))
+        put(ptr, c_void_p, self._handle(*key))
 
     def _key(self, handle: int | None) -> tuple:
         key = self._keys.get(handle or 0)
@@ -298,7 +273,7 @@ class FakeNvmlLibrary:
 
     @nvml()
     def nvmlInit_v2(self):
-        return _FUNCS["nvmlInitWithFlags"][1](self, 0)
+        return FUNCS["nvmlInitWithFlags"][1](self, 0)
 
     @nvml()
     def nvmlShutdown(self):
@@ -306,25 +281,25 @@ class FakeNvmlLibrary:
 
     @nvml(P, c_uint)
     def nvmlSystemGetDriverVersion(self, buf, length):
-        _put_str(buf, length, self._driver_version())
+        put_str(buf, length, self._driver_version())
 
     @nvml(P, c_uint)
     def nvmlSystemGetNVMLVersion(self, buf, length):
-        _put_str(buf, length, f"{cuda_version(self.store.root, self.facts) // 1000}.{self._driver_version()}")
+        put_str(buf, length, f"{cuda_version(self.store.root, self.facts) // 1000}.{self._driver_version()}")
 
     @nvml(P)
     def nvmlSystemGetCudaDriverVersion(self, ptr):
-        _put(ptr, c_int, cuda_version(self.store.root, self.facts))
+        put(ptr, c_int, cuda_version(self.store.root, self.facts))
 
     @nvml(P)
     def nvmlSystemGetCudaDriverVersion_v2(self, ptr):
-        _put(ptr, c_int, cuda_version(self.store.root, self.facts))
+        put(ptr, c_int, cuda_version(self.store.root, self.facts))
 
     # ---- device handles ------------------------------------------------------------
 
     @nvml(P)
     def nvmlDeviceGetCount_v2(self, ptr):
-        _put(ptr, c_uint, len(self._state().gpus))
+        put(ptr, c_uint, len(self._state().gpus))
 
     @nvml(c_uint, P)
     def nvmlDeviceGetHandleByIndex_v2(self, index, ptr):
@@ -347,9 +322,9 @@ class FakeNvmlLibrary:
 
     @nvml(c_char_p, P)
     def nvmlDeviceGetHandleByPciBusId_v2(self, bus_id, ptr):
-        want = _normal_bus_id((bus_id or b"").decode())
+        want = normal_bus_id((bus_id or b"").decode())
         for gpu in self._state().gpus:
-            if _normal_bus_id(gpu.pci_bus_id) == want:
+            if normal_bus_id(gpu.pci_bus_id) == want:
                 self._state().live_gpu(gpu.index)
                 return self._put_handle(ptr, "gpu", gpu.index)
         raise SimNvmlError(N.NVML_ERROR_NOT_FOUND, f"no device at {want}")
@@ -362,31 +337,31 @@ class FakeNvmlLibrary:
         name = self._sku(gpu).name
         if mig:
             name += " MIG " + self._mig_profile_name(gpu, *mig)
-        _put_str(buf, length, name)
+        put_str(buf, length, name)
 
     @nvml(P, P, c_uint)
     def nvmlDeviceGetUUID(self, handle, buf, length):
         _, gpu, mig = self._device(handle)
-        _put_str(buf, length, mig[1].uuid if mig else gpu.uuid)
+        put_str(buf, length, mig[1].uuid if mig else gpu.uuid)
 
     @nvml(P, P, c_uint)
     def nvmlDeviceGetSerial(self, handle, buf, length):
         _, gpu = self._gpu_only(handle)
-        _put_str(buf, length, gpu.serial)
+        put_str(buf, length, gpu.serial)
 
     @nvml(P, P)
     def nvmlDeviceGetMinorNumber(self, handle, ptr):
         _, gpu = self._gpu_only(handle)
-        _put(ptr, c_uint, gpu.minor)
+        put(ptr, c_uint, gpu.minor)
 
     @nvml(P, P)
     def nvmlDeviceGetPciInfo_v3(self, handle, ptr):
         _, gpu, _ = self._device(handle)
         sku = self._sku(gpu)
-        info = _struct(ptr, N.nvmlPciInfo_t)
+        info = struct(ptr, N.nvmlPciInfo_t)
         domain, bus, rest = gpu.pci_bus_id.split(":")
         dev = rest.split(".")[0]
-        nvml_id = _normal_bus_id(gpu.pci_bus_id).encode()
+        nvml_id = normal_bus_id(gpu.pci_bus_id).encode()
         info.busIdLegacy = nvml_id
         info.busId = nvml_id
         info.domain, info.bus, info.device = int(domain, 16), int(bus, 16), int(dev, 16)
@@ -395,12 +370,12 @@ class FakeNvmlLibrary:
     @nvml(P, P)
     def nvmlDeviceGetMemoryInfo(self, handle, ptr):
         total, used = self._memory(handle)
-        mem = _struct(ptr, N.c_nvmlMemory_t)
+        mem = struct(ptr, N.c_nvmlMemory_t)
         mem.total, mem.used, mem.free = total, used, total - used
 
     @nvml(P, P)
     def nvmlDeviceGetMemoryInfo_v2(self, handle, ptr):
-        mem = _struct(ptr, N.c_nvmlMemory_v2_t)
+        mem = struct(ptr, N.c_nvmlMemory_v2_t)
         if mem.version != N.nvmlMemory_v2:
             raise SimNvmlError(N.NVML_ERROR_ARGUMENT_VERSION_MISMATCH, "nvmlMemory_v2 expected")
         total, used = self._memory(handle)
@@ -424,18 +399,18 @@ class FakeNvmlLibrary:
     def nvmlDeviceGetCudaComputeCapability(self, handle, major, minor):
         _, gpu, _ = self._device(handle)
         cc = self._sku(gpu).compute_capability
-        _put(major, c_int, cc[0])
-        _put(minor, c_int, cc[1])
+        put(major, c_int, cc[0])
+        put(minor, c_int, cc[1])
 
     @nvml(P, P)
     def nvmlDeviceGetArchitecture(self, handle, ptr):
         _, gpu, _ = self._device(handle)
-        _put(ptr, c_uint, self._sku(gpu).nvml_architecture)
+        put(ptr, c_uint, self._sku(gpu).nvml_architecture)
 
     @nvml(P, P)
     def nvmlDeviceGetBrand(self, handle, ptr):
         _, gpu, _ = self._device(handle)
-        _put(ptr, c_uint, BRANDS[self._sku(gpu).brand])
+        put(ptr, c_uint, BRANDS[self._sku(gpu).brand])
 
     @nvml(P, P)
     def nvmlDeviceGetAttributes_v2(self, handle, ptr):
@@ -443,7 +418,7 @@ class FakeNvmlLibrary:
         if mig is None:     # nvml.h: "This API currently only supports MIG device handles."
             raise SimNvmlError(N.NVML_ERROR_NOT_SUPPORTED, "attributes of a whole GPU")
         sku = self._sku(gpu)
-        attrs = _struct(ptr, N.c_nvmlDeviceAttributes)
+        attrs = struct(ptr, N.c_nvmlDeviceAttributes)
         gi, ci = mig
         gprof = sku.mig.by_id(gi.profile_id)
         cprof = gprof.ci_profile(ci.profile_id)
@@ -463,7 +438,7 @@ class FakeNvmlLibrary:
         else:
             procs = state.processes_on(gpu.index)
         have = c_uint.from_address(count_ptr).value
-        _put(count_ptr, c_uint, len(procs))
+        put(count_ptr, c_uint, len(procs))
         if not procs:
             return
         if have < len(procs) or not infos:
@@ -482,7 +457,7 @@ class FakeNvmlLibrary:
         from .tools import read_pid
         from .tools.persistenced import PID_FILE
         pid = read_pid(self.store.root / PID_FILE)
-        _put(ptr, c_uint, N.NVML_FEATURE_ENABLED if pid and pid_alive(pid) else N.NVML_FEATURE_DISABLED)
+        put(ptr, c_uint, N.NVML_FEATURE_ENABLED if pid and pid_alive(pid) else N.NVML_FEATURE_DISABLED)
 
     @nvml(P, P)
     def nvmlDeviceGetGpuFabricInfo(self, handle, ptr):
@@ -490,7 +465,7 @@ class FakeNvmlLibrary:
         state, gpu = self._gpu_only(handle)
         if not self.facts.nvswitches or self._sku(gpu).nvml_architecture < ARCHITECTURES["hopper"]:
             raise SimNvmlError(N.NVML_ERROR_NOT_SUPPORTED, "no NVSwitch fabric")
-        info = _struct(ptr, N.c_nvmlGpuFabricInfo_t)
+        info = struct(ptr, N.c_nvmlGpuFabricInfo_t)
         running = state.driver.get("fabric_manager", True)
         info.state = N.NVML_GPU_FABRIC_STATE_COMPLETED if running else N.NVML_GPU_FABRIC_STATE_NOT_STARTED
         info.status = N.NVML_SUCCESS
@@ -503,7 +478,7 @@ class FakeNvmlLibrary:
     @nvml(P, P)
     def nvmlDeviceGetComputeMode(self, handle, ptr):
         _, gpu = self._gpu_only(handle)
-        _put(ptr, c_uint, gpu.compute_mode)
+        put(ptr, c_uint, gpu.compute_mode)
 
     @nvml(P, c_uint)
     def nvmlDeviceSetComputeMode(self, handle, mode):
@@ -523,8 +498,8 @@ class FakeNvmlLibrary:
     @nvml(P, P, P)
     def nvmlDeviceGetMigMode(self, handle, current, pending):
         _, gpu = self._mig_capable(handle)
-        _put(current, c_uint, gpu.mig_current)
-        _put(pending, c_uint, gpu.mig_pending)
+        put(current, c_uint, gpu.mig_current)
+        put(pending, c_uint, gpu.mig_pending)
 
     @nvml(P, c_uint, P)
     def nvmlDeviceSetMigMode(self, handle, mode, status_ptr):
@@ -533,26 +508,26 @@ class FakeNvmlLibrary:
             raise SimNvmlError(N.NVML_ERROR_NO_PERMISSION, "MIG mode needs CAP_SYS_ADMIN")
         clients = driver_clients(self.store.root)
         status = self._mutate(lambda s: s.set_mig_mode(self.facts, gpu.index, mode, clients))
-        _put(status_ptr, c_uint, status)
+        put(status_ptr, c_uint, status)
 
     @nvml(P, P)
     def nvmlDeviceGetMaxMigDeviceCount(self, handle, ptr):
         _, gpu = self._gpu_only(handle)
         mig = self._sku(gpu).mig
         on = mig is not None and gpu.mig_current == MIG_ENABLE
-        _put(ptr, c_uint, mig.compute_slices if on else 0)
+        put(ptr, c_uint, mig.compute_slices if on else 0)
 
     @nvml(P, P)
     def nvmlDeviceIsMigDeviceHandle(self, handle, ptr):
-        _put(ptr, c_uint, int(self._key(handle)[0] == "mig"))
+        put(ptr, c_uint, int(self._key(handle)[0] == "mig"))
 
     @nvml(P, P)
     def nvmlDeviceGetIndex(self, handle, ptr):
         # nvml.h: on a MIG device handle, the index nvmlDeviceGetMigDeviceHandleByIndex takes.
         state, gpu, mig = self._device(handle)
         if mig is None:
-            return _put(ptr, c_uint, gpu.index)
-        _put(ptr, c_uint, next(i for i, (gi, ci) in state.mig_devices(gpu.index).items()
+            return put(ptr, c_uint, gpu.index)
+        put(ptr, c_uint, next(i for i, (gi, ci) in state.mig_devices(gpu.index).items()
                                if (gi.id, ci.id) == (mig[0].id, mig[1].id)))
 
     @nvml(P, c_uint, P)
@@ -584,14 +559,14 @@ class FakeNvmlLibrary:
         _, _, mig = self._device(handle)
         if mig is None:
             raise SimNvmlError(N.NVML_ERROR_NOT_SUPPORTED, "not a MIG device handle")
-        _put(ptr, c_uint, mig[0].id)
+        put(ptr, c_uint, mig[0].id)
 
     @nvml(P, P)
     def nvmlDeviceGetComputeInstanceId(self, handle, ptr):
         _, _, mig = self._device(handle)
         if mig is None:
             raise SimNvmlError(N.NVML_ERROR_NOT_SUPPORTED, "not a MIG device handle")
-        _put(ptr, c_uint, mig[1].id)
+        put(ptr, c_uint, mig[1].id)
 
     def _mig_profile_name(self, gpu, gi, ci) -> str:
         gprof = self._sku(gpu).mig.by_id(gi.profile_id)
@@ -649,7 +624,7 @@ class FakeNvmlLibrary:
         # is disabled, the unversioned call included (mig.md 1.1, ErrNoProfilesDiscovered).
         lists_disabled = not self._driver_version().startswith(NO_PROFILES_WHILE_DISABLED)
         _, prof = self._enabled_profile(handle, index=index, need_enabled=not lists_disabled)
-        self._fill_gi_profile(_struct(ptr, N.c_nvmlGpuInstanceProfileInfo_t), prof, 1)
+        self._fill_gi_profile(struct(ptr, N.c_nvmlGpuInstanceProfileInfo_t), prof, 1)
 
     @nvml(P, c_uint, P)
     def nvmlDeviceGetGpuInstanceProfileInfoV(self, handle, index, ptr):
@@ -676,12 +651,8 @@ class FakeNvmlLibrary:
 
     @staticmethod
     def _put_placements(array, count_ptr, starts, size, ctype):
-        have = c_uint.from_address(count_ptr).value
-        _put(count_ptr, c_uint, len(starts))
-        if not array:
+        if not sized(count_ptr, array, len(starts), "placement"):
             return
-        if have < len(starts):
-            raise SimNvmlError(N.NVML_ERROR_INSUFFICIENT_SIZE, "placement buffer too small")
         for i, start in enumerate(starts):
             pl = ctype.from_address(array + i * sizeof(ctype))
             pl.start, pl.size = start, size
@@ -690,7 +661,7 @@ class FakeNvmlLibrary:
     def nvmlDeviceGetGpuInstanceRemainingCapacity(self, handle, profile_id, ptr):
         gpu, prof = self._enabled_profile(handle, profile_id=profile_id)
         self._monitoring("remaining capacity")
-        _put(ptr, c_uint, self._state().gi_remaining(self.facts, gpu.index, prof))
+        put(ptr, c_uint, self._state().gi_remaining(self.facts, gpu.index, prof))
 
     # ---- GPU instance lifecycle ----------------------------------------------------
 
@@ -706,7 +677,7 @@ class FakeNvmlLibrary:
 
     @nvml(P, c_uint, P, P)
     def nvmlDeviceCreateGpuInstanceWithPlacement(self, handle, profile_id, placement, out):
-        pl = _struct(placement, N.c_nvmlGpuInstancePlacement_t)
+        pl = struct(placement, N.c_nvmlGpuInstancePlacement_t)
         self._create_gi(handle, profile_id, (pl.start, pl.size), out)
 
     @nvml(P, c_uint, P, P)
@@ -718,9 +689,9 @@ class FakeNvmlLibrary:
         if not array or not count_ptr:
             raise SimNvmlError(N.NVML_ERROR_INVALID_ARGUMENT, "NULL buffer or count")
         gis = [g for g in gpu.gis if g.profile_id == prof.id]
-        _put(count_ptr, c_uint, len(gis))
+        put(count_ptr, c_uint, len(gis))
         for i, gi in enumerate(gis):
-            _put(array + i * sizeof(c_void_p), c_void_p, self._handle("gi", gpu.index, gi.id))
+            put(array + i * sizeof(c_void_p), c_void_p, self._handle("gi", gpu.index, gi.id))
 
     @nvml(P, c_uint, P)
     def nvmlDeviceGetGpuInstanceById(self, handle, gi_id, out):
@@ -735,8 +706,8 @@ class FakeNvmlLibrary:
     @nvml(P, P)
     def nvmlGpuInstanceGetInfo(self, handle, ptr):
         _, gpu, gi = self._gi(handle)
-        info = _struct(ptr, N.c_nvmlGpuInstanceInfo_t)
-        _put(ptr, c_void_p, self._handle("gpu", gpu.index))   # .device is the first field
+        info = struct(ptr, N.c_nvmlGpuInstanceInfo_t)
+        put(ptr, c_void_p, self._handle("gpu", gpu.index))   # .device is the first field
         info.id, info.profileId = gi.id, gi.profile_id
         info.placement.start, info.placement.size = gi.start, gi.size
 
@@ -773,7 +744,7 @@ class FakeNvmlLibrary:
     def nvmlGpuInstanceGetComputeInstanceProfileInfo(self, handle, profile, eng, ptr):
         _, gpu, gi = self._gi(handle)
         gprof, cprof = self._ci_profile(gpu, gi, profile, eng)
-        self._fill_ci_profile(_struct(ptr, N.c_nvmlComputeInstanceProfileInfo_t), gpu, gi, gprof, cprof, 1)
+        self._fill_ci_profile(struct(ptr, N.c_nvmlComputeInstanceProfileInfo_t), gpu, gi, gprof, cprof, 1)
 
     @nvml(P, c_uint, c_uint, P)
     def nvmlGpuInstanceGetComputeInstanceProfileInfoV(self, handle, profile, eng, ptr):
@@ -793,7 +764,7 @@ class FakeNvmlLibrary:
         used = {s for c in gi.cis for s in range(c.start, c.start + c.size)}
         free = [s for s in cprof.placements if used.isdisjoint(range(s, s + cprof.slices))]
         left = cprof.instances - sum(c.profile_id == profile_id for c in gi.cis)
-        _put(ptr, c_uint, max(0, min(len(free), left)))
+        put(ptr, c_uint, max(0, min(len(free), left)))
 
     @nvml(P, c_uint, P, P)
     def nvmlGpuInstanceGetComputeInstancePossiblePlacements(self, handle, profile_id, array, count_ptr):
@@ -816,7 +787,7 @@ class FakeNvmlLibrary:
 
     @nvml(P, c_uint, P, P)
     def nvmlGpuInstanceCreateComputeInstanceWithPlacement(self, handle, profile_id, placement, out):
-        pl = _struct(placement, N.c_nvmlComputeInstancePlacement_t)
+        pl = struct(placement, N.c_nvmlComputeInstancePlacement_t)
         self._create_ci(handle, profile_id, (pl.start, pl.size), out)
 
     @nvml(P, c_uint, P, P)
@@ -828,9 +799,9 @@ class FakeNvmlLibrary:
         if not array or not count_ptr:
             raise SimNvmlError(N.NVML_ERROR_INVALID_ARGUMENT, "NULL buffer or count")
         cis = [c for c in gi.cis if c.profile_id == profile_id]
-        _put(count_ptr, c_uint, len(cis))
+        put(count_ptr, c_uint, len(cis))
         for i, ci in enumerate(cis):
-            _put(array + i * sizeof(c_void_p), c_void_p, self._handle("ci", gpu.index, gi.id, ci.id))
+            put(array + i * sizeof(c_void_p), c_void_p, self._handle("ci", gpu.index, gi.id, ci.id))
 
     @nvml(P, c_uint, P)
     def nvmlGpuInstanceGetComputeInstanceById(self, handle, ci_id, out):
@@ -843,9 +814,9 @@ class FakeNvmlLibrary:
     @nvml(P, P)
     def nvmlComputeInstanceGetInfo_v2(self, handle, ptr):
         _, gpu, gi, ci = self._ci(handle)
-        info = _struct(ptr, N.c_nvmlComputeInstanceInfo_t)
-        _put(ptr, c_void_p, self._handle("gpu", gpu.index))
-        _put(ptr + sizeof(c_void_p), c_void_p, self._handle("gi", gpu.index, gi.id))
+        info = struct(ptr, N.c_nvmlComputeInstanceInfo_t)
+        put(ptr, c_void_p, self._handle("gpu", gpu.index))
+        put(ptr + sizeof(c_void_p), c_void_p, self._handle("gi", gpu.index, gi.id))
         info.id, info.profileId = ci.id, ci.profile_id
         info.placement.start, info.placement.size = ci.start, ci.size
 
@@ -880,26 +851,26 @@ class FakeNvmlLibrary:
     @nvml(P, P)
     def nvmlDeviceGetUtilizationRates(self, handle, ptr):
         reading = self._whole_gpu_only(handle)
-        util = _struct(ptr, N.c_nvmlUtilization_t)
+        util = struct(ptr, N.c_nvmlUtilization_t)
         util.gpu, util.memory = reading.gpu_util, reading.mem_util
 
     @nvml(P, P, P)
     def nvmlDeviceGetEncoderUtilization(self, handle, util, period_us):
         reading = self._whole_gpu_only(handle)
-        _put(util, c_uint, reading.enc_util)
-        _put(period_us, c_uint, 1_000_000)
+        put(util, c_uint, reading.enc_util)
+        put(period_us, c_uint, 1_000_000)
 
     @nvml(P, P, P)
     def nvmlDeviceGetDecoderUtilization(self, handle, util, period_us):
         reading = self._whole_gpu_only(handle)
-        _put(util, c_uint, reading.dec_util)
-        _put(period_us, c_uint, 1_000_000)
+        put(util, c_uint, reading.dec_util)
+        put(period_us, c_uint, 1_000_000)
 
     @nvml(P, c_uint, P)
     def nvmlDeviceGetTemperature(self, handle, sensor, ptr):
         if sensor != N.NVML_TEMPERATURE_GPU:
             raise SimNvmlError(N.NVML_ERROR_INVALID_ARGUMENT, f"bad sensor {sensor}")
-        _put(ptr, c_uint, self._sensors(handle)[2].gpu_temp_c)
+        put(ptr, c_uint, self._sensors(handle)[2].gpu_temp_c)
 
     @nvml(P, c_int, P)
     def nvmlDeviceGetFieldValues(self, handle, count, values):
@@ -919,7 +890,7 @@ class FakeNvmlLibrary:
 
     @nvml(P, P)
     def nvmlDeviceGetPowerUsage(self, handle, ptr):
-        _put(ptr, c_uint, self._sensors(handle)[2].power_mw)
+        put(ptr, c_uint, self._sensors(handle)[2].power_mw)
 
     @nvml(P, P)
     def nvmlDeviceGetTotalEnergyConsumption(self, handle, ptr):
@@ -934,7 +905,7 @@ class FakeNvmlLibrary:
         else:
             energy = last[2] + reading.power_mw * max(0.0, t - last[1])
         self._energy[gpu.index] = (boot, t, energy)
-        _put(ptr, c_ulonglong, int(energy))
+        put(ptr, c_ulonglong, int(energy))
 
     @nvml(P, c_uint, P)
     def nvmlDeviceGetClockInfo(self, handle, clock_type, ptr):
@@ -943,11 +914,11 @@ class FakeNvmlLibrary:
                   N.NVML_CLOCK_MEM: reading.mem_clock_mhz, N.NVML_CLOCK_VIDEO: reading.sm_clock_mhz * 9 // 10}
         if clock_type not in clocks:
             raise SimNvmlError(N.NVML_ERROR_INVALID_ARGUMENT, f"bad clock type {clock_type}")
-        _put(ptr, c_uint, clocks[clock_type])
+        put(ptr, c_uint, clocks[clock_type])
 
     @nvml(P, P)
     def nvmlDeviceGetPcieReplayCounter(self, handle, ptr):
-        _put(ptr, c_uint, self._sensors(handle)[2].pcie_replays)
+        put(ptr, c_uint, self._sensors(handle)[2].pcie_replays)
 
     @nvml(P, P, P, P, P)
     def nvmlDeviceGetRemappedRows(self, handle, corr, unc, pending, failure):
@@ -957,10 +928,10 @@ class FakeNvmlLibrary:
             raise SimNvmlError(N.NVML_ERROR_NOT_SUPPORTED, "row remapping needs Ampere or newer")
         if gpu.mig_current == MIG_ENABLE and gpu.gis:
             raise SimNvmlError(N.NVML_ERROR_NOT_SUPPORTED, "MIG instances are active")
-        _put(corr, c_uint, reading.remapped_correctable)
-        _put(unc, c_uint, 0)
-        _put(pending, c_uint, 0)
-        _put(failure, c_uint, 0)
+        put(corr, c_uint, reading.remapped_correctable)
+        put(unc, c_uint, 0)
+        put(pending, c_uint, 0)
+        put(failure, c_uint, 0)
 
     # ---- events --------------------------------------------------------------------
 
@@ -979,7 +950,7 @@ class FakeNvmlLibrary:
     @nvml(P, P)
     def nvmlDeviceGetSupportedEventTypes(self, handle, ptr):
         self._gpu_only(handle)
-        _put(ptr, c_ulonglong, SUPPORTED_EVENTS)
+        put(ptr, c_ulonglong, SUPPORTED_EVENTS)
 
     @nvml(P, c_ulonglong, P)
     def nvmlDeviceRegisterEvents(self, handle, types, event_set):
@@ -1007,8 +978,8 @@ class FakeNvmlLibrary:
                 if ev.seq > es["cursor"] and es["regs"].get(ev.gpu, 0) & ev.event_type:
                     es["cursor"] = ev.seq
                     es["pause"] = _WAIT_POLL_MIN         # more may follow closely
-                    data = _struct(data_ptr, N.c_nvmlEventData_t)
-                    _put(data_ptr, c_void_p, self._handle("gpu", ev.gpu))
+                    data = struct(data_ptr, N.c_nvmlEventData_t)
+                    put(data_ptr, c_void_p, self._handle("gpu", ev.gpu))
                     data.eventType, data.eventData = ev.event_type, ev.data
                     data.gpuInstanceId, data.computeInstanceId = ev.gi, ev.ci
                     return
@@ -1025,15 +996,6 @@ class FakeNvmlLibrary:
     def nvmlEventSetFree(self, event_set):
         self._event_set(event_set)
         del self._event_sets[self._key(event_set)[1]]
-
-
-def _normal_bus_id(bus_id: str) -> str:
-    """NVML's form: 8-digit domain, upper-case hex ("00000000:07:00.0")."""
-    parts = bus_id.strip().split(":")
-    if len(parts) == 2:
-        parts.insert(0, "0")
-    domain, bus, rest = parts
-    return f"{int(domain, 16):08X}:{bus.upper()}:{rest.upper()}"
 
 
 def install(root) -> FakeNvmlLibrary:

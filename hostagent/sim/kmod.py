@@ -10,6 +10,7 @@ stand-in brings up, and NVML then reports that version.
 
 from __future__ import annotations
 
+import os
 import shutil
 import struct
 import time
@@ -133,7 +134,9 @@ def _bind(root: Path, bus_id: str, driver: str | None) -> None:
         link.unlink()
     if driver:
         ensure_dir(root / f"sys/bus/pci/drivers/{driver}")
-        link.symlink_to(f"../../../bus/pci/drivers/{driver}")
+        # Relative to the device's own folder (under /sys/devices, where bus/pci/devices links).
+        link.symlink_to(os.path.relpath(os.path.realpath(root / f"sys/bus/pci/drivers/{driver}"),
+                                        os.path.realpath(link.parent)))
 
 
 def remove_loaded(root: Path, state, *, bind: str | None = None) -> None:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, fields, is_dataclass
 import pynvml as N
 
 from .catalog import GiProfileSpec, SkuSpec, sku_from_dict
+from .topology import SimTopology
 
 __all__ = ["SimNvmlError", "ComputeInstance", "GpuInstance", "SimGpu", "SimProcess",
            "SimEvent", "NodeFacts", "NodeState", "gpu_instance_id"]
@@ -91,6 +92,8 @@ class SimGpu:
     # How the driver numbers this GPU's instances (see gpu_instance_id): "placement", or
     # "shuffled" (seeded by the UUID), as published listings show on a host's other GPUs.
     gi_ids: str = "placement"
+    # False: NVML's topology calls on it answer NOT_SUPPORTED, as on a virtual GPU.
+    topology: bool = True
     # nvmlComputeMode_t; nvml.h: "Under Linux it is not persistent across reboots and always
     # resets to 'Default'" (a driver reload too: the setting lives in the loaded driver).
     compute_mode: int = N.NVML_COMPUTEMODE_DEFAULT
@@ -134,6 +137,7 @@ class NodeFacts:
     real_device_nodes: bool
     majors: dict[str, int]
     nvswitches: int = 0          # NVSwitch chips (HGX baseboards); 0: GPUs not fabric-attached
+    topology: SimTopology | None = None   # None: a node made before the simulator had one
 
     @classmethod
     def from_dict(cls, raw: dict) -> "NodeFacts":
@@ -141,7 +145,8 @@ class NodeFacts:
                    cuda_driver_version=raw["cuda_driver_version"],
                    skus={k: sku_from_dict(k, v, raw["driver_version"]) for k, v in raw["skus"].items()},
                    real_device_nodes=raw["real_device_nodes"], majors=raw["majors"],
-                   nvswitches=raw.get("nvswitches", 0))
+                   nvswitches=raw.get("nvswitches", 0),
+                   topology=SimTopology.from_dict(raw["topology"]) if raw.get("topology") else None)
 
 
 @dataclass

@@ -37,12 +37,13 @@ class SimStore:
     def __init__(self, root: str | os.PathLike):
         self.root = Path(root)
         self.dir = self.root / SIM_DIR
+        self._state_file = self.dir / "state.json"    # every simulated NVML call stats it
         self._facts: NodeFacts | None = None
         self._cache: tuple[tuple, NodeState] | None = None
 
     @property
     def state_file(self) -> Path:
-        return self.dir / "state.json"
+        return self._state_file
 
     def exists(self) -> bool:
         return (self.dir / "node.json").is_file() and self.state_file.is_file()

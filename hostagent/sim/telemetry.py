@@ -46,8 +46,9 @@ def _wave(uuid: str, t: float, period: float, salt: int) -> float:
 
 
 def has_hbm(sku: SkuSpec) -> bool:
-    """Every simulated data-centre board has HBM except the T4 (GDDR6, no memory sensor)."""
-    return sku.architecture != "turing"
+    """Every simulated data-centre board has HBM except the T4 and the L40S (GDDR6, no
+    memory sensor)."""
+    return sku.architecture not in ("turing", "ada")
 
 
 def load_of(uuid: str, processes: int, t: float) -> float:

@@ -23,7 +23,7 @@ from tests.programs import PROGRAMS, script
 # One invocation of each command (after "hostagent --simulate ROOT"), on an a30x4 node
 # whose CDI spec exists, with containerd's folders; ROOT is the node.
 SAMPLES = {
-    "devices": [], "node": [], "labels": ["--write"], "serve": [], "device-plugin": [],
+    "devices": [], "topo": [], "node": [], "labels": ["--write"], "serve": [], "device-plugin": [],
     "dra-plugin": ["--node-name", "node-1", "--kubeconfig", "ROOT/kubeconfig"],
     "health status": [], "health watch": [], "health clear": ["--all"],
     "cdi generate": ["--output", "ROOT/spec.json"], "cdi refresh": [], "cdi list": [],
@@ -34,7 +34,8 @@ SAMPLES = {
     "runtime install-shim": [],
     "sim profiles": [], "sim create": ["--root", "ROOT/another"], "sim demo": ["--profile", "t4x2"],
     "sim hold": ["0"], "sim release": [], "sim xid": ["--gpu", "0", "--xid", "48"], "sim ecc": ["--gpu", "0"],
-    "sim lose": ["--gpu", "1"], "sim events": ["--gpu", "0", "off"], "sim reboot": [],
+    "sim lose": ["--gpu", "1"], "sim events": ["--gpu", "0", "off"],
+    "sim topology": ["--gpu", "0", "off"], "sim reboot": [],
     "sim driver": ["unload"], "sim fault": ["no-uvm"],
     "driver verify": [], "driver plan": ["--version", "550.90.07"],
     "driver install": ["--version", "550.90.07", "--dry-run"], "driver rollback": ["--dry-run"],

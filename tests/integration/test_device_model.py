@@ -1,15 +1,16 @@
 """One device model: ``hostagent devices|node -o json`` without a daemon and ``GET
 /v1/devices|node`` from one say the same of every simulated profile, in the same words, and
-both are what the API's components describe."""
+both are what the API's components describe; each GPU's topology is the node's (``hostagent
+topo``), seen from that GPU."""
 
 import json
 
-import jsonschema
 import pytest
 
 from hostagent import model
 from hostagent.api.schema import document
 from hostagent.cli.main import main
+from hostagent.schemas import Draft202012
 from hostagent.sim import catalog
 from hostagent.sim.node import MIG_ENABLE
 
@@ -22,7 +23,7 @@ def validator(component: str):
     doc = document()
     root = {"$schema": doc["jsonSchemaDialect"], "components": doc["components"],
             "$ref": f"#/components/schemas/{component}"}
-    return jsonschema.Draft202012Validator(root)
+    return Draft202012(root)
 
 
 def give_mig_devices(store) -> None:
@@ -61,6 +62,7 @@ def test_cli_and_api_render_every_profile_alike_and_as_the_schema_says(profile, 
     give_mig_devices(SimStore(root))
     cli_devices = cli_json(capsys, root, "devices", "--profiles")
     cli_node = cli_json(capsys, root, "node")
+    cli_topology = cli_json(capsys, root, "topo")
     agent = AgentProcess(root).start()
     try:
         with agent.client() as c:
@@ -74,7 +76,7 @@ def test_cli_and_api_render_every_profile_alike_and_as_the_schema_says(profile, 
     validator("DeviceList").validate(api_devices)
     validator("Node").validate(cli_node)
     validator("Node").validate(api_node)
-    if profile != "t4x2":
+    if any(g.sku.mig for g in catalog.load_profile(profile).gpus):
         assert cli_devices["mig_devices"], "the layout gave MIG devices"
 
     # Without a daemon, what only it knows is absent (never renamed), and health unknown.
@@ -94,3 +96,38 @@ def test_cli_and_api_render_every_profile_alike_and_as_the_schema_says(profile, 
     assert inventory_part(cli_devices) == inventory_part(api_devices)
     assert {k: v for k, v in api_node.items() if k not in NODE_DAEMON_FIELDS} == cli_node
     assert set(NODE_DAEMON_FIELDS) <= set(api_node)
+    same_topology_as_the_matrix(cli_devices, cli_topology)
+
+
+def same_topology_as_the_matrix(listing, matrix) -> None:
+    """Each GPU's ``topology`` is its row of ``hostagent topo -o json``: its place, and each
+    pair it is in, seen from it; a MIG device sits where its GPU does."""
+    gpus = {g["index"]: g for g in listing["gpus"]}
+    pairs = {tuple(p["gpus"]): p for p in matrix["pairs"]}
+    for row in matrix["gpus"]:
+        gpu = gpus[row["index"]]
+        assert gpu["pcie_root"] == row["pcie_root"] and gpu["numa_node"] == row["numa_node"]
+        assert {k: v for k, v in gpu["topology"].items() if k != "peers"} == \
+            {k: row[k] for k in ("cpu_affinity", "numa_affinity", "nvlinks", "nvswitch_links", "error")}
+        peers = gpu["topology"]["peers"]
+        assert [p["index"] for p in peers] == sorted(set(gpus) - {gpu["index"]})
+        for p in peers:
+            pair = pairs[min(gpu["index"], p["index"]), max(gpu["index"], p["index"])]
+            assert (p["link"], p["nvlinks"], p["pcie"]) == (pair["link"], pair["nvlinks"], pair["pcie"])
+            assert p["uuid"] == gpus[p["index"]]["uuid"]
+    for d in listing["mig_devices"]:
+        parent = gpus[d["parent_index"]]
+        assert (d["numa_node"], d["pcie_root"]) == (parent["numa_node"], parent["pcie_root"])
+
+
+def test_a_gpus_document_names_its_nvlink_peers_and_pcie_paths_as_published(make_node, capsys):
+    """The DGX-1's GPU 0 (the gist ashwin/e139748bdba15f5af63f0146d01ee4c3, SOC printed as SYS
+    since; PCIe levels from go-gpuallocator's NewDGX1VoltaNode)."""
+    host, _ = make_node("dgx1-v100")
+    gpu0 = cli_json(capsys, host.root, "devices")["gpus"][0]
+    assert gpu0["numa_node"] == 0 and gpu0["pcie_root"] and gpu0["topology"]["cpu_affinity"] == "0-19,40-59"
+    peers = gpu0["topology"]["peers"]
+    assert {p["index"]: p["nvlinks"] for p in peers if p["nvlinks"]} == {1: 1, 2: 1, 3: 2, 4: 2}
+    assert [p["link"] for p in peers] == ["NV1", "NV1", "NV2", "NV2", "SYS", "SYS", "SYS"]
+    assert [p["pcie"] for p in peers] == ["PIX", "PHB", "PHB", "SYS", "SYS", "SYS", "SYS"]
+    assert gpu0["topology"]["nvlinks"] == 6 and gpu0["topology"]["error"] is None

@@ -122,7 +122,7 @@ def test_registration_and_the_full_list_with_numa(node):
     assert e.options.get_preferred_allocation_available and not e.options.pre_start_required
     devices = e.wait(all_healthy(8))
     assert devices == [(g["uuid"], "Healthy", [g["numa_node"]]) for g in node.gpus]
-    assert {g["numa_node"] for g in node.gpus} == {0, 1}
+    assert [g["numa_node"] for g in node.gpus] == [3, 3, 1, 1, 7, 7, 5, 5]     # a DGX A100 in NPS4
     assert [r.resource_name for r in node.kubelet.registrations] == [GPU]   # no MIG devices: no MIG resource
 
 
@@ -169,16 +169,20 @@ def test_allocations_no_container_holds_are_released_after_the_grace_period(node
     node.wait_released()
 
 
-def test_preferred_allocation_numa_first_then_the_tightest_fit(node):
+def test_preferred_allocation_best_connected_then_numa_then_the_tightest_fit(node):
     node.kubelet.endpoint(GPU)
     everything = uuids(node, *range(8))
-    assert node.kubelet.prefer(GPU, everything, 4) in (uuids(node, 0, 1, 2, 3), uuids(node, 4, 5, 6, 7))
-    # NUMA 0 offers two, NUMA 1 three: a pair fits NUMA 0 tightest.
+    # Every pair is NV12 through the NVSwitches; GPU pairs share a PCIe switch (PXB), and each
+    # pair has its NUMA node: four GPUs are two whole pairs.
+    assert sorted(node.kubelet.prefer(GPU, everything, 4)) == sorted(uuids(node, 0, 1, 2, 3))
+    # Of four equal pairs, each alone on its NUMA node: the lowest node's (1: GPUs 2 and 3).
+    assert node.kubelet.prefer(GPU, everything, 2) == uuids(node, 2, 3)
+    # Two pairs offered whole (0-1 and 4-5) and one GPU alone: a whole pair, the first.
     assert node.kubelet.prefer(GPU, uuids(node, 6, 0, 4, 1, 5), 2) == uuids(node, 0, 1)
-    # What must be included pulls the rest onto its NUMA node.
+    # What must be included pulls the rest onto its switch and NUMA node.
     assert node.kubelet.prefer(GPU, uuids(node, 0, 1, 4, 5, 6), 2, must_include=uuids(node, 5)) == uuids(node, 5, 4)
-    # Three cannot fit one node: the fullest node first.
-    assert node.kubelet.prefer(GPU, uuids(node, 0, 4, 5), 3)[:2] == uuids(node, 4, 5)
+    # Three: the pair, with the fullest NUMA node first.
+    assert node.kubelet.prefer(GPU, uuids(node, 0, 4, 5), 3) == uuids(node, 4, 5, 0)
 
 
 def test_bad_requests_are_grpc_errors_and_the_plugin_keeps_serving(node):
@@ -261,7 +265,7 @@ def test_mig_reconfiguration_changes_the_resources(node):
             mig = k.endpoint(MIG, after=before)
             assert mig.request.endpoint == "hostagent-mig-1g.5gb.sock"
             devices = mig.wait(all_healthy(7))
-            assert devices == [(m["uuid"], "Healthy", [0]) for m in migs]
+            assert devices == [(m["uuid"], "Healthy", [node.gpus[0]["numa_node"]]) for m in migs]
             r = node.admit("pod-mig", MIG, [migs[3]["uuid"]])
             assert [d.name for d in r.cdi_devices] == [n for n in migs[3]["cdi_devices"] if n.endswith(migs[3]["uuid"])]
             node.wait_released()            # a MIG apply may not take an allocated device away
@@ -346,7 +350,7 @@ def test_shared_gpus_are_advertised_and_allocated_as_replicas(node):
         try:
             shared = k.endpoint(GPU + ".shared", after=before)
             replicas = [f"{u}::{n}" for u in (g6, g7) for n in range(3)]
-            assert shared.wait(all_healthy(6)) == [(r, "Healthy", [1]) for r in replicas]
+            assert shared.wait(all_healthy(6)) == [(r, "Healthy", [5]) for r in replicas]   # GPUs 6, 7: NUMA 5
             listed = gpu.wait(lambda l: len(l) == 7 and all(h == "Healthy" for _, h, _ in l))
             assert [i for i, _, _ in listed] == uuids(node, 0, 1, 2, 3, 4) + [f"{g5}::0", f"{g5}::1"]
             # Replicas spread over the GPUs; two containers share GPU 6.

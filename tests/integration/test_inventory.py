@@ -51,7 +51,7 @@ def test_inventory_matches_the_profile(make_node, profile):
             assert got == want
 
 
-@pytest.mark.parametrize("profile", [p for p in PROFILES if p != "t4x2"])
+@pytest.mark.parametrize("profile", [p for p in PROFILES if catalog.load_profile(p).gpus[0].sku.mig])
 def test_profile_tables_read_the_same_through_v1_and_versioned_structs(make_node, profile):
     host, store = make_node(profile)
     before = read_inventory(host)          # MIG disabled: unversioned call
@@ -301,12 +301,12 @@ def test_other_processes_see_one_node(make_node):
 
 def test_numa_node_is_read_from_sysfs_through_the_host_root(make_node):
     host, _ = make_node("dgx-a100")
-    assert [g.numa_node for g in read_inventory(host).gpus] == [0, 0, 0, 0, 1, 1, 1, 1]
+    assert [g.numa_node for g in read_inventory(host).gpus] == [3, 3, 1, 1, 7, 7, 5, 5]    # NPS4
     sysfs = lambda i: host.sys(f"bus/pci/devices/{read_inventory(host).gpus[i].sysfs_bus_id}/numa_node")
     sysfs(1).write_text("-1\n")              # the platform reports no NUMA affinity
     sysfs(2).unlink()
     sysfs(3).write_text("garbage\n")
-    assert [g.numa_node for g in read_inventory(host).gpus][:5] == [0, None, None, None, 1]
+    assert [g.numa_node for g in read_inventory(host).gpus][:5] == [3, None, None, None, 7]
 
 
 def test_numa_node_in_a_gpus_document_matches_its_schema(make_node):

@@ -56,7 +56,7 @@ def test_whole_gpus_as_nvidias_driver_names_and_describes_them(make_node):
         "brand": "Nvidia",
         "cudaComputeCapability": "8.0.0", "driverVersion": "550.90.7", "cudaDriverVersion": "12.4.0",
         "index": 0, "minor": g.minor, "resource.kubernetes.io/pciBusID": "0000:07:00.0",
-        "resource.kubernetes.io/numaNode": 0}
+        "resource.kubernetes.io/pcieRoot": "pci0000:00", "resource.kubernetes.io/numaNode": 3}
     assert pool.devices[0].capacity == {"memory": {"value": "40Gi"}}
     assert pool.devices[0].allocate == {"device": g.uuid} and not pool.counter_sets
     for version in ((1, 34), (1, 35), (1, 36)):

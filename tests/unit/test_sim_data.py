@@ -22,6 +22,8 @@ EXPECTED_SKUS = {
     "H100-SXM5-80GB",
     "H200-SXM-141GB",
     "T4",
+    "V100-SXM2-32GB",
+    "L40S",
 }
 EXPECTED_PROFILES = {
     "dgx-a100": 8,
@@ -30,8 +32,10 @@ EXPECTED_PROFILES = {
     "a30x4": 4,
     "t4x2": 2,
     "mixed": 3,
+    "dgx1-v100": 8,
+    "l40s-pcie": 8,
 }
-ARCHITECTURES = {"turing", "ampere", "ada", "hopper", "blackwell"}
+ARCHITECTURES = {"volta", "turing", "ampere", "ada", "hopper", "blackwell"}
 NVIDIA_VENDOR = 0x10DE
 PROFILE_NAME_RE = re.compile(r"^\d+g\.\d+gb(\+me)?$")
 BUS_ID_RE = re.compile(r"^0000:[0-9A-F]{2}:00\.0$")
@@ -90,7 +94,9 @@ def test_expected_profiles_present():
 def test_sku_device_fields(key):
     sku = SKUS[key]
     assert DEVICE_KEYS <= set(sku), DEVICE_KEYS - set(sku)
-    assert set(sku) <= DEVICE_KEYS | {"mig", "older_branches"}, set(sku) - DEVICE_KEYS
+    assert set(sku) <= DEVICE_KEYS | {"mig", "older_branches", "nvlink"}, set(sku) - DEVICE_KEYS
+    if "nvlink" in sku:        # links a GPU has, and their nvmlNvlinkVersion_t
+        assert set(sku["nvlink"]) == {"links", "version"} and 0 < sku["nvlink"]["links"] <= 36
     for older in sku.get("older_branches", ()):      # what earlier driver branches report
         assert isinstance(older["before"], int) and set(older) - {"before"} <= DEVICE_KEYS
     assert isinstance(sku["name"], str) and sku["name"]
@@ -176,7 +182,7 @@ def test_mig_profiles(key):
 @pytest.mark.parametrize("path", PROFILE_FILES, ids=lambda p: p.stem)
 def test_node_profile(path):
     prof = _load(path)
-    assert set(prof) - {"minors", "nvswitches"} == {"description", "machine", "driver_version", "numa_nodes",
+    assert set(prof) - {"minors", "nvswitches", "topology"} == {"description", "machine", "driver_version", "numa_nodes",
                                                     "cuda_driver_version", "gpus"}
     assert isinstance(prof["numa_nodes"], int) and prof["numa_nodes"] >= 0
     assert isinstance(prof.get("nvswitches", 0), int) and prof.get("nvswitches", 0) >= 0
@@ -201,3 +207,27 @@ def test_node_profile(path):
     assert len(bus_ids) == EXPECTED_PROFILES[path.stem]
     if "minors" in prof:            # each GPU's device minor, a permutation of the indices
         assert sorted(prof["minors"]) == list(range(len(bus_ids))) != prof["minors"]
+
+
+@pytest.mark.parametrize("path", PROFILE_FILES, ids=lambda p: p.stem)
+def test_node_profile_topology(path):
+    """Each GPU's NUMA node (with CPUs) and PCIe path from a host bridge; NVLinks no more than
+    the SKUs have."""
+    prof = _load(path)
+    topo = prof["topology"]
+    assert set(topo) <= {"cpus", "sockets", "gpus", "nvlink", "nvswitch"}
+    skus = [group["sku"] for group in prof["gpus"] for _ in group["pci_bus_ids"]]
+    assert len(topo["gpus"]) == len(skus) == EXPECTED_PROFILES[path.stem]
+    for gpu in topo["gpus"]:
+        assert set(gpu) == {"numa", "pcie"} and gpu["numa"] in topo["cpus"]
+        assert re.fullmatch(r"pci[0-9a-f]{4}:[0-9a-f]{2}", gpu["pcie"][0]), gpu["pcie"]
+    assert sorted(n for s in topo.get("sockets", [[n] for n in topo["cpus"]]) for n in s) == sorted(topo["cpus"])
+    links = [0] * len(skus)
+    for pair, count in (topo.get("nvlink") or {}).items():
+        a, b = map(int, pair.split("-"))
+        assert a < b < len(skus) and count > 0, pair
+        links[a] += count
+        links[b] += count
+    switched = sum((topo.get("nvswitch") or {}).get("links", ()))
+    for i, sku in enumerate(skus):
+        assert links[i] + switched <= SKUS[sku].get("nvlink", {}).get("links", 0), (i, sku)

@@ -25,6 +25,7 @@ real tool prints them):
   or ``-l``/``--list``: the command the DRA driver runs to set a GPU's time-slice (NVML has
   no call for it); whole GPUs only (a MIG-enabled GPU's setting is kept too). The lines
   it prints are this simulator's wording;
+* ``topo -m``, ``-mp``, ``-p2p r|w|n|a|p``: the topology matrix (``smi_topo``);
 * ``--query-gpu=FIELDS``/``--query-compute-apps=FIELDS`` with ``--format=csv[,noheader]
   [,nounits]``; an unknown field fails with ``Field "x" is not a valid field to query.``;
 * ``mig`` subcommand: ``-lgip``, ``-lgipp``, ``-lgi``, ``-lci``, ``-cgi LIST [-C]``,
@@ -140,6 +141,12 @@ POLICY_OPTIONS = {
     "--set-timeslice": ("timeslice", VALUE),
 }
 TIMESLICES = ("Default", "Short", "Medium", "Long")
+TOPO_OPTIONS = {
+    "-h": ("help", FLAG), "--help": ("help", FLAG),
+    "-m": ("matrix", FLAG), "--matrix": ("matrix", FLAG),
+    "-mp": ("matrix_pci", FLAG), "--matrix_pci": ("matrix_pci", FLAG),
+    "-p2p": ("p2p", VALUE), "--p2pstatus": ("p2p", VALUE),
+}
 
 HELP = """NVIDIA System Management Interface -- simulated (hostagent)
 
@@ -154,6 +161,7 @@ nvidia-smi [OPTION1 [ARG1]] [OPTION2 [ARG2]] ...
     --query-compute-apps=         List of active compute processes.
     mig                           MIG management: -lgip -lgipp -lgi -lci -cgi [-C] -cci -dci -dgi
     compute-policy                Compute policies: --set-timeslice 0|1|2|3 (Default, Short, Medium, Long), -l
+    topo                          Topology: -m (matrix), -mp (PCIe only), -p2p r|w|n|a|p
 """
 
 
@@ -212,8 +220,8 @@ def _parse(argv: list[str], table: dict) -> dict:
 
 
 def _run(store: SimStore, argv: list[str]) -> int:
-    sub = argv[0] if argv and argv[0] in ("mig", "compute-policy") else None
-    table = {"mig": MIG_OPTIONS, "compute-policy": POLICY_OPTIONS}.get(sub, MAIN_OPTIONS)
+    sub = argv[0] if argv and argv[0] in ("mig", "compute-policy", "topo") else None
+    table = {"mig": MIG_OPTIONS, "compute-policy": POLICY_OPTIONS, "topo": TOPO_OPTIONS}.get(sub, MAIN_OPTIONS)
     opts = _parse(argv[1:] if sub else argv, table)
     if opts.get("help"):
         print(HELP, end="")
@@ -254,6 +262,13 @@ def _command(store: SimStore, state: NodeState, sub: str | None, opts: dict) -> 
     targets = _targets(state, opts.get("id"))
     if sub == "compute-policy":
         return _compute_policy(store, state, targets, opts)
+    if sub == "topo":
+        from .smi_topo import topo
+        _check_lost(state, targets)
+
+        def fail(code, message):
+            raise Exit(code, message)
+        return topo(store, state, opts, fail)
     if sub:
         return _mig(store, state, targets, opts)
     actions = [k for k in ("list", "reset", "mig", "compute_mode", "query_gpu", "query_apps")
