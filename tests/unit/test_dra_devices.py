@@ -1,7 +1,8 @@
-"""The DRA plugin's pool, from a simulated DGX A100's device views: names and attributes as
-NVIDIA's driver gives them, MIG devices, dynamic MIG partitions and their counters, and
+"""The DRA plugin's pool, from simulated nodes' device views: names and attributes as
+NVIDIA's driver gives them, PCIe roots and NVLink groups, MIG devices, dynamic MIG partitions and their counters, and
 slices that the API server of each version accepts."""
 
+import re
 import subprocess
 
 import pytest
@@ -56,12 +57,47 @@ def test_whole_gpus_as_nvidias_driver_names_and_describes_them(make_node):
         "brand": "Nvidia",
         "cudaComputeCapability": "8.0.0", "driverVersion": "550.90.7", "cudaDriverVersion": "12.4.0",
         "index": 0, "minor": g.minor, "resource.kubernetes.io/pciBusID": "0000:07:00.0",
-        "resource.kubernetes.io/pcieRoot": "pci0000:00", "resource.kubernetes.io/numaNode": 3}
+        "resource.kubernetes.io/pcieRoot": "pci0000:00", "resource.kubernetes.io/numaNode": 3,
+        "nvlinkGroup": g.uuid}
     assert pool.devices[0].capacity == {"memory": {"value": "40Gi"}}
     assert pool.devices[0].allocate == {"device": g.uuid} and not pool.counter_sets
     for version in ((1, 34), (1, 35), (1, 36)):
         [spec] = valid(pool, version)
         assert spec["nodeName"] == "node-1" and len(spec["devices"]) == 8
+
+
+@pytest.mark.parametrize("profile, groups", [
+    ("dgx-a100", [[0, 1, 2, 3, 4, 5, 6, 7]]),   # NVSwitches: every GPU reaches every other
+    ("dgx1-v100", [[0, 1, 2, 3], [4, 5, 6, 7]]),  # the hybrid cube mesh: two fully linked fours
+    ("a30x4", [[0, 1], [2, 3]]),                 # bridged pairs
+    ("mixed", [[0, 1]]),                         # GPU 2 has no NVLink
+    ("t4x2", []), ("l40s-pcie", [])])
+def test_gpus_fully_linked_by_nvlink_share_a_group_and_a_pcie_root_each(make_node, profile, groups):
+    host, _ = make_node(profile)
+    inv, devices, profiles, node = views(host)
+    pool = build_pool(devices, profiles, node)
+    by_uuid = {g.uuid: g for g in inv.gpus}
+    found: dict[str, list[int]] = {}
+    for d in pool.devices:
+        a = attrs(d)
+        assert a["resource.kubernetes.io/pcieRoot"] == by_uuid[d.uuid].pcie_root
+        assert re.fullmatch(r"pci[0-9a-f]{4}:[0-9a-f]{2}", a["resource.kubernetes.io/pcieRoot"])
+        if "nvlinkGroup" in a:
+            found.setdefault(a["nvlinkGroup"], []).append(a["index"])
+    assert sorted(found.values()) == groups
+    for first, members in found.items():
+        assert by_uuid[first].index == members[0]
+
+
+def test_a_gpu_in_mig_mode_leaves_its_nvlink_group(make_node):
+    host, _ = make_node("a30x4")
+    smi(host, "-i", "0", "-mig", "1")
+    smi(host, "-r")
+    inv, devices, profiles, node = views(host)
+    pool = build_pool(devices, profiles, node)
+    a = {attrs(d)["index"]: attrs(d) for d in pool.devices if d.kind == "gpu"}
+    assert sorted(a) == [1, 2, 3] and "nvlinkGroup" not in a[1]
+    assert a[2]["nvlinkGroup"] == a[3]["nvlinkGroup"] == inv.gpus[2].uuid
 
 
 def test_mig_devices_of_a_layout_replace_their_gpu(make_node):
@@ -81,6 +117,7 @@ def test_mig_devices_of_a_layout_replace_their_gpu(make_node):
         assert d.name == mig_name(gpu.minor, record.profile, record.gi_profile_id, record.placement.start)
         a = attrs(d)
         assert a["type"] == "mig" and a["profile"] == record.profile and a["uuid"] == record.uuid
+        assert "nvlinkGroup" not in a and a["resource.kubernetes.io/pcieRoot"] == gpu.pcie_root
         assert (a["parentUUID"], a["parentIndex"], a["parentMinor"]) == (gpu.uuid, 0, gpu.minor)
         assert d.capacity["memory"]["value"] == format_quantity(record.memory_mib * 2 ** 20)
         assert d.capacity["multiprocessors"]["value"] == str(record.multiprocessors)

@@ -2,7 +2,9 @@
 devices out, named and described as NVIDIA's DRA driver names and describes them, so its
 DeviceClasses and the CEL selectors written for it select them unchanged.
 
-- A GPU without MIG is ``gpu-<minor>``, ``type: gpu``.
+- A GPU without MIG is ``gpu-<minor>``, ``type: gpu``; with NVLink peers, ``nvlinkGroup``
+  names the GPUs it is fully linked with (``nvlink_groups``), for ``matchAttribute``. MIG
+  devices have none: a MIG device has no peer-to-peer access.
 - A MIG device is ``gpu-<parent minor>-mig-<profile>-<GI profile id>-<placement start>``
   (``1g.5gb+me`` spelled ``1g5gb-me``; a compute instance smaller than its GPU instance adds
   ``-c<its start>``), ``type: mig``.
@@ -30,7 +32,7 @@ from ... import model
 from .quantity import format_quantity as quantity
 
 __all__ = ["Published", "CounterSet", "Pool", "build_pool", "gpu_name", "mig_name", "profile_label",
-           "counter_set_name", "semver"]
+           "counter_set_name", "semver", "nvlink_groups"]
 
 COUNTER_SUFFIX = "-counter-set"
 STANDARD = "resource.kubernetes.io"
@@ -162,9 +164,37 @@ def _mig_capacity(memory_mib: int, multiprocessors: int, engines: dict) -> dict:
     return {k: {"value": quantity(v)} for k, v in values.items()}
 
 
-def _gpu(gpu: dict, node: dict) -> Published:
+def nvlink_groups(gpus: list[dict]) -> dict[str, str]:
+    """GPU uuid -> its NVLink group: the uuid of the group's first GPU. A group is GPUs each
+    joined to every other by NVLink (directly or through NVSwitches), taken in index order:
+    each GPU not yet in one starts a group, which the later GPUs linked to all its members
+    join (DGX-1's hybrid cube mesh makes 0-3 and 4-7; an NVSwitch system one group). A GPU
+    linked to none of ``gpus``, or whose topology is unknown, is in none (the caller leaves
+    out GPUs in MIG mode: they have no peer-to-peer access)."""
+    links: dict[str, set[str]] = {}
+    for g in gpus:
+        peers = (g.get("topology") or {}).get("peers") or ()
+        links[g["uuid"]] = {p["uuid"] for p in peers if p.get("nvlinks")}
+    out: dict[str, str] = {}
+    for g in gpus:
+        first = g["uuid"]
+        if first in out or not links[first]:
+            continue
+        group = [first]
+        for h in gpus:
+            u = h["uuid"]
+            if u not in out and u not in group and all(u in links[m] and m in links[u] for m in group):
+                group.append(u)
+        if len(group) > 1:
+            out.update(dict.fromkeys(group, first))
+    return out
+
+
+def _gpu(gpu: dict, node: dict, nvlink_group: str | None = None) -> Published:
     attributes = {"type": _string("gpu"), "uuid": _string(gpu["uuid"]), **_common(gpu, node),
                   "index": _int(gpu["index"]), "minor": _int(gpu["minor"])}
+    if nvlink_group:
+        attributes["nvlinkGroup"] = _string(nvlink_group)
     capacity = {"memory": {"value": quantity(gpu["memory_mib"] * 2 ** 20)}} if gpu.get("memory_mib") else {}
     return Published(gpu_name(gpu["minor"]), "gpu", gpu["uuid"], gpu["uuid"], attributes, capacity,
                      {"device": gpu["uuid"]}, uuid=gpu["uuid"])
@@ -281,10 +311,11 @@ def build_pool(devices: dict[str, dict], profiles: dict[str, list[dict]], node: 
     published: list[Published] = []
     counter_sets: list[CounterSet] = []
     problems: list[str] = []
+    groups = nvlink_groups([g for g in gpus if not model.mig_enabled(g)])
     for gpu in gpus:
         children = sorted(migs.get(gpu["uuid"], ()), key=lambda m: (m["placement"]["start"], m["ci_placement"]["start"]))
         if not model.mig_enabled(gpu):
-            published.append(_gpu(gpu, node))
+            published.append(_gpu(gpu, node, groups.get(gpu["uuid"])))
             continue
         gpu_profiles = profiles.get(gpu["uuid"]) or []
         if dynamic_mig and gpu_profiles:
