@@ -31,16 +31,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-
-def percentiles(samples: list[float]) -> str:
-    s = sorted(samples)
-    p = lambda q: s[min(len(s) - 1, int(q * len(s)))] * 1e3      # noqa: E731
-    return f"p50 {p(0.50):6.2f} ms   p99 {p(0.99):6.2f} ms   max {s[-1] * 1e3:6.2f} ms   (n={len(s)})"
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+from bench.device_plugin import cpu_seconds, percentiles  # noqa: E402
 
 
 def prepare_latency(cluster, claims: int) -> None:
