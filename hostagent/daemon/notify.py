@@ -53,6 +53,14 @@ class Notifier:
     def status(self, status: str) -> bool:
         return self.notify(status=status)
 
+    def status_changed(self, status: str) -> bool:
+        """STATUS=... when it is not the last status this notifier sent (a loop reporting
+        each pass says only what changed)."""
+        if status == getattr(self, "_last_status", None):
+            return False
+        self._last_status = status
+        return self.status(status)
+
     def watchdog(self) -> bool:
         return self.notify(watchdog=1)
 

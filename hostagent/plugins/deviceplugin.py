@@ -78,7 +78,6 @@ class DevicePlugin:
         self._stop = threading.Event()
         self._kubelet = socket_identity(self.kubelet_socket)
         self._retry: dict[str, tuple[float, float]] = {}    # resource -> (next try, delay)
-        self._status = None
 
     # ---- answers to the kubelet (on the gRPC servers' threads) ---------------------------
 
@@ -213,9 +212,5 @@ class DevicePlugin:
         return f"{agent}; resources: {', '.join(parts) or 'none'}"
 
     def _report(self) -> None:
-        if self.notifier is None:
-            return
-        text = self.status()
-        if text != self._status:
-            self._status = text
-            self.notifier.status(text)
+        if self.notifier is not None:
+            self.notifier.status_changed(self.status())

@@ -73,7 +73,6 @@ class DraPlugin:
         self._stop = threading.Event()
         self._dirty = threading.Event()
         self._view_changed = threading.Event()
-        self._status = None
 
     # ---- the devices --------------------------------------------------------------
 
@@ -234,9 +233,5 @@ class DraPlugin:
         return f"{agent}; {devices} device(s); {kubelet}; {api}"
 
     def _report(self) -> None:
-        if self.notifier is None:
-            return
-        text = self.status()
-        if text != self._status:
-            self._status = text
-            self.notifier.status(text)
+        if self.notifier is not None:
+            self.notifier.status_changed(self.status())
