@@ -105,6 +105,7 @@ class FakeNvmlLibrary:
         self._energy: dict[int, tuple[float, float, float]] = {}   # gpu -> (boot, t, mJ)
         self._initialised = 0
         self._error_strings: dict[int, ctypes.Array] = {}
+        self.modules: dict = {}      # what the simulator's other modules keep in this process
         # Queued faults; in memory, so they belong to this process (a child started with
         # HOSTAGENT_SIM_FAULT set gets its own).
         self.faults: list[Fault] = [Fault.parse(f) for f in os.environ.get(FAULT_ENV, "").split(",") if f]
@@ -870,7 +871,7 @@ class FakeNvmlLibrary:
     @nvml(P, c_int, P)
     def nvmlDeviceGetFieldValues(self, handle, count, values):
         # Per-entry results, as NVML gives: the call succeeds, unknown fields say NOT_SUPPORTED.
-        _, gpu, mig = self._device(handle)
+        state, gpu, mig = self._device(handle)
         reading = None if mig else self._sensors(handle)[2]
         now_us = int(time.time() * 1e6)
         for i in range(count):
@@ -880,6 +881,8 @@ class FakeNvmlLibrary:
                     and telemetry.has_hbm(self._sku(gpu))):
                 fv.valueType, fv.nvmlReturn = N.NVML_VALUE_TYPE_UNSIGNED_INT, N.NVML_SUCCESS
                 fv.value.uiVal = reading.mem_temp_c
+            elif fv.fieldId in FIELDS:
+                FIELDS[fv.fieldId](self, state, gpu, mig, fv)
             else:
                 fv.nvmlReturn = N.NVML_ERROR_NOT_SUPPORTED
 
@@ -1006,3 +1009,9 @@ def uninstall() -> None:
     with N.libLoadLock:
         N.nvmlLib = None
         N._nvmlGetFunctionPointer_cache.clear()
+
+
+# More NVML functions (registered with nvml) and nvmlDeviceGetFieldValues entries (FIELDS:
+# field id -> fn(lib, state, gpu, mig, fv)) from modules of their own.
+from . import gpm, vgpu  # noqa: E402,F401
+from .nvlink import FIELDS  # noqa: E402

@@ -1,0 +1,64 @@
+"""NVLink as the simulated driver counts it: which boards have links, and the throughput
+counters ``nvmlDeviceGetFieldValues`` answers (``NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX`` and
+``_RX``: KiB since the driver loaded, per link or, with scope ``UINT_MAX``, over all links;
+nvml.h). They grow with the GPU's simulated NVLink traffic (``sim load --nvlink-tx``), split
+evenly over its links.
+
+Like the energy counter, each process integrates the traffic from its first read (starting
+from the traffic since the load was set), so a counter is monotonic within a process.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pynvml as N
+
+from . import workload
+
+__all__ = ["LINKS", "FIELDS", "links_of"]
+
+# NVLinks of each board: A100 SXM4 12 third-generation links (600 GB/s), H100 SXM5 and H200
+# SXM 18 fourth-generation links (900 GB/s) (NVIDIA's data sheets). PCIe boards here (A30,
+# T4) are listed without their optional bridges.
+LINKS = {"A100-SXM4-40GB": 12, "A100-SXM4-80GB": 12, "H100-SXM5-80GB": 18, "H200-SXM-141GB": 18}
+ALL_LINKS = 0xFFFFFFFF          # scopeId: the sum over every link
+_KIB = 1024
+_IDLE = (workload.IDLE, 0.0)
+
+
+def links_of(facts, gpu) -> int:
+    """How many NVLinks ``gpu`` has up."""
+    return LINKS.get(gpu.sku, 0)
+
+
+def _throughput(lib, state, gpu, fv, direction: int) -> None:
+    links = links_of(lib.facts, gpu)
+    if not links or not (fv.scopeId == ALL_LINKS or fv.scopeId < links):
+        fv.nvmlReturn = N.NVML_ERROR_NOT_SUPPORTED
+        return
+    counters = lib.modules.setdefault("nvlink_kib", {})       # gpu -> (t, (KiB tx, KiB rx), rates)
+    now, last = time.time(), counters.get(gpu.index)
+    # Only a whole GPU's load moves data over NVLink (MIG devices have no peer-to-peer).
+    load, since = workload.reader(lib).current(state).get(gpu.uuid, _IDLE) if state.loads else _IDLE
+    rates = (load.nvlink_tx * _KIB, load.nvlink_rx * _KIB)
+    if last is None:                  # the traffic since the load began (or the node booted)
+        kib = workload.integrate((0.0, 0.0), rates, rates, max(since, lib._booted_at(state)), 0.0, now)
+    else:
+        kib = workload.integrate(last[1], last[2], rates, last[0], since, now)
+    counters[gpu.index] = (now, kib, rates)
+    fv.valueType, fv.nvmlReturn = N.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG, N.NVML_SUCCESS
+    fv.value.ullVal = int(kib[direction] if fv.scopeId == ALL_LINKS else kib[direction] / links)
+
+
+def _field(direction):
+    def read(lib, state, gpu, mig, fv):
+        if mig is not None:                     # a MIG device has no NVLink of its own
+            fv.nvmlReturn = N.NVML_ERROR_NOT_SUPPORTED
+            return
+        _throughput(lib, state, gpu, fv, direction)
+    return read
+
+
+FIELDS = {N.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX: _field(0),
+          N.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX: _field(1)}
