@@ -96,7 +96,7 @@ class MetricsLink:
                                  device_labels=allocation_labels(self._allocations),
                                  agent=self.agent.metrics, pod_resolver=self._pod_resolver)
         self.service = service
-        await asyncio.to_thread(service.sampler.start)       # the first sample, off the loop
+        await asyncio.to_thread(service.start_sampling)      # the first sample, off the loop
 
     async def _bind(self) -> None:
         from ..metrics import MetricsServer

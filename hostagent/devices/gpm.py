@@ -100,6 +100,7 @@ class GpmReader:
         self._supported: dict[str, bool] = {}          # GPU uuid -> nvmlGpmQueryDeviceSupport
         self._devices: dict[tuple, _Device] = {}
         self._failing: set[tuple] = set()              # keys whose last GPM call failed (logged once)
+        self.unsupported: list[str] = []               # GPUs found without GPM, until the caller logs them
         self.calls = 0
 
     def supported(self, uuid: str, handle) -> bool:
@@ -114,8 +115,7 @@ class GpmReader:
                     raise
                 found = False            # a driver without GPM: FUNCTION_NOT_FOUND, NOT_SUPPORTED
             if not found:
-                log.info("GPU %s has no GPU performance monitoring (Hopper and newer): no DCGM_FI_PROF_* "
-                         "series for it", uuid)
+                self.unsupported.append(uuid)
             self._supported[uuid] = found
         return found
 

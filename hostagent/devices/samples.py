@@ -132,6 +132,10 @@ class SampleReader:
             else:
                 profiled.append(sample)
         self._gpm.keep_only(self._gpm_keys)
+        if self._gpm.unsupported:
+            log.info("no GPU performance monitoring (Hopper and newer have it) on GPU %s: no DCGM_FI_PROF_* "
+                     "series for them", ", ".join(self._gpm.unsupported))
+            self._gpm.unsupported.clear()
         complete = all(s.gpm is not None for s in profiled)
         return NodeSample(taken_at=start, duration_s=time.perf_counter() - t0, gpus=tuple(gpus),
                           instances=tuple(instances), nvml_calls=self._calls + self._gpm.calls,

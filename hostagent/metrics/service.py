@@ -47,14 +47,18 @@ class MetricsService:
         return uuid_resolver({d.uuid: (d.uuid,) for d in (*inv.gpus, *inv.mig_devices)})
 
     def start(self) -> None:
-        self.sampler.start()
-        if self.pods is not None:
-            self.pods.start()
+        self.start_sampling()
         try:
             self.start_server()
         except BaseException:
             self.stop()
             raise
+
+    def start_sampling(self) -> None:
+        """The sampler (back after its first sample) and pod attribution, without the endpoint."""
+        self.sampler.start()
+        if self.pods is not None:
+            self.pods.start()
 
     def start_server(self) -> None:
         """The TCP endpoint, if a port is set and it is not serving yet. Separate from

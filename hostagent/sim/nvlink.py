@@ -38,7 +38,7 @@ def _throughput(lib, state, gpu, fv, direction: int) -> None:
         fv.nvmlReturn = N.NVML_ERROR_NOT_SUPPORTED
         return
     counters = lib.modules.setdefault("nvlink_kib", {})       # gpu -> (t, (KiB tx, KiB rx), rates)
-    now, last = time.time(), counters.get(gpu.index)
+    now, last = fv.timestamp / 1e6, counters.get(gpu.index)     # one time per call, its timestamp
     # Only a whole GPU's load moves data over NVLink (MIG devices have no peer-to-peer).
     load, since = workload.reader(lib).current(state).get(gpu.uuid, _IDLE) if state.loads else _IDLE
     rates = (load.nvlink_tx * _KIB, load.nvlink_rx * _KIB)
