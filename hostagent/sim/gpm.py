@@ -179,20 +179,23 @@ def nvmlGpmMigSampleGet(lib, handle, gi_id, sample):
 # nvmlGpmMetric_t entries (metricId, nvmlReturn, value, metricInfo); a ctypes access per
 # field cost more than the rest of the call.
 _HEAD = struct.Struct("@IIPP")
+_HEAD_BYTES = ctypes.c_char * _HEAD.size
 _FIRST = N.c_nvmlGpmMetricsGet_t.metrics.offset
 _STRIDE = ctypes.sizeof(N.c_nvmlGpmMetric_t)
 _ENTRY = "IId" + "x" * (_STRIDE - struct.calcsize("=IId"))
-_ENTRIES: dict[int, struct.Struct] = {}
+_ENTRIES: dict[int, tuple] = {}
 
 
-def _entries(count: int) -> struct.Struct:
+def _entries(count: int) -> tuple:
+    """(struct, ctypes array type) of ``count`` entries."""
     found = _ENTRIES.get(count)
     if found is None:
-        found = _ENTRIES[count] = struct.Struct("=" + _ENTRY * count)
+        layout = struct.Struct("=" + _ENTRY * count)
+        found = _ENTRIES[count] = (layout, ctypes.c_char * layout.size)
     return found
 
 
-_ANSWERS: dict[tuple, list] = {}     # answers over an idle span, which repeat
+_IDLE_ANSWERS: dict[tuple, list] = {}     # (metrics, whole GPU, links) -> answer over an idle span
 
 
 def _answer(metrics, avg, whole_gpu: bool, links: int) -> list:
@@ -216,29 +219,28 @@ def _answer(metrics, avg, whole_gpu: bool, links: int) -> list:
 def nvmlGpmMetricsGet(lib, ptr):
     if not ptr:
         raise SimNvmlError(N.NVML_ERROR_INVALID_ARGUMENT, "NULL pointer")
-    version, count, one, two = _HEAD.unpack(ctypes.string_at(ptr, _HEAD.size))
+    version, count, one, two = _HEAD.unpack_from(_HEAD_BYTES.from_address(ptr))
     if version != N.NVML_GPM_METRICS_GET_VERSION:
         raise SimNvmlError(N.NVML_ERROR_ARGUMENT_VERSION_MISMATCH, f"struct version {version}")
     if count > N.NVML_GPM_METRIC_MAX:
         raise SimNvmlError(N.NVML_ERROR_INVALID_ARGUMENT, f"{count} metrics")
     buffers = _counters(lib).buffers
-    first, second = (buffers.get(s or 0, (None, None))[1] for s in (one, two))
+    first, second = buffers.get(one or 0, _NONE)[1], buffers.get(two or 0, _NONE)[1]
     if first is None or second is None or first.key != second.key:
         raise SimNvmlError(N.NVML_ERROR_INVALID_ARGUMENT, "two samples of one device are needed")
-    span = second.t - first.t
-    layout = _entries(count)
-    data = (ctypes.c_char * layout.size).from_address(ptr + _FIRST)
+    layout, array = _entries(count)
+    data = array.from_address(ptr + _FIRST)
     metrics = layout.unpack_from(data)[::3]
-    if span < MIN_INTERVAL:
-        avg = None
-    elif first.acc is second.acc:               # nothing ran in between: every rate is 0
-        avg = workload.ZERO
+    span, whole_gpu = second.t - first.t, first.key[0] == "gpu"
+    if span >= MIN_INTERVAL and first.acc is second.acc:      # nothing ran in between: every rate is 0
+        key = (metrics, whole_gpu, first.links)
+        out = _IDLE_ANSWERS.get(key)
+        if out is None:
+            out = _IDLE_ANSWERS[key] = _answer(metrics, workload.ZERO, whole_gpu, first.links)
     else:
-        avg = tuple((b - a) / span for a, b in zip(first.acc, second.acc))
-    answer = (metrics, avg, first.key[0] == "gpu", first.links)
-    out = _ANSWERS.get(answer) if avg is workload.ZERO else None
-    if out is None:
-        out = _answer(*answer)
-        if avg is workload.ZERO:
-            _ANSWERS[answer] = out
+        avg = tuple((b - a) / span for a, b in zip(first.acc, second.acc)) if span >= MIN_INTERVAL else None
+        out = _answer(metrics, avg, whole_gpu, first.links)
     layout.pack_into(data, 0, *out)
+
+
+_NONE = (None, None)
