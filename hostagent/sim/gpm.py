@@ -111,17 +111,18 @@ class _Counters:
         if not sku[0]:
             raise SimNvmlError(N.NVML_ERROR_NOT_SUPPORTED, "GPM needs Hopper or newer")
         now, last = time.time(), self.meters.get(key)
-        if not state.loads:                     # nothing runs anywhere: nothing to add
-            rates, acc = workload.ZERO, workload.ZERO if last is None else last[1]
+        rates, since = workload.reader(lib).rates(lib.facts, state, key) if state.loads else _IDLE
+        if last is None:
+            acc = workload.ZERO
+        elif rates is workload.ZERO and last[2] is workload.ZERO:
+            acc = last[1]                       # idle then and now: nothing to add
         else:
-            load, since = workload.activity(lib.facts, state, workload.reader(lib).current(state), key)
-            rates = load.values()
-            if last is None:
-                acc = workload.ZERO
-            else:
-                acc = workload.integrate(last[1], last[2], rates, last[0], since, now)
+            acc = workload.integrate(last[1], last[2], rates, last[0], since, now)
         self.meters[key] = (now, acc, rates)
         slot[1] = _Sample(key, now, acc, sku[1])
+
+
+_IDLE = (workload.ZERO, 0.0)
 
 
 def _counters(lib) -> _Counters:
@@ -198,20 +199,38 @@ def _entries(count: int) -> tuple:
 _IDLE_ANSWERS: dict[tuple, list] = {}     # (metrics, whole GPU, links) -> answer over an idle span
 
 
+_PLANS: dict[tuple, list] = {}
+
+
+def _plan(metrics, whole_gpu: bool, links: int) -> list:
+    """Per metric (id, its code when it has no value, or None and how to compute it)."""
+    key = (metrics, whole_gpu, links)
+    found = _PLANS.get(key)
+    if found is None:
+        found = _PLANS[key] = []
+        for metric in metrics:
+            compute = METRICS.get(metric)
+            if compute is None or (metric in GPU_ONLY and not whole_gpu):
+                found.append((metric, N.NVML_ERROR_NOT_SUPPORTED if metric in DEFINED else
+                              N.NVML_ERROR_INVALID_ARGUMENT, None))
+            elif compute(workload.ZERO, links) is None:            # a link the GPU does not have
+                found.append((metric, N.NVML_ERROR_NOT_SUPPORTED, None))
+            else:
+                found.append((metric, None, compute))
+    return found
+
+
 def _answer(metrics, avg, whole_gpu: bool, links: int) -> list:
-    """The entries (metricId, nvmlReturn, value, ...) for these metrics."""
+    """The entries (metricId, nvmlReturn, value, ...) for these metrics; ``avg`` None: the
+    samples are within one counter refresh."""
     out = []
-    for metric in metrics:
-        compute = METRICS.get(metric)
-        value = None
-        if compute is None or (metric in GPU_ONLY and not whole_gpu):
-            code = N.NVML_ERROR_NOT_SUPPORTED if metric in DEFINED else N.NVML_ERROR_INVALID_ARGUMENT
+    for metric, code, compute in _plan(metrics, whole_gpu, links):
+        if code is not None:
+            out += (metric, code, 0.0)
         elif avg is None:
-            code = N.NVML_ERROR_NO_DATA          # both samples within one counter refresh
+            out += (metric, N.NVML_ERROR_NO_DATA, 0.0)
         else:
-            value = compute(avg, links)
-            code = N.NVML_SUCCESS if value is not None else N.NVML_ERROR_NOT_SUPPORTED
-        out += (metric, code, 0.0 if value is None else value)
+            out += (metric, N.NVML_SUCCESS, compute(avg, links))
     return out
 
 

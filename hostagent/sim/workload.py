@@ -88,16 +88,33 @@ def nvlink_limit_mib(links: int) -> float:
 # ---- the node's loads ------------------------------------------------------------------
 
 class Loads:
-    """The node's loads as one process reads them: parsed again only when the state is."""
+    """The node's loads as one process reads them: parsed, and what each device sees worked
+    out, once per state (the store hands out a new state only when its file changed)."""
 
     def __init__(self):
-        self._cache: tuple[NodeState, dict] | None = None
+        self._state: NodeState | None = None
+        self._loads: dict[str, tuple[Load, float]] = {}
+        self._seen: dict[tuple, tuple[tuple, float]] = {}
+
+    def _follow(self, state: NodeState) -> None:
+        if state is not self._state:
+            self._state, self._seen = state, {}
+            self._loads = {u: (Load(**d["load"]), d["since"]) for u, d in state.loads.items()}
 
     def current(self, state: NodeState) -> dict[str, tuple[Load, float]]:
         """Device UUID -> (load, when it was set)."""
-        if self._cache is None or self._cache[0] is not state:
-            self._cache = (state, {u: (Load(**d["load"]), d["since"]) for u, d in state.loads.items()})
-        return self._cache[1]
+        self._follow(state)
+        return self._loads
+
+    def rates(self, facts, state: NodeState, key: tuple) -> tuple[tuple, float]:
+        """(``activity``'s load as a tuple of rates, when it last changed) for ``key``, a
+        device the caller found in ``state``."""
+        self._follow(state)
+        found = self._seen.get(key)
+        if found is None:
+            load, since = activity(facts, state, self._loads, key)
+            found = self._seen[key] = (ZERO if load == IDLE else load.values(), since)
+        return found
 
 
 def reader(lib) -> Loads:
