@@ -47,8 +47,8 @@ class GpmMetrics(NamedTuple):
     nvlink_rx: float | None = None
 
 
-# In the order of GpmMetrics' fields. A GPU instance has no PCIe or NVLink of its own (DCGM serves those at
-# GPU level only), so it is asked for the first eight.
+# In the order of GpmMetrics' fields. A GPU instance has no PCIe or NVLink of its own (DCGM
+# serves those at GPU level only), so it is asked for the first eight.
 GPU_METRICS = (N.NVML_GPM_METRIC_GRAPHICS_UTIL, N.NVML_GPM_METRIC_SM_UTIL, N.NVML_GPM_METRIC_SM_OCCUPANCY,
                N.NVML_GPM_METRIC_ANY_TENSOR_UTIL, N.NVML_GPM_METRIC_FP64_UTIL, N.NVML_GPM_METRIC_FP32_UTIL,
                N.NVML_GPM_METRIC_FP16_UTIL, N.NVML_GPM_METRIC_DRAM_BW_UTIL,
@@ -125,7 +125,11 @@ class GpmReader:
         device = self._devices.get(key)
         if device is None:
             self.calls += 2
-            device = self._devices[key] = _Device(metrics)
+            try:
+                device = self._devices[key] = _Device(metrics)
+            except N.NVMLError as e:
+                self._failed(key, "sample buffers", e)
+                return None
         buffer = device.samples[device.next]
         self.calls += 1
         try:
@@ -155,7 +159,9 @@ class GpmReader:
                             for _, code, value in _ENTRY.iter_unpack(device.view[_FIRST:device.end])))
 
     def _failed(self, key, what: str, error) -> None:
-        level = logging.DEBUG if key in self._failing else logging.WARNING
+        # A GPU instance destroyed since the inventory was read is no news: the next one drops it.
+        gone = error.value in (N.NVML_ERROR_NOT_FOUND, N.NVML_ERROR_INVALID_ARGUMENT) and len(key) == 2
+        level = logging.DEBUG if key in self._failing or gone else logging.WARNING
         self._failing.add(key)
         log.log(level, "GPM %s of %s failed (its DCGM_FI_PROF_* series are left out): %s", what, _name(key), error)
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import pynvml as N
 
-from .gpm import INSTANCE_METRICS, GpmReader, GpmMetrics
+from .gpm import GPU_METRICS, INSTANCE_METRICS, GpmMetrics, GpmReader
 from .records import Inventory
 
 __all__ = ["Memory", "GpuSample", "InstanceSample", "NodeSample", "SampleReader", "GpmMetrics"]
@@ -244,12 +244,12 @@ class SampleReader:
             return None
         return int((total - last[1]) / (at - last[0]) / 1000)
 
-    def _gpm_metrics(self, key: tuple, uuid: str, h, take, metrics=None):
-        """GPM metrics of a GPU (or, with ``metrics``, a GPU instance), or None."""
+    def _gpm_metrics(self, key: tuple, uuid: str, h, take, metrics=GPU_METRICS):
+        """GPM metrics of a GPU (or, with INSTANCE_METRICS, a GPU instance), or None."""
         if not self._gpm.supported(uuid, h):
             return None
         self._gpm_keys.append(key)
-        found = self._gpm.read(key, take) if metrics is None else self._gpm.read(key, take, metrics)
+        found = self._gpm.read(key, take, metrics)
         if found is GpmReader.PENDING:
             self._pending = True
             return None
@@ -261,7 +261,9 @@ class SampleReader:
         mode = self._virtualization.get(uuid)
         if mode is None:
             mode = self._ask(uuid, "virtualization", N.nvmlDeviceGetVirtualizationMode, h)
-            self._virtualization[uuid] = N.NVML_GPU_VIRTUALIZATION_MODE_NONE if mode is None else mode
+            if mode is None and (uuid, "virtualization") not in self._refused:
+                return None                  # no answer this time: asked again next time
+            self._virtualization[uuid] = mode = N.NVML_GPU_VIRTUALIZATION_MODE_NONE if mode is None else mode
         if mode != N.NVML_GPU_VIRTUALIZATION_MODE_VGPU:
             return None
         features = self._ask(uuid, "licence", N.nvmlDeviceGetGridLicensableFeatures_v4, h)
@@ -291,8 +293,12 @@ class SampleReader:
             except N.NVMLError as e:
                 log.debug("GPU %d instance %d: %s", gpu.index, gi, e)
                 memory = None
-            gpm = self._gpm_metrics((gpu.uuid, gi), gpu.uuid, parent,
-                                lambda buf, gi=gi: N.nvmlGpmMigSampleGet(parent, gi, buf), INSTANCE_METRICS)
+            try:
+                gpm = self._gpm_metrics((gpu.uuid, gi), gpu.uuid, parent,
+                                        lambda buf, gi=gi: N.nvmlGpmMigSampleGet(parent, gi, buf), INSTANCE_METRICS)
+            except N.NVMLError as e:         # GPU_IS_LOST since its own values were read
+                log.debug("GPU %d instance %d: %s", gpu.index, gi, e)
+                gpm = None
             out.append(InstanceSample(gpu=gpu.index, gi=gi, profile=profiles.get(gi, first.profile),
                                       devices=tuple(d.uuid for d in devices), memory=memory, gpm=gpm))
         return out

@@ -29,10 +29,10 @@ class MetricsService:
         self.options = options or MetricsOptions()
         self.agent = agent if agent is not None else AgentMetrics()
         self.sampler = MetricsSampler(host, inventory, self.options.interval, agent=self.agent)
+        self._inventory = inventory
         self.pods = None
         if self.options.kubernetes:
             from .pods import PodLabels
-            self._inventory = inventory
             self.pods = PodLabels(host.host(self.options.pod_resources_socket), self.options.interval,
                                   pod_resolver or self._inventory_resolver)
         health = (lambda: health_monitor.state) if health_monitor is not None else None
@@ -81,8 +81,8 @@ class MetricsService:
     def update_inventory(self, inventory) -> None:
         self.exporter.update_inventory(inventory)
         self.sampler.update_inventory(inventory)
+        self._inventory = inventory
         if self.pods is not None:
-            self._inventory = inventory
             self.pods.wake()
 
     def render(self) -> bytes:

@@ -134,7 +134,8 @@ def test_dra_claims_by_their_cdi_devices(node):
 
 def kubernetes_success(svc):
     fams = parse(svc.render().decode())
-    return [s.value for s in fams["hostagent_scrape_collector_success"].samples if s.labels["collector"] == "kubernetes"]
+    return [s.value for s in fams["hostagent_scrape_collector_success"].samples
+            if s.labels["collector"] == "kubernetes"]
 
 
 def test_a_missing_kubelet_socket_leaves_the_labels_out(node):

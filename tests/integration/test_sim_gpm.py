@@ -78,8 +78,9 @@ def test_metrics_are_the_load_averaged_over_the_span(make_node):
                       [GR, SM, OCC, TENSOR, FP16, DRAM, PCIE_TX, NVLINK_TX, NVLINK_RX, N.NVML_GPM_METRIC_FP64_UTIL,
                        N.NVML_GPM_METRIC_HMMA_TENSOR_UTIL, N.NVML_GPM_METRIC_IMMA_TENSOR_UTIL])
         assert {m: round(v, 6) for m, (code, v) in got.items() if code == N.NVML_SUCCESS} == {
-            GR: 80, SM: 70, OCC: 35, TENSOR: 40, FP16: 20, DRAM: 30, PCIE_TX: 1500, NVLINK_TX: 4000, NVLINK_RX: 1000,
-            N.NVML_GPM_METRIC_FP64_UTIL: 0, N.NVML_GPM_METRIC_HMMA_TENSOR_UTIL: 40, N.NVML_GPM_METRIC_IMMA_TENSOR_UTIL: 0}
+            GR: 80, SM: 70, OCC: 35, TENSOR: 40, FP16: 20, DRAM: 30, PCIE_TX: 1500, NVLINK_TX: 4000,
+            NVLINK_RX: 1000, N.NVML_GPM_METRIC_FP64_UTIL: 0, N.NVML_GPM_METRIC_HMMA_TENSOR_UTIL: 40,
+            N.NVML_GPM_METRIC_IMMA_TENSOR_UTIL: 0}
         # per link: the traffic split over the H100's 18 links; there is no link 18
         link0_tx, link18_tx = 63, 213
         got = metrics(*span(lambda s: N.nvmlGpmSampleGet(h, s)), [link0_tx, link18_tx])
@@ -183,8 +184,8 @@ def test_refusals(make_node):
 def test_nvlink_counters_grow_with_the_load(make_node):
     host, store = make_node("hgx-h100")
     workload.set_load(store, "1", Load(nvlink_tx=3000, nvlink_rx=600))
-    fields = [(N.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, ALL_LINKS), (N.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX, ALL_LINKS),
-              (N.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, 0), (N.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, 18)]
+    tx, rx = N.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, N.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX
+    fields = [(tx, ALL_LINKS), (rx, ALL_LINKS), (tx, 0), (tx, 18)]
     with nvml_session(host):
         h = N.nvmlDeviceGetHandleByIndex(1)
         before = N.nvmlDeviceGetFieldValues(h, fields)
@@ -226,7 +227,8 @@ def test_a_vgpu_guest_reports_its_licence(make_node):
         for i in range(3):
             h = N.nvmlDeviceGetHandleByIndex(i)
             features = N.nvmlDeviceGetGridLicensableFeatures_v4(h)
-            states = [(f.featureCode, f.featureState) for f in features.gridLicensableFeatures[:features.licensableFeaturesCount]]
+            listed = features.gridLicensableFeatures[:features.licensableFeaturesCount]
+            states = [(f.featureCode, f.featureState) for f in listed]
             answers.append((N.nvmlDeviceGetVirtualizationMode(h), features.isGridLicenseSupported, states))
     vgpu = N.NVML_GRID_LICENSE_FEATURE_CODE_VGPU
     assert answers == [(N.NVML_GPU_VIRTUALIZATION_MODE_VGPU, 1, [(vgpu, 1)]),
