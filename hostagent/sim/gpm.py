@@ -166,9 +166,11 @@ def nvmlGpmSampleGet(lib, handle, sample):
 
 @nvml(P, c_uint, P)
 def nvmlGpmMigSampleGet(lib, handle, gi_id, sample):
-    state, gpu, mig = lib._device(handle)
-    if mig is not None:
+    key = lib._key(handle)
+    if key[0] != "gpu":
         raise SimNvmlError(N.NVML_ERROR_INVALID_ARGUMENT, "a GPU handle is needed, not a MIG device's")
+    state = lib._state()
+    gpu = state.live_gpu(key[1])
     if gpu.mig_current != N.NVML_DEVICE_MIG_ENABLE:
         raise SimNvmlError(N.NVML_ERROR_NOT_SUPPORTED, "MIG mode is not enabled")
     if gpu.gi(gi_id) is None:

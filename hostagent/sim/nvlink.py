@@ -33,22 +33,25 @@ def links_of(facts, gpu) -> int:
 
 
 def _throughput(lib, state, gpu, fv, direction: int) -> None:
-    links = links_of(lib.facts, gpu)
-    if not links or not (fv.scopeId == ALL_LINKS or fv.scopeId < links):
+    links, scope = links_of(lib.facts, gpu), fv.scopeId
+    if not links or not (scope == ALL_LINKS or scope < links):
         fv.nvmlReturn = N.NVML_ERROR_NOT_SUPPORTED
         return
     counters = lib.modules.setdefault("nvlink_kib", {})       # gpu -> (t, (KiB tx, KiB rx), rates)
     now, last = fv.timestamp / 1e6, counters.get(gpu.index)     # one time per call, its timestamp
-    # Only a whole GPU's load moves data over NVLink (MIG devices have no peer-to-peer).
-    load, since = workload.reader(lib).current(state).get(gpu.uuid, _IDLE) if state.loads else _IDLE
-    rates = (load.nvlink_tx * _KIB, load.nvlink_rx * _KIB)
-    if last is None:                  # the traffic since the load began (or the node booted)
-        kib = workload.integrate((0.0, 0.0), rates, rates, max(since, lib._booted_at(state)), 0.0, now)
+    if last is not None and last[0] == now:
+        kib = last[1]                     # the call's other entry: counted already
     else:
-        kib = workload.integrate(last[1], last[2], rates, last[0], since, now)
-    counters[gpu.index] = (now, kib, rates)
+        # Only a whole GPU's load moves data over NVLink (MIG devices have no peer-to-peer).
+        load, since = workload.reader(lib).current(state).get(gpu.uuid, _IDLE) if state.loads else _IDLE
+        rates = (load.nvlink_tx * _KIB, load.nvlink_rx * _KIB)
+        if last is None:                  # the traffic since the load began (or the node booted)
+            kib = workload.integrate((0.0, 0.0), rates, rates, max(since, lib._booted_at(state)), 0.0, now)
+        else:
+            kib = workload.integrate(last[1], last[2], rates, last[0], since, now)
+        counters[gpu.index] = (now, kib, rates)
     fv.valueType, fv.nvmlReturn = N.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG, N.NVML_SUCCESS
-    fv.value.ullVal = int(kib[direction] if fv.scopeId == ALL_LINKS else kib[direction] / links)
+    fv.value.ullVal = int(kib[direction] if scope == ALL_LINKS else kib[direction] / links)
 
 
 def _field(direction):
