@@ -24,12 +24,13 @@ from ctypes import (CFUNCTYPE, c_char_p, c_int, c_uint, c_ulonglong, c_void_p,
 import pynvml as N
 
 from ..errors import HostagentError
-from . import faketopology  # noqa: F401  (registers the topology calls)
+from . import faketopology, gpm, vgpu  # noqa: F401  (their NVML functions register)
 from . import privilege, telemetry
 from .catalog import ARCHITECTURES
 from .cfuncs import FUNCS, P, normal_bus_id, nvml, put, put_str, sized, struct
 from .clients import driver_clients
 from .node import MIG_ENABLE, NodeState, SimGpu, SimNvmlError
+from .nvlink import FIELDS      # nvmlDeviceGetFieldValues entries it answers: id -> fn(lib, state, gpu, mig, fv)
 from .store import SimStore
 from .versions import cuda_version, library_version, module_version
 
@@ -1010,8 +1011,3 @@ def uninstall() -> None:
         N.nvmlLib = None
         N._nvmlGetFunctionPointer_cache.clear()
 
-
-# More NVML functions (registered with nvml) and nvmlDeviceGetFieldValues entries (FIELDS:
-# field id -> fn(lib, state, gpu, mig, fv)) from modules of their own.
-from . import gpm, vgpu  # noqa: E402,F401
-from .nvlink import FIELDS  # noqa: E402

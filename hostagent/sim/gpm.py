@@ -21,8 +21,8 @@ import pynvml as N
 
 from . import workload
 from .catalog import ARCHITECTURES
-from .fakenvml import P, _put, _struct, nvml
-from .nvlink import links_of
+from .cfuncs import P, nvml, put as _put, struct as _struct
+from .links import links_of
 from .node import SimNvmlError
 
 __all__ = ["supported", "METRICS"]

@@ -1,5 +1,4 @@
-"""NVLink as the simulated driver counts it: which boards have links, and the throughput
-counters ``nvmlDeviceGetFieldValues`` answers (``NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX`` and
+"""NVLink as the simulated driver counts it: the throughput counters ``nvmlDeviceGetFieldValues`` answers (``NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX`` and
 ``_RX``: KiB since the driver loaded, per link or, with scope ``UINT_MAX``, over all links;
 nvml.h). They grow with the GPU's simulated NVLink traffic (``sim load --nvlink-tx``), split
 evenly over its links.
@@ -10,26 +9,16 @@ from the traffic since the load was set), so a counter is monotonic within a pro
 
 from __future__ import annotations
 
-import time
-
 import pynvml as N
 
 from . import workload
+from .links import links_of
 
-__all__ = ["LINKS", "FIELDS", "links_of"]
+__all__ = ["FIELDS"]
 
-# NVLinks of each board: A100 SXM4 12 third-generation links (600 GB/s), H100 SXM5 and H200
-# SXM 18 fourth-generation links (900 GB/s) (NVIDIA's data sheets). PCIe boards here (A30,
-# T4) are listed without their optional bridges.
-LINKS = {"A100-SXM4-40GB": 12, "A100-SXM4-80GB": 12, "H100-SXM5-80GB": 18, "H200-SXM-141GB": 18}
 ALL_LINKS = 0xFFFFFFFF          # scopeId: the sum over every link
 _KIB = 1024
 _IDLE = (workload.IDLE, 0.0)
-
-
-def links_of(facts, gpu) -> int:
-    """How many NVLinks ``gpu`` has up."""
-    return LINKS.get(gpu.sku, 0)
 
 
 def _throughput(lib, state, gpu, fv, direction: int) -> None:

@@ -14,7 +14,7 @@ from ctypes import c_uint
 
 import pynvml as N
 
-from .fakenvml import P, _put, _struct, nvml
+from .cfuncs import P, nvml, put as _put, struct as _struct
 
 __all__ = ["LICENSE_STATES"]
 

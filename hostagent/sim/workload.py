@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, fields
 from operator import attrgetter
 
 from ..errors import UsageError
+from .links import links_of
 from .node import MIG_ENABLE, NodeState
 from .store import SimStore
 
@@ -129,7 +130,6 @@ def set_load(store: SimStore, device: str, load: Load | None) -> tuple[str, str]
     """Give ``device`` (as ``sim hold`` names it) this load (None: clear it). Returns its
     UUID and a description ("GPU 0", "GPU 0 GI 3 CI 0")."""
     from .control import resolve_device
-    from .nvlink import links_of
     with store.mutate() as state:
         gpu_index, gi, ci = resolve_device(state, device)
         gpu = state.live_gpu(gpu_index)
