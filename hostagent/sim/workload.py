@@ -23,8 +23,8 @@ from .links import links_of
 from .node import MIG_ENABLE, NodeState
 from .store import SimStore
 
-__all__ = ["Load", "IDLE", "ZERO", "NAMES", "Loads", "reader", "set_load", "activity", "integrate", "pcie_limit_mib",
-           "nvlink_limit_mib"]
+__all__ = ["Load", "IDLE", "ZERO", "NAMES", "Loads", "reader", "set_load", "activity", "integrate",
+           "pcie_limit_mib", "nvlink_limit_mib"]
 
 _MIB = 1 << 20
 
