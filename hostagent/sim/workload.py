@@ -81,8 +81,8 @@ def pcie_limit_mib(sku) -> float:
 
 
 def nvlink_limit_mib(links: int) -> float:
-    """What ``links`` NVLinks carry in one direction: 25 GB/s each on NVLink 3 and 4 (A100's
-    12 links 600 GB/s, H100's 18 links 900 GB/s, both directions)."""
+    """What ``links`` NVLinks carry in one direction: 25 GB/s each on NVLink 2 to 4 (V100's
+    6 links 300 GB/s, A100's 12 links 600 GB/s, H100's 18 links 900 GB/s, both directions)."""
     return links * 25e9 / _MIB
 
 
