@@ -8,7 +8,10 @@ __all__ = ["links_of"]
 
 
 def links_of(facts, gpu) -> int:
-    """How many of ``gpu``'s NVLinks lead somewhere (a GPU or an NVSwitch)."""
+    """How many of ``gpu``'s NVLinks lead somewhere (a GPU or an NVSwitch); none where NVML
+    tells no topology (a virtual GPU: ``sim topology --gpu N off``)."""
+    if not gpu.topology:
+        return 0
     topology = facts.topology
     if topology is None:                 # a node made before the simulator had topologies
         return facts.skus[gpu.sku].nvlink_links

@@ -198,6 +198,9 @@ def test_nvlink_counters_grow_with_the_load(make_node):
         assert after[2].value.ullVal == after[0].value.ullVal // 18
         idle = N.nvmlDeviceGetFieldValues(N.nvmlDeviceGetHandleByIndex(2), fields[:1])[0]
         assert idle.nvmlReturn == N.NVML_SUCCESS and idle.value.ullVal == 0
+        control.set_topology_support(store, 3, False)          # NVML tells no links: no counters
+        assert N.nvmlDeviceGetFieldValues(N.nvmlDeviceGetHandleByIndex(3), fields[:1])[0].nvmlReturn == \
+            N.NVML_ERROR_NOT_SUPPORTED
     host, store = make_node("t4x2")
     with nvml_session(host):
         assert N.nvmlDeviceGetFieldValues(N.nvmlDeviceGetHandleByIndex(0), fields[:1])[0].nvmlReturn == \
