@@ -1,32 +1,47 @@
 #!/usr/bin/env python3
-"""Metrics cost on a simulated DGX A100 with every GPU split into seven 1g.5gb instances
-(8 GPUs + 56 MIG devices), the health monitor running and a few devices allocated:
+"""Metrics cost on a simulated HGX H100 with every GPU split into seven 1g.10gb instances
+(8 GPUs + 56 MIG devices), 14 of them busy ('sim load') and held by pods the kubelet's pod
+resources API reports, the health monitor running:
 
-  NVML calls per sample interval    first sample (handle lookups, refusals learnt) and steady state
-  sample duration                   one pass of the sampler thread over the node
+  NVML calls per sample interval    in steady state, of which GPM's (two a GPU instance: a
+                                    sample and the metrics since the last one)
+  sample pass                       one pass of the sampler over the node: wall and CPU time
   scrape latency                    Exporter.render() on a cached page, on a fresh snapshot,
-                                    and a whole HTTP scrape over loopback
+                                    and a whole HTTP scrape over loopback, with pod labels
   idle CPU                          the process with monitor and sampler running, no scrapes
+
+    python3 bench/metrics.py [--scrapes 1000] [--idle 10] [--interval 10] [--daemon]
+                             [--baseline DIR [--rounds 60]]
+
+--baseline DIR compares the sample pass side by side with the code in DIR (a checkout of
+another version, e.g. ``git worktree add /tmp/main main``): one process per tree, each with
+a node of the same layout, asked for a pass in turn, so both see the same machine load;
+it prints the median of each and of the pass-by-pass ratios, CPU (the pass's thread time,
+steadier on a busy machine) and wall.
+
+--daemon also runs the real daemon (hostagent serve) on a simulated DGX A100 and measures
+``GET /metrics`` on its socket and the whole daemon's idle CPU (monitor, sampler and the
+60 s inventory re-read), with the monitor on and off.
 
 Figures from the simulator include its own costs (its NVML calls are Python; its event wait
 polls the state file, every 200 ms once idle), so NVML-side numbers are upper bounds for a
 real node.
-
-    python3 bench/metrics.py [--scrapes 1000] [--idle 10] [--interval 10] [--daemon]
-
---daemon also runs the real daemon (hostagent serve) on the same kind of node and measures
-``GET /metrics`` on its socket and the whole daemon's idle CPU (monitor, sampler and the
-60 s inventory re-read), with the monitor on and off.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import shutil
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 import urllib.request
+
+BUSY = 14               # MIG devices with a load and a pod
 
 
 def ms(values) -> str:
@@ -35,56 +50,91 @@ def ms(values) -> str:
     return f"median {statistics.median(values) * 1000:7.3f} ms   p99 {p99 * 1000:7.3f} ms"
 
 
+def make_node(root: str):
+    """The benchmark's node in ``root``: 8 H100s split into 56 1g.10gb devices, BUSY of them
+    loaded (when the simulator has workloads). Returns (host, inventory). Run by the
+    baseline's process too, so it uses only what older versions have."""
+    from hostagent.devices import read_inventory
+    from hostagent.sim.driverroot import create_node
+    from hostagent.sim.node import MIG_ENABLE
+    store = create_node(root, "hgx-h100")
+    with store.mutate() as s:
+        for g in range(8):
+            s.set_mig_mode(store.facts, g, MIG_ENABLE)
+            s.reset_gpu(g)
+            for _ in range(7):
+                gi = s.create_gi(store.facts, g, 19)
+                s.create_ci(store.facts, g, gi.id, 0)
+    try:
+        from hostagent.sim import workload
+    except ImportError:
+        pass
+    else:
+        for i in range(BUSY):
+            workload.set_load(store, f"{i // 7}:{i % 7}",
+                              workload.Load(gr=60, sm=50, occupancy=20, tensor=30, dram=25, pcie_rx=200))
+    try:
+        from hostagent.sim.platform import simulated_host
+    except ImportError:                  # before the simulator's platform seam
+        from hostagent.hostroot import HostRoot
+        simulated_host = HostRoot.simulation
+    host = simulated_host(root)
+    inv = read_inventory(host)
+    assert len(inv.gpus) == 8 and len(inv.mig_devices) == 56
+    return host, inv
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--scrapes", type=int, default=1000)
     ap.add_argument("--idle", type=float, default=10.0, help="seconds of idle CPU measurement")
     ap.add_argument("--interval", type=float, default=10.0, help="sample interval during the idle run")
     ap.add_argument("--daemon", action="store_true", help="also measure the real daemon")
+    ap.add_argument("--baseline", metavar="DIR", help="compare the sample pass with the code in DIR")
+    ap.add_argument("--rounds", type=int, default=60, help="passes per tree with --baseline")
     args = ap.parse_args()
     if args.daemon:
         for health in (True, False):
             daemon_figures(args, health)
+    if args.baseline:
+        side_by_side(args.baseline, args.rounds)
 
     import pynvml
     from prometheus_client.parser import text_string_to_metric_families
 
-    from hostagent.devices import read_inventory
     from hostagent.health import HealthMonitor, HealthOptions
-    from hostagent.sim.platform import simulated_host
     from hostagent.metrics import AgentMetrics, MetricsOptions, MetricsService, allocation_labels
-    from hostagent.sim.driverroot import create_node
-    from hostagent.sim.node import MIG_ENABLE
 
     root = tempfile.mkdtemp(prefix="hostagent-bench-")
+    kubelet = None
     try:
-        store = create_node(root, "dgx-a100")
-        with store.mutate() as s:
-            for g in range(8):
-                s.set_mig_mode(store.facts, g, MIG_ENABLE)
-                s.reset_gpu(g)
-                for _ in range(7):
-                    gi = s.create_gi(store.facts, g, 19)
-                    s.create_ci(store.facts, g, gi.id, 0)
-        host = simulated_host(root)
-        inv = read_inventory(host)
-        assert len(inv.gpus) == 8 and len(inv.mig_devices) == 56
-        owners = {d.uuid: [f"claim-{i}"] for i, d in enumerate(inv.mig_devices[::4])}
+        host, inv = make_node(root)
+        busy = inv.mig_devices[:BUSY]
+        owners = {d.uuid: [f"claim-{i}"] for i, d in enumerate(busy)}
+        kubelet = pod_resources_server(host.host("/var/lib/kubelet/pod-resources/kubelet.sock"),
+                               [(f"job-{i}", "ml", "main", d.uuid) for i, d in enumerate(busy)])
         agent = AgentMetrics()
         monitor = HealthMonitor(host, inv, HealthOptions(state_file=False), metrics=agent)
-        service = MetricsService(host, inv, MetricsOptions(port=0, interval=3600, hostname="bench"),
+        service = MetricsService(host, inv, MetricsOptions(port=0, interval=3600, hostname="bench", kubernetes=True),
                                  health_monitor=monitor, device_labels=allocation_labels(lambda: owners),
                                  agent=agent)
         lib = pynvml.nvmlLib
         monitor.start()
-        service.start()                          # takes the first sample
+        service.start()                          # takes the first sample (and its second, for the rates)
         try:
-            first = service.sampler.snapshot
-            samples = [service.sampler.sample_now() for _ in range(20)]
+            service.pods.refresh()
+            samples, cpu = [], []
+            for _ in range(20):
+                time.sleep(0.12)                 # GPM samples 100 ms apart at least
+                c0 = time.thread_time()
+                samples.append(service.sampler.sample_now())
+                cpu.append(time.thread_time() - c0)
             steady = samples[-1]
             body = service.render()
             families = list(text_string_to_metric_families(body.decode()))
             n_series = sum(len(f.samples) for f in families)
+            with_pods = sum(1 for f in families for x in f.samples if "pod" in x.labels)
+            gpm_calls = service.sampler._reader._gpm.calls
 
             cached = []
             for _ in range(args.scrapes):
@@ -123,12 +173,15 @@ def main() -> int:
             monitor.stop()
         floor = sim_wait_floor(host, args.idle)
     finally:
+        if kubelet is not None:
+            kubelet.stop(0).wait()
         shutil.rmtree(root, ignore_errors=True)
 
-    print("node: 8x A100-SXM4-40GB, 56 MIG devices (1g.5gb), health monitor on, 14 devices allocated")
-    print(f"page: {len(body)} bytes, {len(families)} families, {n_series} series")
-    print(f"NVML calls per sample: first {first.nvml_calls}, steady {steady.nvml_calls}")
-    print(f"sample duration:       {ms([s.duration_s for s in samples])}")
+    print(f"node: 8x H100-SXM5-80GB, 56 MIG devices (1g.10gb), {BUSY} busy and held by pods, health monitor on")
+    print(f"page: {len(body)} bytes, {len(families)} families, {n_series} series ({with_pods} with pod labels)")
+    print(f"NVML calls per sample: {steady.nvml_calls} (GPM {gpm_calls})")
+    print(f"sample pass, wall:     {ms([s.duration_s for s in samples])}")
+    print(f"sample pass, CPU:      {ms(cpu)}")
     print(f"render (cached page):  {ms(cached)}")
     print(f"render (new snapshot): {ms(fresh)}")
     print(f"HTTP scrape, loopback: {ms(http)}")
@@ -139,13 +192,94 @@ def main() -> int:
     return 0
 
 
+def pod_resources_server(socket, pods):
+    """A pod resources server answering List with ``pods``: (pod, namespace, container, device id)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import grpc
+
+    from hostagent.plugins.kubelet import podresources_pb2 as pr
+    from hostagent.plugins.kubelet import podresources_pb2_grpc as pr_grpc
+
+    class Lister(pr_grpc.PodResourcesListerServicer):
+        def List(self, request, context):
+            reply = pr.ListPodResourcesResponse()
+            for pod, ns, container, device in pods:
+                c = reply.pod_resources.add(name=pod, namespace=ns).containers.add(name=container)
+                c.devices.add(resource_name="nvidia.com/mig-1g.10gb", device_ids=[device])
+            return reply
+    socket.parent.mkdir(parents=True, exist_ok=True)
+    server = grpc.server(ThreadPoolExecutor(max_workers=1))
+    pr_grpc.add_PodResourcesListerServicer_to_server(Lister(), server)
+    server.add_insecure_port(f"unix:{socket}")
+    server.start()
+    return server
+
+
+# One process per tree: its own node, a pass whenever asked. The editable install's import
+# hook is dropped so that the tree on sys.path is the one imported.
+WORKER = r"""
+import json, shutil, sys, tempfile, time
+sys.meta_path[:] = [f for f in sys.meta_path if "editable" not in getattr(f, "__module__", "")]
+sys.path.insert(0, sys.argv[1])
+sys.path.insert(1, sys.argv[2])
+import hostagent
+from metrics import make_node
+from hostagent.devices import nvml_session
+from hostagent.devices.samples import SampleReader
+root = tempfile.mkdtemp(prefix="hostagent-bench-")
+try:
+    host, inv = make_node(root)
+    with nvml_session(host):
+        reader = SampleReader(inv)
+        print(json.dumps(hostagent.__file__), flush=True)
+        for _ in sys.stdin:
+            c0 = time.thread_time()
+            s = reader.read()
+            print(json.dumps([time.thread_time() - c0, s.duration_s, s.nvml_calls]), flush=True)
+finally:
+    shutil.rmtree(root, ignore_errors=True)
+"""
+
+
+def side_by_side(baseline: str, rounds: int) -> None:
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    trees = {"baseline": os.path.abspath(baseline), "this tree": here}
+    procs = {}
+    for name, tree in trees.items():
+        p = subprocess.Popen([sys.executable, "-c", WORKER, tree, os.path.dirname(os.path.abspath(__file__))],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        imported = json.loads(p.stdout.readline())
+        assert imported.startswith(tree), f"{name}: imported {imported}, not {tree}"
+        procs[name] = p
+    got = {name: [] for name in procs}
+    try:
+        for i in range(rounds + 5):
+            time.sleep(0.15)                 # GPM samples 100 ms apart at least
+            for name, p in procs.items():
+                p.stdin.write("\n")
+                p.stdin.flush()
+                reply = json.loads(p.stdout.readline())
+                if i >= 5:                   # first passes learn refusals, take handles
+                    got[name].append(reply)
+    finally:
+        for p in procs.values():
+            p.stdin.close()
+            p.wait(30)
+    base, this = got["baseline"], got["this tree"]
+    print(f"sample pass side by side, {rounds} passes each (load average {os.getloadavg()[0]:.2f}):")
+    for name, rows in got.items():
+        print(f"  {name:9}  CPU median {statistics.median(r[0] for r in rows) * 1000:6.2f} ms   "
+              f"wall median {statistics.median(r[1] for r in rows) * 1000:6.2f} ms   NVML calls {rows[-1][2]}")
+    for what, k in (("CPU", 0), ("wall", 1)):
+        ratios = [b[k] / a[k] for a, b in zip(base, this)]
+        print(f"  this tree / baseline, {what}: median of pass ratios {statistics.median(ratios):.2f}, "
+              f"ratio of medians {statistics.median(b[k] for b in this) / statistics.median(a[k] for a in base):.2f}")
+
+
 def daemon_figures(args, health: bool) -> None:
     """The daemon on a simulated DGX A100 split into 56 1g.5gb devices, 14 allocated."""
-    import json
-    import os
     import signal
-    import subprocess
-    import sys
     from pathlib import Path
 
     import psutil

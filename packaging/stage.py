@@ -7,7 +7,7 @@ needs around it. ``deb`` and ``rpm`` both install exactly this tree.
     DEST/lib/systemd/system/             the units in systemd/, run from /usr/bin
     DEST/etc/hostagent/config.yaml       every key, commented out, with its default
     DEST/usr/share/containers/oci/hooks.d/   the OCI hooks in hooks/
-    DEST/usr/share/doc/hostagent/        README.md and docs/*.md
+    DEST/usr/share/doc/hostagent/        README.md, docs/*.md and the Grafana dashboard
     DEST/usr/share/man/man{1,8}/         one page per program (hostagent's covers every command)
     DEST/usr/share/bash-completion/completions/
 
@@ -127,7 +127,8 @@ def host_files(src: Path, dest: Path) -> None:
     for hook in sorted((src / "hooks").glob("*.json")):
         install_file(hook, dest / "usr/share/containers/oci/hooks.d" / hook.name)
     doc = dest / "usr/share/doc/hostagent"
-    for page in [src / "README.md", *sorted((src / "docs").glob("*.md"))]:
+    dashboards = sorted((src / "packaging/grafana").glob("*.json"))
+    for page in [src / "README.md", *sorted((src / "docs").glob("*.md")), *dashboards]:
         install_file(page, doc / page.name)
 
 

@@ -46,6 +46,7 @@ class MetricsLink:
         self.server = None                   # the TCP endpoint
         self._bind_error: str | None = None
         self._next_bind = 0.0
+        self._names = None                   # (snapshot, its pod resolver)
 
     @property
     def enabled(self) -> bool:
@@ -64,6 +65,24 @@ class MetricsLink:
         """Scrape threads: device UUID -> allocation ids, from the current snapshot."""
         return {uuid: v["allocations"] for uuid, v in self.agent.snapshot.devices.items() if v["allocations"]}
 
+    def _pod_resolver(self):
+        """Pod attribution's thread: the names the kubelet may report for this node's devices
+        (device plugin ids, CDI names of the node's spec and of allocations) -> UUIDs."""
+        from ..metrics.pods import uuid_resolver
+        snapshot = self.agent.snapshot
+        if self._names is None or self._names[0] is not snapshot:
+            table: dict[str, tuple[str, ...]] = {}
+            for uuid, view in snapshot.devices.items():
+                for name in (uuid, *view.get("replicas", ()), *view.get("cdi_devices", ())):
+                    table[name] = (uuid,)
+            for alloc in snapshot.allocations.values():
+                if len(alloc.cdi_devices) == len(alloc.devices):     # one CDI device per device, in order
+                    table.update((name, (uuid,)) for name, uuid in zip(alloc.cdi_devices, alloc.devices))
+                else:
+                    table.update((name, tuple(alloc.devices)) for name in alloc.cdi_devices)
+            self._names = (snapshot, uuid_resolver(table))
+        return self._names[1]
+
     async def start(self, inventory) -> None:
         """The endpoint at once; the sampler when there is an inventory."""
         from ..metrics import MetricsService, allocation_labels
@@ -75,9 +94,9 @@ class MetricsLink:
         service = MetricsService(self.agent.host, inventory, self.options,
                                  health_monitor=self.health if self.health.enabled else None,
                                  device_labels=allocation_labels(self._allocations),
-                                 agent=self.agent.metrics)
+                                 agent=self.agent.metrics, pod_resolver=self._pod_resolver)
         self.service = service
-        await asyncio.to_thread(service.sampler.start)       # the first sample, off the loop
+        await asyncio.to_thread(service.start_sampling)      # the first sample, off the loop
 
     async def _bind(self) -> None:
         from ..metrics import MetricsServer
@@ -135,6 +154,7 @@ class MetricsLink:
         sampled = service is not None and service.sampler.snapshot is not None
         agent.metrics.collectors(inventory=agent.inventory is not None and agent.inventory_error is None,
                                  gpu=sampled)
-        if service is None:
+        if service is None:             # nothing sampled, nobody asked the kubelet
+            agent.metrics.collectors(gpm=False, kubernetes=False if self.options.kubernetes else None)
             return agent.metrics.render(), CONTENT_TYPE
         return service.render(), service.content_type

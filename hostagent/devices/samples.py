@@ -4,7 +4,13 @@ GPU instance (its MIG devices share its memory, so NVML answers per instance).
 ``SampleReader`` keeps the device handles of one inventory and remembers which queries a
 device refused with ``NOT_SUPPORTED`` (utilisation under MIG, memory temperature without
 HBM, ...), so each interval asks NVML only what it can answer. Call ``read()`` inside an
-NVML session (``devices.nvml_session``); build a new reader when the inventory changes.
+NVML session (``devices.nvml_session``); build a new reader when the inventory changes
+(``previous=`` the old one: its GPUs' GPM samples carry over) and ``close()`` the old one.
+
+Rates come from two reads: GPM's profiling metrics (``devices.gpm``) and the NVLink
+throughput, whose counters are differenced between this read and the last, as DCGM does.
+A rate's first read has nothing to pair with: ``NodeSample.pending`` says so, and the
+sampler reads again soon.
 """
 
 from __future__ import annotations
@@ -15,13 +21,18 @@ from dataclasses import dataclass
 
 import pynvml as N
 
+from .gpm import GPU_METRICS, INSTANCE_METRICS, GpmMetrics, GpmReader
 from .records import Inventory
 
-__all__ = ["Memory", "GpuSample", "InstanceSample", "NodeSample", "SampleReader"]
+__all__ = ["Memory", "GpuSample", "InstanceSample", "NodeSample", "SampleReader", "GpmMetrics"]
 
 log = logging.getLogger(__name__)
 
 _MIB = 1 << 20
+ALL_LINKS = 0xFFFFFFFF     # a field's scopeId: the sum over every NVLink
+# Read in one nvmlDeviceGetFieldValues call; each refused field is not asked again.
+_FIELDS = ((N.NVML_FI_DEV_MEMORY_TEMP, 0), (N.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX, ALL_LINKS),
+           (N.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, ALL_LINKS))
 
 
 @dataclass(frozen=True)
@@ -55,6 +66,9 @@ class GpuSample:
     remapped_uncorrectable: int | None = None
     remap_pending: bool | None = None
     remap_failure: bool | None = None
+    gpm: GpmMetrics | None = None          # profiling metrics (Hopper and newer)
+    nvlink_mbps: int | None = None         # NVLink data RX + TX over the last interval, as DCGM counts it
+    vgpu_licensed: bool | None = None      # a vGPU guest's licence (None: not a vGPU guest)
 
 
 # hostagent.devices.samples.SampleReader.read() -> NodeSample.instances
@@ -65,6 +79,7 @@ class InstanceSample:
     profile: str                           # the GPU instance's profile, "1g.5gb"
     devices: tuple[str, ...]               # UUIDs of its MIG devices
     memory: Memory | None = None
+    gpm: GpmMetrics | None = None          # profiling metrics (Hopper and newer)
 
 
 @dataclass(frozen=True)
@@ -74,6 +89,8 @@ class NodeSample:
     gpus: tuple[GpuSample, ...]
     instances: tuple[InstanceSample, ...] = ()
     nvml_calls: int = 0                    # NVML queries this read made
+    gpm_complete: bool = False             # every GPU (or its GPU instances) has its GPM metrics
+    pending: bool = False                  # a rate had its first read: the next read gives it
 
 
 class _Unsupported(Exception):
@@ -83,24 +100,50 @@ class _Unsupported(Exception):
 class SampleReader:
     """Reads samples for the devices of one inventory, handle lookups done once."""
 
-    def __init__(self, inventory: Inventory):
+    def __init__(self, inventory: Inventory, previous: "SampleReader | None" = None):
         self.inventory = inventory
         self._handles: dict[int, object] = {}
         self._instance_handles: dict[tuple[int, int], object] = {}
         self._refused: set[tuple[str, str]] = set()      # (device, query) that said NOT_SUPPORTED
         self._calls = 0
+        self._gpm = previous._gpm if previous is not None else GpmReader()
+        self._nvlink: dict[str, tuple[float, int]] = previous._nvlink if previous is not None else {}
+        self._virtualization: dict[str, int] = {}        # GPU uuid -> nvmlDeviceGetVirtualizationMode
+        self._pending = False
+        self._gpm_keys: list[tuple] = []
 
     def read(self) -> NodeSample:
         start, t0 = time.time(), time.perf_counter()
-        self._calls = 0
-        gpus, instances = [], []
+        self._calls = self._gpm.calls = 0
+        self._pending, self._gpm_keys = False, []
+        gpus, instances, profiled = [], [], []
         for gpu in self.inventory.gpus:
-            sample = self._read_gpu(gpu.index, gpu.uuid)
+            # Profiling metrics per GPU instance where there are any, else per GPU, as
+            # dcgm-exporter's default (--devices f: GPU instances where MIG has them).
+            split = gpu.mig_enabled and bool(gpu.mig.devices)
+            sample = self._read_gpu(gpu.index, gpu.uuid, profile=not split)
             gpus.append(sample)
-            if gpu.mig_enabled and not sample.lost:
-                instances += self._read_instances(gpu)
+            if sample.lost:
+                continue
+            if split:
+                found = self._read_instances(gpu)
+                instances += found
+                profiled += found
+            else:
+                profiled.append(sample)
+        self._gpm.keep_only(self._gpm_keys)
+        if self._gpm.unsupported:
+            log.info("no GPU performance monitoring (Hopper and newer have it) on GPU %s: no DCGM_FI_PROF_* "
+                     "series for them", ", ".join(self._gpm.unsupported))
+            self._gpm.unsupported.clear()
+        complete = all(s.gpm is not None for s in profiled)
         return NodeSample(taken_at=start, duration_s=time.perf_counter() - t0, gpus=tuple(gpus),
-                          instances=tuple(instances), nvml_calls=self._calls)
+                          instances=tuple(instances), nvml_calls=self._calls + self._gpm.calls,
+                          gpm_complete=complete, pending=self._pending)
+
+    def close(self) -> None:
+        """Free what NVML holds for this reader (GPM sample buffers), in its session."""
+        self._gpm.close()
 
     # ---- one query, with memory of refusals ------------------------------------------
 
@@ -128,9 +171,12 @@ class SampleReader:
 
     # ---- GPUs ------------------------------------------------------------------------
 
-    def _read_gpu(self, index: int, uuid: str) -> GpuSample:
+    def _read_gpu(self, index: int, uuid: str, profile: bool) -> GpuSample:
         try:
-            return GpuSample(index=index, uuid=uuid, **self._gpu_values(uuid, self._handle(index)))
+            h = self._handle(index)
+            gpm = self._gpm_metrics((uuid,), uuid, h, lambda buf: N.nvmlGpmSampleGet(h, buf)) if profile else None
+            return GpuSample(index=index, uuid=uuid, **self._gpu_values(uuid, h), gpm=gpm,
+                             vgpu_licensed=self._vgpu_license(uuid, h))
         except N.NVMLError as e:
             if e.value == N.NVML_ERROR_GPU_IS_LOST:
                 return GpuSample(index=index, uuid=uuid, lost=True)
@@ -149,7 +195,7 @@ class SampleReader:
         out["dec_util"] = dec[0] if dec else None
         out["memory"] = self._memory(uuid, h)
         out["gpu_temp_c"] = ask(uuid, "temperature", N.nvmlDeviceGetTemperature, h, N.NVML_TEMPERATURE_GPU)
-        out["memory_temp_c"] = self._memory_temperature(uuid, h)
+        out["memory_temp_c"], out["nvlink_mbps"] = self._fields(uuid, h)
         power = ask(uuid, "power", N.nvmlDeviceGetPowerUsage, h)
         out["power_w"] = None if power is None else power / 1000
         out["energy_mj"] = ask(uuid, "energy", N.nvmlDeviceGetTotalEnergyConsumption, h)
@@ -170,17 +216,65 @@ class SampleReader:
         return Memory(total_mib=mem.total // _MIB, used_mib=mem.used // _MIB,
                       free_mib=mem.free // _MIB, reserved_mib=mem.reserved // _MIB)
 
-    def _memory_temperature(self, uuid: str, h) -> int | None:
-        # A field value: the call succeeds and the entry carries its own return code.
-        values = self._ask(uuid, "memory_temp", N.nvmlDeviceGetFieldValues, h, [N.NVML_FI_DEV_MEMORY_TEMP])
-        if values is None:
+    def _fields(self, uuid: str, h) -> tuple[int | None, int | None]:
+        """Memory temperature and the NVLink rate, from one field-values call."""
+        wanted = [f for f in _FIELDS if (uuid, f"field {f[0]}") not in self._refused]
+        values = self._ask(uuid, "fields", N.nvmlDeviceGetFieldValues, h, wanted) if wanted else None
+        got = {}
+        for fv in values or ():
+            if fv.nvmlReturn == N.NVML_SUCCESS:
+                got[fv.fieldId] = fv
+            elif fv.nvmlReturn == N.NVML_ERROR_NOT_SUPPORTED:
+                self._refused.add((uuid, f"field {fv.fieldId}"))
+        temp = got.get(N.NVML_FI_DEV_MEMORY_TEMP)
+        return (None if temp is None else _field_value(temp)), self._nvlink_rate(uuid, got)
+
+    def _nvlink_rate(self, uuid: str, got: dict) -> int | None:
+        """DCGM's NVLink bandwidth: (RX + TX KiB now - then) / seconds / 1000 (DcgmCacheManager
+        ReadAndCacheNvLinkBandwidth), an integer."""
+        rx, tx = got.get(N.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX), got.get(N.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX)
+        if rx is None or tx is None:
+            self._nvlink.pop(uuid, None)
             return None
-        fv = values[0]
-        if fv.nvmlReturn != N.NVML_SUCCESS:
-            if fv.nvmlReturn == N.NVML_ERROR_NOT_SUPPORTED:
-                self._refused.add((uuid, "memory_temp"))
+        total = rx.value.ullVal + tx.value.ullVal
+        at = max(rx.timestamp, tx.timestamp) / 1e6 or time.time()
+        last, self._nvlink[uuid] = self._nvlink.get(uuid), (at, total)
+        if last is None or at <= last[0] or total < last[1]:
+            self._pending = True
             return None
-        return _field_value(fv)
+        return int((total - last[1]) / (at - last[0]) / 1000)
+
+    def _gpm_metrics(self, key: tuple, uuid: str, h, take, metrics=GPU_METRICS):
+        """GPM metrics of a GPU (or, with INSTANCE_METRICS, a GPU instance), or None."""
+        if not self._gpm.supported(uuid, h):
+            return None
+        self._gpm_keys.append(key)
+        found = self._gpm.read(key, take, metrics)
+        if found is GpmReader.PENDING:
+            self._pending = True
+            return None
+        return found
+
+    def _vgpu_license(self, uuid: str, h) -> bool | None:
+        """A vGPU guest's licence state, as DCGM reads it: licensing unsupported is unlicensed,
+        else the vGPU feature's state; None on bare metal (the mode is asked once)."""
+        mode = self._virtualization.get(uuid)
+        if mode is None:
+            mode = self._ask(uuid, "virtualization", N.nvmlDeviceGetVirtualizationMode, h)
+            if mode is None and (uuid, "virtualization") not in self._refused:
+                return None                  # no answer this time: asked again next time
+            self._virtualization[uuid] = mode = N.NVML_GPU_VIRTUALIZATION_MODE_NONE if mode is None else mode
+        if mode != N.NVML_GPU_VIRTUALIZATION_MODE_VGPU:
+            return None
+        features = self._ask(uuid, "licence", N.nvmlDeviceGetGridLicensableFeatures_v4, h)
+        if features is None:
+            return None
+        if not features.isGridLicenseSupported:
+            return False
+        for feature in features.gridLicensableFeatures[:features.licensableFeaturesCount]:
+            if feature.featureCode == N.NVML_GRID_LICENSE_FEATURE_CODE_VGPU:
+                return feature.featureState > 0
+        return None
 
     # ---- GPU instances ---------------------------------------------------------------
 
@@ -190,6 +284,7 @@ class SampleReader:
         for dev in gpu.mig.devices:
             by_gi.setdefault(dev.gi, []).append(dev)
         profiles = {gi.id: gi.profile for gi in gpu.mig.gpu_instances}
+        parent = self._handle(gpu.index)
         for gi, devices in sorted(by_gi.items()):
             first = devices[0]
             try:
@@ -198,8 +293,14 @@ class SampleReader:
             except N.NVMLError as e:
                 log.debug("GPU %d instance %d: %s", gpu.index, gi, e)
                 memory = None
+            try:
+                gpm = self._gpm_metrics((gpu.uuid, gi), gpu.uuid, parent,
+                                        lambda buf, gi=gi: N.nvmlGpmMigSampleGet(parent, gi, buf), INSTANCE_METRICS)
+            except N.NVMLError as e:         # GPU_IS_LOST since its own values were read
+                log.debug("GPU %d instance %d: %s", gpu.index, gi, e)
+                gpm = None
             out.append(InstanceSample(gpu=gpu.index, gi=gi, profile=profiles.get(gi, first.profile),
-                                      devices=tuple(d.uuid for d in devices), memory=memory))
+                                      devices=tuple(d.uuid for d in devices), memory=memory, gpm=gpm))
         return out
 
     def _instance_handle(self, gpu: int, mig_index: int):

@@ -2,7 +2,8 @@
 
 Pure: ``families`` (names, types, sources), ``labels`` (label sets), ``render`` (text).
 Shell: ``sampler`` (the NVML thread), ``exposition`` (the page), ``server`` (TCP endpoint),
-``agent`` (hostagent's own collectors), ``service`` (all of it, as the daemon hosts it).
+``agent`` (hostagent's own collectors), ``pods`` (pod labels from the kubelet), ``service``
+(all of it, as the daemon hosts it).
 prometheus_client is imported only when its collectors are built.
 """
 

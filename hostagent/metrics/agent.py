@@ -90,9 +90,10 @@ class AgentMetrics:
                                     "Restarts of the device's MPS control daemon after it died or stopped "
                                     "answering.", ["device"], registry=r)
         self.collector_success = Gauge("hostagent_scrape_collector_success", "1 when the collector's "
-                                       "part of the page could be read from NVML (inventory: the node's "
-                                       "devices; gpu: the last sample), 0 when not (its series are absent).",
-                                       ["collector"], registry=r)
+                                       "part of the page could be read (inventory: the node's devices; gpu: "
+                                       "the last sample; gpm: profiling metrics of every GPU or GPU instance; "
+                                       "kubernetes: pod labels from the kubelet), 0 when not (its series or "
+                                       "labels are absent).", ["collector"], registry=r)
 
     # ---- what the daemon calls -------------------------------------------------------
 
@@ -143,10 +144,17 @@ class AgentMetrics:
             for result in RESULTS:
                 self.driver_checks.labels(check.name, result).set(1 if check.result == result else 0)
 
-    def collectors(self, inventory: bool, gpu: bool) -> None:
-        """What the page holds, set before each scrape is rendered."""
-        self.collector_success.labels("inventory").set(1 if inventory else 0)
-        self.collector_success.labels("gpu").set(1 if gpu else 0)
+    def collectors(self, **success: bool | None) -> None:
+        """What the page holds, set before each scrape is rendered: collector name -> whether
+        it could be read (None: the collector is off, no series)."""
+        for name, ok in success.items():
+            if ok is None:
+                try:
+                    self.collector_success.remove(name)
+                except KeyError:
+                    pass
+            else:
+                self.collector_success.labels(name).set(1 if ok else 0)
 
     def render(self) -> bytes:
         from prometheus_client import generate_latest

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Callable, Iterable, Mapping
 
-__all__ = ["base_labels", "instance_key", "format_labels", "allocation_labels", "LabelHook"]
+__all__ = ["base_labels", "instance_key", "format_labels", "allocation_labels", "merged", "LabelHook"]
 
 # device UUID -> extra labels for its series (e.g. {"allocation": "claim-123"})
 LabelHook = Callable[[], Mapping[str, Mapping[str, str]]]
@@ -47,4 +47,19 @@ def allocation_labels(lookup: Callable[[], Mapping[str, Iterable[str]]],
     """A label hook from "device UUID -> allocation ids" (several ids: comma-joined)."""
     def hook():
         return {uuid: {name: ",".join(ids)} for uuid, ids in lookup().items() if ids}
+    return hook
+
+
+def merged(*hooks: LabelHook | None) -> LabelHook | None:
+    """One hook giving every hook's labels of each device."""
+    hooks = tuple(h for h in hooks if h is not None)
+    if len(hooks) < 2:
+        return hooks[0] if hooks else None
+
+    def hook():
+        out: dict[str, dict[str, str]] = {}
+        for h in hooks:
+            for uuid, labels in h().items():
+                out[uuid] = {**out[uuid], **labels} if uuid in out else labels
+        return out
     return hook

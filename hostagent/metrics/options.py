@@ -9,6 +9,7 @@ from dataclasses import dataclass
 __all__ = ["MetricsOptions", "DEFAULT_PORT"]
 
 DEFAULT_PORT = 9400          # dcgm-exporter's, so existing scrape configs find it
+POD_RESOURCES_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
 
 
 @dataclass(frozen=True)
@@ -18,6 +19,8 @@ class MetricsOptions:
     port: int | None = DEFAULT_PORT  # None: no TCP listener (the socket's /metrics only)
     interval: float = 10.0           # seconds between NVML samples
     hostname: str | None = None      # the Hostname label; default $NODE_NAME, else the host name
+    kubernetes: bool = False         # pod, namespace and container labels from the kubelet
+    pod_resources_socket: str = POD_RESOURCES_SOCKET   # a host path
 
     @classmethod
     def from_config(cls, section: dict | None) -> "MetricsOptions":

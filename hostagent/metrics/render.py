@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from typing import Mapping
 
-from .families import GPU_FAMILIES, HEALTH_FAMILIES, INSTANCE_FAMILIES, XID_FAMILY
+from .families import (GPU_FAMILIES, HEALTH_FAMILIES, INSTANCE_FAMILIES, INSTANCE_PROF_FAMILIES, PROF_FAMILIES,
+                       XID_FAMILY)
 from .labels import format_labels, instance_key
 from .xids import xid_name
 
@@ -55,9 +56,9 @@ def last_xids(state, member_map: dict) -> dict:
     return out
 
 
-def _num(value) -> str:
+def _num(value, digits: int = 3) -> str:
     if isinstance(value, float):
-        return repr(round(value, 3))
+        return repr(round(value, digits))
     return str(int(value))
 
 
@@ -73,17 +74,17 @@ def render_dcgm(snapshot, strings: dict, xids: dict) -> str:
     gpus = [s for s in (snapshot.gpus if snapshot else ()) if not s.lost and s.index in strings]
     instances = [s for s in (snapshot.instances if snapshot else ())
                  if instance_key(s.gpu, s.gi) in strings]
-    for fam in GPU_FAMILIES:
+    for fam in GPU_FAMILIES + PROF_FAMILIES:
         body = []
         for s in gpus:
             value = fam.value(s)
             if value is not None:
-                body.append(f"{fam.name}{strings[s.index]} {_num(value)}")
-        if fam in INSTANCE_FAMILIES:
+                body.append(f"{fam.name}{strings[s.index]} {_num(value, fam.digits)}")
+        if fam in INSTANCE_FAMILIES or fam in INSTANCE_PROF_FAMILIES:
             for s in instances:
                 value = fam.value(s)
                 if value is not None:
-                    body.append(f"{fam.name}{strings[instance_key(s.gpu, s.gi)]} {_num(value)}")
+                    body.append(f"{fam.name}{strings[instance_key(s.gpu, s.gi)]} {_num(value, fam.digits)}")
         _family(lines, fam, body)
     _family(lines, XID_FAMILY, [f"{XID_FAMILY.name}{_with_xid(strings[k], v)} {v}" for k, v in xids.items()
                                 if k in strings])

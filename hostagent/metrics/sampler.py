@@ -1,6 +1,11 @@
 """One sampling schedule for every scrape: a thread reads NVML every ``interval`` seconds into
 an immutable snapshot; scrapes render the last snapshot and never call NVML, so many
-scrapers (or a fast one) cost no more NVML calls than one."""
+scrapers (or a fast one) cost no more NVML calls than one.
+
+Rates (GPM's profiling metrics, NVLink bandwidth) come from two reads. When a read had
+devices without an earlier one (the first, or new GPU instances after a MIG change), the
+next comes ``WARMUP`` seconds later rather than an interval later, and ``start`` waits for
+it, so the first page already has them."""
 
 from __future__ import annotations
 
@@ -13,6 +18,8 @@ from ..hostroot import HostRoot
 __all__ = ["MetricsSampler"]
 
 log = logging.getLogger("hostagent.metrics")
+
+WARMUP = 0.2            # seconds to a device's second read (GPM needs its samples 100 ms apart)
 
 
 class MetricsSampler:
@@ -61,15 +68,26 @@ class MetricsSampler:
         """New devices (a MIG change): sample them from the next turn, which comes now."""
         with self._lock:
             self._inventory = inventory
-            self._reader = None
         self._wake.set()
+
+    def _current_reader(self):
+        """The reader of the current inventory (a new one, carrying the old one's rates over,
+        after a change)."""
+        from ..devices.samples import SampleReader
+        with self._lock:
+            if self._reader is None or self._reader.inventory is not self._inventory:
+                self._reader = SampleReader(self._inventory, previous=self._reader)
+            return self._reader
 
     def _run(self) -> None:
         from ..devices import nvml_session
         while not self._stop.is_set():
             try:
                 with nvml_session(self.host):
-                    self._loop()
+                    try:
+                        self._loop()
+                    finally:
+                        self._close_reader()
             except HostagentError as e:
                 log.warning("metrics sampling: %s", e.message)
                 self._failed()
@@ -87,29 +105,30 @@ class MetricsSampler:
         if self.agent is not None:
             self.agent.sample(0.0, 0, ok=False)
 
+    def _close_reader(self) -> None:
+        """Let go of what NVML holds for the reader (GPM buffers) before the session ends."""
+        with self._lock:
+            reader, self._reader = self._reader, None
+        if reader is not None:
+            reader.close()
+
     def _loop(self) -> None:
-        from ..devices.samples import SampleReader
+        warmups = 0
         while not self._stop.is_set():
-            with self._lock:
-                if self._reader is None:
-                    self._reader = SampleReader(self._inventory)
-                reader = self._reader
-            sample = reader.read()
+            sample = self._current_reader().read()
             self._snapshot = sample                       # one reference swap: readers never lock
             if self.agent is not None:
                 self.agent.sample(sample.duration_s, sample.nvml_calls)
-            self._first.set()
+            warmups = warmups + 1 if sample.pending else 0
+            if warmups != 1:                              # at most one quick read in a row
+                self._first.set()
             self._wake.clear()
-            self._wake.wait(max(0.0, self.interval - sample.duration_s))
+            pause = WARMUP if warmups == 1 else self.interval
+            self._wake.wait(max(0.0, pause - sample.duration_s))
 
     def sample_now(self):
         """Take a sample in the caller's thread (tests, benchmarks); also becomes the snapshot."""
         from ..devices import nvml_session
-        from ..devices.samples import SampleReader
         with nvml_session(self.host):
-            with self._lock:
-                if self._reader is None:
-                    self._reader = SampleReader(self._inventory)
-                reader = self._reader
-            self._snapshot = reader.read()
+            self._snapshot = self._current_reader().read()
         return self._snapshot

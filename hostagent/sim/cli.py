@@ -47,6 +47,20 @@ def register(sub) -> None:
     v.add_argument("--memory", type=int, default=512, metavar="MIB", help="memory it uses")
     v.set_defaults(run=hold)
 
+    v = _verb(verbs, "load", "set what the programs on a GPU or MIG device keep busy, as GPU performance "
+                             "monitoring (Hopper and newer) and the NVLink and PCIe counters see it")
+    v.add_argument("device", help="GPU index or UUID, MIG UUID, or GPU:MIG")
+    for name, what in (("gr", "graphics/compute engine active (default: --sm)"), ("sm", "SMs busy"),
+                       ("occupancy", "warps resident, of what the SMs hold"), ("tensor", "tensor pipes busy"),
+                       ("fp64", "FP64 pipes busy"), ("fp32", "FP32 pipes busy"), ("fp16", "FP16 pipes busy"),
+                       ("dram", "DRAM bandwidth used (a MIG device: of its GPU instance's)")):
+        v.add_argument(f"--{name}", type=float, metavar="PCT", help=f"percent of time: {what}")
+    for name, what in (("pcie-tx", "out of the GPU over PCIe"), ("pcie-rx", "into the GPU over PCIe"),
+                       ("nvlink-tx", "sent over all NVLinks"), ("nvlink-rx", "received over all NVLinks")):
+        v.add_argument(f"--{name}", type=float, default=0.0, metavar="MIB_S", help=f"MiB/s {what}")
+    v.add_argument("--clear", action="store_true", help="the device goes idle")
+    v.set_defaults(run=load)
+
     v = _verb(verbs, "release", "drop process holds (all, or one process's)")
     v.add_argument("pid", type=int, nargs="?", help="process id (default: all)")
     v.set_defaults(run=release)
@@ -185,6 +199,25 @@ def hold(args) -> int:
     proc = control.hold(_store(args), args.device, pid=args.pid, name=args.name, used_mib=args.memory)
     where = f"GPU {proc.gpu}" + (f" GI {proc.gi} CI {proc.ci}" if proc.gi is not None else "")
     print(f"process {proc.pid} ({proc.name}) holds {where}")
+    return 0
+
+
+def load(args) -> int:
+    from ..sim import workload
+    if args.clear:
+        _, where = workload.set_load(_store(args), args.device, None)
+        print(f"{where} is idle")
+        return 0
+    percent = {name: getattr(args, name) or 0.0 for name in workload.Load.PERCENT}
+    if args.gr is None:
+        percent["gr"] = percent["sm"]
+    load = workload.Load(**percent, pcie_tx=args.pcie_tx, pcie_rx=args.pcie_rx,
+                         nvlink_tx=args.nvlink_tx, nvlink_rx=args.nvlink_rx)
+    _, where = workload.set_load(_store(args), args.device, load)
+    busy = ", ".join(f"{name} {value:g}%" for name, value in percent.items() if value)
+    traffic = ", ".join(f"{name.replace('_', ' ')} {getattr(load, name):g} MiB/s"
+                        for name in ("pcie_tx", "pcie_rx", "nvlink_tx", "nvlink_rx") if getattr(load, name))
+    print(f"{where}: {'; '.join(x for x in (busy, traffic) if x) or 'idle'}")
     return 0
 
 

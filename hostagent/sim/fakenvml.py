@@ -24,12 +24,13 @@ from ctypes import (CFUNCTYPE, c_char_p, c_int, c_uint, c_ulonglong, c_void_p,
 import pynvml as N
 
 from ..errors import HostagentError
-from . import faketopology  # noqa: F401  (registers the topology calls)
+from . import faketopology, gpm, vgpu  # noqa: F401  (their NVML functions register)
 from . import privilege, telemetry
 from .catalog import ARCHITECTURES, BRANDS
 from .cfuncs import FUNCS, P, normal_bus_id, nvml, put, put_str, sized, struct
 from .clients import driver_clients
 from .node import MIG_ENABLE, NodeState, SimGpu, SimNvmlError
+from .nvlink import FIELDS      # nvmlDeviceGetFieldValues entries it answers: id -> fn(lib, state, gpu, mig, fv)
 from .store import SimStore
 from .versions import cuda_version, library_version, module_version
 
@@ -105,6 +106,7 @@ class FakeNvmlLibrary:
         self._energy: dict[int, tuple[float, float, float]] = {}   # gpu -> (boot, t, mJ)
         self._initialised = 0
         self._error_strings: dict[int, ctypes.Array] = {}
+        self.modules: dict = {}      # what the simulator's other modules keep in this process
         # Queued faults; in memory, so they belong to this process (a child started with
         # HOSTAGENT_SIM_FAULT set gets its own).
         self.faults: list[Fault] = [Fault.parse(f) for f in os.environ.get(FAULT_ENV, "").split(",") if f]
@@ -875,7 +877,7 @@ class FakeNvmlLibrary:
     @nvml(P, c_int, P)
     def nvmlDeviceGetFieldValues(self, handle, count, values):
         # Per-entry results, as NVML gives: the call succeeds, unknown fields say NOT_SUPPORTED.
-        _, gpu, mig = self._device(handle)
+        state, gpu, mig = self._device(handle)
         reading = None if mig else self._sensors(handle)[2]
         now_us = int(time.time() * 1e6)
         for i in range(count):
@@ -885,6 +887,8 @@ class FakeNvmlLibrary:
                     and telemetry.has_hbm(self._sku(gpu))):
                 fv.valueType, fv.nvmlReturn = N.NVML_VALUE_TYPE_UNSIGNED_INT, N.NVML_SUCCESS
                 fv.value.uiVal = reading.mem_temp_c
+            elif fv.fieldId in FIELDS:
+                FIELDS[fv.fieldId](self, state, gpu, mig, fv)
             else:
                 fv.nvmlReturn = N.NVML_ERROR_NOT_SUPPORTED
 
@@ -1011,3 +1015,4 @@ def uninstall() -> None:
     with N.libLoadLock:
         N.nvmlLib = None
         N._nvmlGetFunctionPointer_cache.clear()
+

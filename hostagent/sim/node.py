@@ -101,6 +101,9 @@ class SimGpu:
     # call reads or sets it (the DRA driver runs nvidia-smi for it); kept beside the mode,
     # which it shares the persistence of (the simulator's choice: no source says).
     timeslice: int = 0
+    # A vGPU guest's GPU (a VM's virtual GPU): its licence, "licensed" or "unlicensed"; None
+    # for a bare-metal GPU (sim/vgpu.py). No verb sets it; tests set it through the store.
+    vgpu_license: str | None = None
 
     def gi(self, gi_id: int) -> GpuInstance | None:
         return next((g for g in self.gis if g.id == gi_id), None)
@@ -163,6 +166,9 @@ class NodeState:
     # the loaded module (absent: the node's driver_version), nouveau (loaded instead),
     # fabric_manager (False: stopped).
     driver: dict = field(default_factory=dict)
+    # Simulated workloads (sim/workload.py): device UUID -> {"load": {...}, "since": time set}.
+    # They end with the driver (a reboot, an unload), as the programs behind them would.
+    loads: dict = field(default_factory=dict)
 
     MAX_EVENTS = 1000
 
@@ -182,7 +188,8 @@ class NodeState:
                    events=[SimEvent(**e) for e in raw["events"]],
                    next_seq=raw["next_seq"], boots=raw["boots"],
                    driver_loaded=raw.get("driver_loaded", True),
-                   booted_at=raw.get("booted_at", 0.0), driver=raw.get("driver", {}))
+                   booted_at=raw.get("booted_at", 0.0), driver=raw.get("driver", {}),
+                   loads=raw.get("loads", {}))
 
     # ---- lookups -------------------------------------------------------------------
 
@@ -281,6 +288,7 @@ class NodeState:
             else:
                 gpu.mig_current = gpu.mig_pending = MIG_DISABLE
         self.events.clear()
+        self.loads.clear()
         self.driver_loaded = True
         self.boots += 1
         self.booted_at = time.time()
@@ -298,6 +306,7 @@ class NodeState:
             gpu.compute_mode, gpu.timeslice = N.NVML_COMPUTEMODE_DEFAULT, 0
             if not facts.skus[gpu.sku].mig_mode_persists:
                 gpu.mig_current = gpu.mig_pending = MIG_DISABLE
+        self.loads.clear()
         self.driver_loaded = False
 
     # ---- GPU instances -------------------------------------------------------------

@@ -33,7 +33,8 @@ SAMPLES = {
     "runtime configure": ["--runtime", "containerd"], "runtime revert": ["--runtime", "containerd"],
     "runtime install-shim": [],
     "sim profiles": [], "sim create": ["--root", "ROOT/another"], "sim demo": ["--profile", "t4x2"],
-    "sim hold": ["0"], "sim release": [], "sim xid": ["--gpu", "0", "--xid", "48"], "sim ecc": ["--gpu", "0"],
+    "sim hold": ["0"], "sim load": ["0", "--sm", "50", "--pcie-rx", "100"], "sim release": [],
+    "sim xid": ["--gpu", "0", "--xid", "48"], "sim ecc": ["--gpu", "0"],
     "sim lose": ["--gpu", "1"], "sim events": ["--gpu", "0", "off"],
     "sim topology": ["--gpu", "0", "off"], "sim reboot": [],
     "sim driver": ["unload"], "sim fault": ["no-uvm"],
@@ -44,7 +45,7 @@ SAMPLES = {
 }
 # These change the node: as another user they must be refused, saying how to run them.
 NEED_ROOT = {"labels", "serve", "device-plugin", "dra-plugin", "health clear", "cdi refresh", "mig apply", "runtime configure",
-             "runtime revert", "runtime install-shim", "sim create", "sim hold", "sim xid", "sim reboot",
+             "runtime revert", "runtime install-shim", "sim create", "sim hold", "sim load", "sim xid", "sim reboot",
              "sim driver", "sim fault", "sharing apply", "sharing off"}
 
 

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n,hostagent/plugins/kubelet/podresources.proto\x12\x02v1\"\x19\n\x17ListPodResourcesRequest\"C\n\x18ListPodResourcesResponse\x12\'\n\rpod_resources\x18\x01 \x03(\x0b\x32\x10.v1.PodResources\"[\n\x0cPodResources\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x11\n\tnamespace\x18\x02 \x01(\t\x12*\n\ncontainers\x18\x03 \x03(\x0b\x32\x16.v1.ContainerResources\"I\n\x12\x43ontainerResources\x12\x0c\n\x04name\x18\x01 \x01(\t\x12%\n\x07\x64\x65vices\x18\x02 \x03(\x0b\x32\x14.v1.ContainerDevices\"=\n\x10\x43ontainerDevices\x12\x15\n\rresource_name\x18\x01 \x01(\t\x12\x12\n\ndevice_ids\x18\x02 \x03(\t2Y\n\x12PodResourcesLister\x12\x43\n\x04List\x12\x1b.v1.ListPodResourcesRequest\x1a\x1c.v1.ListPodResourcesResponse\"\x00\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n,hostagent/plugins/kubelet/podresources.proto\x12\x02v1\"\x19\n\x17ListPodResourcesRequest\"C\n\x18ListPodResourcesResponse\x12\'\n\rpod_resources\x18\x01 \x03(\x0b\x32\x10.v1.PodResources\"[\n\x0cPodResources\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x11\n\tnamespace\x18\x02 \x01(\t\x12*\n\ncontainers\x18\x03 \x03(\x0b\x32\x16.v1.ContainerResources\"y\n\x12\x43ontainerResources\x12\x0c\n\x04name\x18\x01 \x01(\t\x12%\n\x07\x64\x65vices\x18\x02 \x03(\x0b\x32\x14.v1.ContainerDevices\x12.\n\x11\x64ynamic_resources\x18\x05 \x03(\x0b\x32\x13.v1.DynamicResource\"=\n\x10\x43ontainerDevices\x12\x15\n\rresource_name\x18\x01 \x01(\t\x12\x12\n\ndevice_ids\x18\x02 \x03(\t\"j\n\x0f\x44ynamicResource\x12\x12\n\nclaim_name\x18\x02 \x01(\t\x12\x17\n\x0f\x63laim_namespace\x18\x03 \x01(\t\x12*\n\x0f\x63laim_resources\x18\x04 \x03(\x0b\x32\x11.v1.ClaimResource\"p\n\rClaimResource\x12\"\n\x0b\x63\x64i_devices\x18\x01 \x03(\x0b\x32\r.v1.CDIDevice\x12\x13\n\x0b\x64river_name\x18\x02 \x01(\t\x12\x11\n\tpool_name\x18\x03 \x01(\t\x12\x13\n\x0b\x64\x65vice_name\x18\x04 \x01(\t\"\x19\n\tCDIDevice\x12\x0c\n\x04name\x18\x01 \x01(\t2Y\n\x12PodResourcesLister\x12\x43\n\x04List\x12\x1b.v1.ListPodResourcesRequest\x1a\x1c.v1.ListPodResourcesResponse\"\x00\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -38,9 +38,15 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_PODRESOURCES']._serialized_start=148
   _globals['_PODRESOURCES']._serialized_end=239
   _globals['_CONTAINERRESOURCES']._serialized_start=241
-  _globals['_CONTAINERRESOURCES']._serialized_end=314
-  _globals['_CONTAINERDEVICES']._serialized_start=316
-  _globals['_CONTAINERDEVICES']._serialized_end=377
-  _globals['_PODRESOURCESLISTER']._serialized_start=379
-  _globals['_PODRESOURCESLISTER']._serialized_end=468
+  _globals['_CONTAINERRESOURCES']._serialized_end=362
+  _globals['_CONTAINERDEVICES']._serialized_start=364
+  _globals['_CONTAINERDEVICES']._serialized_end=425
+  _globals['_DYNAMICRESOURCE']._serialized_start=427
+  _globals['_DYNAMICRESOURCE']._serialized_end=533
+  _globals['_CLAIMRESOURCE']._serialized_start=535
+  _globals['_CLAIMRESOURCE']._serialized_end=647
+  _globals['_CDIDEVICE']._serialized_start=649
+  _globals['_CDIDEVICE']._serialized_end=674
+  _globals['_PODRESOURCESLISTER']._serialized_start=676
+  _globals['_PODRESOURCESLISTER']._serialized_end=765
 # @@protoc_insertion_point(module_scope)
