@@ -47,16 +47,17 @@ def write_at(dir_fd: int, name: str, data: bytes, mode: int = 0o644) -> None:
 
 def read_at(dir_fd: int, name: str, limit: int) -> bytes | None:
     """Contents of regular file ``name`` (at most ``limit`` + 1 bytes), or None when it is
-    missing or not a regular file. Never follows a link and never blocks on a FIFO."""
+    missing or not a regular file. Never follows a link, and never opens anything else for
+    reading (open_regular): a FIFO would see a reader, a device node its driver's open."""
     try:
-        fd = posix.open(name, posix.O_RDONLY | posix.O_NOFOLLOW | posix.O_NONBLOCK | posix.O_CLOEXEC, dir_fd=dir_fd)
+        opened = open_regular(dir_fd, name)
     except OSError:
         return None
+    if opened is None:
+        return None
+    fd, size = opened
     try:
-        st = posix.fstat(fd)
-        if (st.st_mode & _S_IFMT) != _S_IFREG:
-            return None
-        return posix.read(fd, min(st.st_size, limit) + 1)
+        return posix.read(fd, min(size, limit) + 1)
     finally:
         posix.close(fd)
 
