@@ -36,7 +36,7 @@ class Unsupported(Exception):
 def read(fd: int, size: int) -> tuple[bytes | None, int] | None:
     """(SONAME or None, flags) of the regular file open at ``fd`` (``size`` bytes), or None
     when ldconfig would not list it."""
-    file = _File(fd)
+    file = _File(fd, size)
     head = file.at(0, _EHDR.size)
     if len(head) < _EHDR.size or head[:4] != b"\x7fELF":
         return None
@@ -82,15 +82,19 @@ class _File:
     """Positioned reads, the first 4 KiB read once: a small library's headers, dynamic
     section and strings all lie there."""
 
-    __slots__ = ("fd", "head")
+    __slots__ = ("fd", "size", "head")
 
-    def __init__(self, fd: int):
-        self.fd, self.head = fd, posix.pread(fd, 4096, 0)
+    def __init__(self, fd: int, size: int):
+        self.fd, self.size, self.head = fd, size, posix.pread(fd, 4096, 0)
 
     def at(self, offset: int, length: int) -> bytes:
+        """At most ``length`` bytes from ``offset`` (fewer at the end of the file: the
+        header's offsets are the image's, and may point anywhere)."""
         if offset + length <= len(self.head):
             return self.head[offset:offset + length]
-        return posix.pread(self.fd, length, offset)
+        if offset >= self.size:
+            return b""
+        return posix.pread(self.fd, min(length, self.size - offset), offset)
 
 
 def _dynamic(file: _File, offset: int, length: int, size: int) -> list[tuple[int, int]] | None:
