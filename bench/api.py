@@ -235,13 +235,15 @@ def allocation_cost(root: Path, sock: str, count: int) -> None:
             t = time.perf_counter()
             c.allocate(f"cost-{i}", [str(i % 8)], sharing={"strategy": "TimeSlicing"})
             times.append(time.perf_counter() - t)
-        size = (root / "var/lib/hostagent/allocations.json").stat().st_size
+        state = root / "var/lib/hostagent"
+        size = sum((state / name).stat().st_size for name in ("allocations.json", "allocations.journal")
+                   if (state / name).exists())
         for i in range(count):
             c.release(f"cost-{i}")
     n = min(50, count)
     print(f"{count} time-slicing allocations over 8 GPUs: median {statistics.median(times[:n]) * 1000:.1f} ms "
           f"for the first {n}, {statistics.median(times[-n:]) * 1000:.1f} ms for the last {n}; "
-          f"checkpoint {size / 1024:.0f} KB")
+          f"checkpoint and its journal {size / 1024:.0f} KB")
 
 
 def main() -> int:
