@@ -21,6 +21,7 @@ what they are (or drops them), and the last line about an allocation decides.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -41,11 +42,18 @@ log = logging.getLogger("hostagent.daemon")
 
 
 def path(host: HostRoot) -> Path:
-    return host.state_dir / "allocations.json"
+    return _paths(host)[0]
 
 
 def journal_path(host: HostRoot) -> Path:
-    return host.state_dir / "allocations.journal"
+    return _paths(host)[1]
+
+
+@functools.lru_cache(maxsize=16)
+def _paths(host: HostRoot) -> tuple[Path, Path]:
+    """Found once per host: resolving them through a host root that is not / cost more
+    than a journal line's write."""
+    return host.state_dir / "allocations.json", host.state_dir / "allocations.journal"
 
 
 def read(host: HostRoot) -> list[Allocation]:
