@@ -1,6 +1,6 @@
 """Benchmark of the agent's local API on a simulated DGX A100.
 
-    python3 bench/api.py [--duration 3] [--rounds32 3] [--idle-seconds 60] [--watchers 100]
+    python3 bench/api.py [--duration 3] [--rounds32 5] [--idle-seconds 60] [--watchers 100]
                          [--baseline DIR]
 
 1. Throughput and p50/p99 latency of GET /v1/devices with 1, 8 and 32 concurrent
@@ -254,7 +254,7 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=5, help="changes watched (default 5)")
     ap.add_argument("--allocations", type=int, default=256,
                     help="shared allocations made for the cost figures (default 256; 0: none)")
-    ap.add_argument("--rounds32", type=int, default=3, help="alternated rounds at 32 clients (default 3)")
+    ap.add_argument("--rounds32", type=int, default=5, help="alternated rounds at 32 clients (default 5)")
     ap.add_argument("--baseline", metavar="DIR", help="also run a daemon of the hostagent package in DIR")
     args = ap.parse_args()
 
