@@ -30,7 +30,7 @@ def write_at(dir_fd: int, name: str, data: bytes, mode: int = 0o644) -> None:
     is rebuilt by the hook at every start, so losing a write to a power cut costs nothing."""
     tmp = temp_name(name)
     fd = posix.open(tmp, posix.O_WRONLY | posix.O_CREAT | posix.O_EXCL | posix.O_NOFOLLOW | posix.O_CLOEXEC,
-                 mode, dir_fd=dir_fd)
+                    mode, dir_fd=dir_fd)
     try:
         try:
             view = memoryview(data)

@@ -41,8 +41,8 @@ def write_config(root: Root, folders: list[str]) -> None:
     try:
         if not exists_at(etc, "ld.so.conf"):
             try:
-                fd = posix.open("ld.so.conf", posix.O_WRONLY | posix.O_CREAT | posix.O_EXCL | posix.O_NOFOLLOW | posix.O_CLOEXEC,
-                             0o644, dir_fd=etc)
+                fd = posix.open("ld.so.conf", posix.O_WRONLY | posix.O_CREAT | posix.O_EXCL | posix.O_NOFOLLOW
+                                | posix.O_CLOEXEC, 0o644, dir_fd=etc)
             except FileExistsError:
                 pass                              # appeared meanwhile: the image's own
             else:

@@ -96,7 +96,8 @@ def test_a_cache_that_cannot_be_rewritten_faithfully_is_refused(damage):
     elif damage == "big-endian":
         data[28] = 3
     elif damage == "old-table-alone":
-        data = bytearray(cachefile.OLD_MAGIC + b"\0" + struct.pack("<I", 1) + bytes(12) + b"libz.so.1\0/lib/libz.so.1\0")
+        data = bytearray(cachefile.OLD_MAGIC + b"\0" + struct.pack("<I", 1) + bytes(12)
+                         + b"libz.so.1\0/lib/libz.so.1\0")
     elif damage == "hwcap-without-names":
         struct.pack_into("<Q", data, 48 + 16, cachefile.HWCAP_EXTENSION | 5)
     elif damage == "too-large":
@@ -125,7 +126,8 @@ def test_added_entries_go_before_their_ties_in_the_order_given_and_replace_dupli
                                                       entry(b"libz.so.1", b"/lib")])
     first, second = entry(b"libcuda.so.1", b"/usr/lib/x86_64-linux-gnu"), entry(b"libcuda.so.1", b"/opt/driver")
     merged = cachefile.merge(image, [first, second])
-    assert merged.entries == [entry(b"libz.so.1", b"/lib"), first, second, entry(b"libcuda.so.1", b"/usr/local/cuda/compat")]
+    assert merged.entries == [entry(b"libz.so.1", b"/lib"), first, second,
+                              entry(b"libcuda.so.1", b"/usr/local/cuda/compat")]
     assert cachefile.merge(merged, [first, second]) is None                    # nothing changes: no write
     # An entry the image has in the wrong place is moved in front of its ties.
     late = cachefile.merge(image, [entry(b"libcuda.so.1", b"/usr/local/cuda/compat"), first])

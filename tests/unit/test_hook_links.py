@@ -77,7 +77,8 @@ def test_a_link_whose_parent_is_a_file_fails_clearly_before_any_link_is_made(roo
 def test_a_new_link_is_made_in_one_step_and_a_changed_one_renamed_into_place(root, monkeypatch):
     made, renamed = [], []
     real_symlink, real_rename = posix.symlink, posix.rename
-    monkeypatch.setattr(posix, "symlink", lambda target, name, **kw: (made.append(name), real_symlink(target, name, **kw)))
+    monkeypatch.setattr(posix, "symlink",
+                        lambda target, name, **kw: (made.append(name), real_symlink(target, name, **kw)))
     monkeypatch.setattr(posix, "rename", lambda a, b, **kw: (renamed.append((a, b)), real_rename(a, b, **kw)))
     counts, _ = run(root, f"libcuda.so.550::{LIB}/libcuda.so.1")
     assert counts["created"] == 1 and made == ["libcuda.so.1"] and renamed == []
@@ -86,7 +87,8 @@ def test_a_new_link_is_made_in_one_step_and_a_changed_one_renamed_into_place(roo
     assert counts["replaced"] == 1
     [tmp] = made
     assert tmp.startswith(".libcuda.so.1.hostagent-") and renamed == [(tmp, "libcuda.so.1")]
-    assert sorted(os.listdir(lib(root))) == ["libcuda.so.1"] and os.readlink(lib(root, "libcuda.so.1")) == "libcuda.so.560"
+    assert sorted(os.listdir(lib(root))) == ["libcuda.so.1"]
+    assert os.readlink(lib(root, "libcuda.so.1")) == "libcuda.so.560"
 
 
 def test_write_at_replaces_a_planted_symlink_instead_of_writing_through_it(tmp_path):
