@@ -58,6 +58,8 @@ class Request:
     body: bytes = b""
     caller: object = None              # set by the server: the peer's credentials
     params: dict[str, str] = field(default_factory=dict)   # set by the router
+    head: bytes = b""                  # set by the server: the head as received
+    snapshot: object = None            # set by the routes: the snapshot a read was answered from
 
     def param(self, name: str) -> str | None:
         values = self.query.get(name)
@@ -126,7 +128,7 @@ def _request(method: str, target: str, version: str, headers: dict) -> Request:
     raw_path = raw_path.partition("#")[0]
     try:
         query = parse_qs(query_text, keep_blank_values=True, strict_parsing=False,
-                         errors="strict", max_num_fields=32)
+                         errors="strict", max_num_fields=32) if query_text else {}
         path = unquote(raw_path, errors="strict")
     except (ValueError, UnicodeDecodeError):
         raise HttpError(400, "bad_request", "malformed request target") from None

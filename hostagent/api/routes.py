@@ -99,8 +99,15 @@ class App:
     PATTERNS = {"/v1/devices/": "/v1/devices/{device}", "/v1/allocations/": "/v1/allocations/{id}",
                 "/v1/mig/instances/": "/v1/mig/instances/{uuid}"}
 
+    HOT_ENTRIES = 256
+
     def __init__(self, agent):
         self.agent = agent
+        # Reads answered from the current snapshot, by their exact head and caller: a client
+        # asking the same again (a plugin's poll, a monitor) is answered without a parse, a
+        # route or a render. Emptied when the snapshot changes, so it keeps no old one alive.
+        self._hot: dict = {}
+        self._hot_snapshot = None
 
     @classmethod
     def add_routes(cls, exact: dict | None = None, prefix: dict | None = None) -> None:
@@ -137,8 +144,33 @@ class App:
         metrics = self.agent.metrics
         if isinstance(result, Response):
             metrics.api_request(request.method, pattern, result.status, time.perf_counter() - started)
+            if request.snapshot is not None and request.head and not request.content_length:
+                self._remember(request, pattern, result)
             return result
         return self._timed(result, request.method, pattern, started)
+
+    def hot(self, head: bytes, caller):
+        """(response, keep_alive, head_only) for a read seen before with this head, from
+        this caller, at the current snapshot; None otherwise (then the request is parsed)."""
+        started = time.perf_counter()
+        if self._hot_snapshot is not self.agent.snapshot:
+            return None
+        entry = self._hot.get((head, caller.uid, caller.role))
+        if entry is None:
+            return None
+        entry[1].record(time.perf_counter() - started)
+        return entry[0]
+
+    def _remember(self, request: Request, pattern: str, response: Response) -> None:
+        if request.snapshot is not self.agent.snapshot:
+            return
+        if request.snapshot is not self._hot_snapshot or len(self._hot) >= self.HOT_ENTRIES:
+            self._hot.clear()                        # a new snapshot, or many distinct heads
+            self._hot_snapshot = request.snapshot
+        caller = request.caller
+        self._hot[(request.head, caller.uid, caller.role)] = (
+            (response, request.keep_alive, request.method == "HEAD"),
+            self.agent.metrics.api_slot(request.method, pattern, response.status))
 
     async def _timed(self, coroutine, method: str, pattern: str, started: float):
         """Mutations until their answer; streams until their first byte."""
@@ -183,12 +215,13 @@ class App:
     # ---- helpers ------------------------------------------------------------------
 
     def _snapshot_response(self, request: Request, key, render) -> Response:
-        snap = self.agent.snapshot
+        """The snapshot's rendering of ``key``, one Response per snapshot (so its bytes on
+        the wire are made once too), or 304 when the caller has this revision."""
+        snap = request.snapshot = self.agent.snapshot
         etag = f'"{snap.revision}"'
         if request.headers.get("if-none-match") == etag:
             return Response(304, b"", (("ETag", etag),))
-        body = snap.cached(key, lambda: _dumps(render(snap)))
-        return Response(200, body, (("ETag", etag),))
+        return snap.cached(("response", key), lambda: Response(200, _dumps(render(snap)), (("ETag", etag),)))
 
     @staticmethod
     def _body(request: Request, operation_id: str):

@@ -43,6 +43,9 @@ class Response:
     body: bytes = b""
     headers: tuple[tuple[str, str], ...] = ()
     content_type: str = "application/json"
+    # The bytes on the wire, per (keep_alive, head_only): a response the routes cache (a
+    # snapshot's) is rendered once, not at every request.
+    wire: dict = field(default_factory=dict, repr=False, compare=False)
 
 
 @dataclass
@@ -104,7 +107,12 @@ class Connection(asyncio.Protocol):
         self.buf = bytearray()
         self.phase = _IDLE
         self.request: Request | None = None
-        self.timer = None
+        self.timer = None                  # the deadline's timer (see _arm)
+        self.timer_at = 0.0
+        self.head_armed = False            # the current head's deadline is set
+        self.deadline: float | None = None
+        self.on_deadline = None
+        self.linger_timer = None
         self.task = None
         self.closed = False
         self.write_paused = False
@@ -166,10 +174,12 @@ class Connection(asyncio.Protocol):
         return 0 if self.phase == _IDLE and not self.buf else 1
 
     def connection_lost(self, exc):
+        if self.linger_timer is not None:
+            self.linger_timer.cancel()
         if self.closed and self not in self.server.connections:
             return
         self.closed = True
-        self._disarm()
+        self._stop_timer()
         self.server.release(self)
         # Only streams end with their client. A mutation runs to its end (and its answer is
         # dropped): cancelling it half-way would leave the agent's memory and its checkpoint
@@ -182,7 +192,7 @@ class Connection(asyncio.Protocol):
     def close(self):
         if not self.closed:
             self.closed = True
-            self._disarm()
+            self._stop_timer()
             self.transport.close()
 
     def linger(self):
@@ -192,14 +202,14 @@ class Connection(asyncio.Protocol):
         if self.closed:
             return
         self.closed = self.lingering = True
-        self._disarm()
+        self._stop_timer()
         try:
             self.transport.write_eof()
         except (OSError, RuntimeError):
             self.transport.close()
             return
         self.transport.resume_reading()
-        self.timer = self.loop.call_later(1.0, self.transport.close)
+        self.linger_timer = self.loop.call_later(1.0, self.transport.close)
 
     def pause_writing(self):
         self.write_paused = True
@@ -232,22 +242,48 @@ class Connection(asyncio.Protocol):
 
     # ---- timers -----------------------------------------------------------------
 
-    def _arm(self, seconds: float, callback):
-        if self.timer is not None:
-            self.timer.cancel()
-        self.timer = self.loop.call_later(seconds, callback)
+    # One deadline at a time, watched by a timer that is moved only when a deadline comes
+    # earlier than it: a keep-alive request sets two deadlines (its head's, then the idle
+    # one), and making and cancelling a timer for each cost as much as parsing the request.
+    # A timer that fires before its connection's deadline sets itself again for it.
+
+    def _arm(self, seconds: float, callback, now: float | None = None):
+        self.deadline = (self.loop.time() if now is None else now) + seconds
+        self.on_deadline = callback
+        if self.timer is None or self.deadline < self.timer_at:
+            if self.timer is not None:
+                self.timer.cancel()
+            self.timer_at = self.deadline
+            self.timer = self.loop.call_at(self.deadline, self._deadline_reached)
 
     def _disarm(self):
+        """No deadline until the next _arm (the timer, if any, finds nothing to do)."""
+        self.deadline = None
+
+    def _stop_timer(self):
+        self.deadline = None
         if self.timer is not None:
             self.timer.cancel()
             self.timer = None
 
-    def _arm_idle(self):
-        self._arm(self.server.options.idle_timeout if not self.buf else
-                  self.server.options.header_timeout, self._timed_out)
+    def _deadline_reached(self):
+        self.timer = None
+        if self.deadline is None or self.closed:
+            return
+        if self.loop.time() < self.deadline:
+            self.timer_at = self.deadline
+            self.timer = self.loop.call_at(self.deadline, self._deadline_reached)
+            return
+        self.deadline = None
+        self.on_deadline()
+
+    def _arm_idle(self, now: float | None = None):
+        """Between requests: the idle deadline, or the next head's when part of it is here."""
+        self.head_armed = bool(self.buf)
+        self._arm(self.server.options.header_timeout if self.buf else self.server.options.idle_timeout,
+                  self._timed_out, now)
 
     def _timed_out(self):
-        self.timer = None
         if self.closed:
             return
         if self.phase in (_HEAD, _BODY) or self.buf:
@@ -259,7 +295,6 @@ class Connection(asyncio.Protocol):
         self.close()
 
     def _write_timed_out(self):
-        self.timer = None
         log.info("dropping %s: it stopped reading", self.caller.describe())
         self.closed = True
         self.transport.abort()
@@ -269,10 +304,20 @@ class Connection(asyncio.Protocol):
     def data_received(self, data):
         if self.closed:
             return          # lingering: discard
+        if self.phase == _IDLE and not self.buf and not self.write_paused and self.server.hot is not None \
+                and data.endswith(b"\r\n\r\n") and data.find(b"\r\n\r\n") == len(data) - 4:
+            # One whole head and nothing more, as a client polling a read sends it (only a
+            # head that was parsed and answered before is known to hot()).
+            answer = self.server.hot(data[:-4], self.caller)
+            if answer is not None:
+                self._finish(*answer)
+                return
         self.buf += data
         if self.phase == _IDLE:
-            self.phase = _HEAD                       # the header deadline starts now
-            self._arm(self.server.options.header_timeout, self._timed_out)
+            # The head's deadline runs from its first byte: set below when this chunk does
+            # not complete it (a head that arrives whole is answered before any could pass).
+            self.phase = _HEAD
+            self.head_armed = False
         if self.phase != _BUSY:
             self._process()
 
@@ -289,14 +334,26 @@ class Connection(asyncio.Protocol):
                                                     f"request head larger than {limits.max_header_bytes} bytes"))
                     if not self.buf:
                         self.phase = _IDLE
+                    elif not self.head_armed:
+                        self.head_armed = True
+                        self._arm(self.server.options.header_timeout, self._timed_out)
                     return
                 head = bytes(self.buf[:end])
                 del self.buf[:end + 4]
+                hot = self.server.hot
+                if hot is not None:
+                    answer = hot(head, self.caller)
+                    if answer is not None:             # a cached read seen before: no parse
+                        self._finish(*answer)
+                        if not self.buf:
+                            return
+                        continue
                 try:
                     request = parse_head(head, limits)
                 except HttpError as e:
                     return self._fail(e)
                 request.caller = self.caller
+                request.head = head
                 self.request = request
                 if request.content_length:
                     self.phase = _BODY
@@ -329,7 +386,7 @@ class Connection(asyncio.Protocol):
             log.exception("handler failed for %s %s", request.method, request.target)
             result = error_response(500, "internal", "internal error")
         if isinstance(result, Response):
-            self._finish(request, result)
+            self._finish(result, request.keep_alive, request.method == "HEAD")
             return
         self._update_reading()
         self.task = self.loop.create_task(self._run(request, result))
@@ -348,7 +405,7 @@ class Connection(asyncio.Protocol):
             result = error_response(500, "internal", "internal error")
         self.task = None
         if not self.closed:
-            self._finish(request, result)
+            self._finish(result, request.keep_alive, request.method == "HEAD")
             self._update_reading()
             if self.phase != _BUSY:
                 self._process()
@@ -375,32 +432,42 @@ class Connection(asyncio.Protocol):
         finally:
             self.close()
 
-    def _finish(self, request: Request, response: Response):
-        self.last_active = self.loop.time()
-        keep_alive = request.keep_alive and not self.server.closing
-        self._send(response, keep_alive=keep_alive, head_only=request.method == "HEAD")
+    def _finish(self, response: Response, keep_alive: bool, head_only: bool):
+        self.last_active = now = self.loop.time()
+        keep_alive = keep_alive and not self.server.closing
+        wire = response.wire.get((keep_alive, head_only))
+        self.transport.write(wire if wire is not None else
+                             self._render(response, keep_alive=keep_alive, head_only=head_only))
         self.request = None
         if not keep_alive:
             self.linger()
             return
         self.phase = _HEAD if self.buf else _IDLE
         if not self.write_paused:
-            self._arm_idle()
+            self._arm_idle(now)
 
     def _render(self, response: Response, *, keep_alive: bool, head_only: bool = False) -> bytes:
-        headers = [("Content-Type", response.content_type), *response.headers]
-        head = response_head(response.status, headers, length=len(response.body), keep_alive=keep_alive)
-        return head if head_only else head + response.body
+        wire = response.wire.get((keep_alive, head_only))
+        if wire is None:
+            headers = [("Content-Type", response.content_type), *response.headers]
+            wire = response_head(response.status, headers, length=len(response.body), keep_alive=keep_alive)
+            if not head_only:
+                wire += response.body
+            response.wire[(keep_alive, head_only)] = wire
+        return wire
 
     def _send(self, response: Response, *, keep_alive: bool, head_only: bool = False):
         self.transport.write(self._render(response, keep_alive=keep_alive, head_only=head_only))
 
 
 class ApiServer:
-    """Owns the listening socket and the set of connections; ``app(request)`` answers."""
+    """Owns the listening socket and the set of connections; ``app(request)`` answers.
+    ``app.hot(head, caller)``, where the app has it, answers a request head it has seen
+    before without a parse: (response, keep_alive, head_only), or None."""
 
     def __init__(self, app, options: ServerOptions):
         self.app = app
+        self.hot = getattr(app, "hot", None)
         self.options = options
         self.loop = None
         self.connections: set[Connection] = set()

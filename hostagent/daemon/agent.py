@@ -290,9 +290,11 @@ class Agent:
             self._spec_file = (self.spec_options, path)
         return path
 
-    def publish(self, before=()) -> None:
+    def publish(self, before=(), *, allocations_only: bool = False) -> None:
         """Publish ``before`` events, then the device and node changes since the last
-        snapshot; build the next snapshot. Loop thread only."""
+        snapshot; build the next snapshot. Loop thread only. ``allocations_only``: only
+        allocations changed, so the node's view and the devices' names are the last
+        snapshot's (an allocation changes neither)."""
         for type_, payload in before:
             self.events.publish(type_, payload)
         views = device_views(self.inventory, self.cdi_names, self.health, self.users(), self.default_health,
@@ -307,24 +309,25 @@ class Agent:
                 type_, lambda r, v=view, c=changed: {"device": {**v, "revision": r}, **({"changed": c} if c else {})})
         for uuid, view in views.items():
             view.setdefault("revision", old.get(uuid, {}).get("revision", self.events.revision))
-        node = self._node_view()
+        node = self.snapshot.node if allocations_only else self._node_view()
         if node != self.snapshot.node:
             # As GET /v1/node shows it: with its revision (the event's).
             self.events.publish("node_changed", lambda r: {"node": {"revision": r, **node}})
         unreadable = [model.unreadable(u) for u in (self.inventory.unreadable if self.inventory else ())]
         unread = [model.unread(u) for u in (self.inventory.unread if self.inventory else ())]
+        lookup = self.snapshot.lookup if allocations_only else lookup_table(views)
         self.snapshot = Snapshot(self.events.revision, node, views, unreadable,
-                                 dict(self.allocations), lookup_table(views), self.profiles,
+                                 dict(self.allocations), lookup, self.profiles,
                                  labels=self.labels, unread=unread)
         for listener in self.publish_listeners:
             listener()
 
-    def publish_soon(self, before=()) -> None:
+    def publish_soon(self, before=(), *, allocations_only: bool = False) -> None:
         """``publish`` at the loop's next turn, for a change whose request is being answered:
         the answer goes out first, without waiting for the views and events. It is queued
         while the change holds the mutex, so a later change's publish is queued after it and
         the events keep the order of the changes."""
-        asyncio.get_running_loop().call_soon(self.publish, before)
+        asyncio.get_running_loop().call_soon(lambda: self.publish(before, allocations_only=allocations_only))
 
     def set_health(self, uuid: str, health: Health) -> None:
         """Record a device's health (the health monitor's entry point); publishes the change."""

@@ -307,7 +307,8 @@ class Allocator:
             log.info("allocation %s created: %s", alloc.id, ", ".join(alloc.cdi_devices),
                      extra={"fields": {"allocation_id": alloc.id}})
             self.agent.publish_soon([*self._deleted(replaced, f"replaced by {alloc.id}"),
-                                     ("allocation_created", {"allocation": Rendered(allocation_json(alloc))})])
+                                     ("allocation_created", {"allocation": Rendered(allocation_json(alloc))})],
+                                    allocations_only=True)
             return True, alloc
 
     @staticmethod
@@ -355,7 +356,7 @@ class Allocator:
             self.agent.remove_allocation(alloc.id)
             log.info("allocation %s released%s", alloc.id, "" if reason == "released" else f": {reason}",
                      extra={"fields": {"allocation_id": alloc.id}})
-        self.agent.publish_soon(self._deleted(allocs, reason))
+        self.agent.publish_soon(self._deleted(allocs, reason), allocations_only=True)
 
     # ---- allocations' own MPS daemons -------------------------------------------------
 

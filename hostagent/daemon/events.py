@@ -7,8 +7,10 @@ directory before using them (hi/lo), so a watcher's ``since`` from an earlier ru
 daemon is always older than anything the current run publishes.
 
 Events are serialised once, as the NDJSON line watchers receive, and kept in a ring of
-``capacity``; each watcher keeps only its position in the ring, so a slow watcher costs no
-memory and a watcher that fell out of the ring gets a fresh snapshot instead.
+``capacity`` events and at most ``max_bytes`` of lines (an allocation's events carry its
+container edits, some 17 KB each: 4096 of them would hold 70 MB); each watcher keeps only
+its position in the ring, so a slow watcher costs no memory and a watcher that fell out of
+the ring gets a fresh snapshot instead.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from ..fileio import ensure_dir, write_atomic
 __all__ = ["RevisionClock", "EventLog", "Rendered", "BLOCK"]
 
 BLOCK = 1 << 20
+MAX_BYTES = 4 << 20
 
 
 class Rendered(bytes):
@@ -59,9 +62,11 @@ class RevisionClock:
 
 
 class EventLog:
-    def __init__(self, clock: RevisionClock, capacity: int = 4096):
+    def __init__(self, clock: RevisionClock, capacity: int = 4096, max_bytes: int = MAX_BYTES):
         self.clock = clock
         self.ring: deque[tuple[int, bytes, str]] = deque(maxlen=capacity)   # (revision, line, type)
+        self.max_bytes = max_bytes
+        self.bytes = 0                                  # of the lines in the ring
         self._changed: asyncio.Future | None = None
 
     @property
@@ -76,6 +81,7 @@ class EventLog:
     def resize(self, capacity: int) -> None:
         if capacity != self.ring.maxlen:
             self.ring = deque(self.ring, maxlen=capacity)
+            self.bytes = sum(len(line) for _, line, _ in self.ring)
 
     def publish(self, type_: str, payload=None) -> int:
         """Append one event; wake every watcher. ``payload``: a dict, or a function of the
@@ -92,7 +98,14 @@ class EventLog:
         rendered = [b',"%s":%s' % (k.encode(), v) for k, v in payload.items() if isinstance(v, Rendered)]
         if rendered:
             line = line[:-1] + b"".join(rendered) + b"}"
-        self.ring.append((revision, line + b"\n", type_))
+        line += b"\n"
+        ring = self.ring
+        if len(ring) == ring.maxlen:
+            self.bytes -= len(ring[0][1])                # the append drops it
+        ring.append((revision, line, type_))
+        self.bytes += len(line)
+        while self.bytes > self.max_bytes and len(ring) > 1:
+            self.bytes -= len(ring.popleft()[1])
         waiter, self._changed = self._changed, None
         if waiter is not None and not waiter.done():
             waiter.set_result(revision)

@@ -7,8 +7,6 @@ unknown verbs and flags are reported as warnings and skipped. Known flags used w
 a generator bug and fail loudly (exit 2) before anything is written.
 """
 
-from __future__ import annotations
-
 from .errors import HookError, UsageError
 
 PROG = "hostagent-hook"

@@ -6,33 +6,40 @@ so a planted link at a guessed name can neither be followed nor reused), then re
 the final name. rename replaces a symlink at the final name; it never writes through it.
 """
 
-from __future__ import annotations
-
-import os
+import posix
 
 _S_IFMT, _S_IFREG = 0o170000, 0o100000
 
 
+def fsencode(name: str) -> bytes:
+    """``os.fsencode`` on Linux (UTF-8, undecodable bytes kept as surrogates)."""
+    return name.encode("utf-8", "surrogateescape")
+
+
+def fsdecode(name: bytes) -> str:
+    return name.decode("utf-8", "surrogateescape")
+
+
 def temp_name(name: str) -> str:
     # 200 bytes, not characters: the whole name must fit in a 255-byte directory entry.
-    return f".{os.fsdecode(os.fsencode(name)[:200])}.hostagent-{os.urandom(6).hex()}"
+    return f".{fsdecode(fsencode(name)[:200])}.hostagent-{posix.urandom(6).hex()}"
 
 
 def write_at(dir_fd: int, name: str, data: bytes, mode: int = 0o644) -> None:
     """Atomically replace ``name`` in ``dir_fd`` with ``data``. No fsync: the container root
     is rebuilt by the hook at every start, so losing a write to a power cut costs nothing."""
     tmp = temp_name(name)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                 mode, dir_fd=dir_fd)
+    fd = posix.open(tmp, posix.O_WRONLY | posix.O_CREAT | posix.O_EXCL | posix.O_NOFOLLOW | posix.O_CLOEXEC,
+                    mode, dir_fd=dir_fd)
     try:
         try:
             view = memoryview(data)
             while view:
-                view = view[os.write(fd, view):]
-            os.fchmod(fd, mode)                  # whatever the umask was
+                view = view[posix.write(fd, view):]
+            posix.fchmod(fd, mode)                  # whatever the umask was
         finally:
-            os.close(fd)
-        os.rename(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+            posix.close(fd)
+        posix.rename(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
     except BaseException:
         _unlink_quietly(dir_fd, tmp)
         raise
@@ -40,53 +47,79 @@ def write_at(dir_fd: int, name: str, data: bytes, mode: int = 0o644) -> None:
 
 def read_at(dir_fd: int, name: str, limit: int) -> bytes | None:
     """Contents of regular file ``name`` (at most ``limit`` + 1 bytes), or None when it is
-    missing or not a regular file. Never follows a link and never blocks on a FIFO."""
+    missing or not a regular file. Never follows a link, and never opens anything else for
+    reading (open_regular): a FIFO would see a reader, a device node its driver's open."""
     try:
-        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
+        opened = open_regular(dir_fd, name)
     except OSError:
         return None
+    if opened is None:
+        return None
+    fd, size = opened
     try:
-        st = os.fstat(fd)
+        return posix.read(fd, min(size, limit) + 1)
+    finally:
+        posix.close(fd)
+
+
+def open_regular(dir_fd: int, name: str) -> tuple[int, int] | None:
+    """(a read-only descriptor, the size) of regular file ``name``, or None when it is
+    missing or not a regular file. The entry is first opened as a path only, so a device
+    node or a FIFO is never opened for reading, even one swapped in meanwhile; the file is
+    then reopened through that descriptor (/proc/self/fd), so it is the one checked."""
+    try:
+        path_fd = posix.open(name, posix.O_PATH | posix.O_NOFOLLOW | posix.O_CLOEXEC, dir_fd=dir_fd)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    try:
+        st = posix.fstat(path_fd)
         if (st.st_mode & _S_IFMT) != _S_IFREG:
             return None
-        return os.read(fd, min(st.st_size, limit) + 1)
+        return posix.open(f"/proc/self/fd/{path_fd}", posix.O_RDONLY | posix.O_NONBLOCK | posix.O_CLOEXEC), st.st_size
     finally:
-        os.close(fd)
+        posix.close(path_fd)
 
 
 def exists_at(dir_fd: int, name: str) -> bool:
     """Whether an entry called ``name`` exists (a dangling link counts)."""
     try:
-        os.close(os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd))
+        posix.close(posix.open(name, posix.O_PATH | posix.O_NOFOLLOW | posix.O_CLOEXEC, dir_fd=dir_fd))
     except FileNotFoundError:
         return False
     return True
 
 
 def symlink_at(dir_fd: int, target: str, name: str) -> str:
-    """Make ``name`` a symlink to ``target``: made under a temporary name and renamed into
-    place, so ``name`` is never seen half-made. Returns "created", "replaced" or
-    "unchanged"; raises IsADirectoryError / FileExistsError when a directory or a non-link
-    file is there (left alone: see links.py)."""
+    """Make ``name`` a symlink to ``target``, never seen half-made: where nothing is there,
+    in one step (symlinkat creates, or fails on anything there, dangling links included);
+    over another symlink, under a temporary name renamed into place. Returns "created",
+    "replaced" or "unchanged"; raises IsADirectoryError / FileExistsError when a directory
+    or a non-link file is there (left alone: see links.py)."""
     try:
-        current = os.readlink(name, dir_fd=dir_fd)
+        current = posix.readlink(name, dir_fd=dir_fd)
     except FileNotFoundError:
         current = None
     except OSError as e:
         if e.errno != 22:                        # EINVAL: it exists and is not a symlink
             raise
-        kind = os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode & _S_IFMT
+        kind = posix.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode & _S_IFMT
         if kind == 0o040000:
             raise IsADirectoryError(21, "is a directory", name) from None
         raise FileExistsError(17, "exists and is not a symlink", name) from None
     if current == target:
         return "unchanged"
+    if current is None:
+        try:
+            posix.symlink(target, name, dir_fd=dir_fd)
+            return "created"
+        except FileExistsError:
+            pass                                  # raced in meanwhile: replace it below
     tmp = temp_name(name)
-    os.symlink(target, tmp, dir_fd=dir_fd)       # O_EXCL-like: fails on a planted name
+    posix.symlink(target, tmp, dir_fd=dir_fd)       # O_EXCL-like: fails on a planted name
     try:
         # rename replaces a link (or a file that raced in) and refuses a directory; it
         # never writes through a link at ``name``.
-        os.rename(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+        posix.rename(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
     except BaseException:
         _unlink_quietly(dir_fd, tmp)
         raise
@@ -95,6 +128,6 @@ def symlink_at(dir_fd: int, target: str, name: str) -> str:
 
 def _unlink_quietly(dir_fd: int, name: str) -> None:
     try:
-        os.unlink(name, dir_fd=dir_fd)
+        posix.unlink(name, dir_fd=dir_fd)
     except OSError:
         pass

@@ -13,9 +13,7 @@
   descriptor itself is executed.
 """
 
-from __future__ import annotations
-
-import os
+import posix
 
 from .errors import HookError
 
@@ -31,7 +29,7 @@ def open_ldconfig(path: str) -> int:
     candidates = [path] if path.endswith(".real") else [path + ".real", path]
     for candidate in candidates:
         try:
-            fd = os.open(candidate, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+            fd = posix.open(candidate, posix.O_RDONLY | posix.O_CLOEXEC | posix.O_NONBLOCK)
         except FileNotFoundError:
             continue
         except OSError as e:
@@ -39,21 +37,21 @@ def open_ldconfig(path: str) -> int:
         try:
             _check(fd, candidate)
         except BaseException:
-            os.close(fd)
+            posix.close(fd)
             raise
         return fd
     raise HookError(f"host ldconfig {path} does not exist (pass --ldconfig-path with the host's static ldconfig)")
 
 
 def _check(fd: int, path: str) -> None:
-    st = os.fstat(fd)
+    st = posix.fstat(fd)
     if (st.st_mode & 0o170000) != 0o100000 or not st.st_mode & 0o111:
         raise HookError(f"host ldconfig {path} is not an executable regular file")
     if st.st_mode & 0o022:
         raise HookError(f"host ldconfig {path} is writable by group or others; refusing to run it as root")
     if st.st_size > MAX_BINARY:
         raise HookError(f"host ldconfig {path} is larger than {MAX_BINARY} bytes")
-    head = os.pread(fd, 64, 0)
+    head = posix.pread(fd, 64, 0)
     if head[:2] == b"#!":
         raise HookError(f"host ldconfig {path} is a script, and no {path}.real exists; "
                         "pass --ldconfig-path with the static ldconfig binary")
@@ -77,7 +75,7 @@ def has_interpreter(fd: int, head: bytes) -> bool:
         phoff, phentsize, phnum = num(head, 28, 4), num(head, 42, 2), num(head, 44, 2)
     if phnum == 0 or phentsize < 4 or phnum > 4096:
         return phnum != 0                        # nonsense headers: treat as not static
-    table = os.pread(fd, phentsize * phnum, phoff)
+    table = posix.pread(fd, phentsize * phnum, phoff)
     if len(table) < phentsize * phnum:
         return True
     return any(num(table, i * phentsize, 4) == _PT_INTERP for i in range(phnum))
@@ -89,21 +87,21 @@ def sealed_copy(fd: int) -> int | None:
     import fcntl
     try:
         try:
-            mfd = os.memfd_create("hostagent-ldconfig", _MFD_CLOEXEC | _MFD_ALLOW_SEALING | _MFD_EXEC)
+            mfd = posix.memfd_create("hostagent-ldconfig", _MFD_CLOEXEC | _MFD_ALLOW_SEALING | _MFD_EXEC)
         except OSError:                          # kernels before 6.3 do not know MFD_EXEC
-            mfd = os.memfd_create("hostagent-ldconfig", _MFD_CLOEXEC | _MFD_ALLOW_SEALING)
+            mfd = posix.memfd_create("hostagent-ldconfig", _MFD_CLOEXEC | _MFD_ALLOW_SEALING)
     except OSError:
         return None
     try:
-        size, offset = os.fstat(fd).st_size, 0
+        size, offset = posix.fstat(fd).st_size, 0
         while offset < size:
-            sent = os.sendfile(mfd, fd, offset, size - offset)
+            sent = posix.sendfile(mfd, fd, offset, size - offset)
             if sent <= 0:
                 raise OSError("short copy")
             offset += sent
         fcntl.fcntl(mfd, fcntl.F_ADD_SEALS,
                     fcntl.F_SEAL_SEAL | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE)
     except OSError:
-        os.close(mfd)
+        posix.close(mfd)
         return None
     return mfd

@@ -20,18 +20,17 @@ The result is a descriptor of the directory; callers create and rename entries w
 ``*at`` calls relative to it, so later swaps of any path component cannot redirect them.
 """
 
-from __future__ import annotations
-
 import errno
-import os
+import posix
 
 from .errors import HookError
+from .fileat import fsencode, open_regular
 
 MAX_HOPS = 40
 MAX_STEPS = 4096
 NAME_MAX = 255
 _OPEN, _CREATE, _PROBE = range(3)           # what a walk does at a missing directory
-_STEP = os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC
+_STEP = posix.O_PATH | posix.O_NOFOLLOW | posix.O_CLOEXEC
 _S_IFMT, _S_IFDIR, _S_IFLNK = 0o170000, 0o040000, 0o120000
 
 
@@ -46,7 +45,7 @@ def _open_root(path: str, bundle: str | None) -> int:
     else:
         start, rest = "/", path
     try:
-        fd = os.open(start, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        fd = posix.open(start, posix.O_PATH | posix.O_DIRECTORY | posix.O_CLOEXEC)
     except OSError as e:
         raise HookError(f"cannot open {'the bundle ' if start != '/' else ''}{start}: {e.strerror}") from None
     try:
@@ -56,13 +55,13 @@ def _open_root(path: str, bundle: str | None) -> int:
             if name == "..":
                 raise HookError(f"container root {path} climbs out with '..'; refusing it")
             try:
-                step = os.open(name, _STEP, dir_fd=fd)
+                step = posix.open(name, _STEP, dir_fd=fd)
             except FileNotFoundError:
                 raise HookError(f"container root {path} does not exist") from None
             except OSError as e:
                 raise HookError(f"cannot open container root {path}: {e.strerror}") from None
-            kind = os.fstat(step).st_mode & _S_IFMT
-            os.close(fd)
+            kind = posix.fstat(step).st_mode & _S_IFMT
+            posix.close(fd)
             fd = step
             if kind == _S_IFLNK:
                 raise HookError(f"container root {path} is or passes through a symlink ({name}); the hook "
@@ -71,7 +70,7 @@ def _open_root(path: str, bundle: str | None) -> int:
                 raise HookError(f"container root {path} is not a directory")
         return fd
     except BaseException:
-        os.close(fd)
+        posix.close(fd)
         raise
 
 
@@ -84,15 +83,15 @@ class Root:
 
     def __init__(self, path: str, bundle: str | None = None):
         fd = _open_root(path, bundle)
-        st, host = os.fstat(fd), os.stat("/")
+        st, host = posix.fstat(fd), posix.stat("/")
         if (st.st_dev, st.st_ino) == (host.st_dev, host.st_ino):
-            os.close(fd)
+            posix.close(fd)
             raise HookError(f"container root {path} is the host's /; refusing to touch it")
         self.fd, self.path = fd, path
 
     def close(self) -> None:
         if self.fd >= 0:
-            os.close(self.fd)
+            posix.close(self.fd)
             self.fd = -1
 
     def __enter__(self) -> "Root":
@@ -114,6 +113,27 @@ class Root:
         way, even past a missing directory and back out of it with ``..``)."""
         return self._walk(path.split("/"), _PROBE)
 
+    def open_file(self, path: str) -> tuple[int, int] | None:
+        """(a read-only descriptor, the size) of the regular file at container path
+        ``path``, every symlink on the way followed inside the root, the last one too;
+        None when there is no such file (missing, a loop, a directory, a device)."""
+        for _ in range(MAX_HOPS + 1):
+            parent, _, name = path.rpartition("/")
+            if name in ("", ".", ".."):
+                return None
+            try:
+                dir_fd = self._walk(parent.split("/"), _OPEN)
+            except OSError:
+                return None
+            try:
+                target = posix.readlink(name, dir_fd=dir_fd)
+            except OSError as e:          # EINVAL: not a link (open_regular checks again)
+                return open_regular(dir_fd, name) if e.errno == errno.EINVAL else None
+            finally:
+                posix.close(dir_fd)
+            path = target if target.startswith("/") else f"{parent}/{target}"
+        return None
+
     def _walk(self, parts: list[str], mode: int) -> int | None:
         stack = [self.fd]                # stack[1:] are descriptors this walk owns
         todo = parts[::-1]
@@ -132,7 +152,7 @@ class Root:
                     # goes one deeper and ``..`` back up, until it is back where it was.
                     if name == "..":
                         below -= 1
-                    elif len(os.fsencode(name)) > NAME_MAX:
+                    elif len(fsencode(name)) > NAME_MAX:
                         raise OSError(errno.ENAMETOOLONG, "file name too long", name)
                     else:
                         below += 1
@@ -140,10 +160,10 @@ class Root:
                     continue
                 if name == "..":
                     if len(stack) > 1:
-                        os.close(stack.pop())
+                        posix.close(stack.pop())
                     continue
                 try:
-                    fd = os.open(name, _STEP, dir_fd=stack[-1])
+                    fd = posix.open(name, _STEP, dir_fd=stack[-1])
                 except FileNotFoundError:
                     if mode == _OPEN:
                         raise
@@ -152,35 +172,35 @@ class Root:
                         todo.append("")
                         continue
                     try:
-                        os.mkdir(name, 0o755, dir_fd=stack[-1])
+                        posix.mkdir(name, 0o755, dir_fd=stack[-1])
                     except FileExistsError:
                         pass                     # raced with another creator: look again
                     todo.append(name)
                     continue
-                kind = os.fstat(fd).st_mode & _S_IFMT
+                kind = posix.fstat(fd).st_mode & _S_IFMT
                 if kind == _S_IFDIR:
                     stack.append(fd)
                     continue
                 if kind != _S_IFLNK:
-                    os.close(fd)
+                    posix.close(fd)
                     raise NotADirectoryError(errno.ENOTDIR, "not a directory", name)
                 try:
-                    target = os.readlink("", dir_fd=fd)
+                    target = posix.readlink("", dir_fd=fd)
                 finally:
-                    os.close(fd)
+                    posix.close(fd)
                 hops += 1
                 if hops > MAX_HOPS:
                     raise OSError(errno.ELOOP, "too many levels of symbolic links", name)
                 if target.startswith("/"):
                     while len(stack) > 1:
-                        os.close(stack.pop())
+                        posix.close(stack.pop())
                 todo.extend(target.split("/")[::-1])
             if below:
                 return None
-            return stack.pop() if len(stack) > 1 else os.dup(self.fd)
+            return stack.pop() if len(stack) > 1 else posix.dup(self.fd)
         finally:
             for fd in stack[1:]:
-                os.close(fd)
+                posix.close(fd)
 
 
 def split(path: str) -> tuple[list[str], str]:
@@ -190,6 +210,6 @@ def split(path: str) -> tuple[list[str], str]:
     parts = [p for p in path.split("/") if p and p != "."]
     if not parts or parts[-1] == "..":
         raise HookError(f"container path {path!r} does not name a file")
-    if len(os.fsencode(parts[-1])) > NAME_MAX:
+    if len(parts[-1]) > NAME_MAX // 4 and len(fsencode(parts[-1])) > NAME_MAX:
         raise HookError(f"container path {path!r}: its file name is longer than {NAME_MAX} bytes")
     return parts[:-1], parts[-1]

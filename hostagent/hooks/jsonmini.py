@@ -6,8 +6,6 @@ interpreter; the hook decodes two small documents per container start. CPython's
 hook uses it directly and falls back to :mod:`json` where ``_json`` is missing.
 """
 
-from __future__ import annotations
-
 _WS = " \t\n\r"
 
 

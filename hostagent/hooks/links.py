@@ -26,10 +26,7 @@ An existing entry at LINK:
   business deleting content it did not create.
 """
 
-from __future__ import annotations
-
-import os
-import posixpath
+import posix
 
 from .errors import HookError
 from .fileat import symlink_at
@@ -40,10 +37,22 @@ def present_device_links(device_links: list[tuple[str, str]], devices: set[str])
     """The device links whose node (TARGET taken from LINK's directory) is in ``devices``."""
     out = []
     for target, link in device_links:
-        node = posixpath.normpath(posixpath.join(posixpath.dirname("/" + link.lstrip("/")), target))
+        node = _normalized(target if target.startswith("/") else f"/{link.lstrip('/')}/../{target}")
         if node in devices:
             out.append((target, link))
     return out
+
+
+def _normalized(path: str) -> str:
+    """posixpath.normpath of an absolute path (``..`` at the top stays at the top)."""
+    parts: list[str] = []
+    for part in path.split("/"):
+        if part == "..":
+            if parts:
+                parts.pop()
+        elif part and part != ".":
+            parts.append(part)
+    return "/" + "/".join(parts)
 
 
 def create_links(root: Root, links: list[tuple[str, str]], warn) -> dict[str, int]:
@@ -77,7 +86,7 @@ def create_links(root: Root, links: list[tuple[str, str]], warn) -> dict[str, in
     finally:
         for fd in parents.values():
             if fd is not None:
-                os.close(fd)
+                posix.close(fd)
     return counts
 
 

@@ -7,9 +7,7 @@ read and checked (arguments, OCI state, bundle, container root, host ldconfig) b
 the first write, so a broken call fails with one line and changes nothing.
 """
 
-from __future__ import annotations
-
-import os
+import posix
 import sys
 
 from . import cli
@@ -23,8 +21,23 @@ _LOADER_VARS = ("GCONV_PATH", "GLIBC_TUNABLES", "LOCPATH", "NLSPATH")
 
 
 def main(argv: list[str] | None = None) -> int:
-    os.chdir("/")                    # never the container rootfs the engine may leave us in
-    os.umask(0o022)
+    """The program (``argv`` None: it exits here) or one call of it (returns the code)."""
+    code = _main(argv)
+    if argv is None:
+        # Nothing is left to clean up (every descriptor is closed): skip the interpreter's
+        # teardown of its modules, a millisecond or two at every container start.
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        except (OSError, ValueError):
+            pass
+        posix._exit(code)
+    return code
+
+
+def _main(argv: list[str] | None) -> int:
+    posix.chdir("/")                    # never the container rootfs the engine may leave us in
+    posix.umask(0o022)
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv in (["--version"], ["-V"]):
         from .. import __version__
@@ -73,7 +86,8 @@ def _check_environment() -> None:
         raise HookError("not started isolated (python3 -I): the container's PYTHON* variables and working "
                         "directory could reach the hook. Run it with the command line 'hostagent cdi generate' "
                         "writes (python3 -I -S -c ...), or by hand as python3 -I -m hostagent.hooks")
-    bad = [k for k in os.environ if k.startswith("LD_") or k in _LOADER_VARS]
+    names = [k.decode("utf-8", "surrogateescape") for k in posix.environ]
+    bad = [k for k in names if k.startswith("LD_") or k in _LOADER_VARS]
     if bad:
         raise HookError(f"refusing to run with {', '.join(sorted(bad))} set: the container's environment "
                         "reached the hook. Give the hook an explicit env (PATH only) and run it as python3 -I")
@@ -91,15 +105,14 @@ def _run(req: cli.Request) -> None:
         links += present_device_links(req.device_links, ocistate.device_paths(config))
     wants_links = req.verb in ("prepare", "create-symlinks") and links
     wants_cache = req.verb == "update-ldcache" or (req.verb == "prepare" and req.folders)
-    exe_fds: list[int] = []
+    ldconfig = None
     with Root(root_path, bundle=state.get("bundle")) as root:
         try:
             if wants_cache:
+                # Checked even where the cache is then made without it: a wrong
+                # --ldconfig-path fails every start alike, not only on some images.
                 from . import hostbin
-                exe_fds.append(hostbin.open_ldconfig(req.ldconfig_path))
-                sealed = hostbin.sealed_copy(exe_fds[0])
-                if sealed is not None:
-                    exe_fds.insert(0, sealed)
+                ldconfig = hostbin.open_ldconfig(req.ldconfig_path)
                 if req.folders:
                     from . import ldcache
                     ldcache.check(root)
@@ -110,7 +123,7 @@ def _run(req: cli.Request) -> None:
                 create_links(root, links, warn)
             if wants_cache:
                 from .ldcache import update
-                update(root, req.folders, exe_fds, req.ldconfig_timeout)
+                update(root, req.folders, ldconfig, req.ldconfig_timeout)
         finally:
-            for fd in exe_fds:
-                os.close(fd)
+            if ldconfig is not None:
+                posix.close(ldconfig)

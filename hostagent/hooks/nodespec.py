@@ -6,10 +6,7 @@ The spec is a host file the hook trusts as it trusts its own arguments, so it mu
 regular file (no symlink followed) that only root can write.
 """
 
-from __future__ import annotations
-
-import os
-import stat
+import posix
 
 from .errors import HookError
 from .jsonmini import loads
@@ -22,24 +19,24 @@ ENTRY = "hostagent.hooks.main"
 
 def _read(path: str) -> bytes:
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+        fd = posix.open(path, posix.O_RDONLY | posix.O_NOFOLLOW | posix.O_CLOEXEC | posix.O_NONBLOCK)
     except OSError as e:
         raise HookError(f"--from-spec {path}: {e.strerror}") from None
     try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
+        st = posix.fstat(fd)
+        if st.st_mode & 0o170000 != 0o100000:
             raise HookError(f"--from-spec {path}: not a regular file")
         if st.st_uid != 0 or st.st_mode & 0o022:
             raise HookError(f"--from-spec {path}: must be owned by root and writable by no one else "
-                            f"(owner uid {st.st_uid}, mode {stat.S_IMODE(st.st_mode):04o})")
+                            f"(owner uid {st.st_uid}, mode {st.st_mode & 0o7777:04o})")
         data = b""
         while len(data) <= MAX_SPEC:
-            chunk = os.read(fd, MAX_SPEC + 1 - len(data))
+            chunk = posix.read(fd, MAX_SPEC + 1 - len(data))
             if not chunk:
                 break
             data += chunk
     finally:
-        os.close(fd)
+        posix.close(fd)
     if len(data) > MAX_SPEC:
         raise HookError(f"--from-spec {path}: larger than {MAX_SPEC >> 20} MiB")
     return data

@@ -5,9 +5,7 @@ sizes, strict JSON, explicit type checks) so a broken engine or a hand-made call
 with one clear line before anything is written.
 """
 
-from __future__ import annotations
-
-import os
+import posix
 
 from .errors import HookError
 from .jsonmini import loads
@@ -19,7 +17,7 @@ MAX_CONFIG = 16 << 20
 def read_state(fd: int = 0) -> dict:
     chunks, size = [], 0
     while True:
-        chunk = os.read(fd, 65536)
+        chunk = posix.read(fd, 65536)
         if not chunk:
             break
         size += len(chunk)
@@ -44,15 +42,15 @@ def read_bundle(state: dict) -> tuple[str, dict]:
         raise HookError("OCI state has no bundle path")
     if not bundle.startswith("/") or "\0" in bundle:
         raise HookError(f"OCI state bundle {bundle!r} is not an absolute path")
-    config = _load_config(os.path.join(bundle, "config.json"))
+    config = _load_config(f"{bundle.rstrip('/')}/config.json")
     root = state.get("root")
     if root is None:
         spec_root = config.get("root")
         root = spec_root.get("path") if isinstance(spec_root, dict) else None
         if not isinstance(root, str) or not root:
             raise HookError(f"{bundle}/config.json has no root.path")
-    if isinstance(root, str) and root and "\0" not in root:
-        root = os.path.join(bundle, root)         # no-op when root is absolute
+    if isinstance(root, str) and root and "\0" not in root and not root.startswith("/"):
+        root = f"{bundle.rstrip('/')}/{root}"      # relative to the bundle
     if not isinstance(root, str) or not root.startswith("/") or "\0" in root:
         raise HookError(f"container root {root!r} is not an absolute path")
     return root, config
@@ -71,20 +69,20 @@ def device_paths(config: dict) -> set[str]:
 def _load_config(path: str) -> dict:
     try:
         # O_NONBLOCK: a FIFO named config.json must not hang the container start.
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+        fd = posix.open(path, posix.O_RDONLY | posix.O_CLOEXEC | posix.O_NONBLOCK)
     except FileNotFoundError:
         raise HookError(f"bundle config {path} does not exist") from None
     except OSError as e:
         raise HookError(f"cannot open bundle config {path}: {e.strerror}") from None
     try:
-        st = os.fstat(fd)
+        st = posix.fstat(fd)
         if (st.st_mode & 0o170000) != 0o100000:
             raise HookError(f"bundle config {path} is not a regular file")
         if st.st_size > MAX_CONFIG:
             raise HookError(f"bundle config {path} is larger than {MAX_CONFIG} bytes")
-        data = os.read(fd, st.st_size + 1)
+        data = posix.read(fd, st.st_size + 1)
     finally:
-        os.close(fd)
+        posix.close(fd)
     try:
         config = loads(data)
     except ValueError as e:

@@ -24,15 +24,17 @@ class _ApiRequests:
         self.latency: dict = {}          # (method, route) -> [per-bucket counts (+Inf last), sum]
 
     def record(self, method: str, route: str, code: int, seconds: float) -> None:
+        self.slot(method, route, code).record(seconds)
+
+    def slot(self, method: str, route: str, code: int) -> "_Slot":
+        """The counters of one (method, route, code), for a caller that records them often."""
         count = self.counts.get((method, route, code))
         if count is None:
             count = self.counts[(method, route, code)] = [0, time.time()]
-        count[0] += 1
         hist = self.latency.get((method, route))
         if hist is None:
             hist = self.latency[(method, route)] = [[0] * (len(self.bounds) + 1), 0.0]
-        hist[0][bisect_left(self.bounds, seconds)] += 1      # le: the first bound >= seconds
-        hist[1] += seconds
+        return _Slot(count, hist, self.bounds)
 
     def describe(self):
         return []
@@ -56,6 +58,19 @@ class _ApiRequests:
                 cumulative.append((le, running))
             latency.add_metric([method, route], cumulative, total)
         yield latency
+
+
+class _Slot:
+    __slots__ = ("count", "hist", "bounds")
+
+    def __init__(self, count: list, hist: list, bounds: tuple):
+        self.count, self.hist, self.bounds = count, hist, bounds
+
+    def record(self, seconds: float) -> None:
+        self.count[0] += 1
+        hist = self.hist
+        hist[0][bisect_left(self.bounds, seconds)] += 1      # le: the first bound >= seconds
+        hist[1] += seconds
 
 
 class AgentMetrics:
@@ -101,6 +116,10 @@ class AgentMetrics:
         """``route`` is the route pattern ("/v1/devices/{id}"), never the raw path. Call from
         one thread (the daemon's event loop)."""
         self.api.record(method, route, code, seconds)
+
+    def api_slot(self, method: str, route: str, code: int) -> _Slot:
+        """What ``api_request`` updates for these labels: ``slot.record(seconds)``."""
+        return self.api.slot(method, route, code)
 
     def mig_apply(self, ok: bool) -> None:
         self.mig_applies.inc()

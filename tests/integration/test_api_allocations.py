@@ -9,6 +9,7 @@ import pytest
 
 from hostagent.cdi.validate import validate_spec
 from hostagent.client import Request
+from hostagent.daemon import checkpoint
 from hostagent.errors import ConflictError, NotFoundError, UsageError
 
 from .agentd import AgentProcess, make_root
@@ -248,8 +249,7 @@ def test_replaces_releases_in_the_same_commit(agent, c):
     new = c.allocate("new", ["2", "4"], cdi_names="node", replaces=["old", "gone-already"])
     assert {a["id"] for a in c.allocations()} == {"keep", "new"}
     assert "hostagent.io-allocation_old.json" not in spec_files(agent)
-    saved = json.loads((agent.root / "var/lib/hostagent/allocations.json").read_text())
-    assert sorted(a["id"] for a in saved["allocations"]) == ["keep", "new"]
+    assert sorted(a.id for a in checkpoint.read(agent.host)) == ["keep", "new"]
     assert c.device("2")["allocations"] == ["new"] and c.device("1")["allocations"] == []
     # A retry is the same request, with or without what it replaced (released if left).
     assert c.allocate("new", ["2", "4"], cdi_names="node") == new
@@ -340,8 +340,7 @@ def test_restart_keeps_allocations_and_drops_gone_devices():
         log = agent.log()
         assert "allocation on-mig dropped" in log and mig["devices"][0] in log
         assert "removed transient spec" in log and "stray" in log
-        checkpoint = json.loads((root / "var/lib/hostagent/allocations.json").read_text())
-        assert [a["id"] for a in checkpoint["allocations"]] == ["keep/me"]
+        assert [a.id for a in checkpoint.read(agent.host)] == ["keep/me"]
     finally:
         agent.stop()
         agent.cleanup()

@@ -8,6 +8,7 @@ import time
 
 import pytest
 
+from hostagent.daemon import checkpoint
 from hostagent.errors import HostagentError
 
 from .agentd import AgentProcess, make_root
@@ -20,8 +21,7 @@ def state(agent) -> tuple[set, set, set]:
     with agent.client() as c:
         listed = {a["id"] for a in c.allocations()}
     specs = {p.name[len(KIND):-len(".json")] for p in (agent.root / "var/run/cdi").glob(KIND + "*.json")}
-    checkpoint = json.loads((agent.root / "var/lib/hostagent/allocations.json").read_text())
-    return listed, specs, {a["id"] for a in checkpoint["allocations"]}
+    return listed, specs, {a.id for a in checkpoint.read(agent.host)}
 
 
 def assert_consistent(agent) -> set:
@@ -119,8 +119,7 @@ def test_node_named_allocation_survives_a_crash_without_a_spec():
             assert alloc["cdi_devices"] == [f"nvidia.com/gpu={gpu['uuid']}"] and alloc["spec_path"] is None
             assert c.allocate("node/x", ["1"], cdi_names="node") == alloc       # the plugin's retry
         assert not stray.exists() and not list((root / "var/run/cdi").glob(KIND + "*"))
-        checkpoint = json.loads((root / "var/lib/hostagent/allocations.json").read_text())
-        assert [a["request"].get("cdi_names") for a in checkpoint["allocations"]] == ["node"]
+        assert [a.request.get("cdi_names") for a in checkpoint.read(agent.host)] == ["node"]
     finally:
         agent.stop()
         agent.cleanup()

@@ -32,6 +32,20 @@ def test_event_log_resumption_and_snapshot_cases():
     assert line["type"] == "x" and line["revision"] == 6 and "time" in line
 
 
+def test_the_ring_keeps_at_most_its_bytes_and_always_the_newest_event():
+    log = EventLog(RevisionClock(None), capacity=100, max_bytes=2000)
+    small = [log.publish("x", {"i": i}) for i in range(5)]
+    big = log.publish("allocation_created", {"edits": "e" * 900})      # two of these fill the budget
+    log.publish("allocation_created", {"edits": "e" * 900})
+    assert log.bytes == sum(len(line) for line in log.after(log.oldest)) <= 2000
+    assert log.oldest >= small[-1] and log.after(small[0]) is None  # the small ones fell out: snapshot
+    assert [json.loads(line)["revision"] for line in log.after(big - 1)] == [big, big + 1]
+    huge = log.publish("allocation_created", {"edits": "e" * 5000})    # alone over the budget: kept
+    assert log.after(huge - 1) and log.oldest == huge - 1
+    log.resize(50)
+    assert log.bytes == sum(len(line) for line in log.after(log.oldest))
+
+
 def test_payload_sees_its_own_revision():
     log = EventLog(RevisionClock(None))
     rev = log.publish("device_changed", lambda r: {"device": {"revision": r}})

@@ -2,6 +2,7 @@
 
 import io
 import os
+import posix
 import sys
 
 import pytest
@@ -135,7 +136,7 @@ def test_known_flags_used_wrongly_are_usage_errors(argv, message):
 
 
 def test_main_warns_and_exits_zero_on_unknown_verbs_without_reading_stdin(capsys, monkeypatch):
-    monkeypatch.setattr(os, "read", lambda *a: pytest.fail("stdin must not be read"))
+    monkeypatch.setattr(posix, "read", lambda *a: pytest.fail("stdin must not be read"))
     assert hook_main.main(["chmod", "--mode", "755", "--path", "/dev/dri"]) == 0
     err = capsys.readouterr().err
     assert err == ("hostagent-hook: warning: unknown verb 'chmod' ignored; this hook knows prepare, "

@@ -1,6 +1,7 @@
 """--link: what happens at LINK in every case, and the atomic file helpers under it."""
 
 import os
+import posix
 
 import pytest
 
@@ -73,16 +74,21 @@ def test_a_link_whose_parent_is_a_file_fails_clearly_before_any_link_is_made(roo
         assert sorted(os.listdir(root.path)) == ["usr"]               # not even a parent directory
 
 
-def test_a_new_link_is_made_under_a_temporary_name_and_renamed_into_place(root, monkeypatch):
+def test_a_new_link_is_made_in_one_step_and_a_changed_one_renamed_into_place(root, monkeypatch):
     made, renamed = [], []
-    real_symlink, real_rename = os.symlink, os.rename
-    monkeypatch.setattr(os, "symlink", lambda target, name, **kw: (made.append(name), real_symlink(target, name, **kw)))
-    monkeypatch.setattr(os, "rename", lambda a, b, **kw: (renamed.append((a, b)), real_rename(a, b, **kw)))
+    real_symlink, real_rename = posix.symlink, posix.rename
+    monkeypatch.setattr(posix, "symlink",
+                        lambda target, name, **kw: (made.append(name), real_symlink(target, name, **kw)))
+    monkeypatch.setattr(posix, "rename", lambda a, b, **kw: (renamed.append((a, b)), real_rename(a, b, **kw)))
     counts, _ = run(root, f"libcuda.so.550::{LIB}/libcuda.so.1")
-    assert counts["created"] == 1
+    assert counts["created"] == 1 and made == ["libcuda.so.1"] and renamed == []
+    made.clear()
+    counts, _ = run(root, f"libcuda.so.560::{LIB}/libcuda.so.1")
+    assert counts["replaced"] == 1
     [tmp] = made
     assert tmp.startswith(".libcuda.so.1.hostagent-") and renamed == [(tmp, "libcuda.so.1")]
     assert sorted(os.listdir(lib(root))) == ["libcuda.so.1"]
+    assert os.readlink(lib(root, "libcuda.so.1")) == "libcuda.so.560"
 
 
 def test_write_at_replaces_a_planted_symlink_instead_of_writing_through_it(tmp_path):
