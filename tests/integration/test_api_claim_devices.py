@@ -140,6 +140,36 @@ def test_each_device_its_own_sharing_and_time_slices_set_and_restored(agent):
         assert not (agent.host.state_dir / "timeslices.json").read_text().strip("{}\n")
 
 
+def committed_in_the_journal(agent, alloc_id: str) -> bool:
+    from hostagent.daemon import checkpoint
+    path = checkpoint.journal_path(agent.host)
+    return path.exists() and json.dumps(alloc_id) in path.read_text()
+
+
+def test_a_claims_allocation_survives_a_kill9_of_the_agent(agent):
+    """Committed as a journal line, an allocation keeps what was made for it and how each
+    device is shared across a kill -9: its MIG device is not taken for a crash's leftover,
+    its time-slice stays set, and releasing it afterwards undoes both."""
+    long_ = {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}}
+    with agent.client() as c:
+        c.allocate("warm", ["5"])
+        made = c.allocate("claim-k9", [item(0, "3g.20gb", 4), {"device": "3", "sharing": long_}])
+        c.release("warm")
+    assert committed_in_the_journal(agent, "claim-k9")
+    agent.kill()
+    agent.start()
+    with agent.client() as c:
+        kept = c.allocation("claim-k9")
+        for key in ("devices", "made", "device_sharing", "owner", "sharing"):
+            assert kept[key] == made[key], key
+        [mig] = c.devices(type="mig")["mig_devices"]
+        assert (mig["uuid"], mig["made_for"]) == (made["made"][0]["uuid"], "claim-k9")
+        assert timeslices(agent)[3] == 3
+        c.release("claim-k9")
+        assert c.devices(type="mig")["mig_devices"] == [] and timeslices(agent)[3] == 0
+    assert "made for claim-k9 before a crash" not in agent.log()
+
+
 def test_a_mig_device_item_may_not_name_a_device_too(agent):
     with agent.client() as c:
         response = c.transport.handle_request(Request("POST", "/v1/allocations", json.dumps({"id": "x", "devices": [
@@ -246,3 +276,23 @@ def test_a_daemon_no_allocation_has_is_stopped_at_start(agent):
     assert not mps.find(agent.host, key) and not mps.daemon_dir(agent.host, key).exists()
     assert f"MPS daemon {key} stopped: no allocation has it" in agent.log()
     assert SimStore(agent.root).read().gpus[4].compute_mode == 0          # DEFAULT again
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="MPS daemons need root; CI runs as root")
+def test_an_allocations_own_mps_daemon_is_adopted_after_a_kill9_of_the_agent(agent):
+    from hostagent.sharing import mps
+
+    from .mpsprocs import running
+    with agent.client() as c:
+        c.allocate("warm", ["5"])
+        a = c.allocate("claim-mps-k9", [{"device": "6", "sharing": MPS_50}], own_mps_daemon=True)
+        c.release("warm")
+    assert committed_in_the_journal(agent, "claim-mps-k9")
+    agent.kill()
+    agent.start()
+    with agent.client() as c:
+        assert c.allocation("claim-mps-k9")["mps"] == a["mps"]         # the same daemon, adopted
+        assert [r.pid for r in mps.find(agent.host, a["mps"]["key"])] == [a["mps"]["process"]["pid"]]
+        c.release("claim-mps-k9")
+    assert not mps.find(agent.host, a["mps"]["key"]) and running(agent.root) == []
+    assert SimStore(agent.root).read().gpus[6].compute_mode == 0

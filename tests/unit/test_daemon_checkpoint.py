@@ -2,6 +2,7 @@
 saved whatever a crash left (a half-written line, a snapshot not yet followed by the
 journal's emptying), and rewritten whole when another writer came between."""
 
+import dataclasses
 import json
 import os
 
@@ -115,3 +116,25 @@ def test_an_unreadable_checkpoint_is_set_aside_with_its_journal(host):
     assert names == ["allocations.journal.unreadable", "allocations.json.unreadable"]
     checkpoint.save(host, [alloc("c")])
     assert ids(host) == ["c"]
+
+
+def test_a_claims_allocation_reads_back_whole_from_a_journal_line(host):
+    """Everything an allocation records (its owner, the MIG devices made for it, each
+    device's own sharing, its own MPS daemon's process record) is in its journal line, and
+    a change to one of them (the daemon started again) is a line of its own."""
+    daemon = {"key": "alloc-0123", "devices": ["GPU-1"],
+              "process": {"pid": 4242, "start": 1700000000.5, "exe": "2049:1234"}}
+    mps = {"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 50}}
+    claim = Allocation("k8s-dra/uid-1", ("MIG-a", "GPU-1"),
+                       {"id": "k8s-dra/uid-1", "devices": [], "sharing": {"strategy": "Exclusive"},
+                        "own_mps_daemon": True}, 5.0, owner=1234, device_sharing={"GPU-1": mps},
+                       made=({"uuid": "MIG-a", "gpu": "GPU-0", "profile": "1g.5gb", "start": 3},), mps=daemon)
+    checkpoint.save(host, [alloc("a")])
+    checkpoint.save(host, [alloc("a"), claim])
+    assert len(journal_lines(host)) == 1
+    [_, back] = checkpoint.read(host)
+    assert back == claim and (back.owner, back.made, back.mps, back.device_sharing) == (
+        1234, claim.made, daemon, {"GPU-1": mps})
+    restarted = dataclasses.replace(claim, mps={**daemon, "process": {**daemon["process"], "pid": 4343}})
+    checkpoint.save(host, [alloc("a"), restarted])
+    assert len(journal_lines(host)) == 2 and checkpoint.read(host)[1].mps["process"]["pid"] == 4343
