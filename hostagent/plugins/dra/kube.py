@@ -12,6 +12,7 @@ import os
 from pathlib import Path
 
 import httpx2
+import yaml
 from lightkube import ApiError, Client, KubeConfig, codecs
 from lightkube.config.client_adapter import Client as HttpClient
 from lightkube.config.client_adapter import ConnectionParams
@@ -52,6 +53,20 @@ def load_config(kubeconfig: str | None = None, environ=os.environ):
         raise HostagentConfigError(f"no usable Kubernetes configuration: {e}", where=where,
                                    hint="give --kubeconfig FILE, set KUBECONFIG, or run in a pod with a "
                                         "service account") from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(e, "problem", None) or e
+        raise HostagentConfigError(f"kubeconfig {path} is not YAML: {problem}{at}", where=path,
+                                   hint="give --kubeconfig a kubeconfig file, as kubectl config view --raw writes "
+                                        "one") from None
+    except (KeyError, TypeError, AttributeError) as e:
+        # lightkube reads the document's keys without checking them first.
+        what = f"no {e.args[0]!r}" if isinstance(e, KeyError) else "not a kubeconfig's shape"
+        raise HostagentConfigError(f"kubeconfig {path or SERVICE_ACCOUNT} is not a kubeconfig: {what}",
+                                   where=path or SERVICE_ACCOUNT,
+                                   hint="it needs clusters, users, contexts and a current-context, as kubectl "
+                                        "config view --raw writes them") from None
     except (OSError, ValueError) as e:
         raise HostagentConfigError(f"cannot read the Kubernetes configuration: {e}", where=path or "") from None
 
