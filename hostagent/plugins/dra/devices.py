@@ -313,7 +313,8 @@ def build_pool(devices: dict[str, dict], profiles: dict[str, list[dict]], node: 
     problems: list[str] = []
     groups = nvlink_groups([g for g in gpus if not model.mig_enabled(g)])
     for gpu in gpus:
-        children = sorted(migs.get(gpu["uuid"], ()), key=lambda m: (m["placement"]["start"], m["ci_placement"]["start"]))
+        children = sorted(migs.get(gpu["uuid"], ()),
+                          key=lambda m: (m["placement"]["start"], m["ci_placement"]["start"]))
         if not model.mig_enabled(gpu):
             published.append(_gpu(gpu, node, groups.get(gpu["uuid"])))
             continue

@@ -18,8 +18,6 @@ import logging
 
 from ...errors import HostagentError
 from .claims import ClaimError, claim_results
-
-EXCLUSIVE = {"strategy": "Exclusive"}
 from .errors import KubeError
 from .service import Prepared, PreparedDevice
 
@@ -29,6 +27,7 @@ log = logging.getLogger("hostagent.plugins")
 
 PREFIX = "k8s-dra/"
 OWNER = "hostagent-dra-plugin"
+EXCLUSIVE = {"strategy": "Exclusive"}
 
 
 def allocation_id(claim_uid: str) -> str:
