@@ -64,10 +64,11 @@ def test_version_and_a_command_import_no_other_command_module():
 
 
 def test_only_a_running_dra_plugin_loads_the_kubernetes_client():
-    """The agent, the CLI's start-up and every other command never pay for lightkube."""
+    """The agent, the hook, the CLI's start-up and every other command never pay for lightkube."""
     code = ("import sys; from hostagent.cli.main import main\n"
             "try:\n    main(sys.argv[1:])\nexcept SystemExit:\n    pass\n"
-            "import hostagent.daemon.main, hostagent.plugins.deviceplugin, hostagent.plugins.dra.plugin\n"
+            "import hostagent.daemon.main, hostagent.hooks.main, hostagent.plugins.deviceplugin, "
+            "hostagent.plugins.dra.plugin\n"
             "print(sorted(m for m in ('lightkube', 'httpx2', 'msgspec') if m in sys.modules))")
     for argv in (["--help"], ["dra-plugin", "--help"], ["devices", "--help"], ["device-plugin", "--help"]):
         done = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, check=True)
