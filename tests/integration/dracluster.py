@@ -135,9 +135,9 @@ class Cluster:
             return [a for a in c.allocations() if a["id"].startswith("k8s-dra/")]
 
     def cdi_devices(self) -> set[str]:
-        """Every fully qualified CDI device name the node's spec folders define."""
+        """Every fully qualified CDI device name the specs in /etc/cdi and /var/run/cdi define."""
         names = set()
-        for folder in ("etc/cdi", "var/run/cdi", "run/cdi"):
+        for folder in ("etc/cdi", "var/run/cdi"):          # the folders CDI runtimes read
             for path in (self.root / folder).glob("*.*"):
                 if path.suffix not in (".json", ".yaml"):
                     continue

@@ -396,7 +396,8 @@ class TestApiServer:
             return 422, _status(422, "Invalid", "; ".join(problems))
         with self._cond:
             if meta["name"] in self.slices:
-                return 409, _status(409, "AlreadyExists", f'resourceslices.resource.k8s.io "{meta["name"]}" already exists')
+                return 409, _status(409, "AlreadyExists",
+                                    f'resourceslices.resource.k8s.io "{meta["name"]}" already exists')
             obj = self._stamp(self._gated(body), "ResourceSlice")
             self.slices[meta["name"]] = obj
             self.writes += 1

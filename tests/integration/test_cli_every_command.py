@@ -44,9 +44,9 @@ SAMPLES = {
     "sharing status": [], "sharing apply": ["-f", "ROOT/sharing.yaml"], "sharing off": [],
 }
 # These change the node: as another user they must be refused, saying how to run them.
-NEED_ROOT = {"labels", "serve", "device-plugin", "dra-plugin", "health clear", "cdi refresh", "mig apply", "runtime configure",
-             "runtime revert", "runtime install-shim", "sim create", "sim hold", "sim load", "sim xid", "sim reboot",
-             "sim driver", "sim fault", "sharing apply", "sharing off"}
+NEED_ROOT = {"labels", "serve", "device-plugin", "dra-plugin", "health clear", "cdi refresh", "mig apply",
+             "runtime configure", "runtime revert", "runtime install-shim", "sim create", "sim hold", "sim load",
+             "sim xid", "sim reboot", "sim driver", "sim fault", "sharing apply", "sharing off"}
 
 
 def leaves(parser=None, words=()):

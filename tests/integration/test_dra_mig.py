@@ -98,7 +98,7 @@ def test_dynamic_mig_offers_partitions_the_scheduler_cannot_overcommit():
         with pytest.raises(Unschedulable):
             cluster.allocate(cluster.claims(DEMOS["gpu-test4"], 1))
         # Prepared, each claim's partitions are made at exactly their placements; the pool
-        # does not change (a made device stands as its partition).
+        # does not change (a made device stands as its partition), nor does an agent restart.
         writes = cluster.api.writes
         answers = cluster.kubelet.prepare(*claims)
         assert all(not error for _, error in answers.values()), answers
@@ -108,11 +108,18 @@ def test_dynamic_mig_offers_partitions_the_scheduler_cannot_overcommit():
         known = cluster.cdi_devices()
         for c in claims:
             [alloc] = [a for a in cluster.allocations() if a["id"] == f"k8s-dra/{c['metadata']['uid']}"]
-            wanted = sorted((devices[r["device"]]["attributes"]["profile"]["string"], int(r["device"].rsplit("-", 1)[1]))
-                            for r in c["status"]["allocation"]["devices"]["results"])
+            results = c["status"]["allocation"]["devices"]["results"]
+            wanted = sorted((devices[r["device"]]["attributes"]["profile"]["string"],
+                             int(r["device"].rsplit("-", 1)[1])) for r in results)
             assert sorted((m["profile"], m["start"]) for m in alloc["made"]) == wanted
             prepared, _ = answers[c["metadata"]["uid"]]
             assert all(cdi[0] in known for *_, cdi in prepared)
+        # The kubelet asks again after a kill -9 of the agent: the same MIG devices, the same answers.
+        cluster.agent.kill()
+        cluster.agent.start()
+        assert cluster.kubelet.prepare(*claims) == answers
+        with cluster.agent.client() as c:
+            assert sorted(m["uuid"] for m in c.devices(type="mig")["mig_devices"]) == sorted(m["uuid"] for m in migs)
         cluster.forget(claims)
         with cluster.agent.client() as c:
             assert c.devices(type="mig")["mig_devices"] == []

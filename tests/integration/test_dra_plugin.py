@@ -131,7 +131,9 @@ def test_a_claim_that_does_not_fit_gets_an_error_naming_what_and_leaves_nothing(
         assert "has uid " + uid in errors[1] and "deleted and made again" in errors[1]
         results = claim["status"]["allocation"]["devices"]["results"]
         for change, words in ((dict(device="gpu-99"), "results[0].device: 'gpu-99' is not published"),
-                              (dict(pool="node-2"), "results[0].pool: 'node-2' is not this node's pool")):
+                              (dict(pool="node-2"), "results[0].pool: 'node-2' is not this node's pool"),
+                              (dict(driver="nic.example.com", device="eth0"),
+                               f"results: no device of driver {DRIVER} (only of nic.example.com)")):
             bad = {**claim, "status": {"allocation": {**claim["status"]["allocation"],
                                                       "devices": {"results": [{**results[0], **change}]}}}}
             cluster.api.put_claim(bad)
@@ -199,6 +201,31 @@ def test_a_plugin_restart_changes_nothing_in_the_cluster(cluster):
         cluster.forget([claim])
 
 
+def test_an_agent_restart_answers_the_same_and_changes_nothing_in_the_cluster(cluster):
+    """The agent away: its devices Unknown to the kubelet, the pool as it was; back (after a
+    kill -9), the prepared claim answers the same from its checkpoint, and no slice is written."""
+    p = cluster.kubelet.plugin()
+    claims = cluster.allocate(cluster.claims(DEMOS["gpu-test1"], 2))
+    try:
+        first = cluster.kubelet.prepare(claims[0])
+        writes = cluster.api.writes
+        cluster.agent.kill()
+        entries = p.wait_health(lambda e: len(e) == 8 and all(status == "UNKNOWN" for _, _, status, *_ in e))
+        assert "not reachable" in entries[0][3]
+        [(devices, error)] = cluster.kubelet.prepare(claims[1]).values()
+        assert not devices and "the hostagent daemon is not running" in error, error
+        cluster.agent.start()
+        p.wait_health(lambda e: len(e) == 8 and all(status == "HEALTHY" for _, _, status, *_ in e))
+        assert cluster.kubelet.prepare(claims[0]) == first
+        lists = len(cluster.api.requests)
+        wait(lambda: sum(1 for m, path, q in cluster.api.requests[lists:]
+                         if m == "GET" and path.endswith("/resourceslices") and q.get("watch") != "true") >= 1,
+             what="a comparison of the slices")
+        assert cluster.api.writes == writes
+    finally:
+        cluster.forget(claims)
+
+
 def test_an_older_kubelet_speaks_v1beta1_and_v1alpha1_health(cluster):
     cluster.kubelet.stop()
     old = type(cluster.kubelet)(cluster.kubelet.registry, cluster.api, NODE, dra_versions=("v1beta1.DRAPlugin",),
@@ -236,6 +263,22 @@ def test_with_the_api_server_away_prepare_fails_and_the_slices_come_back_after(c
         assert not error and len(devices) == 1
     finally:
         cluster.forget([claim])
+
+
+def test_a_plugin_started_with_the_api_server_away_publishes_once_it_is_back(cluster):
+    before = cluster.kubelet.plugin().number
+    assert cluster.stop_plugin() == 0
+    cluster.api.stop()
+    cluster.api.delete_slices(NODE)
+    cluster.start_plugin()
+    try:
+        cluster.kubelet.plugin(after=before + 1)        # registered meanwhile
+        assert cluster.proc.poll() is None
+    finally:
+        cluster.api.start()
+    assert len(cluster.devices()) == 8
+    [slice_] = cluster.api.pool(DRIVER, NODE)
+    assert slice_["metadata"]["ownerReferences"][0]["uid"] == cluster.api.nodes[NODE]["metadata"]["uid"]
 
 
 def test_the_services_answer_errors_not_crashes(cluster):
@@ -287,8 +330,15 @@ def test_quickstart_mps_and_time_sliced_claims_get_a_daemon_of_their_own(cluster
         spec = yaml.safe_load(open(alloc["spec_path"]).read())
         edits = {f"{spec['kind']}={d['name']}": d["containerEdits"] for d in spec["devices"]}
         mps_edits = edits[by_request["mps-gpu"][1]]
-        assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50" in mps_edits["env"]
-        assert any(m["containerPath"] == "/tmp/nvidia-mps" for m in mps_edits["mounts"])
+        assert {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=10240M"} <= set(
+            mps_edits["env"])
+        mounts = {m["containerPath"]: m for m in mps_edits["mounts"]}
+        assert "ro" in mounts["/tmp/nvidia-mps"]["options"]
+        assert mounts["/tmp/nvidia-mps"]["hostPath"].startswith(str(cluster.root / "run/hostagent/mps/alloc-"))
+        assert "/dev/shm" in mounts
+        # Every CDI device id answered resolves in a spec of the node's spec folders.
+        known = cluster.cdi_devices()
+        assert all(cdi[0] in known for *_, cdi in prepared), (prepared, sorted(known)[-3:])
         if demo == "gpu-test5":
             # The time-sliced device: interval Long (3) on its GPU, and no MPS for its containers.
             ts = edits[by_request["ts-gpu"][1]]

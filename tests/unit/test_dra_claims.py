@@ -107,7 +107,12 @@ def test_results_of_other_drivers_are_theirs():
     c["status"]["allocation"]["devices"]["results"].append(
         {"request": "nic", "driver": "nic.example.com", "pool": "node-1", "device": "eth0"})
     assert [r.device.name for r in claim_results(c, DRIVER, POOL, DEVICES)] == ["gpu-0"]
-    assert claim_results(claim([]), DRIVER, POOL, DEVICES) == []
+    # A claim with none of this driver's devices is not this driver's to prepare.
+    c["status"]["allocation"]["devices"]["results"].pop(0)
+    for other, drivers in ((c, "nic.example.com"), (claim([]), "no driver")):
+        with pytest.raises(ClaimError) as e:
+            claim_results(other, DRIVER, POOL, DEVICES)
+        assert str(e.value) == f"status.allocation.devices.results: no device of driver {DRIVER} (only of {drivers})"
 
 
 @pytest.mark.parametrize("change, field", [

@@ -192,7 +192,8 @@ def test_a_claims_device_stands_as_its_partition(make_node):
                        made={made.uuid: (inv.gpus[0].uuid, "2g.10gb", made.placement.start)})
     assert layout(after, "gpu.nvidia.com", "n", "n", (1, 35)) == layout(before, "gpu.nvidia.com", "n", "n", (1, 35))
     # Its health is the made device's now.
-    [partition] = [d for d in after.devices if d.name == f"gpu-{inv.gpus[0].minor}-mig-2g10gb-14-{made.placement.start}"]
+    name = f"gpu-{inv.gpus[0].minor}-mig-2g10gb-14-{made.placement.start}"
+    [partition] = [d for d in after.devices if d.name == name]
     assert partition.health_of == made.uuid
     as_static = build_pool(devices, profiles, node, dynamic_mig=True)
     assert as_static != before and any(d.uuid == made.uuid for d in as_static.devices)

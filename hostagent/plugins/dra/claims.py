@@ -8,7 +8,8 @@ before claim configs, the later winning; a config applies to a result when it na
 result's request (or its parent request) or names none and is of the device's kind. A config
 naming a request explicitly with the wrong kind, a config that is not opaque, and any
 malformed or unknown parameter are errors naming the field, as is anything about the claim
-that does not fit (not allocated, another pool, a device not published).
+that does not fit (not allocated, no device of this driver, another pool, a device not
+published).
 
 Parameters are decoded strictly (an unknown field is an error), as NVIDIA's driver decodes a
 claim's: ``sharing.strategy`` is ``Exclusive``, ``TimeSlicing`` (``timeSlicingConfig.interval``
@@ -152,6 +153,12 @@ def claim_results(claim: dict, driver: str, pool: str, devices: dict[str, Publis
         raise ClaimError("status.allocation: the claim is not allocated")
     results = [(i, r) for i, r in enumerate((allocation.get("devices") or {}).get("results") or [])
                if r.get("driver") == driver]
+    if not results:
+        # The kubelet asks a driver only about claims with results of its own: this claim's
+        # devices are another driver's (or it was allocated again meanwhile).
+        drivers = sorted({r.get("driver") or "?" for r in (allocation.get("devices") or {}).get("results") or []})
+        raise ClaimError(f"status.allocation.devices.results: no device of driver {driver} (only of "
+                         f"{', '.join(drivers) or 'no driver'})")
     configs = _configs(allocation, driver)
     out = []
     for i, r in results:

@@ -151,7 +151,7 @@ def _common(gpu: dict, node: dict) -> dict:
 
 
 def _sysfs_bus_id(bus_id: str) -> str:
-    """``00000000:07:00.0`` (NVML) -> ``0000:07:00.0`` (sysfs, what Kubernetes' helpers publish)."""
+    """``00000000:07:00.0`` (NVML) -> ``0000:07:00.0`` (sysfs, as Kubernetes' deviceattribute package publishes it)."""
     domain, _, rest = bus_id.lower().partition(":")
     return f"{domain[-4:]}:{rest}" if rest else bus_id.lower()
 

@@ -144,6 +144,8 @@ class DraPlugin:
             if self.pool is None:
                 next_resync = time.monotonic() + self.options.resync
                 continue
+            if self.publisher.owner_uid is None:          # the slices' owner, the Node (till it is read)
+                self.publisher.owner_uid = self.api.node_uid(self.options.node)
             try:
                 self.publisher.sync(self._specs())
                 self.published_error = None
@@ -185,7 +187,6 @@ class DraPlugin:
         return t
 
     def run(self) -> int:
-        self.publisher.owner_uid = self.api.node_uid(self.options.node)
         self.link.listeners.append(lambda view: self._view_changed.set())
         self.link.start()
         self.server.start()

@@ -79,8 +79,6 @@ class Preparer:
         if pool is None:
             raise ClaimError("the node's devices are not known yet (is the hostagent daemon running?)")
         results = claim_results(obj, self.driver, self.pool_name, pool.by_name)
-        if not results:
-            return Prepared()
         names = [r.device.name for r in results]
         twice = sorted({n for n in names if names.count(n) > 1})
         if twice:
