@@ -101,3 +101,31 @@ def test_only_the_composition_roots_reach_the_simulator():
     reaching = sorted(m for m, targets in GRAPH.items()
                       if not _simulator(m) and m not in COMPOSITION_ROOTS and any(map(_simulator, targets)))
     assert reaching == [], "production code imports the simulator: plug it in through hostagent.platform"
+
+
+def _imports_nvml(module: str) -> bool:
+    for node in ast.walk(ast.parse(MODULES[module].read_text())):
+        if isinstance(node, ast.Import) and any(a.name.split(".")[0] == "pynvml" for a in node.names):
+            return True
+        if isinstance(node, ast.ImportFrom) and not node.level and (node.module or "").split(".")[0] == "pynvml":
+            return True
+    return False
+
+
+def _reached(start: str) -> set[str]:
+    seen, todo = set(), [start]
+    while todo:
+        module = todo.pop()
+        if module not in seen:
+            seen.add(module)
+            todo += GRAPH[module]
+    return seen
+
+
+def test_the_kubelet_plugins_read_the_node_only_through_the_agents_api():
+    nvml = {m for m in MODULES if _imports_nvml(m)}
+    assert "hostagent.devices.reader" in nvml                  # the check sees NVML's users
+    for plugin in ("hostagent.cli.dra_plugin", "hostagent.plugins.dra.plugin", "hostagent.cli.device_plugin",
+                   "hostagent.plugins.deviceplugin"):
+        assert plugin in MODULES, plugin
+        assert sorted(_reached(plugin) & nvml) == [], f"{plugin} reaches NVML"
