@@ -2,9 +2,11 @@
 place of their GPU and NVIDIA's gpu-test4 claims (four MIG devices of one GPU each)
 prepared; with --dynamic-mig on a 1.35 API server, every free placement offered as a
 partition drawing on its GPU's counters, which keep the scheduler from handing out more than
-a GPU holds.
+a GPU holds; partitions made at their placements, kept across an agent restart, and none
+left by a claim that fails.
 """
 
+import os
 import time
 
 import pytest
@@ -72,6 +74,8 @@ def test_quickstart_gpu_test4_on_mig_devices_of_a_layout():
         cluster.close()
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="the agent makes MIG devices for a claim only for root or a uid of "
+                    "api.plugin_uids, and the plugin runs as the agent's user here; CI runs as root")
 def test_dynamic_mig_offers_partitions_the_scheduler_cannot_overcommit():
     cluster = Cluster(version=(1, 35), plugin_args=["--dynamic-mig"])
     try:
@@ -123,6 +127,28 @@ def test_dynamic_mig_offers_partitions_the_scheduler_cannot_overcommit():
         cluster.forget(claims)
         with cluster.agent.client() as c:
             assert c.devices(type="mig")["mig_devices"] == []
+        # A claim that fails once its partitions are made (two MPS devices of one claim with two
+        # mpsConfigs, which one daemon cannot serve) leaves nothing made.
+        a, b = sorted(n for n, d in devices.items() if d.get("consumesCounters")
+                      and d["attributes"]["parentUUID"]["string"] == gpus[0]["uuid"]
+                      and d["attributes"]["profile"]["string"] == "1g.5gb")[:2]
+        mps = [{"source": "FromClaim", "requests": [r], "opaque": {"driver": DRIVER, "parameters": {
+            "apiVersion": "resource.nvidia.com/v1beta1", "kind": "MigDeviceConfig",
+            "sharing": {"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": pct}}}}}
+            for r, pct in (("a", 10), ("b", 20))]
+        bad = cluster.api.put_claim({
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"namespace": "default", "name": "two-mps-configs"}, "spec": {},
+            "status": {"allocation": {"devices": {"config": mps, "results": [
+                {"request": r, "driver": DRIVER, "pool": NODE, "device": d} for r, d in (("a", a), ("b", b))]}}}})
+        [(devices_, error)] = cluster.kubelet.prepare(bad).values()
+        assert not devices_ and "one mpsConfig" in error, error
+        assert f"MIG devices made for k8s-dra/{bad['metadata']['uid']} destroyed: its allocation failed" in \
+            cluster.agent.log()
+        with cluster.agent.client() as c:
+            assert c.devices(type="mig")["mig_devices"] == []
+        assert cluster.allocations() == []
+        cluster.api.delete_claim("default", "two-mps-configs")
         time.sleep(2.5)          # past the plugin's next comparison of the slices (--resync 2)
         assert cluster.api.writes == writes
         assert not cluster.api.rejected

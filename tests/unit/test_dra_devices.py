@@ -175,6 +175,7 @@ def test_dynamic_mig_offers_every_free_placement_and_counts_what_each_takes(make
     split = valid(pool, (1, 35))
     assert [(len(s.get("devices") or ()), len(s.get("sharedCounters") or ())) for s in split] == [
         (0, 2), (7, 0), (placements, 0), (len(mine) - 1, 0)]
+    assert valid(pool, (1, 36)) == split                     # beta from 1.36: the same layout
 
 
 def test_a_claims_device_stands_as_its_partition(make_node):
