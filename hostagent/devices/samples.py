@@ -33,8 +33,11 @@ log = logging.getLogger(__name__)
 
 _MIB = 1 << 20
 ALL_LINKS = 0xFFFFFFFF     # a field's scopeId: the sum over every NVLink
-# Read in one nvmlDeviceGetFieldValues call; each refused field is not asked again.
-_FIELDS = ((N.NVML_FI_DEV_MEMORY_TEMP, 0), (N.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX, ALL_LINKS),
+# Read in one nvmlDeviceGetFieldValues call; each refused field is not asked again. The
+# energy and PCIe replay counters are those nvmlDeviceGetTotalEnergyConsumption and
+# nvmlDeviceGetPcieReplayCounter read (nvml.h), which are asked where the field is not.
+_FIELDS = ((N.NVML_FI_DEV_MEMORY_TEMP, 0), (N.NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION, 0),
+           (N.NVML_FI_DEV_PCIE_REPLAY_COUNTER, 0), (N.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX, ALL_LINKS),
            (N.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, ALL_LINKS))
 
 
@@ -239,13 +242,19 @@ class SampleReader:
         out["dec_util"] = dec[0] if dec else None
         out["memory"] = self._memory(uuid, h)
         out["gpu_temp_c"] = ask(uuid, "temperature", N.nvmlDeviceGetTemperature, h, N.NVML_TEMPERATURE_GPU)
-        out["memory_temp_c"], out["nvlink_mbps"] = self._fields(uuid, h)
+        fields = self._fields(uuid, h)
+        out["memory_temp_c"] = _field_value(fields.get(N.NVML_FI_DEV_MEMORY_TEMP))
+        out["nvlink_mbps"] = self._nvlink_rate(uuid, fields)
         power = ask(uuid, "power", N.nvmlDeviceGetPowerUsage, h)
         out["power_w"] = None if power is None else power / 1000
-        out["energy_mj"] = ask(uuid, "energy", N.nvmlDeviceGetTotalEnergyConsumption, h)
+        energy = fields.get(N.NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION)
+        out["energy_mj"] = (_field_value(energy) if energy is not None else
+                            ask(uuid, "energy", N.nvmlDeviceGetTotalEnergyConsumption, h))
         out["sm_clock_mhz"] = ask(uuid, "sm_clock", N.nvmlDeviceGetClockInfo, h, N.NVML_CLOCK_SM)
         out["mem_clock_mhz"] = ask(uuid, "mem_clock", N.nvmlDeviceGetClockInfo, h, N.NVML_CLOCK_MEM)
-        out["pcie_replays"] = ask(uuid, "pcie_replay", N.nvmlDeviceGetPcieReplayCounter, h)
+        replays = fields.get(N.NVML_FI_DEV_PCIE_REPLAY_COUNTER)
+        out["pcie_replays"] = (_field_value(replays) if replays is not None else
+                               ask(uuid, "pcie_replay", N.nvmlDeviceGetPcieReplayCounter, h))
         rows = ask(uuid, "remapped_rows", N.nvmlDeviceGetRemappedRows, h)
         if rows is not None:
             corr, unc, pending, failure = rows
@@ -259,8 +268,8 @@ class SampleReader:
         mem = self._memory_answer
         return Memory(mem.total // _MIB, mem.used // _MIB, mem.free // _MIB, mem.reserved // _MIB)
 
-    def _fields(self, uuid: str, h) -> tuple[int | None, int | None]:
-        """Memory temperature and the NVLink rate, from one field-values call."""
+    def _fields(self, uuid: str, h) -> dict:
+        """The answered entries of one field-values call, by field id."""
         request = self._field_requests.get(uuid)
         if request is None:
             request = self._field_requests[uuid] = Q.FieldValues(
@@ -276,8 +285,7 @@ class SampleReader:
             elif fv.nvmlReturn == N.NVML_ERROR_NOT_SUPPORTED:
                 self._refused.add((uuid, f"field {fv.fieldId}"))
                 self._field_requests.pop(uuid, None)      # not asked again
-        temp = got.get(N.NVML_FI_DEV_MEMORY_TEMP)
-        return (None if temp is None else _field_value(temp)), self._nvlink_rate(uuid, got)
+        return got
 
     def _nvlink_rate(self, uuid: str, got: dict) -> int | None:
         """DCGM's NVLink bandwidth: (RX + TX KiB now - then) / seconds / 1000 (DcgmCacheManager
@@ -355,6 +363,8 @@ class SampleReader:
 
 
 def _field_value(fv):
+    if fv is None:
+        return None
     kind = fv.valueType
     if kind == N.NVML_VALUE_TYPE_DOUBLE:
         return fv.value.dVal
