@@ -1,12 +1,12 @@
-"""NVML's C functions for the queries the sampler makes of every device at every interval,
-with answer structures laid out once.
+"""NVML's C functions for the queries the sampler makes of every device at every interval
+(memory, field values, GPM), with answer structures laid out once.
 
 pynvml's wrappers build a new answer structure at each call, and its structures check every
 attribute read and write (``_PrintableStructure``); for memory and field values that cost
 as much as the rest of the agent's work on the answer. The sampler calls the same C
 functions from pynvml's function table (the library pynvml loaded, the simulator's
 included) with structures of pynvml's own layouts as plain ctypes ones, and reads their
-return codes as pynvml's wrappers do.
+return codes as pynvml's wrappers do (``pynvml.NVMLError(code)`` names them).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import ctypes
 
 import pynvml as N
 
-__all__ = ["call", "plain", "Memory", "FieldValues"]
+__all__ = ["call", "plain", "MemoryV2", "FieldValues"]
 
 
 def call(name: str, *args) -> int:
@@ -34,7 +34,7 @@ def plain(struct):
     return type(struct.__name__, (ctypes.Structure,), {"_fields_": struct._fields_})
 
 
-Memory = plain(N.c_nvmlMemory_v2_t)
+MemoryV2 = plain(N.c_nvmlMemory_v2_t)
 _FieldValue = plain(N.c_nvmlFieldValue_t)
 
 

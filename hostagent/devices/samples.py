@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import threading
 import time
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -139,16 +140,23 @@ class SampleReader:
         self._refused: set[tuple[str, str]] = set()      # (device, query) that said NOT_SUPPORTED
         self._calls = 0
         self._gpm = previous._gpm if previous is not None else GpmReader()
+        # One read at a time (the sampler's thread, sample_now in another): a read reuses
+        # its answer structures and the GPM buffers, which a new reader takes over.
+        self._lock = previous._lock if previous is not None else threading.Lock()
         self._nvlink: dict[str, tuple[float, int]] = previous._nvlink if previous is not None else {}
         self._virtualization: dict[str, int] = {}        # GPU uuid -> nvmlDeviceGetVirtualizationMode
         self._pending = False
         self._gpm_keys: list[tuple] = []
         self._plans = tuple(_Plan.of(gpu) for gpu in inventory.gpus)
-        self._memory_answer = Q.Memory(version=N.nvmlMemory_v2)
+        self._memory_answer = Q.MemoryV2(version=N.nvmlMemory_v2)
         self._memory_ref = ctypes.byref(self._memory_answer)
         self._field_requests: dict[str, Q.FieldValues] = {}   # GPU uuid -> its fields not refused
 
     def read(self) -> NodeSample:
+        with self._lock:
+            return self._read()
+
+    def _read(self) -> NodeSample:
         start, t0 = time.time(), time.perf_counter()
         self._calls = self._gpm.calls = 0
         self._pending, self._gpm_keys = False, []
@@ -176,7 +184,8 @@ class SampleReader:
 
     def close(self) -> None:
         """Free what NVML holds for this reader (GPM sample buffers), in its session."""
-        self._gpm.close()
+        with self._lock:
+            self._gpm.close()
 
     # ---- one query, with memory of refusals ------------------------------------------
 

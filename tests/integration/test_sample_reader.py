@@ -11,19 +11,11 @@ import pytest
 from hostagent.devices import nvml_session, read_inventory
 from hostagent.devices.queries import call
 from hostagent.devices.samples import SampleReader
-from hostagent.sim.node import MIG_ENABLE
+
+from .test_metrics_exposition import mig_sevens
 
 MIB = 1 << 20
 ENERGY, REPLAYS = N.NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION, N.NVML_FI_DEV_PCIE_REPLAY_COUNTER
-
-
-def sevens(store, gpu):
-    with store.mutate() as s:
-        s.set_mig_mode(store.facts, gpu, MIG_ENABLE)
-        s.reset_gpu(gpu)
-        for _ in range(7):
-            gi = s.create_gi(store.facts, gpu, 19)
-            s.create_ci(store.facts, gpu, gi.id, 0)
 
 
 @pytest.fixture
@@ -45,7 +37,7 @@ def patched():
 
 def test_a_sample_holds_what_pynvml_answers(make_node):
     host, store = make_node("hgx-h100")
-    sevens(store, 1)
+    mig_sevens(store, [1])
     inv = read_inventory(host)
     with nvml_session(host):
         reader = SampleReader(inv)
@@ -115,7 +107,7 @@ def test_a_failed_field_call_leaves_the_counters_to_their_functions(make_node, p
 @pytest.mark.allow_missing_nvml
 def test_a_function_the_library_lacks(make_node):
     host, store = make_node("hgx-h100")
-    sevens(store, 0)
+    mig_sevens(store, [0])
     inv = read_inventory(host)
     with nvml_session(host):
         assert call("nvmlNoSuchFunction") == N.NVML_ERROR_FUNCTION_NOT_FOUND
