@@ -22,6 +22,8 @@ from typing import NamedTuple
 
 import pynvml as N
 
+from .queries import call
+
 __all__ = ["GpmMetrics", "GpmReader", "GPU_METRICS", "INSTANCE_METRICS", "MIN_SPAN"]
 
 log = logging.getLogger(__name__)
@@ -63,7 +65,7 @@ _SAMPLES = struct.Struct("@PP")
 _SAMPLES_AT = N.c_nvmlGpmMetricsGet_t.sample1.offset
 _FIRST = N.c_nvmlGpmMetricsGet_t.metrics.offset
 _STRIDE = ctypes.sizeof(N.c_nvmlGpmMetric_t)
-_ENTRY = struct.Struct("=IId" + "x" * (_STRIDE - struct.calcsize("=IId")))
+_ENTRY = "IId" + "x" * (_STRIDE - struct.calcsize("=IId"))
 
 
 class _Device:
@@ -79,8 +81,9 @@ class _Device:
         self.request.numMetrics = len(metrics)
         for i, metric in enumerate(metrics):
             self.request.metrics[i].metricId = metric
+        self.ref = ctypes.byref(self.request)
         self.view = memoryview(self.request).cast("B")
-        self.end = _FIRST + len(metrics) * _STRIDE
+        self.entries = struct.Struct("=" + _ENTRY * len(metrics))
 
     def free(self) -> None:
         for sample in self.samples:
@@ -119,9 +122,10 @@ class GpmReader:
             self._supported[uuid] = found
         return found
 
-    def read(self, key: tuple, take, metrics: tuple[int, ...] = GPU_METRICS):
-        """The metrics of device ``key`` since its previous sample; ``take(buffer)`` samples it
-        (``nvmlGpmSampleGet`` or ``nvmlGpmMigSampleGet``). GPU_IS_LOST is raised."""
+    def read(self, key: tuple, take: str, args: tuple, metrics: tuple[int, ...] = GPU_METRICS):
+        """The metrics of device ``key`` since its previous sample; the C function ``take``
+        (``nvmlGpmSampleGet`` or ``nvmlGpmMigSampleGet``) samples it, given ``args`` and
+        the buffer. GPU_IS_LOST is raised."""
         device = self._devices.get(key)
         if device is None:
             self.calls += 2
@@ -130,14 +134,12 @@ class GpmReader:
             except N.NVMLError as e:
                 self._failed(key, "sample buffers", e)
                 return None
-        buffer = device.samples[device.next]
         self.calls += 1
-        try:
-            take(buffer)
-        except N.NVMLError as e:
-            if e.value == N.NVML_ERROR_GPU_IS_LOST:
-                raise
-            self._failed(key, "sample", e)
+        ret = call(take, *args, device.samples[device.next])
+        if ret != N.NVML_SUCCESS:
+            if ret == N.NVML_ERROR_GPU_IS_LOST:
+                raise N.NVMLError(ret)
+            self._failed(key, "sample", N.NVMLError(ret))
             device.previous_at = None             # start again from the next good sample
             return None
         now = time.monotonic()
@@ -147,16 +149,18 @@ class GpmReader:
             return self.PENDING
         _SAMPLES.pack_into(device.view, _SAMPLES_AT, device.addresses[device.next], device.addresses[device.next ^ 1])
         self.calls += 1
-        try:
-            N.nvmlGpmMetricsGet(device.request)
-        except N.NVMLError as e:
-            self._failed(key, "metrics", e)
+        ret = call("nvmlGpmMetricsGet", device.ref)
+        if ret != N.NVML_SUCCESS:
+            self._failed(key, "metrics", N.NVMLError(ret))
             return None
         if key in self._failing:
             self._failing.discard(key)
             log.info("GPM of %s answers again", _name(key))
-        return GpmMetrics(*(value if code == N.NVML_SUCCESS else None
-                            for _, code, value in _ENTRY.iter_unpack(device.view[_FIRST:device.end])))
+        entries = device.entries.unpack_from(device.view, _FIRST)
+        codes, values = entries[1::3], entries[2::3]
+        if any(codes):                            # NVML_SUCCESS is 0
+            values = [value if code == N.NVML_SUCCESS else None for code, value in zip(codes, values)]
+        return GpmMetrics(*values)
 
     def _failed(self, key, what: str, error) -> None:
         # A GPU instance destroyed since the inventory was read is no news: the next one drops it.

@@ -15,14 +15,18 @@ sampler reads again soon.
 
 from __future__ import annotations
 
+import ctypes
 import logging
+import threading
 import time
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import pynvml as N
 
+from . import queries as Q
 from .gpm import GPU_METRICS, INSTANCE_METRICS, GpmMetrics, GpmReader
-from .records import Inventory
+from .records import Gpu, Inventory
 
 __all__ = ["Memory", "GpuSample", "InstanceSample", "NodeSample", "SampleReader", "GpmMetrics"]
 
@@ -30,13 +34,17 @@ log = logging.getLogger(__name__)
 
 _MIB = 1 << 20
 ALL_LINKS = 0xFFFFFFFF     # a field's scopeId: the sum over every NVLink
-# Read in one nvmlDeviceGetFieldValues call; each refused field is not asked again.
-_FIELDS = ((N.NVML_FI_DEV_MEMORY_TEMP, 0), (N.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX, ALL_LINKS),
+# Read in one nvmlDeviceGetFieldValues call; each refused field is not asked again. The
+# energy and PCIe replay counters are those nvmlDeviceGetTotalEnergyConsumption and
+# nvmlDeviceGetPcieReplayCounter read (nvml.h), which are asked where the field is not.
+_FIELDS = ((N.NVML_FI_DEV_MEMORY_TEMP, 0), (N.NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION, 0),
+           (N.NVML_FI_DEV_PCIE_REPLAY_COUNTER, 0), (N.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX, ALL_LINKS),
            (N.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, ALL_LINKS))
 
 
-@dataclass(frozen=True)
-class Memory:
+# Records per device are named tuples: a pass builds one for every GPU instance, and a
+# frozen dataclass costs a checked attribute write per field.
+class Memory(NamedTuple):
     total_mib: int
     used_mib: int
     free_mib: int
@@ -44,8 +52,7 @@ class Memory:
 
 
 # hostagent.devices.samples.SampleReader.read() -> NodeSample.gpus
-@dataclass(frozen=True)
-class GpuSample:
+class GpuSample(NamedTuple):
     """One physical GPU. None: the GPU cannot report that value (or the read failed)."""
     index: int
     uuid: str
@@ -72,8 +79,7 @@ class GpuSample:
 
 
 # hostagent.devices.samples.SampleReader.read() -> NodeSample.instances
-@dataclass(frozen=True)
-class InstanceSample:
+class InstanceSample(NamedTuple):
     gpu: int
     gi: int
     profile: str                           # the GPU instance's profile, "1g.5gb"
@@ -93,8 +99,35 @@ class NodeSample:
     pending: bool = False                  # a rate had its first read: the next read gives it
 
 
-class _Unsupported(Exception):
-    pass
+class _Instance(NamedTuple):
+    """What a read needs of a GPU instance, worked out once per inventory."""
+    gi: int
+    profile: str
+    devices: tuple[str, ...]               # UUIDs of its MIG devices
+    first: str                             # the MIG device its memory is asked through
+    mig_index: int                         # that device's index on its GPU
+    key: tuple                             # its GPM key: (GPU uuid, GPU instance id)
+
+
+class _Plan(NamedTuple):
+    """One GPU of the inventory: profiled whole, or per GPU instance where it has any (as
+    dcgm-exporter's default, --devices f: GPU instances where MIG has them)."""
+    index: int
+    uuid: str
+    instances: tuple[_Instance, ...]       # empty: the GPU is profiled whole
+
+    @classmethod
+    def of(cls, gpu: Gpu) -> "_Plan":
+        if not (gpu.mig_enabled and gpu.mig.devices):
+            return cls(gpu.index, gpu.uuid, ())
+        by_gi: dict[int, list] = {}
+        for dev in gpu.mig.devices:
+            by_gi.setdefault(dev.gi, []).append(dev)
+        profiles = {gi.id: gi.profile for gi in gpu.mig.gpu_instances}
+        return cls(gpu.index, gpu.uuid, tuple(
+            _Instance(gi, profiles.get(gi, devices[0].profile), tuple(d.uuid for d in devices),
+                      devices[0].uuid, devices[0].index, (gpu.uuid, gi))
+            for gi, devices in sorted(by_gi.items())))
 
 
 class SampleReader:
@@ -107,26 +140,34 @@ class SampleReader:
         self._refused: set[tuple[str, str]] = set()      # (device, query) that said NOT_SUPPORTED
         self._calls = 0
         self._gpm = previous._gpm if previous is not None else GpmReader()
+        # One read at a time (the sampler's thread, sample_now in another): a read reuses
+        # its answer structures and the GPM buffers, which a new reader takes over.
+        self._lock = previous._lock if previous is not None else threading.Lock()
         self._nvlink: dict[str, tuple[float, int]] = previous._nvlink if previous is not None else {}
         self._virtualization: dict[str, int] = {}        # GPU uuid -> nvmlDeviceGetVirtualizationMode
         self._pending = False
         self._gpm_keys: list[tuple] = []
+        self._plans = tuple(_Plan.of(gpu) for gpu in inventory.gpus)
+        self._memory_answer = Q.MemoryV2(version=N.nvmlMemory_v2)
+        self._memory_ref = ctypes.byref(self._memory_answer)
+        self._field_requests: dict[str, Q.FieldValues] = {}   # GPU uuid -> its fields not refused
 
     def read(self) -> NodeSample:
+        with self._lock:
+            return self._read()
+
+    def _read(self) -> NodeSample:
         start, t0 = time.time(), time.perf_counter()
         self._calls = self._gpm.calls = 0
         self._pending, self._gpm_keys = False, []
         gpus, instances, profiled = [], [], []
-        for gpu in self.inventory.gpus:
-            # Profiling metrics per GPU instance where there are any, else per GPU, as
-            # dcgm-exporter's default (--devices f: GPU instances where MIG has them).
-            split = gpu.mig_enabled and bool(gpu.mig.devices)
-            sample = self._read_gpu(gpu.index, gpu.uuid, profile=not split)
+        for plan in self._plans:
+            sample = self._read_gpu(plan.index, plan.uuid, profile=not plan.instances)
             gpus.append(sample)
             if sample.lost:
                 continue
-            if split:
-                found = self._read_instances(gpu)
+            if plan.instances:
+                found = self._read_instances(plan)
                 instances += found
                 profiled += found
             else:
@@ -143,7 +184,8 @@ class SampleReader:
 
     def close(self) -> None:
         """Free what NVML holds for this reader (GPM sample buffers), in its session."""
-        self._gpm.close()
+        with self._lock:
+            self._gpm.close()
 
     # ---- one query, with memory of refusals ------------------------------------------
 
@@ -155,13 +197,27 @@ class SampleReader:
         try:
             return fn(*args)
         except N.NVMLError as e:
-            if e.value == N.NVML_ERROR_GPU_IS_LOST:
-                raise
-            if e.value in (N.NVML_ERROR_NOT_SUPPORTED, N.NVML_ERROR_FUNCTION_NOT_FOUND):
-                self._refused.add((device, query))
-            else:
-                log.debug("%s on %s: %s", query, device, e)
+            self._failed(device, query, e)
             return None
+
+    def _ask_c(self, device: str, query: str, function: str, *args) -> bool:
+        """The C function ``function(*args)``, which writes its answer into ``args``: whether
+        it answered (False if the device refused it, now or before); GPU_IS_LOST raises."""
+        if (device, query) in self._refused:
+            return False
+        self._calls += 1
+        ret = Q.call(function, *args)
+        if ret != N.NVML_SUCCESS:
+            self._failed(device, query, N.NVMLError(ret))
+        return ret == N.NVML_SUCCESS
+
+    def _failed(self, device: str, query: str, error: N.NVMLError) -> None:
+        if error.value == N.NVML_ERROR_GPU_IS_LOST:
+            raise error
+        if error.value in (N.NVML_ERROR_NOT_SUPPORTED, N.NVML_ERROR_FUNCTION_NOT_FOUND):
+            self._refused.add((device, query))
+        else:
+            log.debug("%s on %s: %s", query, device, error)
 
     def _handle(self, index: int):
         if index not in self._handles:
@@ -174,7 +230,7 @@ class SampleReader:
     def _read_gpu(self, index: int, uuid: str, profile: bool) -> GpuSample:
         try:
             h = self._handle(index)
-            gpm = self._gpm_metrics((uuid,), uuid, h, lambda buf: N.nvmlGpmSampleGet(h, buf)) if profile else None
+            gpm = self._gpm_metrics((uuid,), uuid, h, "nvmlGpmSampleGet", (h,)) if profile else None
             return GpuSample(index=index, uuid=uuid, **self._gpu_values(uuid, h), gpm=gpm,
                              vgpu_licensed=self._vgpu_license(uuid, h))
         except N.NVMLError as e:
@@ -195,13 +251,19 @@ class SampleReader:
         out["dec_util"] = dec[0] if dec else None
         out["memory"] = self._memory(uuid, h)
         out["gpu_temp_c"] = ask(uuid, "temperature", N.nvmlDeviceGetTemperature, h, N.NVML_TEMPERATURE_GPU)
-        out["memory_temp_c"], out["nvlink_mbps"] = self._fields(uuid, h)
+        fields = self._fields(uuid, h)
+        out["memory_temp_c"] = _field_value(fields.get(N.NVML_FI_DEV_MEMORY_TEMP))
+        out["nvlink_mbps"] = self._nvlink_rate(uuid, fields)
         power = ask(uuid, "power", N.nvmlDeviceGetPowerUsage, h)
         out["power_w"] = None if power is None else power / 1000
-        out["energy_mj"] = ask(uuid, "energy", N.nvmlDeviceGetTotalEnergyConsumption, h)
+        energy = fields.get(N.NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION)
+        out["energy_mj"] = (_field_value(energy) if energy is not None else
+                            ask(uuid, "energy", N.nvmlDeviceGetTotalEnergyConsumption, h))
         out["sm_clock_mhz"] = ask(uuid, "sm_clock", N.nvmlDeviceGetClockInfo, h, N.NVML_CLOCK_SM)
         out["mem_clock_mhz"] = ask(uuid, "mem_clock", N.nvmlDeviceGetClockInfo, h, N.NVML_CLOCK_MEM)
-        out["pcie_replays"] = ask(uuid, "pcie_replay", N.nvmlDeviceGetPcieReplayCounter, h)
+        replays = fields.get(N.NVML_FI_DEV_PCIE_REPLAY_COUNTER)
+        out["pcie_replays"] = (_field_value(replays) if replays is not None else
+                               ask(uuid, "pcie_replay", N.nvmlDeviceGetPcieReplayCounter, h))
         rows = ask(uuid, "remapped_rows", N.nvmlDeviceGetRemappedRows, h)
         if rows is not None:
             corr, unc, pending, failure = rows
@@ -210,24 +272,29 @@ class SampleReader:
         return out
 
     def _memory(self, device: str, h) -> Memory | None:
-        mem = self._ask(device, "memory", N.nvmlDeviceGetMemoryInfo, h, N.nvmlMemory_v2)
-        if mem is None:
+        if not self._ask_c(device, "memory", "nvmlDeviceGetMemoryInfo_v2", h, self._memory_ref):
             return None
-        return Memory(total_mib=mem.total // _MIB, used_mib=mem.used // _MIB,
-                      free_mib=mem.free // _MIB, reserved_mib=mem.reserved // _MIB)
+        mem = self._memory_answer
+        return Memory(mem.total // _MIB, mem.used // _MIB, mem.free // _MIB, mem.reserved // _MIB)
 
-    def _fields(self, uuid: str, h) -> tuple[int | None, int | None]:
-        """Memory temperature and the NVLink rate, from one field-values call."""
-        wanted = [f for f in _FIELDS if (uuid, f"field {f[0]}") not in self._refused]
-        values = self._ask(uuid, "fields", N.nvmlDeviceGetFieldValues, h, wanted) if wanted else None
+    def _fields(self, uuid: str, h) -> dict:
+        """The answered entries of one field-values call, by field id."""
+        request = self._field_requests.get(uuid)
+        if request is None:
+            request = self._field_requests[uuid] = Q.FieldValues(
+                f for f in _FIELDS if (uuid, f"field {f[0]}") not in self._refused)
+        values = request.new() if request.fields else ()
+        if values and not self._ask_c(uuid, "fields", "nvmlDeviceGetFieldValues", h, len(values),
+                                      ctypes.byref(values)):
+            values = ()
         got = {}
-        for fv in values or ():
+        for fv in values:
             if fv.nvmlReturn == N.NVML_SUCCESS:
                 got[fv.fieldId] = fv
             elif fv.nvmlReturn == N.NVML_ERROR_NOT_SUPPORTED:
                 self._refused.add((uuid, f"field {fv.fieldId}"))
-        temp = got.get(N.NVML_FI_DEV_MEMORY_TEMP)
-        return (None if temp is None else _field_value(temp)), self._nvlink_rate(uuid, got)
+                self._field_requests.pop(uuid, None)      # not asked again
+        return got
 
     def _nvlink_rate(self, uuid: str, got: dict) -> int | None:
         """DCGM's NVLink bandwidth: (RX + TX KiB now - then) / seconds / 1000 (DcgmCacheManager
@@ -244,12 +311,12 @@ class SampleReader:
             return None
         return int((total - last[1]) / (at - last[0]) / 1000)
 
-    def _gpm_metrics(self, key: tuple, uuid: str, h, take, metrics=GPU_METRICS):
+    def _gpm_metrics(self, key: tuple, uuid: str, h, take, args: tuple, metrics=GPU_METRICS):
         """GPM metrics of a GPU (or, with INSTANCE_METRICS, a GPU instance), or None."""
         if not self._gpm.supported(uuid, h):
             return None
         self._gpm_keys.append(key)
-        found = self._gpm.read(key, take, metrics)
+        found = self._gpm.read(key, take, args, metrics)
         if found is GpmReader.PENDING:
             self._pending = True
             return None
@@ -278,29 +345,22 @@ class SampleReader:
 
     # ---- GPU instances ---------------------------------------------------------------
 
-    def _read_instances(self, gpu) -> list[InstanceSample]:
+    def _read_instances(self, plan: _Plan) -> list[InstanceSample]:
         out = []
-        by_gi: dict[int, list] = {}
-        for dev in gpu.mig.devices:
-            by_gi.setdefault(dev.gi, []).append(dev)
-        profiles = {gi.id: gi.profile for gi in gpu.mig.gpu_instances}
-        parent = self._handle(gpu.index)
-        for gi, devices in sorted(by_gi.items()):
-            first = devices[0]
+        parent = self._handle(plan.index)
+        for inst in plan.instances:
             try:
-                handle = self._instance_handle(gpu.index, first.index)
-                memory = self._memory(first.uuid, handle)
+                memory = self._memory(inst.first, self._instance_handle(plan.index, inst.mig_index))
             except N.NVMLError as e:
-                log.debug("GPU %d instance %d: %s", gpu.index, gi, e)
+                log.debug("GPU %d instance %d: %s", plan.index, inst.gi, e)
                 memory = None
             try:
-                gpm = self._gpm_metrics((gpu.uuid, gi), gpu.uuid, parent,
-                                        lambda buf, gi=gi: N.nvmlGpmMigSampleGet(parent, gi, buf), INSTANCE_METRICS)
+                gpm = self._gpm_metrics(inst.key, plan.uuid, parent, "nvmlGpmMigSampleGet", (parent, inst.gi),
+                                        INSTANCE_METRICS)
             except N.NVMLError as e:         # GPU_IS_LOST since its own values were read
-                log.debug("GPU %d instance %d: %s", gpu.index, gi, e)
+                log.debug("GPU %d instance %d: %s", plan.index, inst.gi, e)
                 gpm = None
-            out.append(InstanceSample(gpu=gpu.index, gi=gi, profile=profiles.get(gi, first.profile),
-                                      devices=tuple(d.uuid for d in devices), memory=memory, gpm=gpm))
+            out.append(InstanceSample(plan.index, inst.gi, inst.profile, inst.devices, memory, gpm))
         return out
 
     def _instance_handle(self, gpu: int, mig_index: int):
@@ -312,6 +372,8 @@ class SampleReader:
 
 
 def _field_value(fv):
+    if fv is None:
+        return None
     kind = fv.valueType
     if kind == N.NVML_VALUE_TYPE_DOUBLE:
         return fv.value.dVal

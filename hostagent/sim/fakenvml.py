@@ -887,6 +887,14 @@ class FakeNvmlLibrary:
                     and telemetry.has_hbm(self._sku(gpu))):
                 fv.valueType, fv.nvmlReturn = N.NVML_VALUE_TYPE_UNSIGNED_INT, N.NVML_SUCCESS
                 fv.value.uiVal = reading.mem_temp_c
+            elif fv.fieldId == N.NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION and reading is not None:
+                # the counter nvmlDeviceGetTotalEnergyConsumption reads (nvml.h: mJ since the
+                # driver was last reloaded)
+                fv.valueType, fv.nvmlReturn = N.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG, N.NVML_SUCCESS
+                fv.value.ullVal = self._energy_mj(state, gpu, reading)
+            elif fv.fieldId == N.NVML_FI_DEV_PCIE_REPLAY_COUNTER and reading is not None:
+                fv.valueType, fv.nvmlReturn = N.NVML_VALUE_TYPE_UNSIGNED_INT, N.NVML_SUCCESS
+                fv.value.uiVal = reading.pcie_replays
             elif fv.fieldId in FIELDS:
                 FIELDS[fv.fieldId](self, state, gpu, mig, fv)
             else:
@@ -898,10 +906,12 @@ class FakeNvmlLibrary:
 
     @nvml(P, P)
     def nvmlDeviceGetTotalEnergyConsumption(self, handle, ptr):
+        put(ptr, c_ulonglong, self._energy_mj(*self._sensors(handle)))
+
+    def _energy_mj(self, state, gpu, reading) -> int:
         # The counter integrates the power this process has seen since its first read,
         # starting from the idle power over the time since boot: monotonic and consistent
         # with nvmlDeviceGetPowerUsage, though two processes may read different totals.
-        state, gpu, reading = self._sensors(handle)
         boot, t = self._booted_at(state), time.time()
         last = self._energy.get(gpu.index)
         if last is None or last[0] != boot:
@@ -909,7 +919,7 @@ class FakeNvmlLibrary:
         else:
             energy = last[2] + reading.power_mw * max(0.0, t - last[1])
         self._energy[gpu.index] = (boot, t, energy)
-        put(ptr, c_ulonglong, int(energy))
+        return int(energy)
 
     @nvml(P, c_uint, P)
     def nvmlDeviceGetClockInfo(self, handle, clock_type, ptr):

@@ -68,6 +68,24 @@ def test_memory_temperature_field(make_node):
         assert N.nvmlDeviceGetRemappedRows(hbm)[1:] == (0, 0, 0)
 
 
+def test_energy_and_replay_fields_are_the_counters_their_functions_read(make_node):
+    host, store = make_node("dgx-a100")
+    mig_layout(store, 1)
+    fields = [N.NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION, N.NVML_FI_DEV_PCIE_REPLAY_COUNTER]
+    with nvml_session(host):
+        h = N.nvmlDeviceGetHandleByIndex(0)
+        e0 = N.nvmlDeviceGetTotalEnergyConsumption(h)
+        energy, replays = N.nvmlDeviceGetFieldValues(h, fields)
+        e1 = N.nvmlDeviceGetTotalEnergyConsumption(h)
+        assert energy.nvmlReturn == replays.nvmlReturn == N.NVML_SUCCESS
+        assert energy.valueType == N.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
+        assert e0 <= energy.value.ullVal <= e1                 # one counter, read in turn
+        assert replays.value.uiVal == N.nvmlDeviceGetPcieReplayCounter(h)
+        # a MIG device refuses them, as it refuses the functions
+        m = N.nvmlDeviceGetMigDeviceHandleByIndex(N.nvmlDeviceGetHandleByIndex(1), 0)
+        assert [v.nvmlReturn for v in N.nvmlDeviceGetFieldValues(m, fields)] == [N.NVML_ERROR_NOT_SUPPORTED] * 2
+
+
 def test_mig_refusals(make_node):
     host, store = make_node("dgx-a100")
     mig_layout(store, 0)
