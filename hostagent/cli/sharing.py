@@ -95,9 +95,11 @@ def run_status(args) -> int:
     return 0
 
 
-def print_outcome(out: dict) -> None:
+def print_outcome(out: dict, source: str | None = None) -> None:
     steps = out["plan"]["steps"]
     report = out.get("report")
+    for warning in out.get("warnings", []):
+        print(f"hostagent: warning: {source or 'the sharing configuration'}: {warning}", file=sys.stderr)
     for problem in out.get("problems", []):
         print(f"hostagent: warning: {problem}", file=sys.stderr)
     if report is None:
@@ -128,7 +130,7 @@ def _apply(args, config_doc) -> int:
         forced = getattr(args, "force", False)
         out = apply(host, config, dry_run=args.dry_run, allocations=[] if forced else _allocations(host),
                     on_lock_wait=_waiting).to_dict()
-    emit(out, args.output, print_outcome)
+    emit(out, args.output, lambda o: print_outcome(o, "<stdin>" if args.file == "-" else args.file))
     return 1 if out.get("report") and out["report"]["failed"] else 0
 
 

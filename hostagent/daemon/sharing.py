@@ -160,6 +160,9 @@ class SharingOps:
             return
         for problem in outcome.plan.desired.problems:
             log.warning("sharing: %s", problem)
+        if reason == "start":
+            for warning in outcome.warnings:
+                log.warning("sharing configuration: %s", warning)
         if outcome.plan.steps:
             log.info("sharing restored (%s): %d step(s)", reason, len(outcome.plan.steps))
         await self._publish(reason)
@@ -182,6 +185,8 @@ class SharingOps:
         from ..sharing.config import EMPTY, parse
         config = EMPTY if body.get("config") is None else parse(body["config"], "the sharing configuration")
         dry_run = bool(body.get("dry_run"))
+        for warning in config.warnings:
+            log.warning("sharing configuration: %s", warning)
         async with self.agent.mutex:
             why = self.gate()
             if why is not None and not dry_run and not config.empty:

@@ -34,11 +34,12 @@ class SharingBusy(ConflictError):
 class Outcome:
     plan: SharingPlan
     report: ApplyReport | None = None          # None for a dry run
+    warnings: tuple[str, ...] = ()             # the configuration's keys ignored
 
     def to_dict(self) -> dict:
         return {"plan": self.plan.to_dict(), "dry_run": self.report is None,
                 "report": self.report.to_dict() if self.report else None,
-                "problems": list(self.plan.desired.problems)}
+                "problems": list(self.plan.desired.problems), "warnings": list(self.warnings)}
 
 
 def device_names(inventory: Inventory | None) -> dict[str, str]:
@@ -133,10 +134,10 @@ def apply(host: HostRoot, config: SharingConfig | None, *, dry_run: bool = False
         if only is not None:
             p = SharingPlan(p.desired, tuple(s for s in p.steps if s.target in only))
         if dry_run:
-            return Outcome(p)
+            return Outcome(p, warnings=config.warnings)
         if not reconcile and persist:
             _persist(host, config)
-        return Outcome(p, execute(host, p, state, interpreter=interpreter))
+        return Outcome(p, execute(host, p, state, interpreter=interpreter), config.warnings)
 
 
 def status(host: HostRoot, inventory: Inventory | None = None, daemons: dict | None = None) -> dict:

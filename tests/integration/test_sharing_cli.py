@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sysconfig
+import time
 
 import pytest
 
@@ -178,6 +179,33 @@ def test_bad_input_is_one_line_and_changes_nothing(node, capsys, tmp_path, body,
     assert err.startswith(f"hostagent: error: {bad}") or err.startswith("hostagent: error: ")
     assert running(host.root) == [] and not (host.root / "etc/hostagent/sharing.yaml").exists()
     assert not (host.root / "run/hostagent/mps").exists() and set(modes(host)) == {"DEFAULT"}
+
+
+def test_an_alias_bomb_is_one_short_line_at_once(node, capsys, tmp_path):
+    host, _ = node
+    bomb = tmp_path / "bomb.yaml"
+    lines = ['a0: &a0 ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
+    lines += [f"a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 9) + "]" for i in range(1, 9)]
+    bomb.write_text("\n".join(lines) + "\n")
+    started = time.monotonic()
+    code, out, err = run(capsys, host, "apply", "-f", bomb)
+    assert time.monotonic() - started < 10
+    assert code == 1 and out == "" and err == (f"hostagent: error: {bomb}: has more than 100000 values (aliases "
+                                              "expanded), more than any sharing configuration needs; not read\n")
+
+
+def test_numbers_without_a_fraction_and_trailing_commas_as_the_device_plugin_reads_them(node, capsys, tmp_path):
+    host, _ = node
+    cfg = tmp_path / "floats.json"
+    cfg.write_text('{"version": "v1", "sharing": {"timeSlicing": {"resources": [{"name": "gpu", "replicas": 2.0, '
+                   '"devices": 2.0,}]}}, "newerPluginKey": true}')
+    code, out, err = run(capsys, host, "apply", "-f", cfg, "--dry-run")
+    assert code == 0 and out.splitlines() == ["GPU 0: time-slicing, 2 replicas of nvidia.com/gpu",
+                                                  "GPU 1: time-slicing, 2 replicas of nvidia.com/gpu"], err
+    assert f"hostagent: warning: {cfg}: (top level): unknown key 'newerPluginKey', ignored" in err
+    cfg.write_text("sharing: {timeSlicing: {resources: [{name: gpu, replicas: 2.5}]}}")
+    code, out, err = run(capsys, host, "apply", "-f", cfg, "--dry-run")
+    assert code == 1 and err.count("\n") == 1 and "replicas: must be of type integer, not a number" in err
 
 
 def test_mps_on_a_gpu_without_mps_support_is_refused(make_node, capsys, tmp_path):

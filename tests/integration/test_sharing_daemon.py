@@ -218,6 +218,16 @@ def test_allocations_of_shared_devices(agent):
         c.sharing_apply(CONFIG)
 
 
+def test_numbers_without_a_fraction_and_unknown_keys_through_the_api(agent):
+    """A JSON body's 2.0 is 2, as in a file; a key the agent does not know is a warning."""
+    doc = {"version": "v1", "newerPluginKey": 1,
+           "sharing": {"timeSlicing": {"resources": [{"name": "gpu", "replicas": 2.0, "devices": 1.0}]}}}
+    with agent.client() as c:
+        out = c.sharing_apply(doc, dry_run=True)
+    assert out["warnings"] == ["(top level): unknown key 'newerPluginKey', ignored (as the device plugin ignores it)"]
+    assert [d["replicas"] for d in out["plan"]["devices"].values() if d["strategy"] == "time-slicing"] == [2]
+
+
 def test_off_through_the_api(agent):
     with agent.client() as c:
         out = c.sharing_apply(None)
