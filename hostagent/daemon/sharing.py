@@ -390,8 +390,11 @@ class SharingOps:
 
 
 def _labelled(view: dict) -> list:
-    """What of the view the node labels show."""
-    return [(d["uuid"], d["strategy"], d["replicas"], d["rename"]) for d in view.get("devices", ())]
+    """What of the view the node labels show: the devices' sharing, and the configuration's
+    MIG strategy (``nodelabels.mig_strategy``)."""
+    flags = ((view.get("config") or {}).get("document") or {}).get("flags") or {}
+    return [flags.get("migStrategy")] + [(d["uuid"], d["strategy"], d["replicas"], d["rename"])
+                                         for d in view.get("devices", ())]
 
 
 def _comparable(view: dict) -> dict:

@@ -11,6 +11,7 @@ import time
 import pytest
 
 from hostagent.errors import HostagentError
+from hostagent.plugins.resources import node_resources, strategy_from_labels
 from hostagent.sharing import mps
 
 from .agentd import FAST, AgentProcess, make_root
@@ -218,6 +219,37 @@ def test_allocations_of_shared_devices(agent):
         c.sharing_apply(CONFIG)
 
 
+@pytest.mark.parametrize("strategies", [("envvar",), ("cdi-cri",), ("cdi-cri", "envvar"), ("edits",)])
+def test_the_device_plugin_connects_an_mps_replica_to_its_daemon_whatever_its_strategy(agent, strategies):
+    """NVIDIA's plugin adds the MPS pipe, /dev/shm and the variable whatever its device list
+    strategy: so does this one, from the allocation's edits when no CDI name carries them."""
+    from hostagent.plugins.agentlink import AgentLink, NodeView
+    from hostagent.plugins.allocations import Allocations
+    link = AgentLink(agent.socket)
+    with agent.client() as c:
+        c.sharing_apply(CONFIG)
+        gpu = c.device("0")                        # MPS, 4 replicas
+        link.view = NodeView(connected=True, devices={gpu["uuid"]: gpu})
+        replica = gpu["replicas"][2]
+        r = Allocations(link, strategies).allocate("nvidia.com/gpu", [replica], {replica: gpu["uuid"]})
+        try:
+            pipe = str(mps.pipe_dir(agent.host, gpu["uuid"]))
+            if "cdi-cri" in strategies:            # the allocation's own spec says it all
+                [alloc] = [a for a in c.allocations() if a["replicas"] == [replica]]
+                assert [d.name for d in r.cdi_devices] == alloc["cdi_devices"] and not r.mounts
+                spec = json.loads(open(alloc["spec_path"]).read())
+                assert "CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps" in spec["devices"][0]["containerEdits"]["env"]
+            else:
+                assert r.envs["CUDA_MPS_PIPE_DIRECTORY"] == "/tmp/nvidia-mps"
+                assert r.envs["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "25"
+                mounts = {m.container_path: m.host_path for m in r.mounts}
+                assert mounts["/tmp/nvidia-mps"] == pipe and mounts["/dev/shm"] == str(mps.shm_dir(agent.host))
+                assert ("NVIDIA_VISIBLE_DEVICES" in r.envs) == ("envvar" in strategies or "edits" in strategies)
+        finally:
+            for a in c.allocations():
+                c.release(a["id"])
+
+
 def test_numbers_without_a_fraction_and_unknown_keys_through_the_api(agent):
     """A JSON body's 2.0 is 2, as in a file; a key the agent does not know is a warning."""
     doc = {"version": "v1", "newerPluginKey": 1,
@@ -248,11 +280,17 @@ def test_mps_on_mig_devices_follows_a_mig_change():
     agent = AgentProcess(root, SUPERVISION).start()
     try:
         with agent.client(timeout=60) as c:
-            out = c.sharing_apply({"sharing": {"mps": {"resources": [
+            out = c.sharing_apply({"flags": {"migStrategy": "mixed"}, "sharing": {"mps": {"resources": [
                 {"name": "nvidia.com/mig-1g.10gb", "replicas": 2, "activeThreadPercentage": 40}]}}})
             assert out["report"]["failed"] == 0
             migs = c.devices(type="mig")["mig_devices"]
             assert [d["sharing"]["mps"]["state"] for d in migs] == ["ready", "ready"]
+            # The file's flags.migStrategy is the labels' strategy, and so the device plugin's.
+            labels = c.labels()["labels"]
+            assert labels["nvidia.com/mig.strategy"] == "mixed"
+            views = {d["uuid"]: d for d in (*c.devices()["gpus"], *migs)}
+            resources, _ = node_resources(views, strategy_from_labels(labels))
+            assert len(resources["nvidia.com/mig-1g.10gb"]) == 4 and len(resources["nvidia.com/gpu"]) == 7
             keep, gone = migs[0], migs[1]
             env = mps.environment(agent.host, keep["uuid"])
             server = subprocess.run([str(root / "usr/bin/nvidia-cuda-mps-control")], input="start_server -uid 0\n"
@@ -278,6 +316,7 @@ def test_mps_on_mig_devices_follows_a_mig_change():
             assert len(shared) == 3 and {d["mps"]["state"] for d in shared} == {"ready"}
             assert {d["active_thread_percentage"] for d in shared} == {40}
             c.sharing_apply(None)
+            assert "nvidia.com/mig.strategy" not in c.labels()["labels"]         # none again
         assert running(root) == []
     finally:
         agent.stop()
