@@ -19,10 +19,13 @@ def say(line: str) -> None:
 
 def host_from_args(args):
     """The host the global options name; a simulated node is run by the simulator's platform
-    that ``main`` puts in ``args.simulator``."""
+    that ``main`` puts in ``args.simulator``, and must be a node already (nothing is written
+    into a folder that is not one, as ``sim create`` would then refuse it)."""
     from ..hostroot import HostRoot
-    return HostRoot.from_env(getattr(args, "simulate", None), getattr(args, "host_root", None),
+    host = HostRoot.from_env(getattr(args, "simulate", None), getattr(args, "host_root", None),
                              getattr(args, "driver_root", None), simulator=getattr(args, "simulator", None))
+    host.platform.require_node(host)
+    return host
 
 
 def daemon_socket(host):

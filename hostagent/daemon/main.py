@@ -372,6 +372,11 @@ def main(argv: list[str] | None = None) -> int:
     except HostagentError as e:
         print(f"hostagentd: error: {e.message}", file=sys.stderr)
         return 2
+    try:
+        host.platform.require_node(host)      # nothing is written into a folder that is not a node
+    except HostagentError as e:
+        print(f"hostagentd: error: {e.message}", file=sys.stderr)
+        return 1
     if args.check:
         return check(host, args.config)
     try:

@@ -62,6 +62,11 @@ class SimulatedNode(Platform):
         return f"simulated node: no {engine} to restart (a real node's {service} would be restarted here)"
 
 
+    def require_node(self, host) -> None:
+        from .store import SimStore
+        SimStore(host.root).check()
+
+
 def _stand_in(path) -> bool:
     try:
         with open(path, "rb") as f:
