@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import time
 import uuid
 from pathlib import Path
 
@@ -14,6 +13,7 @@ import pytest
 from hostagent import __version__
 from hostagent.client import Client
 from hostagent.sim.platform import simulated_host
+from tests.waiting import until
 
 from ..programs import script
 from .conftest import PODMAN_FLAGS
@@ -49,10 +49,7 @@ def podman(*args: str, check: bool = True) -> subprocess.CompletedProcess:
 
 def wait_for(path: Path, container: str, timeout: float = 60) -> Path:
     """``path``, once the agent in ``container`` has made it (its log if it never does)."""
-    deadline = time.monotonic() + timeout
-    while not path.exists():
-        assert time.monotonic() < deadline, podman("logs", container).stderr
-        time.sleep(0.2)
+    until(lambda: path.exists(), timeout, lambda: podman("logs", container).stderr, interval=0.2)
     return path
 
 

@@ -13,7 +13,7 @@ import pytest
 
 from hostagent.sharing import mps
 
-from tests.integration.agentd import FAST, AgentProcess, make_root
+from tests.integration.agentd import FAST, make_root, running_agent
 from tests.integration.mpsprocs import alive, daemon_pid, running
 
 from .conftest import PODMAN_FLAGS, host_cdi_spec, podman_run
@@ -26,12 +26,8 @@ SUPERVISION = {**FAST, "sharing": {"probe_interval": 0.5, "probe_timeout": 2, "r
 
 @pytest.fixture
 def agent():
-    proc = AgentProcess(make_root("dgx-a100"), SUPERVISION).start()
-    yield proc
-    try:
-        proc.stop()
-    finally:
-        proc.cleanup()
+    with running_agent(make_root("dgx-a100"), SUPERVISION) as proc:
+        yield proc
 
 
 @contextlib.contextmanager

@@ -10,7 +10,7 @@ import pytest
 
 from hostagent.errors import HostagentError
 
-from .agentd import AgentProcess, existing_group, make_root
+from .agentd import existing_group, make_root, running_agent
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to start processes as other users")
 
@@ -83,11 +83,9 @@ ALLOC = json.dumps({"id": "by-nobody", "devices": [{"device": "1"}]})
 
 @pytest.fixture(scope="module")
 def group_agent():
-    proc = AgentProcess(make_root(), {"api": {"group": API_GROUP, "max_connections_per_user": 3},
-                                      "daemon": {"resync_interval": 0}}).start()
-    yield proc
-    proc.stop()
-    proc.cleanup()
+    with running_agent(make_root(), {"api": {"group": API_GROUP, "max_connections_per_user": 3},
+                                     "daemon": {"resync_interval": 0}}) as proc:
+        yield proc
 
 
 def test_socket_mode_and_group(group_agent):
@@ -163,14 +161,10 @@ def test_per_user_connection_limit(group_agent):
 
 def test_peer_check_stands_without_socket_permissions():
     """With a world-writable socket, everyone connects, and the peer check refuses them."""
-    agent = AgentProcess(make_root(), {"api": {"group": API_GROUP, "socket_mode": "0666"},
-                                       "daemon": {"resync_interval": 0}}).start()
-    try:
+    with running_agent(make_root(), {"api": {"group": API_GROUP, "socket_mode": "0666"},
+                                     "daemon": {"resync_interval": 0}}) as agent:
         got = as_user(agent, [["GET", "/v1/node", None], ["GET", "/v1/openapi.json", None],
                               ["POST", "/v1/allocations", ALLOC], ["GET", "/v1/nothing", None]],
                       gid=OTHER_GID)
         assert got == [(403, "forbidden")] * 4
         assert as_user(agent, [["GET", "/v1/node", None]]) == [(200, None)]
-    finally:
-        agent.stop()
-        agent.cleanup()

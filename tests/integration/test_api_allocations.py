@@ -11,8 +11,9 @@ from hostagent.cdi.validate import validate_spec
 from hostagent.client import Request
 from hostagent.daemon import checkpoint
 from hostagent.errors import ConflictError, NotFoundError, UsageError
+from tests.waiting import until
 
-from .agentd import AgentProcess, make_root
+from .agentd import make_root, running_agent
 
 
 def smi(root, *args):
@@ -26,10 +27,8 @@ def agent():
     smi(root, "-i", "0", "-mig", "1")
     smi(root, "-r", "-i", "0")
     smi(root, "mig", "-i", "0", "-cgi", "3g.20gb,2g.10gb,1g.5gb,1g.5gb", "-C")
-    proc = AgentProcess(root).start()
-    yield proc
-    proc.stop()
-    proc.cleanup()
+    with running_agent(root) as proc:
+        yield proc
 
 
 @pytest.fixture
@@ -302,13 +301,9 @@ def test_sharing_limits_per_device_and_node(agent):
 def _reload(agent):
     """SIGHUP, then wait for the reload's log line."""
     import signal
-    import time
     count = agent.log().count("configuration reloaded")
     agent.signal(signal.SIGHUP)
-    deadline = time.monotonic() + 20
-    while agent.log().count("configuration reloaded") == count:
-        assert time.monotonic() < deadline, agent.log()
-        time.sleep(0.05)
+    until(lambda: agent.log().count("configuration reloaded") != count, 20, lambda: agent.log())
 
 
 def test_restart_keeps_allocations_and_drops_gone_devices():
@@ -316,8 +311,7 @@ def test_restart_keeps_allocations_and_drops_gone_devices():
     smi(root, "-i", "1", "-mig", "1")
     smi(root, "-r", "-i", "1")
     smi(root, "mig", "-i", "1", "-cgi", "3g.20gb,3g.20gb", "-C")
-    agent = AgentProcess(root).start()
-    try:
+    with running_agent(root) as agent:
         with agent.client() as c:
             keep = c.allocate("keep/me", ["2", "3"], labels={"pod": "a"})
             mig = c.allocate("on-mig", [{"constraints": {"profile": "3g.20gb"}}])
@@ -341,6 +335,3 @@ def test_restart_keeps_allocations_and_drops_gone_devices():
         assert "allocation on-mig dropped" in log and mig["devices"][0] in log
         assert "removed transient spec" in log and "stray" in log
         assert [a.id for a in checkpoint.read(agent.host)] == ["keep/me"]
-    finally:
-        agent.stop()
-        agent.cleanup()

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from .agentd import AgentProcess, make_root
+from .agentd import make_root, running_agent
 
 CONFIG = {"api": {"header_timeout": 1, "body_timeout": 1, "write_timeout": 1, "idle_timeout": 2,
                   "max_connections": 40, "max_body_bytes": 4096, "max_header_bytes": 2048},
@@ -22,10 +22,8 @@ def _short(value):
 
 @pytest.fixture(scope="module")
 def agent():
-    proc = AgentProcess(make_root(), CONFIG).start()
-    yield proc
-    proc.stop()
-    proc.cleanup()
+    with running_agent(make_root(), CONFIG) as proc:
+        yield proc
 
 
 def connect(agent, timeout=5) -> socket.socket:

@@ -25,7 +25,7 @@ from hostagent.api.schema import document
 from hostagent.client import Request
 from hostagent.errors import HostagentError
 
-from .agentd import AgentProcess, make_root
+from .agentd import make_root, running_agent
 
 DOC = document()
 METHODS = ("get", "post", "put", "delete")
@@ -43,15 +43,12 @@ SETTINGS = settings(max_examples=120, deadline=None, derandomize=True,
 @pytest.fixture(scope="module")
 def agent():
     # MIG devices from the start, so that instances can be destroyed and allocations made.
-    proc = AgentProcess(make_root(), {"api": {"header_timeout": 2, "body_timeout": 2, "watch_heartbeat": 2},
-                                      "daemon": {"resync_interval": 0},
-                                      "mig": {"config": "all-balanced"}}).start()
-    yield proc
-    try:
+    with running_agent(make_root(), {"api": {"header_timeout": 2, "body_timeout": 2, "watch_heartbeat": 2},
+                                     "daemon": {"resync_interval": 0},
+                                     "mig": {"config": "all-balanced"}}) as proc:
+        yield proc
         assert proc.proc.poll() is None, proc.log()
         assert proc.stop() == 0, proc.log()
-    finally:
-        proc.cleanup()
 
 
 def _resolve(item: dict) -> dict:

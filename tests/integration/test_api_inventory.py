@@ -10,15 +10,13 @@ import pytest
 from hostagent.api.schema import document_bytes
 from hostagent.errors import NotFoundError, UsageError
 
-from .agentd import AgentProcess, make_root
+from .agentd import AgentProcess, make_root, running_agent
 
 
 @pytest.fixture(scope="module")
 def agent():
-    proc = AgentProcess(make_root(), {"api": {"watch_heartbeat": 2, "watch_buffer": 16}}).start()
-    yield proc
-    proc.stop()
-    proc.cleanup()
+    with running_agent(make_root(), {"api": {"watch_heartbeat": 2, "watch_buffer": 16}}) as proc:
+        yield proc
 
 
 def raw(agent, data: bytes, timeout=5) -> bytes:
@@ -194,10 +192,8 @@ def test_watch_heartbeat(agent):
 @pytest.fixture
 def own_agent():
     """A daemon of its own, for a test that changes the node's MIG layout."""
-    proc = AgentProcess(make_root()).start()
-    yield proc
-    proc.stop()
-    proc.cleanup()
+    with running_agent(make_root()) as proc:
+        yield proc
 
 
 def test_mig_change_behind_the_agents_back(own_agent):
@@ -260,8 +256,7 @@ def test_sigterm_ends_watch_streams_cleanly():
 
 
 def test_client_mig_methods():
-    agent = AgentProcess(make_root()).start()
-    try:
+    with running_agent(make_root()) as agent:
         with agent.client(timeout=None) as c:
             assert [g["mig"]["mode"]["current"] == "enabled" for g in c.mig()["gpus"]] == [False] * 8
             plan = c.mig_plan("all-1g.5gb")["plan"]
@@ -274,6 +269,3 @@ def test_client_mig_methods():
             assert made["parent_uuid"] == gone["parent_uuid"] and made["profile"] == "1g.5gb"
             with pytest.raises(NotFoundError):
                 c.mig_plan("nope")
-    finally:
-        agent.stop()
-        agent.cleanup()

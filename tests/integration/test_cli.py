@@ -8,6 +8,8 @@ import sys
 import pytest
 import yaml
 
+from tests.waiting import until
+
 
 def hostagent(*args, env=None, check=True):
     run_env = {k: v for k, v in os.environ.items() if k != "HOSTAGENT_SIMULATE"}
@@ -92,6 +94,23 @@ def test_sim_create_refuses_to_overwrite_and_rejects_unknown_profiles(tmp_path):
     assert not (tmp_path / "new").exists()
 
 
+@pytest.mark.parametrize("command", [["cdi", "refresh"], ["runtime", "configure", "--runtime", "containerd"],
+                                     ["sharing", "off"], ["mig", "apply", "-c", "all-disabled"], ["serve"]])
+def test_nothing_is_written_into_a_folder_that_is_not_a_node(tmp_path, command):
+    folder = tmp_path / "not-yet"
+    folder.mkdir()
+    done = hostagent("--simulate", folder, *command, check=False)
+    assert done.returncode == 1 and done.stderr == (
+        f"hostagent: error: {folder}: not a simulated node (no .sim/node.json) (make it one first: hostagent "
+        f"sim create --profile dgx-a100 --root {folder})\n")
+    if command == ["serve"]:                  # hostagentd, the same daemon
+        daemon = subprocess.run([sys.executable, "-m", "hostagent.daemon.main", "--simulate", str(folder)],
+                                capture_output=True, text=True, timeout=60)
+        assert daemon.returncode == 1 and daemon.stderr.startswith(f"hostagentd: error: {folder}: not a simulated node")
+    assert list(folder.iterdir()) == []
+    hostagent("sim", "create", "--profile", "t4x2", "--root", folder)        # still a folder it takes
+
+
 def test_errors_are_one_line_with_exit_codes(node, tmp_path):
     missing = hostagent("--simulate", tmp_path, "devices", check=False)
     assert missing.returncode == 1 and "not a simulated node" in missing.stderr
@@ -132,7 +151,6 @@ def health_requests(client) -> float:
 def test_devices_show_a_lost_gpu_the_daemon_no_longer_lists():
     """A lost GPU leaves the daemon's device list at its next inventory read; its health
     record stays (GET /v1/health, by UUID, ``lost``) and ``hostagent devices`` shows it."""
-    import time
     from .agentd import AgentProcess, make_root
     agent = AgentProcess(make_root("t4x2"), {"daemon": {"resync_interval": 0},
                                              "health": {"wait_timeout_ms": 200}})
@@ -146,10 +164,7 @@ def test_devices_show_a_lost_gpu_the_daemon_no_longer_lists():
             assert health_requests(c) == before
             uuid = c.device("1")["uuid"]
             hostagent("sim", "lose", "--gpu", "1", "--root", agent.root)
-            deadline = time.monotonic() + 30
-            while not any(d["key"] == uuid and d["lost"] for d in c.health()["devices"]):
-                assert time.monotonic() < deadline, c.health()
-                time.sleep(0.1)
+            until(lambda: any(d["key"] == uuid and d["lost"] for d in c.health()["devices"]), 30, lambda: c.health(), interval=0.1)
             c.refresh()
             assert [g["index"] for g in c.devices()["gpus"]] == [0]       # gone from the list
             before = health_requests(c)

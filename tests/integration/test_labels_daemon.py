@@ -3,6 +3,7 @@
 full key set and each value's format, for an A100 node under the mixed and the single
 strategy and for a T4 node; and ``hostagent labels`` beside the daemon."""
 
+import contextlib
 import re
 import subprocess
 import sys
@@ -11,7 +12,7 @@ import pytest
 
 from hostagent.labels import FEATURES_FILE, TIMESTAMP, parse
 
-from .agentd import AgentProcess, make_root
+from .agentd import make_root, running_agent
 from .test_labels import assert_kubernetes_labels
 
 CLI = [sys.executable, "-m", "hostagent.cli.main"]
@@ -65,10 +66,8 @@ def assert_catalog(labels, strategy="none", profiles=()):
 def daemon(agents, profile, labels, layout=None):
     """A daemon with this ``labels:`` section (stopped by the ``agents`` fixture), after
     applying ``layout``; returns it and its features file, checked to be what it serves."""
-    agent = AgentProcess(make_root(profile), {"daemon": {"resync_interval": 0}, "labels": labels,
-                                              "health": {"enabled": False}, "metrics": {"port": None}})
-    agents.append(agent)
-    agent.start()
+    agent = agents.enter_context(running_agent(make_root(profile), {
+        "daemon": {"resync_interval": 0}, "labels": labels, "health": {"enabled": False}, "metrics": {"port": None}}))
     if layout:
         with agent.client() as c:
             c.request("POST", "/v1/mig/apply", {"config": "t", "spec": {"version": "v1", "mig-configs": {"t": layout}}})
@@ -85,11 +84,9 @@ def cli(agent, *args):
 
 @pytest.fixture
 def agents():
-    started = []
-    yield started
-    for agent in started:
-        agent.stop()
-        agent.cleanup()
+    """Where a test's daemons are kept: each stopped and removed at its end."""
+    with contextlib.ExitStack() as stack:
+        yield stack
 
 
 def test_a100_node_mixed_strategy(agents):
