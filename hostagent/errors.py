@@ -30,7 +30,10 @@ __all__ = [
     "NvmlError",
     "NvmlLibraryMissing",
     "DriverNotLoaded",
+    "permission_refused",
 ]
+
+NVML_NO_PERMISSION = 4          # nvml.h: NVML_ERROR_NO_PERMISSION
 
 
 class HostagentError(Exception):
@@ -99,3 +102,18 @@ class NvmlLibraryMissing(NvmlError):
 
 class DriverNotLoaded(NvmlError):
     code = "driver_not_loaded"
+
+
+def permission_refused(error: BaseException) -> bool:
+    """Whether ``error``, or what it was raised from, is a refusal for want of privilege:
+    the system's (EACCES, EPERM) or NVML's (NO_PERMISSION)."""
+    import errno
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, OSError) and error.errno in (errno.EACCES, errno.EPERM):
+            return True
+        if isinstance(error, NvmlError) and error.nvml_code == NVML_NO_PERMISSION:
+            return True
+        error = error.__cause__ or error.__context__
+    return False

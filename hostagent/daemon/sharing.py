@@ -158,6 +158,8 @@ class SharingOps:
             log.error("sharing configuration not restored (%s): %s", reason, e.message)
             await self._publish("error")
             return
+        if outcome.recovered:
+            log.warning("sharing: %s", outcome.recovered)
         for problem in outcome.plan.desired.problems:
             log.warning("sharing: %s", problem)
         if reason == "start":
@@ -195,9 +197,16 @@ class SharingOps:
             outcome = await self._run(config, dry_run=dry_run, force=bool(body.get("force")))
             if not dry_run:
                 failed = outcome.report.failed if outcome.report else []
-                log.info("sharing configuration %s: %d step(s), %d failed",
-                         "removed" if config.empty else "applied", len(outcome.plan.steps), len(failed))
-                await self._publish("off" if config.empty else "applied")
+                if outcome.recovered:
+                    log.warning("sharing: %s", outcome.recovered)
+                if outcome.rolled_back is not None:
+                    log.error("sharing configuration not applied, rolled back: %d of %d step(s) failed (%s)",
+                              len(failed), len(outcome.plan.steps), failed[0].error)
+                else:
+                    log.info("sharing configuration %s: %d step(s)", "removed" if config.empty else "applied",
+                             len(outcome.plan.steps))
+                await self._publish("rolled_back" if outcome.rolled_back is not None
+                                    else "off" if config.empty else "applied")
         return {**outcome.to_dict(), "revision": self.agent.events.revision}
 
     async def reload(self) -> None:

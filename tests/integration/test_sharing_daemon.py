@@ -13,8 +13,9 @@ import pytest
 from hostagent.errors import HostagentError
 from hostagent.plugins.resources import node_resources, strategy_from_labels
 from hostagent.sharing import mps
+from tests.waiting import until
 
-from .agentd import FAST, AgentProcess, make_root
+from .agentd import FAST, AgentProcess, make_root, running_agent
 from .mpsprocs import alive, daemon_pid, running
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="compute modes and MPS daemons need root "
@@ -29,23 +30,9 @@ SUPERVISION = {**FAST, "sharing": {"probe_interval": 0.5, "probe_timeout": 2, "r
 
 @pytest.fixture(scope="module")
 def agent():
-    proc = AgentProcess(make_root("dgx-a100"), SUPERVISION).start()
-    yield proc
-    try:
-        proc.stop()
-    finally:
-        proc.cleanup()
-        assert running(proc.root) == []
-
-
-def until(predicate, timeout=10.0, what="condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"no {what} after {timeout}s")
+    with running_agent(make_root("dgx-a100"), SUPERVISION) as proc:
+        yield proc
+    assert running(proc.root) == []
 
 
 def daemon(c, name):
@@ -277,8 +264,7 @@ def test_mps_on_mig_devices_follows_a_mig_change():
     smi = str(root / "usr/bin/nvidia-smi")
     subprocess.run([smi, "-i", "0", "-mig", "1"], check=True, capture_output=True)
     subprocess.run([smi, "mig", "-i", "0", "-cgi", "1g.10gb,1g.10gb", "-C"], check=True, capture_output=True)
-    agent = AgentProcess(root, SUPERVISION).start()
-    try:
+    with running_agent(root, SUPERVISION) as agent:
         with agent.client(timeout=60) as c:
             out = c.sharing_apply({"flags": {"migStrategy": "mixed"}, "sharing": {"mps": {"resources": [
                 {"name": "nvidia.com/mig-1g.10gb", "replicas": 2, "activeThreadPercentage": 40}]}}})
@@ -318,9 +304,6 @@ def test_mps_on_mig_devices_follows_a_mig_change():
             c.sharing_apply(None)
             assert "nvidia.com/mig.strategy" not in c.labels()["labels"]         # none again
         assert running(root) == []
-    finally:
-        agent.stop()
-        agent.cleanup()
 
 
 def test_labels_follow_the_sharing_in_force(agent):
