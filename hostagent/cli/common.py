@@ -17,14 +17,17 @@ def say(line: str) -> None:
     print(f"hostagent: {line}", file=sys.stderr, flush=True)
 
 
-def host_from_args(args):
+def host_from_args(args, *, node: bool = True):
     """The host the global options name; a simulated node is run by the simulator's platform
-    that ``main`` puts in ``args.simulator``, and must be a node already (nothing is written
-    into a folder that is not one, as ``sim create`` would then refuse it)."""
+    that ``main`` puts in ``args.simulator``. It must be a node already unless the command
+    only reads or writes files the user names in it (``node`` false: CDI specs, engine
+    configuration): nothing else is written into a folder that is not a node, which ``sim
+    create`` would then refuse."""
     from ..hostroot import HostRoot
     host = HostRoot.from_env(getattr(args, "simulate", None), getattr(args, "host_root", None),
                              getattr(args, "driver_root", None), simulator=getattr(args, "simulator", None))
-    host.platform.require_node(host)
+    if node:
+        host.platform.require_node(host)
     return host
 
 

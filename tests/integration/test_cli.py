@@ -94,15 +94,21 @@ def test_sim_create_refuses_to_overwrite_and_rejects_unknown_profiles(tmp_path):
     assert not (tmp_path / "new").exists()
 
 
-@pytest.mark.parametrize("command", [["cdi", "refresh"], ["runtime", "configure", "--runtime", "containerd"],
-                                     ["sharing", "off"], ["mig", "apply", "-c", "all-disabled"], ["serve"]])
-def test_nothing_is_written_into_a_folder_that_is_not_a_node(tmp_path, command):
+NOT_A_NODE = "{folder}: not a simulated node (no .sim/node.json) (make it one first: hostagent sim create " \
+             "--profile dgx-a100 --root {folder})"
+
+
+@pytest.mark.parametrize("command, says", [
+    (["cdi", "refresh"], NOT_A_NODE), (["sharing", "off"], NOT_A_NODE),
+    (["mig", "apply", "-c", "all-disabled"], NOT_A_NODE), (["serve"], NOT_A_NODE),
+    # Engine files only: it may work on a tree of them, and takes its lock without a file.
+    (["runtime", "configure", "--runtime", "containerd"],
+     "{folder}/etc/containerd: the directory does not exist (is the engine installed? nothing was changed)")])
+def test_nothing_is_written_into_a_folder_that_is_not_a_node(tmp_path, command, says):
     folder = tmp_path / "not-yet"
     folder.mkdir()
     done = hostagent("--simulate", folder, *command, check=False)
-    assert done.returncode == 1 and done.stderr == (
-        f"hostagent: error: {folder}: not a simulated node (no .sim/node.json) (make it one first: hostagent "
-        f"sim create --profile dgx-a100 --root {folder})\n")
+    assert done.returncode == 1 and done.stderr == f"hostagent: error: {says.format(folder=folder)}\n"
     if command == ["serve"]:                  # hostagentd, the same daemon
         daemon = subprocess.run([sys.executable, "-m", "hostagent.daemon.main", "--simulate", str(folder)],
                                 capture_output=True, text=True, timeout=60)
@@ -115,7 +121,7 @@ def test_errors_are_one_line_with_exit_codes(node, tmp_path):
     missing = hostagent("--simulate", tmp_path, "devices", check=False)
     assert missing.returncode == 1 and "not a simulated node" in missing.stderr
     bad_gpu = hostagent("sim", "xid", "--gpu", "9", "--xid", "48", "--root", node, check=False)
-    assert bad_gpu.returncode == 1 and "no GPU 9" in bad_gpu.stderr
+    assert bad_gpu.returncode == 2 and "no GPU 9" in bad_gpu.stderr        # an unknown name: a usage error
     usage = hostagent("devices", "-o", "xml", check=False)
     assert usage.returncode == 2
     no_root = hostagent("sim", "reboot", check=False)
