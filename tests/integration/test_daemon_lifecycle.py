@@ -188,6 +188,23 @@ def test_socket_that_cannot_be_made_is_a_clear_error(root):
     agent.cleanup()
 
 
+@pytest.mark.root("a read-only bind mount needs root (in a mount namespace of its own)")
+@pytest.mark.parametrize("program", [["hostagent.daemon.main"], ["hostagent.cli.main", "serve"]])
+def test_a_node_the_daemon_may_not_write_is_one_line_naming_it_and_the_fix(root, program):
+    """As under systemd's ProtectSystem=strict without ReadWritePaths= for a simulated node,
+    or in the image with a read-only /host."""
+    name = "hostagentd" if program[0] == "hostagent.daemon.main" else "hostagent"
+    done = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c",
+                           'mount --bind -o ro "$1" "$1" && shift && exec "$@"', "sh", str(root),
+                           sys.executable, "-m", program[0], "--simulate", str(root), *program[1:]],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1 and done.stderr.splitlines()[-1] == (
+        f"{name}: error: cannot start: {root}/run/hostagent: Read-only file system; the daemon may not write "
+        "there: under systemd, a drop-in gives it the folder (for a simulated node, ReadWritePaths= with its "
+        "folder: see docs/install.md); in a container, mount it read-write"), done.stderr
+    assert "Traceback" not in done.stderr
+
+
 def test_unreadable_inventory_at_start_then_recovery(root):
     subprocess.run([sys.executable, "-m", "hostagent.cli.main", "sim", "driver", "unload", "--root", str(root)],
                    check=True, capture_output=True)
@@ -211,6 +228,9 @@ def test_unreadable_inventory_at_start_then_recovery(root):
                 assert 'hostagent_scrape_collector_success{collector="inventory"} 0.0' in text
                 assert 'hostagent_scrape_collector_success{collector="gpu"} 0.0' in text
                 assert "DCGM_FI_DEV_GPU_TEMP" not in text
+            # Without a layout configured, the log says what waits, not "layout None".
+            assert "no MIG layout is configured (mig.config); the check for an interrupted MIG apply waits " \
+                   "(start): " in agent.log() and "None" not in agent.log()
             subprocess.run([sys.executable, "-m", "hostagent.cli.main", "sim", "driver", "load", "--root",
                             str(root)], check=True, capture_output=True)
             c.refresh()
