@@ -3,6 +3,7 @@
     HostagentError              what went wrong, where, and what to do
     ├── UsageError              bad command-line or request input (exit 2)
     ├── NotFoundError           a device, file or object that does not exist
+    │   └── UnknownName         a name the caller gave that names nothing (exit 2)
     ├── ConfigError             an invalid configuration or data file
     ├── StateError              the node is not in a state that allows the operation
     ├── ConflictError           the request conflicts with existing state (an allocation, a busy device)
@@ -22,6 +23,7 @@ __all__ = [
     "HostagentError",
     "UsageError",
     "NotFoundError",
+    "UnknownName",
     "ConfigError",
     "StateError",
     "ConflictError",
@@ -66,6 +68,16 @@ class UsageError(HostagentError):
 
 class NotFoundError(HostagentError):
     code = "not_found"
+
+
+class UnknownName(NotFoundError):
+    """A name the caller gave (a MIG config, a device, an allocation, a fault) that names
+    nothing: a usage error on the command line (exit 2); the API's code stays not_found,
+    with the name in its details."""
+    exit_code = 2
+
+    def __init__(self, what: str, *, name, **kw):
+        super().__init__(what, name=str(name), **kw)
 
 
 class ConfigError(HostagentError):

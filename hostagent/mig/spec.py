@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..errors import ConfigError, NotFoundError
+from ..errors import ConfigError, NotFoundError, UnknownName
 from ..textdoc import cut, shown
 from .profiles import parse_profile
 
@@ -96,7 +96,7 @@ class MigSpec:
                                         hint="choose one with -c: " + ", ".join(sorted(self.configs)))
             name = next(iter(self.configs))
         if name not in self.configs:
-            raise NotFoundError(f"no MIG config named '{cut(name)}'", where=self.source,
+            raise UnknownName(f"no MIG config named '{cut(name)}'", name=cut(name), where=self.source,
                                 hint="configs: " + ", ".join(sorted(self.configs)))
         return name, self.configs[name]
 

@@ -3,6 +3,7 @@ transient spec, and restarts."""
 
 import json
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -335,3 +336,39 @@ def test_restart_keeps_allocations_and_drops_gone_devices():
         assert "allocation on-mig dropped" in log and mig["devices"][0] in log
         assert "removed transient spec" in log and "stray" in log
         assert [a.id for a in checkpoint.read(agent.host)] == ["keep/me"]
+
+
+def cli(agent, *args):
+    return subprocess.run([sys.executable, "-m", "hostagent.cli.main", "--simulate", str(agent.root), *args],
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_allocations_listed_and_released_from_the_command_line(agent, c, tmp_path):
+    """What a MIG change refuses to take names the command that frees it; --force does not
+    take it while the daemon runs, as the docs say."""
+    mig = c.allocate("held-mig", ["0:1"])
+    listed = json.loads(cli(agent, "allocations", "list", "-o", "json").stdout)
+    assert [(a["id"], a["devices"]) for a in listed] == [("held-mig", mig["devices"])]
+    table = cli(agent, "allocations", "list").stdout.splitlines()
+    assert table[0].split() == ["ID", "DEVICES", "SHARING", "OWNER", "AGE"] and table[1].startswith("held-mig ")
+    spec = tmp_path / "mig.yaml"
+    spec.write_text("version: v1\nmig-configs:\n  whole:\n    - {devices: all, mig-enabled: false}\n")
+    for force in ((), ("--force",)):
+        refused = cli(agent, "mig", "apply", "-f", str(spec), "-c", "whole", *force)
+        assert refused.returncode == 1 and "the change would take away allocated device(s)" in refused.stderr
+        assert "release their allocations first (hostagent allocations release ID); --force does not take " \
+               "allocated devices while the daemon runs" in refused.stderr, refused.stderr
+    released = cli(agent, "allocations", "release", "held-mig")
+    assert released.returncode == 0 and released.stdout == f"released held-mig: {mig['devices'][0]} free again\n"
+    assert c.allocations() == []
+    unknown = cli(agent, "allocations", "release", "held-mig")
+    assert unknown.returncode == 2 and "no allocation 'held-mig': already released, or never made" in unknown.stderr
+
+
+def test_allocations_without_the_daemon_say_where_they_live(make_node):
+    host, _ = make_node("t4x2")
+    done = subprocess.run([sys.executable, "-m", "hostagent.cli.main", "--simulate", str(host.root), "allocations",
+                           "list"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1 and done.stderr == (
+        f"hostagent: error: {host.root}/run/hostagent: the hostagent daemon does not run: allocations live in it "
+        "(start it: systemctl start hostagent, or hostagent serve)\n")

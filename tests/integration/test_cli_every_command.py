@@ -42,6 +42,7 @@ SAMPLES = {
     "driver install": ["--version", "550.90.07", "--dry-run"], "driver rollback": ["--dry-run"],
     "driver create-nodes": ["--dry-run"],
     "sharing status": [], "sharing apply": ["-f", "ROOT/sharing.yaml"], "sharing off": [],
+    "allocations list": [], "allocations release": ["an-allocation"],
 }
 # These change the node: as another user they must be refused, saying how to run them.
 NEED_ROOT = {"labels", "serve", "device-plugin", "health clear", "cdi refresh", "mig apply", "runtime configure",
