@@ -56,6 +56,8 @@ def wait_for(path: Path, container: str, timeout: float = 60) -> Path:
 def test_image_is_tagged_with_the_version_and_runs_the_agent_on_a_simulated_node(image, sim_node):
     assert image == f"localhost/hostagent:{__version__}"
     labels = json.loads(podman("image", "inspect", "-f", "{{json .Labels}}", image).stdout)
+    # The agent unless given a command: any program of the package runs as it is.
+    assert podman("run", "--rm", *PODMAN_FLAGS, image, "hostagent", "--version").stdout == f"hostagent {__version__}\n"
     assert labels["org.opencontainers.image.version"] == __version__
 
     name = f"hostagent-image-{uuid.uuid4().hex[:8]}"
