@@ -75,7 +75,7 @@ def options_from_args(args):
     from pathlib import Path
     from ..client import DEFAULT_SOCKET
     from ..plugins.deviceplugin import Options
-    host = host_from_args(args)
+    host = host_from_args(args, node=False)      # paths only: the agent there is what it follows
     pod_resources = args.pod_resources_socket or host.host(POD_RESOURCES)
     return Options(
         plugin_dir=Path(args.plugin_dir or host.host(PLUGIN_DIR)),

@@ -12,9 +12,12 @@ from hostagent.cdi.validate import validate_spec
 from hostagent.client import Request
 from hostagent.daemon import checkpoint
 from hostagent.errors import ConflictError, NotFoundError, UsageError
+from tests.rootneeds import DEVICE_NODES
 from tests.waiting import until
 
 from .agentd import make_root, running_agent
+
+pytestmark = DEVICE_NODES
 
 
 def smi(root, *args):

@@ -9,6 +9,7 @@ import pytest
 
 from hostagent.api.schema import document_bytes
 from hostagent.errors import NotFoundError, UsageError
+from tests.rootneeds import DEVICE_NODES, GPU_CHANGES
 
 from .agentd import AgentProcess, make_root, running_agent
 
@@ -41,6 +42,7 @@ def smi(agent, *args):
     subprocess.run([str(agent.root / "usr/bin/nvidia-smi"), *args], check=True, capture_output=True)
 
 
+@DEVICE_NODES
 def test_node_facts(agent):
     with agent.client() as c:
         node = c.node()
@@ -52,6 +54,7 @@ def test_node_facts(agent):
     assert node["revision"] > 0
 
 
+@DEVICE_NODES
 def test_devices_list_shape(agent):
     with agent.client() as c:
         data = c.devices()
@@ -66,6 +69,7 @@ def test_devices_list_shape(agent):
     assert data["mig_devices"] == [] and data["unreadable"] == [] and data["unread"] == []
 
 
+@DEVICE_NODES
 def test_device_by_every_name(agent):
     with agent.client() as c:
         gpu = c.devices()["gpus"][3]
@@ -111,6 +115,7 @@ def test_etag_head_and_keepalive(agent):
     assert out.startswith(b"HTTP/1.1 304 ")
 
 
+@DEVICE_NODES
 def test_watch_snapshot_events_and_resume(agent):
     with agent.client() as c:
         events = c.watch()
@@ -155,6 +160,7 @@ def test_watch_snapshot_events_and_resume(agent):
         c2.close()
 
 
+@DEVICE_NODES
 def test_watch_of_some_event_types(agent):
     """?types= leaves the other events out; the heartbeat says how far the stream has gone,
     the events left out included; an unknown type is a usage error that names the right one."""
@@ -196,6 +202,7 @@ def own_agent():
         yield proc
 
 
+@GPU_CHANGES
 def test_mig_change_behind_the_agents_back(own_agent):
     """nvidia-smi makes MIG devices; a refresh (admin) publishes them with CDI names."""
     agent = own_agent
@@ -255,6 +262,7 @@ def test_sigterm_ends_watch_streams_cleanly():
         agent.cleanup()
 
 
+@GPU_CHANGES
 def test_client_mig_methods():
     with running_agent(make_root()) as agent:
         with agent.client(timeout=None) as c:

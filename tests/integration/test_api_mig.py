@@ -13,9 +13,12 @@ import pytest
 from hostagent.errors import ConflictError, HostagentError, NotFoundError, UsageError
 from hostagent.sim import control
 from hostagent.sim.store import SimStore
+from tests.rootneeds import GPU_CHANGES
 from tests.waiting import until
 
 from .agentd import AgentProcess, make_root, running_agent
+
+pytestmark = GPU_CHANGES
 
 SPEC = {"version": "v1", "mig-configs": {
     "two": [{"devices": [0, 1], "mig-enabled": True, "mig-devices": {"3g.20gb": 1, "1g.5gb": 2}},

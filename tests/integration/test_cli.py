@@ -8,6 +8,7 @@ import sys
 import pytest
 import yaml
 
+from tests.rootneeds import GPU_CHANGES
 from tests.waiting import until
 
 
@@ -253,6 +254,7 @@ def test_without_the_right_to_mknod_nodes_are_regular_files_and_said_so(prefix, 
 
 # ---- replacing a node ----------------------------------------------------------------
 
+@GPU_CHANGES
 def test_sim_create_force_replaces_the_whole_old_node(tmp_path):
     from hostagent.sim.store import SimStore
     hostagent("sim", "create", "--profile", "dgx-a100", "--root", tmp_path)

@@ -10,9 +10,12 @@ import pytest
 
 from hostagent.daemon import checkpoint
 from hostagent.errors import HostagentError
+from tests.rootneeds import DEVICE_NODES
 from tests.waiting import until
 
 from .agentd import AgentProcess, make_root, running_agent
+
+pytestmark = DEVICE_NODES
 
 KIND = "hostagent.io-allocation_"
 

@@ -11,10 +11,13 @@ import pytest
 from hostagent.errors import UnavailableError
 from hostagent.sim import faults
 from hostagent.sim.store import SimStore
+from tests.rootneeds import GPU_CHANGES
 from tests.waiting import until
 
 from .agentd import AgentProcess, make_root, running_agent
 from .test_daemon_lifecycle import NotifySocket
+
+pytestmark = GPU_CHANGES
 
 MARKER = "run/nvidia/validations/driver-ready"
 SPEC = "var/run/cdi/nvidia.com-gpu.json"

@@ -23,9 +23,12 @@ from hostagent.errors import PermissionDenied, UsageError
 from hostagent.health.monitor import LOST_RETRY
 from hostagent.labels import FEATURES_FILE
 from hostagent.labels import parse as parse_labels
+from tests.rootneeds import DEVICE_NODES
 from tests.waiting import until
 
 from .agentd import AgentProcess, make_root
+
+pytestmark = DEVICE_NODES
 
 CLI = [sys.executable, "-m", "hostagent.cli.main"]
 QUIET = 4.0            # long enough to observe 'unhealthy' on a busy box, short to wait out

@@ -23,10 +23,13 @@ import yaml
 from hostagent.client import Client
 from hostagent.sim.control import inject_xid
 from hostagent.sim.store import SimStore
+from tests.rootneeds import DEVICE_NODES
 from tests.waiting import until
 
 from .agentd import AgentProcess, make_root
 from .kubelet import TestKubelet
+
+pytestmark = DEVICE_NODES
 
 GPU = "nvidia.com/gpu"
 MIG = "nvidia.com/mig-1g.5gb"

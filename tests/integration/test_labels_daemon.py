@@ -11,6 +11,7 @@ import sys
 import pytest
 
 from hostagent.labels import FEATURES_FILE, TIMESTAMP, parse
+from tests.rootneeds import GPU_CHANGES
 
 from .agentd import make_root, running_agent
 from .test_labels import assert_kubernetes_labels
@@ -89,6 +90,7 @@ def agents():
         yield stack
 
 
+@GPU_CHANGES
 def test_a100_node_mixed_strategy(agents):
     agent, labels = daemon(agents, "dgx-a100", {"mig_strategy": "mixed"}, [
         {"devices": [0], "mig-enabled": True, "mig-devices": {"1g.5gb": 7}},
@@ -114,6 +116,7 @@ def test_a100_node_mixed_strategy(agents):
     assert agent.host.host(FEATURES_FILE).stat().st_mtime_ns == before
 
 
+@GPU_CHANGES
 def test_a100_node_single_strategy(agents):
     agent, labels = daemon(agents, "dgx-a100", {"mig_strategy": "single"}, [
         {"devices": "all", "mig-enabled": True, "mig-devices": {"3g.20gb": 2}}])

@@ -21,6 +21,7 @@ from hostagent.sim.driverroot import create_node
 from hostagent.sim.files import mig_minors
 from hostagent.sim.node import MIG_DISABLE, MIG_ENABLE
 from hostagent.sim.platform import simulated_host
+from tests.rootneeds import GPU_CHANGES
 from tests.waiting import until
 
 TIMEOUT = 10
@@ -167,6 +168,7 @@ def test_list_gpus_with_mig_devices(sim_node):
 
 # ---- MIG mode and reset ----------------------------------------------------------------
 
+@GPU_CHANGES
 def test_mig_mode_on_an_idle_ampere_gpu_is_immediate(sim_node):
     node = sim_node()
     r = node.smi("-i", "0", "-mig", "1")
@@ -175,6 +177,7 @@ def test_mig_mode_on_an_idle_ampere_gpu_is_immediate(sim_node):
     assert (node.gpu(0).mig_current, node.gpu(0).mig_pending) == (MIG_ENABLE, MIG_ENABLE)
 
 
+@GPU_CHANGES
 def test_mig_mode_on_ampere_waits_for_reset_while_a_driver_client_runs(sim_node):
     node = sim_node()
     node.start_persistenced()
@@ -196,6 +199,7 @@ def test_mig_mode_on_ampere_waits_for_reset_while_a_driver_client_runs(sim_node)
     assert node.gpu(0).mig_pending == MIG_DISABLE
 
 
+@GPU_CHANGES
 def test_mig_mode_on_hopper_is_immediate(sim_node):
     node = sim_node("hgx-h100")
     r = node.smi("-mig", "1", "-i", "1")
@@ -211,6 +215,7 @@ def test_mig_mode_on_hopper_is_immediate(sim_node):
     assert node.gpu(0).mig_current == MIG_DISABLE
 
 
+@GPU_CHANGES
 def test_mig_mode_not_supported(sim_node):
     node = sim_node("t4x2")
     r = node.smi("-i", "0", "-mig", "1")
@@ -218,6 +223,7 @@ def test_mig_mode_not_supported(sim_node):
     assert "Unable to enable MIG Mode for GPU 00000000:3B:00.0: Not Supported" in r.stdout
 
 
+@GPU_CHANGES
 def test_reset_refused_while_gpu_in_use(sim_node):
     node = sim_node()
     assert node.smi("-i", "0,1", "-mig", "1").returncode == 0
@@ -380,6 +386,7 @@ def _mps(node: Node, *commands: str, env=None):
     return node.run("nvidia-cuda-mps-control", stdin="".join(c + "\n" for c in commands), env=env)
 
 
+@GPU_CHANGES
 def test_mps_control_daemon_lifecycle(sim_node):
     node = sim_node()
     pipe = node.root / "tmp/nvidia-mps"        # the defaults, inside the root
