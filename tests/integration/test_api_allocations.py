@@ -375,3 +375,10 @@ def test_allocations_without_the_daemon_say_where_they_live(make_node):
     assert done.returncode == 1 and done.stderr == (
         f"hostagent: error: {host.root}/run/hostagent: the hostagent daemon does not run: allocations live in it "
         "(start it: systemctl start hostagent, or hostagent serve)\n")
+
+
+def test_an_unknown_name_through_the_daemon_is_a_usage_error(agent):
+    """The agent's not_found carries the name: the command line exits 2, as it does acting itself."""
+    done = cli(agent, "mig", "apply", "-c", "no-such-config")
+    assert done.returncode == 2 and "applying through the daemon" in done.stderr
+    assert "no MIG config named 'no-such-config'" in done.stderr

@@ -123,6 +123,10 @@ def test_errors_are_one_line_with_exit_codes(node, tmp_path):
     assert missing.returncode == 1 and "not a simulated node" in missing.stderr
     bad_gpu = hostagent("sim", "xid", "--gpu", "9", "--xid", "48", "--root", node, check=False)
     assert bad_gpu.returncode == 2 and "no GPU 9" in bad_gpu.stderr        # an unknown name: a usage error
+    hold = hostagent("sim", "hold", "9", "--root", node, check=False)
+    assert hold.returncode == 2 and "no device '9' on the simulated node" in hold.stderr
+    config = hostagent("--simulate", node, "mig", "apply", "-c", "no-such-config", check=False)
+    assert config.returncode == 2 and "no MIG config named 'no-such-config'" in config.stderr
     usage = hostagent("devices", "-o", "xml", check=False)
     assert usage.returncode == 2
     no_root = hostagent("sim", "reboot", check=False)
