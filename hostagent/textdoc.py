@@ -201,10 +201,11 @@ def normalise(value, budget: list[int] | None = None):
     return value
 
 
-def decode(text: str | bytes, source: str, what: str, *, on_plain=None):
+def decode(text: str | bytes, source: str, what: str, *, on_plain=None, syntax: str = "YAML or JSON"):
     """The document in ``text``; ConfigError naming ``source`` for anything that is not one,
-    in one line. ``on_plain(where, key, text, kind)`` sees every untagged plain scalar,
-    with its place, its mapping key and go-yaml's type (``yamlgo.go_scalar``)."""
+    in one line (``syntax``: what a syntax error says it is not). ``on_plain(where, key,
+    text, kind)`` sees every untagged plain scalar, with its place, its mapping key and
+    go-yaml's type (``yamlgo.go_scalar``)."""
     import yaml
     from .docerrors import syntax_error      # file:line:column, never the parser's own text
     raw = text.decode("utf-8", "replace") if isinstance(text, bytes) else text
@@ -215,15 +216,15 @@ def decode(text: str | bytes, source: str, what: str, *, on_plain=None):
         return None if node is None else _Builder(source, on_plain).build(node)
     except yaml.YAMLError as e:
         if raw.lstrip().startswith(("{", "[")):
-            return _as_json(raw, source, what, e)
-        raise syntax_error(e, source, "YAML or JSON") from None
+            return _as_json(raw, source, what, e, syntax)
+        raise syntax_error(e, source, syntax) from None
     except _TooLarge:
         raise _too_large(source, what) from None
     except RecursionError:            # block-style nesting, which has no brackets to count
         raise ConfigError(f"nested too deeply to be a {what}", where=source) from None
 
 
-def _as_json(raw: str, source: str, what: str, yaml_error):
+def _as_json(raw: str, source: str, what: str, yaml_error, syntax: str):
     """A document that looks like JSON and that PyYAML refused: JSON's own reason (a JSON
     writer knows its words), or the document where only PyYAML objects (a control
     character in a string, which JSON and go-yaml allow)."""
@@ -234,7 +235,7 @@ def _as_json(raw: str, source: str, what: str, yaml_error):
     except json.JSONDecodeError as e:
         raise syntax_error(e, source, "JSON") from None
     except (ValueError, RecursionError):
-        raise syntax_error(yaml_error, source, "YAML or JSON") from None
+        raise syntax_error(yaml_error, source, syntax) from None
     try:
         return normalise(doc)
     except ConfigError:

@@ -107,7 +107,7 @@ def pytest_configure(config):
     folder = runfolder.begin()
     config.stash[_RUN_FOLDER] = folder
     if config.option.basetemp is None:
-        config.option.basetemp = str(folder / "pytest")
+        config.option.basetemp = str(folder / "p")
     signal.signal(signal.SIGTERM, signal.default_int_handler)
 
 

@@ -24,10 +24,11 @@ MARKER = "HOSTAGENT_TEST_RUN"
 
 def begin() -> Path:
     """Make the run's folder (others may traverse it: some tests run commands as another
-    user on nodes inside) and point ``tempfile`` and the programs the tests start at it."""
-    folder = Path(tempfile.mkdtemp(prefix="hostagent-tests-"))
+    user on nodes inside) and point ``tempfile`` and the programs the tests start at its
+    ``t``. Names are short: a simulated node's sockets must fit in 107 bytes."""
+    folder = Path(tempfile.mkdtemp(prefix="ha-tests-"))
     folder.chmod(0o711)
-    tmp = folder / "tmp"
+    tmp = folder / "t"
     tmp.mkdir()
     tmp.chmod(0o1777)             # as /tmp: commands run as another user make files there too
     os.environ[MARKER] = str(folder)

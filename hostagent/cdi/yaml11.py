@@ -27,4 +27,4 @@ def load_go_yaml(text: str, source: str) -> tuple[object, list[str]]:
         if field not in NUMBER_FIELDS and field not in BOOL_FIELDS and kind != "str" and value:
             problems.append(f"{where or 'document'}: unquoted {value!r} is read as a {kind} by YAML 1.1 "
                             "readers (the CDI library), not as a string; quote it")
-    return decode(text, source, "CDI spec", on_plain=plain), problems
+    return decode(text, source, "CDI spec", on_plain=plain, syntax="YAML"), problems     # .json is JSON

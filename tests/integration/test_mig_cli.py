@@ -115,7 +115,7 @@ def test_errors_are_one_line_with_exit_codes(capsys, node, tmp_path):
     assert "GPU 0, 1 (NVIDIA A100-SXM4-80GB): no MIG profile '2g.10gb'; the profiles are " in err
     assert err.count("no MIG profile") == 1 and "nothing was changed" in err
     code, _, err = run(capsys, host, "apply", "-f", cfg, "-c", "nope")
-    assert code == 1 and "no MIG config named 'nope'" in err and "mixed, off, wrong-sku" in err
+    assert code == 2 and "no MIG config named 'nope'" in err and "mixed, off, wrong-sku" in err
     code, _, err = run(capsys, host, "apply", "-f", cfg)
     # mig-parted's words and exit status 1
     assert code == 1 and "missing required flag 'selected-config' when more than one config available" in err
@@ -394,7 +394,7 @@ def test_assert_valid_config_only_checks_the_file(capsys, node, tmp_path, monkey
     code, out, _ = run(capsys, host, "assert", "-f", cfg, "-c", "wrong-sku", "-a")   # not applied, not applicable
     assert code == 0 and out == "MIG configuration 'wrong-sku' is valid\n"
     code, _, err = run(capsys, host, "assert", "-f", cfg, "-c", "nope", "--valid-config")
-    assert code == 1 and "no MIG config named 'nope'" in err
+    assert code == 2 and "no MIG config named 'nope'" in err
     bad = tmp_path / "bad.yaml"
     bad.write_text("version: v1\nmig-configs:\n  x:\n    - devices: all\n")
     assert run(capsys, host, "assert", "-f", bad, "-c", "x", "-a")[0] == 1
