@@ -45,13 +45,15 @@ def bind_socket(path: Path, group: str | None, mode: int, backlog: int = 1024,
     with contextlib.suppress(FileNotFoundError):
         tmp.unlink()
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
-    step = "create the API socket"
+    doing, hint = "create the API socket", "check api.socket (at most 107 bytes) and its directory"
     try:
         sock.bind(str(tmp))
-        if gid is not None:
-            step = f"give the API socket to group '{group}'"
+        if gid is not None:           # only root, or a member of the group, may give a file to it
+            doing, hint = (f"give the API socket to group '{group}'",
+                           f"uid {os.geteuid()} is not in group '{group}': run the daemon as root, or set "
+                           "api.group to a group of this user")
             os.chown(tmp, -1, gid)
-            step = "create the API socket"
+            doing, hint = "create the API socket", "check api.socket (at most 107 bytes) and its directory"
         os.chmod(tmp, mode)
         sock.listen(backlog)
         os.rename(tmp, path)
@@ -60,17 +62,10 @@ def bind_socket(path: Path, group: str | None, mode: int, backlog: int = 1024,
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()
         if isinstance(e, OSError):
-            raise StateError(f"cannot {step}: {e.strerror or e}", where=str(path), hint=_hint(step, group)) from None
+            raise StateError(f"cannot {doing}: {e.strerror or e}", where=str(path), hint=hint) from None
         raise
     sock.setblocking(False)
     return sock, gid
-
-
-def _hint(step: str, group: str) -> str:
-    if "group" in step:           # only root, or a member of the group, may give a file to it
-        return (f"uid {os.geteuid()} is not in group '{group}': run the daemon as root, or set "
-                "api.group to a group of this user")
-    return "check api.socket (at most 107 bytes) and its directory"
 
 
 @contextlib.contextmanager
