@@ -160,6 +160,8 @@ def _timed_get(agent) -> float:
     return time.monotonic() - start
 
 
+@pytest.mark.root("root's connections are not bound per user: as another user the twenty slow ones would take "
+                  "the slots the test's own requests need")
 def test_slowloris_does_not_stall_others(agent):
     """Twenty clients trickle their headers a byte at a time; each gets 408 when its header
     deadline (1 s from its first byte) passes, however it trickles; meanwhile other clients

@@ -357,6 +357,7 @@ def test_status_follows_allocations_releases_and_mig_changes(root):
         agent.cleanup()
 
 
+@DEVICE_NODES
 def test_command_line_log_level_wins_over_a_reload(root):
     notify, env = _notified("@hostagent-test-level-%d" % os.getpid())
     agent = AgentProcess(root, {"daemon": {"resync_interval": 0, "log_level": "info"}}, env=env)
