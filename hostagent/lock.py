@@ -78,7 +78,7 @@ def node_lock(host: HostRoot, purpose: str, *, timeout: float | None = 60.0,
     """Hold the node lock for ``purpose``; wait up to ``timeout`` seconds (None: as long as
     it takes). ``on_wait(holder)`` is called once if the lock is taken, with the holder's
     pid and purpose, so a command can say whom it waits for."""
-    folder = host.simulated and not (host.root / ".sim/node.json").is_file()
+    folder = not host.platform.is_node(host)
     if folder:          # a folder that is not a simulated node (yet): its own flock, nothing written in it
         path = key = os.path.realpath(host.root)
     else:

@@ -32,19 +32,6 @@ def _bump(version: str) -> str:
     return ".".join([major, str(int(minor) + 1), *rest])
 
 
-def upgrade_packages(store: SimStore, old: str, new: str, flavour: str | None = None) -> None:
-    """What upgrading the driver's packages leaves on disk: every ``*.so.<old>`` library
-    replaced by ``*.so.<new>`` in every library folder (links moved, SONAMEs that carry the
-    version changed), the new module built (``flavour``, else the branch's default), the
-    firmware renamed."""
-    from .driverroot import upgrade_libraries
-    upgrade_libraries(store.root, store.facts.real_device_nodes, old, new)
-    firmware = store.root / "lib/firmware/nvidia"
-    if old != new and (firmware / old).is_dir():
-        os.replace(firmware / old, firmware / new)
-    kmod.write_module_files(store.root, new, flavour or kmod.flavour_for(new))
-
-
 def _record_upgrade(store: SimStore, new: str) -> None:
     """The package database follows: the driver's packages are at ``new`` now."""
     from .packages import PackageDb, distro_of
@@ -66,6 +53,7 @@ def _mismatch(store: SimStore, version: str | None) -> str:
         new = version or _bump(old)
         if new == old:
             raise UsageError(f"the loaded module is already {old}", hint="pass another --version")
+        from .upgrade import upgrade_packages
         upgrade_packages(store, old, new)
         _record_upgrade(store, new)
         kmod.log(store.root, f"NVRM: API mismatch: the client has the version {new}, but",

@@ -2,9 +2,9 @@
 ``/etc/os-release``, the repositories' driver packages (the node's own version and a few
 others, under each distribution's names and version forms) and the installed ones, kept in
 ``.sim/packages.json`` beside the node's state. The package tools' stand-ins
-(``sim.tools.apt``, ``sim.tools.dnf``) read and change it; installing a driver version moves
-the node's driver files to it (libraries, firmware, the module on disk), as the real
-packages do, so ``driver install`` can be tried from end to end on a simulated node.
+(``sim.tools.apt``, ``sim.tools.dnf``) read it and install through ``sim.upgrade``, which
+moves the node's driver files to the version installed, as the real packages do, so
+``driver install`` can be tried from end to end on a simulated node.
 
 Debian ships the driver in ``non-free``: without that component in
 ``/etc/apt/sources.list`` its repositories offer none of the driver's packages.
@@ -13,7 +13,6 @@ Debian ships the driver in ``non-free``: without that component in
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass
 
 from ..errors import UsageError
@@ -21,7 +20,7 @@ from ..fileio import write_atomic
 from .kmod import KERNEL_RELEASE
 
 __all__ = ["DISTROS", "DEFAULT_DISTRO", "Distro", "distro_of", "write_distro", "offered", "PackageDb",
-           "install", "initial_packages", "OTHER_VERSIONS"]
+           "initial_packages", "OTHER_VERSIONS"]
 
 # Driver versions the simulated repositories offer besides the node's own.
 OTHER_VERSIONS = ("535.216.03", "550.90.07", "550.127.05", "570.86.15")
@@ -172,35 +171,3 @@ class PackageDb:
     def save(self, root) -> None:
         write_atomic(self.path(root), json.dumps({"installed": self.installed, "held": sorted(self.held)},
                                                  indent=1))
-
-
-def _slot(name: str) -> str:
-    """Packages of one slot cannot be installed side by side: the flavours and branches of
-    one package (nvidia-kernel-dkms and nvidia-open-kernel-dkms, nvidia-driver-550-server
-    and nvidia-driver-570-server-open, cuda-drivers and nvidia-open)."""
-    if name == "nvidia-open":
-        return "cuda-drivers"
-    return re.sub(r"-\d{3}(?=-|$)", "-BR", name).replace("-open", "").replace("-latest", "")
-
-
-def install(store, distro: Distro, wanted: dict[str, str]) -> str | None:
-    """Install ``wanted`` (name -> version, each offered), replacing what shares a slot with
-    them (``--allowerasing``, apt's conflicts); the driver's files move to the version of
-    its packages. Returns the driver version now on disk if it changed."""
-    from .versions import library_version
-    db = PackageDb.load(store.root)
-    slots = {_slot(n) for n in wanted}
-    db.installed = {n: v for n, v in db.installed.items() if n in wanted or _slot(n) not in slots}
-    db.installed.update(wanted)
-    db.save(store.root)
-    driver = {v.split(":", 1)[-1].split("-", 1)[0] for n, v in wanted.items() if not n.startswith("linux-headers")}
-    if len(driver) != 1:
-        return None
-    new = driver.pop()
-    old = library_version(store.root)
-    open_modules = any("open" in n for n in wanted)
-    if new == old and not open_modules:
-        return None
-    from .faults import upgrade_packages
-    upgrade_packages(store, old, new, "open" if open_modules else None)
-    return new

@@ -1,5 +1,5 @@
 """Stand-ins for the Debian and Ubuntu package tools, as far as the driver installer uses them,
-backed by the simulated node's package model (``hostagent.sim.packages``):
+backed by the simulated node's package model (``hostagent.sim.packages``, ``sim.upgrade``):
 
 * ``dpkg-query -W -f FORMAT [NAME...]``: the installed packages (``${Package}``,
   ``${Version}``, ``${db:Status-Abbrev}``: ``ii`` installed, ``hi`` held);
@@ -77,7 +77,8 @@ def apt_mark(root: str, argv: list[str]) -> int:
 
 
 def apt_get(root: str, argv: list[str]) -> int:
-    from ..packages import install, offered
+    from ..packages import offered
+    from ..upgrade import install
     store, distro, db = _model(root)
     words = [a for i, a in enumerate(argv) if not a.startswith("-") and argv[i - 1:i] != ["-o"]]
     if words[:1] == ["update"]:

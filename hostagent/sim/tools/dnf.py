@@ -1,5 +1,5 @@
 """Stand-ins for the RHEL family's package tools, as far as the driver installer uses them,
-backed by the simulated node's package model (``hostagent.sim.packages``):
+backed by the simulated node's package model (``hostagent.sim.packages``, ``sim.upgrade``):
 
 * ``rpm -qa --qf FORMAT``: the installed packages (``%{NAME}``, ``%{EPOCHNUM}:%{VERSION}-%{RELEASE}``);
 * ``dnf list --showduplicates --available NAME...``: ``NAME.x86_64  VERSION  REPO``, oldest first;
@@ -44,7 +44,7 @@ def _split(spec: str) -> tuple[str, str]:
 
 
 def dnf(root: str, argv: list[str]) -> int:
-    from ..packages import install
+    from ..upgrade import install
     store, distro, db, repo = _model(root)
     words = [a for a in argv if not a.startswith("-")]
     verb, rest = (words[0] if words else ""), words[1:]
