@@ -121,4 +121,4 @@ def pytest_runtest_setup(item):
     """``@pytest.mark.root(reason)``: skipped, saying why, unless the run is root's."""
     mark = item.get_closest_marker("root")
     if mark is not None and os.geteuid() != 0:
-        pytest.skip(mark.args[0] if mark.args else mark.kwargs.get("reason", "needs root"))
+        pytest.skip(mark.args[0] if mark.args else mark.kwargs.get("reason", "needs root (CI runs the suite as root)"))

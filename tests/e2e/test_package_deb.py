@@ -25,7 +25,8 @@ from .. import debian_root
 
 SRC = Path(__file__).resolve().parents[2]
 
-pytestmark = [pytest.mark.root, pytest.mark.engine]
+pytestmark = [pytest.mark.root("the deb is installed in a booted Debian container (podman, systemd) run as root"),
+              pytest.mark.engine]
 
 SIM = "/srv/hostagent-sim"
 DROP_IN = f"[Service]\nEnvironment=HOSTAGENT_SIMULATE={SIM}\nReadWritePaths={SIM}\n"

@@ -19,7 +19,7 @@ from ..programs import script
 from .conftest import PODMAN_FLAGS
 from .packages import build
 
-pytestmark = [pytest.mark.root, pytest.mark.engine]
+pytestmark = [pytest.mark.root("podman builds and runs the image as root here"), pytest.mark.engine]
 
 
 @pytest.fixture(scope="module")

@@ -21,7 +21,7 @@ from .driver_packages import build_repo, package_version
 A, B, BROKEN = "550.90.07", "550.127.05", "550.135"       # A: the node's driver at creation
 DRIVER_PACKAGES = ("firmware-nvidia-gsp", "libcuda1", "libnvidia-ml1", "nvidia-driver", "nvidia-kernel-dkms")
 
-pytestmark = pytest.mark.root
+pytestmark = pytest.mark.root("apt and dpkg run chrooted in a Debian root, and chroot needs root")
 
 
 @pytest.fixture(scope="module")
