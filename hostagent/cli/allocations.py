@@ -8,7 +8,7 @@ checkpoint is only read at its next start).
 
 from __future__ import annotations
 
-from .common import host_from_args, say
+from .common import host_from_args
 from .output import add_output_flag, emit, table
 
 __all__ = ["register"]
@@ -19,13 +19,14 @@ def register(sub) -> None:
                        description="The devices the daemon has handed out (to the device plugin, a DRA "
                                    "driver or a user of its API), through its socket.")
     verbs = p.add_subparsers(dest="verb", metavar="VERB", required=True)
-    v = verbs.add_parser("list", help="every allocation: id, devices, sharing, owner, age")
+    v = verbs.add_parser("list", help="every allocation: id, devices, sharing, owner, client, age")
     add_output_flag(v)
     v.set_defaults(run=run_list)
     v = verbs.add_parser("release", help="release an allocation: its devices are free again",
                          description="Release allocation ID (as DELETE /v1/allocations/ID): its transient CDI "
                                      "spec goes and its devices may be allocated, or taken by a MIG change, "
-                                     "again. A container still using them keeps running on them.")
+                                     "again. A container still using them keeps running on them. Only "
+                                     "its owner, or root, may release it.")
     v.add_argument("id", metavar="ID", help="the allocation's id (hostagent allocations list)")
     v.set_defaults(run=run_release)
 
@@ -53,13 +54,27 @@ def _age(created: float | None) -> str:
     return f"{seconds}s"
 
 
+def _user(uid: int | None) -> str | None:
+    """The owner's user name (its uid when it has none here)."""
+    import pwd
+    if uid is None:
+        return None
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)
+
+
 def render(allocations: list[dict]) -> None:
+    """OWNER: the user whose allocation it is (only it, or root, may release it); CLIENT:
+    the program that made it, when it says (the device plugin does)."""
     if not allocations:
         print("no allocation")
         return
     rows = [[a["id"], ",".join(a.get("replicas") or a["devices"]), (a.get("sharing") or {}).get("strategy"),
-             (a.get("labels") or {}).get("owner"), _age(a.get("created"))] for a in allocations]
-    print(table(["ID", "DEVICES", "SHARING", "OWNER", "AGE"], rows))
+             _user(a.get("owner")), (a.get("labels") or {}).get("owner"), _age(a.get("created"))]
+            for a in allocations]
+    print(table(["ID", "DEVICES", "SHARING", "OWNER", "CLIENT", "AGE"], rows))
 
 
 def run_list(args) -> int:

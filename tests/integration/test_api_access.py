@@ -5,10 +5,14 @@ import json
 import os
 import socket
 import stat
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
 from hostagent.errors import HostagentError
+from tests.runfolder import readable_copy
 
 from .agentd import existing_group, make_root, running_agent
 
@@ -130,6 +134,31 @@ def test_an_allocation_is_its_owners_and_roots(group_agent):
         assert e.value.code == "allocation_conflict" and e.value.details["owner"] == NOBODY
         c.release("mine-2")                 # root may release anyone's
         c.release("roots")
+
+
+def test_the_command_line_says_whose_an_allocation_is(group_agent):
+    """``hostagent allocations release`` by a member, of root's allocation: the daemon's 403
+    not_owner as one line (exit 1); its own list names owners by user."""
+    with group_agent.client() as c:
+        c.allocate("roots-cli", ["4"])
+    lines = "".join(json.dumps(["--simulate", "ROOT", "allocations", *argv]) + "\n"
+                    for argv in (["release", "roots-cli"], ["list"]))
+    # The command runs from a copy nobody may read: this checkout may be in a private folder.
+    copy = readable_copy((Path(__file__).with_name("nonroot.py"),))
+    done = subprocess.run([sys.executable, str(copy / "nonroot.py"), str(group_agent.root), str(API_GID)],
+                          input=lines, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(copy)})
+    assert done.returncode == 0, done.stderr
+    (_, code, out), (_, listed, table) = (json.loads(line) for line in done.stdout.splitlines())
+    try:
+        assert code == 1 and out == ("hostagent: error: allocation(s) 'roots-cli' (uid 0) belong to another caller: "
+                                     "only their owner or root may release or replace them (release your own "
+                                     "allocations; root may release any); run it as root: sudo hostagent "
+                                     f"--simulate {group_agent.root} allocations release roots-cli\n"), out
+        assert listed == 0 and table.splitlines()[1].split()[3] == "root", table
+    finally:
+        with group_agent.client() as c:
+            c.release("roots-cli")
 
 
 def test_group_member_reads_health_labels_and_metrics_but_does_not_clear(group_agent):

@@ -353,7 +353,7 @@ def test_allocations_listed_and_released_from_the_command_line(agent, c, tmp_pat
     listed = json.loads(cli(agent, "allocations", "list", "-o", "json").stdout)
     assert [(a["id"], a["devices"]) for a in listed] == [("held-mig", mig["devices"])]
     table = cli(agent, "allocations", "list").stdout.splitlines()
-    assert table[0].split() == ["ID", "DEVICES", "SHARING", "OWNER", "AGE"] and table[1].startswith("held-mig ")
+    assert table[0].split() == ["ID", "DEVICES", "SHARING", "OWNER", "CLIENT", "AGE"] and table[1].startswith("held-mig ")
     spec = tmp_path / "mig.yaml"
     spec.write_text("version: v1\nmig-configs:\n  whole:\n    - {devices: all, mig-enabled: false}\n")
     for force in ((), ("--force",)):

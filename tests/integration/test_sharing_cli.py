@@ -128,16 +128,16 @@ def test_a_failed_apply_is_rolled_back_and_records_nothing(node, capsys, tmp_pat
     recorded = (host.root / "etc/hostagent/sharing.yaml").read_text()
     inv = read_inventory(host)
     u0, u1 = inv.gpus[0].uuid, inv.gpus[1].uuid
-    pid0 = mps.daemon_pid(host, u0)
+    pid0 = daemon_pid(host, u0)
     mps.daemon_dir(host, u1).write_text("in the way")          # GPU 1's daemon cannot get its folders
     code, out, err = run(capsys, host, "apply", "-f", second)
     mps.daemon_dir(host, u1).unlink()
-    assert code == 1 and f"FAILED: GPU 1: start its MPS control daemon" in out, out + err
+    assert code == 1 and "FAILED: GPU 1: start its MPS control daemon" in out, out + err
     assert "rolled back to the configuration in force before" in out
     assert "GPU 1: compute mode EXCLUSIVE_PROCESS -> DEFAULT (as before sharing)" in out.split("rolled back")[1]
     assert (host.root / "etc/hostagent/sharing.yaml").read_text() == recorded
-    assert modes(host)[:2] == ["EXCLUSIVE_PROCESS", "DEFAULT"] and mps.daemon_pid(host, u0) == pid0
-    assert mps.daemon_pid(host, u1) is None and not SharingJournal.path(host).exists()
+    assert modes(host)[:2] == ["EXCLUSIVE_PROCESS", "DEFAULT"] and daemon_pid(host, u0) == pid0
+    assert daemon_pid(host, u1) is None and not SharingJournal.path(host).exists()
     assert [d["name"] for d in json.loads(run(capsys, host, "status", "-o", "json")[1])["devices"]] == ["0"]
     assert run(capsys, host, "off")[0] == 0
 
@@ -156,14 +156,14 @@ def test_an_apply_killed_half_way_is_rolled_back_by_the_next_command(node, capsy
                             env={**os.environ, "HOSTAGENT_FAULT": "sharing:after_stops"})
     assert killed.returncode == -9, killed.stderr
     inv = read_inventory(host)
-    assert [mps.daemon_pid(host, g.uuid) for g in inv.gpus[:3]] == [None, None, None]
+    assert [daemon_pid(host, g.uuid) for g in inv.gpus[:3]] == [None, None, None]
     assert SharingJournal.path(host).exists()
     code, _, err = run(capsys, host, "status")
     assert "was interrupted; the next 'hostagent sharing apply' or 'off'" in err
     code, out, err = run(capsys, host, "apply", "-f", first)
     assert code == 0 and err.startswith("hostagent: note: rolled back the sharing apply started "), err
     assert out.strip() == "already in place, nothing changed"
-    assert all(mps.probe(host, g.uuid) for g in inv.gpus[:2]) and mps.daemon_pid(host, inv.gpus[2].uuid) is None
+    assert all(mps.probe(host, g.uuid) for g in inv.gpus[:2]) and daemon_pid(host, inv.gpus[2].uuid) is None
     assert not SharingJournal.path(host).exists()
     assert run(capsys, host, "off")[0] == 0
 

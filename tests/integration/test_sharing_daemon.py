@@ -220,7 +220,7 @@ def test_the_device_plugin_connects_an_mps_replica_to_its_daemon_whatever_its_st
         replica = gpu["replicas"][2]
         r = Allocations(link, strategies).allocate("nvidia.com/gpu", [replica], {replica: gpu["uuid"]})
         try:
-            pipe = str(mps.pipe_dir(agent.host, gpu["uuid"]))
+            pipe = str(mps.client_dir(agent.host, gpu["uuid"]))   # the socket's folder, read-only
             if "cdi-cri" in strategies:            # the allocation's own spec says it all
                 [alloc] = [a for a in c.allocations() if a["replicas"] == [replica]]
                 assert [d.name for d in r.cdi_devices] == alloc["cdi_devices"] and not r.mounts
@@ -229,8 +229,9 @@ def test_the_device_plugin_connects_an_mps_replica_to_its_daemon_whatever_its_st
             else:
                 assert r.envs["CUDA_MPS_PIPE_DIRECTORY"] == "/tmp/nvidia-mps"
                 assert r.envs["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "25"
-                mounts = {m.container_path: m.host_path for m in r.mounts}
-                assert mounts["/tmp/nvidia-mps"] == pipe and mounts["/dev/shm"] == str(mps.shm_dir(agent.host))
+                mounts = {m.container_path: m for m in r.mounts}
+                assert mounts["/tmp/nvidia-mps"].host_path == pipe and mounts["/tmp/nvidia-mps"].read_only
+                assert mounts["/dev/shm"].host_path == str(mps.shm_dir(agent.host))
                 assert ("NVIDIA_VISIBLE_DEVICES" in r.envs) == ("envvar" in strategies or "edits" in strategies)
         finally:
             for a in c.allocations():

@@ -23,7 +23,7 @@ from hostagent.devices.topology import bits, cpu_text
 from hostagent.topology.matrix import text
 
 from ..programs import script
-from .agentd import AgentProcess, make_root
+from .agentd import make_root, running_agent
 
 EXPECTED = {
     # rows of nvidia-smi topo -m, then each GPU's CPU Affinity and NUMA Affinity
@@ -163,10 +163,8 @@ def test_a_gpu_whose_topology_nvml_refuses_has_unknown_links(make_node):
 
 @pytest.fixture(scope="module")
 def dgx1():
-    agent = AgentProcess(make_root("dgx1-v100")).start()
-    yield agent
-    agent.stop()
-    agent.cleanup()
+    with running_agent(make_root("dgx1-v100")) as agent:
+        yield agent
 
 
 def test_the_daemon_serves_the_topology_and_refuses_unknown_gpus(dgx1):
