@@ -1,4 +1,4 @@
-"""Waiting for something the tests cannot be told about: one helper for every test."""
+"""Waiting for something the tests cannot be told about: one function for every test."""
 
 from __future__ import annotations
 
