@@ -153,7 +153,6 @@ class Allocations:
         # The agent writes a transient spec only when its names are answered: a node-spec
         # answer needs nothing but the checkpoint (an MPS client gets its spec regardless).
         self.agent_names = "allocation" if cdi_names == "allocation" and "cdi-cri" in self.strategies else "node"
-
         self.grace = grace
         self.expiry = expiry
         self._ledger: dict[str, _Entry] = {}
