@@ -238,6 +238,33 @@ def test_the_device_plugin_connects_an_mps_replica_to_its_daemon_whatever_its_st
                 c.release(a["id"])
 
 
+def test_an_apply_killed_half_way_is_rolled_back_at_the_agents_start(tmp_path):
+    """Killed (-9) once it stopped the daemons of the configuration in force: the agent's
+    start brings that configuration back and removes the journal, and its log says so."""
+    import sys
+    from hostagent.sharing.journal import SharingJournal
+    root = make_root("dgx-a100")
+    first, second = tmp_path / "first.yaml", tmp_path / "second.yaml"
+    first.write_text("sharing:\n  mps:\n    resources:\n    - {name: gpu, devices: [0, 1], replicas: 2}\n")
+    second.write_text("sharing:\n  mps:\n    resources:\n    - {name: gpu, devices: [2], replicas: 2}\n")
+    cli = [sys.executable, "-m", "hostagent.cli.main", "--simulate", str(root), "sharing", "apply", "-f"]
+    with running_agent(root, SUPERVISION, start=False) as agent:
+        subprocess.run([*cli, str(first)], check=True, capture_output=True, timeout=120)
+        killed = subprocess.run([*cli, str(second)], capture_output=True, text=True, timeout=120,
+                                env={**os.environ, "HOSTAGENT_FAULT": "sharing:after_stops"})
+        assert killed.returncode == -9, killed.stderr
+        assert running(root) == [] and SharingJournal.path(agent.host).exists()
+        agent.start()
+        with agent.client() as c:
+            until(lambda: [d["name"] for d in c.sharing()["devices"] if d["mps"]["state"] == "ready"] == ["0", "1"],
+                  timeout=30, what=lambda: f"the first configuration's daemons: {c.sharing()['devices']}")
+            assert daemon_pid(agent.host, c.device("2")["uuid"]) is None
+        assert not SharingJournal.path(agent.host).exists()
+        assert "sharing: rolled back the sharing apply started " in agent.log()
+        with agent.client() as c:
+            c.sharing_apply(None)
+
+
 def test_numbers_without_a_fraction_and_unknown_keys_through_the_api(agent):
     """A JSON body's 2.0 is 2, as in a file; a key the agent does not know is a warning."""
     doc = {"version": "v1", "newerPluginKey": 1,
