@@ -70,8 +70,8 @@ def mig_latency(claims: int) -> None:
         cluster.kubelet.plugin()
         with cluster.agent.client(timeout=None) as c:
             c.mig_apply("modes", spec=modes)
-        from tests.integration.dracluster import wait
-        wait(lambda: any("-mig-" in n for n in cluster.devices()), what="partitions published")
+        from tests.waiting import until
+        until(lambda: any("-mig-" in n for n in cluster.devices()), what="partitions published")
         for _ in range(claims):
             [claim] = cluster.allocate(cluster.claims(demo, 1))
             start = time.perf_counter()

@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass, field
 from urllib.parse import quote, urlencode
 
-from .errors import (ConflictError, HostagentError, NotFoundError, PermissionDenied,
+from .errors import (ConflictError, HostagentError, NotFoundError, PermissionDenied, UnknownName,
                      UnavailableError, UsageError)
 
 __all__ = ["Client", "Request", "Response", "Transport", "UnixSocketTransport", "HandlerTransport",
@@ -280,7 +280,9 @@ def _error(response: Response) -> HostagentError:
     except (ValueError, KeyError, TypeError):
         code, message, details = "http_error", f"HTTP {response.status}", {}
     cls = _BY_STATUS.get(response.status, ApiError)
-    error = cls(message)       # the server's message already names the hint
+    if cls is NotFoundError and "name" in details:
+        cls = UnknownName
+    error = cls(message, **({"name": details["name"]} if cls is UnknownName else {}))   # the message names the hint
     error.details = details
     error.code = code          # the server's stable code, more precise than the class's
     error.status = response.status

@@ -110,10 +110,11 @@ def validate_data(data, source: str = "config") -> dict:
     if errors:
         problems = []
         from .schemamsg import describe
+        from .textdoc import shown
         for e in errors:
             msg = describe(e)
             if e.validator == "pattern" and e.schema.get("pattern") == "^/":
-                msg = f"{e.instance!r} must be an absolute path"
+                msg = f"{shown(e.instance)} must be an absolute path"
             problems.append(f"{key_path(e.absolute_path)}: {msg}")
         docs = sorted({_SECTION_DOCS.get(e.absolute_path[0] if e.absolute_path else None, _TOP_DOC)
                        for e in errors})

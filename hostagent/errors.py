@@ -3,6 +3,7 @@
     HostagentError              what went wrong, where, and what to do
     ├── UsageError              bad command-line or request input (exit 2)
     ├── NotFoundError           a device, file or object that does not exist
+    │   └── UnknownName         a name the caller gave that names nothing (exit 2)
     ├── ConfigError             an invalid configuration or data file
     ├── StateError              the node is not in a state that allows the operation
     ├── ConflictError           the request conflicts with existing state (an allocation, a busy device)
@@ -22,6 +23,7 @@ __all__ = [
     "HostagentError",
     "UsageError",
     "NotFoundError",
+    "UnknownName",
     "ConfigError",
     "StateError",
     "ConflictError",
@@ -30,7 +32,10 @@ __all__ = [
     "NvmlError",
     "NvmlLibraryMissing",
     "DriverNotLoaded",
+    "permission_refused",
 ]
+
+NVML_NO_PERMISSION = 4          # nvml.h: NVML_ERROR_NO_PERMISSION
 
 
 class HostagentError(Exception):
@@ -63,6 +68,16 @@ class UsageError(HostagentError):
 
 class NotFoundError(HostagentError):
     code = "not_found"
+
+
+class UnknownName(NotFoundError):
+    """A name the caller gave (a MIG config, a device, an allocation, a fault) that names
+    nothing: a usage error on the command line (exit 2); the API's code stays not_found,
+    with the name in its details."""
+    exit_code = 2
+
+    def __init__(self, what: str, *, name, **kw):
+        super().__init__(what, name=str(name), **kw)
 
 
 class ConfigError(HostagentError):
@@ -99,3 +114,18 @@ class NvmlLibraryMissing(NvmlError):
 
 class DriverNotLoaded(NvmlError):
     code = "driver_not_loaded"
+
+
+def permission_refused(error: BaseException) -> bool:
+    """Whether ``error``, or what it was raised from, is a refusal for want of privilege:
+    the system's (EACCES, EPERM) or NVML's (NO_PERMISSION)."""
+    import errno
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, OSError) and error.errno in (errno.EACCES, errno.EPERM):
+            return True
+        if isinstance(error, NvmlError) and error.nvml_code == NVML_NO_PERMISSION:
+            return True
+        error = error.__cause__ or error.__context__
+    return False

@@ -31,7 +31,10 @@ _held = threading.local()    # lock paths this thread holds, with nesting depth
 
 
 def _holder(fd: int) -> str:
-    return os.pread(fd, 256, 0).decode(errors="replace").strip() or "another process"
+    try:
+        return os.pread(fd, 256, 0).decode(errors="replace").strip() or "another process"
+    except IsADirectoryError:          # a folder's own lock says nothing of its holder
+        return "another process"
 
 
 def _try(fd: int) -> bool:
@@ -75,8 +78,12 @@ def node_lock(host: HostRoot, purpose: str, *, timeout: float | None = 60.0,
     """Hold the node lock for ``purpose``; wait up to ``timeout`` seconds (None: as long as
     it takes). ``on_wait(holder)`` is called once if the lock is taken, with the holder's
     pid and purpose, so a command can say whom it waits for."""
-    path, key = _lock_file(host)
-    ensure_dir(path.parent, 0o755)      # again each time: /run may have been cleaned
+    folder = not host.platform.is_node(host)
+    if folder:          # a folder that is not a simulated node (yet): its own flock, nothing written in it
+        path = key = os.path.realpath(host.root)
+    else:
+        path, key = _lock_file(host)
+        ensure_dir(path.parent, 0o755)      # again each time: /run may have been cleaned
     depth = getattr(_held, "paths", None)
     if depth is None:
         depth = _held.paths = {}
@@ -87,17 +94,19 @@ def node_lock(host: HostRoot, purpose: str, *, timeout: float | None = 60.0,
         finally:
             depth[key] -= 1
         return
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    fd = os.open(path, (os.O_RDONLY if folder else os.O_RDWR | os.O_CREAT) | os.O_CLOEXEC, 0o600)
     try:
         _acquire(fd, path, purpose, timeout, on_wait)
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"pid {os.getpid()}: {purpose}\n".encode(), 0)
+        if not folder:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"pid {os.getpid()}: {purpose}\n".encode(), 0)
         depth[key] = 1
         try:
             yield
         finally:
             depth.pop(key, None)
-            os.ftruncate(fd, 0)
+            if not folder:
+                os.ftruncate(fd, 0)
             fcntl.flock(fd, fcntl.LOCK_UN)
     finally:
         os.close(fd)

@@ -9,6 +9,8 @@ treats every host alike:
   on this machine (the simulator's stand-ins run as they are); None: chroot into the root.
 - ``restart_engine(host, engine, service)``: what to say instead of restarting a container
   engine (a simulated node runs none); None: restart it.
+- ``is_node(host)``, ``require_node(host)``: whether the root is a node, or refuse one that
+  is not (a folder never made one by ``sim create``), before anything is written into it.
 
 ``HOST`` is a real host's: it changes nothing. The composition roots (``cli/main.py``,
 ``daemon/main.py``) give a node named by ``--simulate`` the simulator's (``platform`` in the
@@ -33,6 +35,13 @@ class Platform:
 
     def restart_engine(self, host, engine: str, service: str) -> str | None:
         return None
+
+    def is_node(self, host) -> bool:
+        """Whether ``host`` is a node of this platform's (a real host always is)."""
+        return True
+
+    def require_node(self, host) -> None:
+        """Refuse a root that is not a node of this platform's, saying how to make one."""
 
 
 HOST = Platform()

@@ -5,6 +5,7 @@ alike: ``unknown key 'devic' (did you mean 'device'?)`` rather than jsonschema's
 from __future__ import annotations
 
 from .suggest import did_you_mean, unknown
+from .textdoc import shown
 
 __all__ = ["describe"]
 
@@ -43,9 +44,10 @@ def describe(error) -> str:
         return f"missing the required key {_missing(error)!r}"
     if kind == "enum" and isinstance(error.instance, str):
         choices = error.validator_value
-        return (f"{error.instance!r} is not one of {', '.join(map(repr, choices))}"
+        return (f"{shown(error.instance)} is not one of {', '.join(map(repr, choices))}"
                 f"{did_you_mean(error.instance, [c for c in choices if isinstance(c, str)])}")
-    return error.message
+    # jsonschema's own words quote the whole value: quote it cut instead.
+    return error.message.replace(repr(error.instance), shown(error.instance))
 
 
 def _missing(error) -> str:

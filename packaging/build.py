@@ -54,11 +54,15 @@ def source_date_epoch() -> str:
         return "0"
 
 
+# The Debian package each tool comes from.
+TOOL_PACKAGES = {"dpkg-buildpackage": "dpkg-dev", "dh": "debhelper", "rpmbuild": "rpm"}
+
+
 def need(*tools: str) -> None:
     missing = [t for t in tools if not shutil.which(t)]
     if missing:
-        sys.exit(f"build.py: not installed: {', '.join(missing)} (on Debian: apt-get install "
-                 f"{' '.join({'dpkg-buildpackage': 'dpkg-dev debhelper', 'rpmbuild': 'rpm'}.get(t, t) for t in missing)})")
+        packages = " ".join(dict.fromkeys(TOOL_PACKAGES.get(t, t) for t in missing))
+        sys.exit(f"build.py: not installed: {', '.join(missing)} (on Debian: apt-get install {packages})")
 
 
 def snippets(text: str) -> str:

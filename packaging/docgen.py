@@ -21,6 +21,20 @@ import textwrap
 from pathlib import Path
 
 SEE_ALSO_DOCS = "/usr/share/doc/hostagent"
+# Each program's exit status, for the EXIT STATUS section.
+EXIT_STATUS = {
+    "hostagent": [("0", "success"), ("1", "a failure: one line on standard error says what, where and what to do"),
+                  ("2", "a usage error: a wrong option or value, or a name that names nothing (a profile, "
+                        "a GPU, a MIG config, an allocation)")],
+    "hostagentd": [("0", "stopped on request (SIGTERM); with --check: the daemon answers"),
+                   ("1", "it could not start (the log's last line says why); with --check: no daemon answers"),
+                   ("2", "a usage error in its options")],
+}
+DEFAULT_EXIT_STATUS = [("0", "success"), ("non-zero", "a failure: the line on standard error says why")]
+# The NAME line of programs documented from their docstring, whose first sentence says how
+# they start rather than what they are.
+SUMMARIES = {"hostagent-hook": "the OCI hook hostagent's CDI specs run when a GPU container starts",
+             "hostagent-runtime": "the OCI runtime shim that gives CDI devices to engines without CDI"}
 
 
 def roff(text: str) -> str:
@@ -47,18 +61,30 @@ class Pages:
     def from_parser(self, name: str, parser: argparse.ArgumentParser, *, tail: str = "") -> None:
         from argparse_manpage.manpage import Manpage
         page = Manpage(parser, _data={"version": self.version, "project_name": "hostagent",
-                                      "manual_section": self.section(name),
+                                      "manual_section": self.section(name), "description": summary(parser.description),
                                       "manual_title": "hostagent manual", "date": self.date})
-        self.write(name, str(page) + tail)
+        self.write(name, str(page) + exit_status(name) + tail)
 
     def from_docstring(self, name: str, module) -> None:
-        doc = (module.__doc__ or "").strip().split("\n\n")[0]
+        doc = " ".join((module.__doc__ or "").strip().split("\n\n")[0].split())
         section = self.section(name)
         text = (f'.TH {roff(name.upper())} "{section}" "{self.date}" "hostagent {self.version}" "hostagent manual"\n'
-                f".SH NAME\n{roff(name)}\n.SH SYNOPSIS\n.B {roff(name)}\n[ARGUMENTS]\n"
-                f".SH DESCRIPTION\n{roff(' '.join(doc.split()))}\n")
+                f".SH NAME\n{roff(name)} \\- {roff(SUMMARIES.get(name) or summary(doc))}\n.SH SYNOPSIS\n.B {roff(name)}\n[ARGUMENTS]\n"
+                f".SH DESCRIPTION\n{roff(doc)}\n{exit_status(name)}")
         self.write(name, text)
         self.written.append(f"{name}({section})")
+
+
+def summary(text: str | None) -> str:
+    """A description's first sentence, without its full stop: the NAME line's (what whatis
+    and apropos show)."""
+    sentence = " ".join((text or "").split()).split(". ")[0]
+    return sentence.rstrip(".").replace("``", "")
+
+
+def exit_status(name: str) -> str:
+    rows = "".join(f".TP\n.B {roff(code)}\n{roff(what)}\n" for code, what in EXIT_STATUS.get(name, DEFAULT_EXIT_STATUS))
+    return f".SH EXIT STATUS\n{rows}"
 
 
 def see_also(names: list[str]) -> str:

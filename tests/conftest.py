@@ -9,10 +9,12 @@ from hostagent.hostroot import HostRoot
 from hostagent.sim.driverroot import create_node
 from hostagent.sim.platform import simulated_host
 
-from . import host_state
+from . import host_state, runfolder
 
 _HOST_BEFORE = pytest.StashKey[dict]()
 _HOST_CHANGES = pytest.StashKey[list]()
+_RUN_FOLDER = pytest.StashKey[Path]()
+_LEFT_BEHIND = pytest.StashKey[list]()
 
 
 @pytest.fixture
@@ -74,21 +76,49 @@ def pytest_sessionstart(session):
 
 
 def pytest_sessionfinish(session, exitstatus):
-    """Fail the run if it changed the host's own hostagent folders (what was there before may stay)."""
+    """Fail the run if it changed the host's own hostagent folders (what was there before may
+    stay), or left a process or a mount behind (stopped and removed here all the same)."""
     found = host_state.changes(session.stash[_HOST_BEFORE], host_state.listing())
     session.config.stash[_HOST_CHANGES] = found
-    if found:
+    folder = session.config.stash.get(_RUN_FOLDER, None)
+    left = runfolder.sweep(folder, remove=False) if folder is not None else []
+    session.config.stash[_LEFT_BEHIND] = left
+    if (found or left) and exitstatus in (pytest.ExitCode.OK, pytest.ExitCode.NO_TESTS_COLLECTED):
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 def pytest_terminal_summary(terminalreporter, config):
-    found = config.stash.get(_HOST_CHANGES, [])
-    if found:
-        terminalreporter.write_sep("=", "the tests changed the host's hostagent folders", red=True)
-        for line in found:
-            terminalreporter.write_line(line)
+    for key, title in ((_HOST_CHANGES, "the tests changed the host's hostagent folders"),
+                       (_LEFT_BEHIND, "the tests left these running or mounted (now stopped)")):
+        found = config.stash.get(key, [])
+        if found:
+            terminalreporter.write_sep("=", title, red=True)
+            for line in found:
+                terminalreporter.write_line(line)
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_configure(config):
+    """Before pytest's own temporary folders are set up: the run's folder (``runfolder``), which
+    holds them too unless --basetemp says otherwise. SIGTERM interrupts the run as Ctrl-C
+    does, so what was started is stopped and removed then too."""
     config.addinivalue_line("markers", "allow_missing_nvml: the test calls NVML functions the simulator lacks on purpose")
     os.environ.pop("HOSTAGENT_SIMULATE", None)
+    folder = runfolder.begin()
+    config.stash[_RUN_FOLDER] = folder
+    if config.option.basetemp is None:
+        config.option.basetemp = str(folder / "p")
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+
+
+def pytest_unconfigure(config):
+    folder = config.stash.get(_RUN_FOLDER, None)
+    if folder is not None:
+        runfolder.sweep(folder, remove=True)
+
+
+def pytest_runtest_setup(item):
+    """``@pytest.mark.root(reason)``: skipped, saying why, unless the run is root's."""
+    mark = item.get_closest_marker("root")
+    if mark is not None and os.geteuid() != 0:
+        pytest.skip(mark.args[0] if mark.args else mark.kwargs.get("reason", "needs root (CI runs the suite as root)"))

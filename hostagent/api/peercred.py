@@ -6,13 +6,16 @@ recorded at connect time, with ``/proc/<pid>/status`` as the fallback on older k
 
 Roles, from most to least trusted:
 
-    admin     uid 0: everything
+    admin     uid 0, and the agent's own user: everything (a daemon that runs without
+              root, on a simulated node, answers its user as root's would: that user may
+              already stop it and change its files)
     operator  member of the agent's group: read, and manage allocations
     none      anyone else: refused (403) before any route is looked at
 """
 
 from __future__ import annotations
 
+import os
 import socket
 import struct
 from dataclasses import dataclass
@@ -35,8 +38,8 @@ class Caller:
         return f"uid {self.uid} pid {self.pid} ({self.role})"
 
 
-def role_for(uid: int, gid: int, groups: tuple[int, ...], agent_gid: int | None) -> str:
-    if uid == 0:
+def role_for(uid: int, gid: int, groups: tuple[int, ...], agent_gid: int | None, agent_uid: int = 0) -> str:
+    if uid in (0, agent_uid):
         return "admin"
     if agent_gid is not None and (gid == agent_gid or agent_gid in groups):
         return "operator"
@@ -68,4 +71,4 @@ def peer_caller(sock: socket.socket, agent_gid: int | None) -> Caller:
     pid, uid, gid = struct.unpack("3i", raw)
     groups = () if uid == 0 else _groups(sock, pid)
     return Caller(pid=pid, uid=uid, gid=gid, groups=groups,
-                  role=role_for(uid, gid, groups, agent_gid))
+                  role=role_for(uid, gid, groups, agent_gid, os.geteuid()))

@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass
 
 from ..errors import (ConfigError, ConflictError, HostagentError, NotFoundError, NvmlError,
-                      PermissionDenied, StateError, UnavailableError, UsageError)
+                      PermissionDenied, StateError, UnavailableError, UnknownName, UsageError)
 from .http import Request
 from .peercred import allows
 from .schema import document_bytes, parse_json, validate_body
@@ -270,8 +270,8 @@ class App:
         snap = self.agent.snapshot
         view = snap.find(ident)
         if view is None:
-            raise NotFoundError(f"no device {ident!r}",
-                                hint="use an index, UUID, MIG name (0:1) or CDI name from GET /v1/devices")
+            raise UnknownName(f"no device {ident!r}", name=ident,
+                              hint="use an index, UUID, MIG name (0:1) or CDI name from GET /v1/devices")
         return self._snapshot_response(request, ("device", view["uuid"]),
                                        lambda s: _with_profiles(view, s) if view["kind"] == "gpu" else view)
 
@@ -316,7 +316,7 @@ class App:
         alloc_id = request.params["id"]
         alloc = self.agent.snapshot.allocations.get(alloc_id)
         if alloc is None:
-            raise NotFoundError(f"no allocation {alloc_id!r}")
+            raise UnknownName(f"no allocation {alloc_id!r}", name=alloc_id)
         return self._snapshot_response(request, ("allocation", alloc_id),
                                        lambda s: _with_missing(allocation(alloc), s))
 

@@ -42,10 +42,17 @@ def _reject_constant(name: str):
     raise ValueError(f"{name} is not JSON")
 
 
+def _number(text: str):
+    """A JSON number with a fraction or exponent: an integer when it has no fraction
+    (``2.0`` is 2), as configuration files read it (``textdoc``)."""
+    value = float(text)
+    return int(value) if value.is_integer() else value
+
+
 def parse_json(body: bytes):
-    """Strict JSON: UTF-8, no NaN or Infinity."""
+    """Strict JSON: UTF-8, no NaN or Infinity; a number without a fraction is an integer."""
     try:
-        return json.loads(body.decode("utf-8"), parse_constant=_reject_constant)
+        return json.loads(body.decode("utf-8"), parse_constant=_reject_constant, parse_float=_number)
     except UnicodeDecodeError as e:
         raise InvalidJson(f"the body is not UTF-8: {e.reason} at byte {e.start}") from None
     except json.JSONDecodeError as e:

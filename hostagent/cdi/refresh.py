@@ -8,7 +8,7 @@ import stat
 from dataclasses import dataclass
 
 from ..devices import read_inventory
-from ..fileio import ensure_dir, remove, write_atomic
+from ..fileio import ensure_dir, remove, remove_stale_temporaries, write_atomic
 from ..hostroot import HostRoot
 from ..lock import node_lock
 from .discover import Discovery
@@ -91,8 +91,10 @@ def refresh(host: HostRoot, options: SpecOptions = SpecOptions(), *, dry_run: bo
         try:
             generated = generate(host, options, inventory)
         except NothingToDescribe as e:
-            if old_text is not None and not dry_run:
-                remove(path)
+            if not dry_run:
+                remove_stale_temporaries(str(path.parent), path.name)
+                if old_text is not None:
+                    remove(path)
             change = SpecChange(str(path), written=old_text is not None, empty=True,
                                 removed=_diff(_parse(old_text), {})["removed"])
             return change, GeneratedSpec(spec=None, problems=(*e.left_out, e))
@@ -101,6 +103,8 @@ def refresh(host: HostRoot, options: SpecOptions = SpecOptions(), *, dry_run: bo
             from .hookhome import install_hook_program
             install_hook_program(host)
         if old_text == text and old_mode == 0o644:
+            if not dry_run:              # nothing to write: what killed writers left goes all the same
+                remove_stale_temporaries(str(path.parent), path.name)
             return SpecChange(str(path), written=False), generated
         change = SpecChange(str(path), written=True, created=old_text is None, mode_fixed=old_text == text,
                             **_diff(_parse(old_text), generated.spec))

@@ -342,15 +342,5 @@ def read_spec(path: str | os.PathLike) -> tuple[dict, list[str]]:
             raise syntax_error(e, str(path), "JSON") from None
         except RecursionError:
             raise ConfigError("is nested too deeply to be a CDI spec", where=str(path)) from None
-    import yaml
-    from ..textdoc import MAX_NESTING, too_deep
     from .yaml11 import load_go_yaml
-    if too_deep(text):                 # PyYAML would take minutes over deep flow nesting
-        raise ConfigError(f"is nested more than {MAX_NESTING} levels deep; not a CDI spec", where=str(path))
-    try:
-        return load_go_yaml(text)
-    except yaml.YAMLError as e:
-        from ..docerrors import syntax_error
-        raise syntax_error(e, str(path)) from None
-    except RecursionError:
-        raise ConfigError("is nested too deeply to be a CDI spec", where=str(path)) from None
+    return load_go_yaml(text, str(path))

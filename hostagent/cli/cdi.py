@@ -142,7 +142,7 @@ def refresh(args) -> int:
 
 def list_devices(args) -> int:
     from ..cdi.registry import SPEC_DIRS, list_devices as do_list
-    host = host_from_args(args)
+    host = host_from_args(args, node=False)      # reads spec files only
     devices, errors = do_list(host)
     searched = [str(host.host(d)) for d in SPEC_DIRS]
     emit({"devices": devices, "errors": errors, "searched": searched}, args.output, lambda d: d["devices"] and print(

@@ -17,12 +17,18 @@ def say(line: str) -> None:
     print(f"hostagent: {line}", file=sys.stderr, flush=True)
 
 
-def host_from_args(args):
+def host_from_args(args, *, node: bool = True):
     """The host the global options name; a simulated node is run by the simulator's platform
-    that ``main`` puts in ``args.simulator``."""
+    that ``main`` puts in ``args.simulator``. It must be a node already unless the command
+    only reads or writes files the user names in it (``node`` false: CDI specs, engine
+    configuration): nothing else is written into a folder that is not a node, which ``sim
+    create`` would then refuse."""
     from ..hostroot import HostRoot
-    return HostRoot.from_env(getattr(args, "simulate", None), getattr(args, "host_root", None),
+    host = HostRoot.from_env(getattr(args, "simulate", None), getattr(args, "host_root", None),
                              getattr(args, "driver_root", None), simulator=getattr(args, "simulator", None))
+    if node:
+        host.platform.require_node(host)
+    return host
 
 
 def daemon_socket(host):

@@ -43,8 +43,9 @@ def register(sub) -> None:
     p.add_argument("--agent-socket", metavar="PATH",
                    help="the agent's API socket (default /run/hostagent/hostagent.sock; under the simulated root)")
     p.add_argument("--mig-strategy", choices=("none", "single", "mixed"),
-                   help="how MIG devices become resources (default: the agent's labels.mig_strategy, so "
-                        "resources and node labels agree)")
+                   help="how MIG devices become resources (default: the strategy of the agent's node "
+                        "labels, so resources and labels agree: its labels.mig_strategy, else the sharing "
+                        "configuration's flags.migStrategy, else none)")
     p.add_argument("--device-list-strategy", type=_list_strategy, default=("cdi-cri", "envvar"),
                    metavar="LIST",
                    help="what Allocate answers, comma-separated: cdi-cri (CDI device names), envvar "
@@ -74,7 +75,7 @@ def options_from_args(args):
     from pathlib import Path
     from ..client import DEFAULT_SOCKET
     from ..plugins.deviceplugin import Options
-    host = host_from_args(args)
+    host = host_from_args(args, node=False)      # paths only: the agent there is what it follows
     pod_resources = args.pod_resources_socket or host.host(POD_RESOURCES)
     return Options(
         plugin_dir=Path(args.plugin_dir or host.host(PLUGIN_DIR)),

@@ -13,9 +13,6 @@ import sys
 
 __all__ = ["os_error", "report", "rerun_as_root"]
 
-_REFUSED = (errno.EACCES, errno.EPERM)
-
-
 def os_error(e: OSError) -> str:
     """One line for a file-system error: the path first, as the other errors do."""
     text = e.strerror or str(e)
@@ -35,10 +32,6 @@ def _chain(error: BaseException):
         error = error.__cause__ or error.__context__
 
 
-def _refused(error: BaseException) -> bool:
-    return any(isinstance(e, OSError) and e.errno in _REFUSED for e in _chain(error))
-
-
 def rerun_as_root(argv: list[str]) -> str:
     """The command line that runs this command again as root."""
     import shlex
@@ -51,7 +44,8 @@ def rerun_as_root(argv: list[str]) -> str:
 
 def report(message: str, error: BaseException, argv: list[str], *, verbose: bool, denied: bool = False) -> None:
     """Print ``message`` for ``error`` (raised by the command ``argv``) on stderr."""
-    if os.geteuid() != 0 and (denied or _refused(error)):
+    from ..errors import permission_refused
+    if os.geteuid() != 0 and (denied or permission_refused(error)):
         message += f"; run it as root: {rerun_as_root(argv)}"
     elif isinstance(error, OSError) and not verbose:
         message += " (run with -v for details)"

@@ -25,7 +25,8 @@ def register(sub) -> None:
                                    "line. With the daemon running: its labels, unless options say "
                                    "how to compute them here.")
     p.add_argument("--mig-strategy", choices=["none", "single", "mixed"],
-                   help="as GFD's --mig-strategy (default: none)")
+                   help="as GFD's --mig-strategy (default: the labels section's mig_strategy, else the "
+                        "sharing configuration's flags.migStrategy, else none)")
     p.add_argument("--sharing-strategy", choices=["none", "time-slicing", "mps"],
                    help="how GPUs are shared (default: the sharing hostagent has in force, else none)")
     p.add_argument("--replicas", type=int, help="replicas per device when shared (at least 2)")
@@ -76,15 +77,22 @@ def _compute(host, mig_strategy: str, sharing, *, timestamp: bool, live_sharing:
                        device_sharing=device_sharing(host) if live_sharing else None)
 
 
+def _mig_strategy(host, flag: str | None) -> str:
+    """The flag, else as the daemon chooses (``nodelabels.mig_strategy``)."""
+    from ..config import load_config
+    from ..daemon.nodelabels import mig_strategy
+    return mig_strategy(host, flag or load_config(host.config_file).section("labels")["mig_strategy"])
+
+
 def run(args) -> int:
     from ..errors import UsageError
     from ..labels import FEATURES_FILE, TIMESTAMP, Sharing, render, write_labels
     from .output import emit
-    mig_strategy = args.mig_strategy or "none"          # GFD's defaults
     sharing = Sharing(args.sharing_strategy or "none", 1 if args.replicas is None else args.replicas)
     if sharing.replicas < 1 or (sharing.strategy != "none" and sharing.replicas < 2):
         raise UsageError("--replicas must be at least 2 for a sharing strategy, 1 without")
     host = host_from_args(args)
+    mig_strategy = _mig_strategy(host, args.mig_strategy)
     live = args.sharing_strategy is None and args.replicas is None
     if args.write:
         _refuse_write(host)

@@ -24,8 +24,8 @@ __all__ = ["main", "build_parser"]
 
 # Each command is the module of the same name in this package ('-' spelled '_'), registered
 # in this order; the simulator's is its own.
-COMMANDS = ("devices", "topo", "health", "node", "driver", "cdi", "labels", "mig", "sharing", "runtime", "sim", "serve",
-            "device-plugin", "dra-plugin")
+COMMANDS = ("devices", "topo", "health", "node", "driver", "cdi", "labels", "mig", "sharing", "allocations",
+            "runtime", "sim", "serve", "device-plugin", "dra-plugin")
 MODULES = {"sim": "hostagent.sim.cli"}
 
 

@@ -176,6 +176,10 @@ def run_apply(args) -> int:
     if args.dry_run:
         say_notes(result.notes)
         emit(result.plan.to_dict(), args.output, lambda _: print(render_plan(result.plan)))
+        if result.plan.changed and os.geteuid() != 0:         # NVML changes MIG for root only (nvml.h)
+            from .errors import rerun_as_root
+            say("note: the apply itself needs root: "
+                + rerun_as_root([a for a in args.command_line if a != "--dry-run"]))
         print("dry run: nothing was changed", file=sys.stderr)
         return 0
     resume(host, progress)

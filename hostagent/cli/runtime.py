@@ -91,7 +91,7 @@ def configure(args) -> int:
     from ..runtime.configure import DEFAULT, apply_plan, backup_folder, plan_configure
     from ..runtime.engine import Settings
     from ..runtime.front import DEFAULT_SHIM_PATH
-    host = host_from_args(args)
+    host = host_from_args(args, node=False)      # engine files only
     config = _agent_config(host, args)
     settings = Settings(runtime_name=args.runtime_name, binary=args.shim or DEFAULT_SHIM_PATH,
                         set_as_default=args.set_as_default, cdi=args.cdi,
@@ -115,7 +115,7 @@ def configure(args) -> int:
 def revert(args) -> int:
     from ..lock import node_lock
     from ..runtime.configure import apply_revert, backup_folder, plan_revert
-    host = host_from_args(args)
+    host = host_from_args(args, node=False)
     folder = backup_folder(host, args.runtime, args.backup_dir)
     removed = []
     if args.dry_run:
@@ -133,7 +133,7 @@ def install_shim(args) -> int:
     from ..runtime.configure import absolute_path
     from ..runtime.files import Change, diff, read_one
     from ..runtime.front import DEFAULT_SHIM_PATH, front_settings, render_front
-    host = host_from_args(args)
+    host = host_from_args(args, node=False)
     if host.mounted:
         from ..errors import UsageError
         raise UsageError("the runtime shim runs the host's own hostagent installation, which a container "

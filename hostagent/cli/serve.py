@@ -17,5 +17,10 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from ..daemon.main import run as run_daemon
-    return run_daemon(host_from_args(args), args.config, args.log_level)
+    from ..daemon.main import run as run_daemon, start_failure
+    from ..errors import StateError
+    host = host_from_args(args)
+    try:
+        return run_daemon(host, args.config, args.log_level)
+    except OSError as e:                  # its run folder, socket or state
+        raise StateError(start_failure(e)) from None

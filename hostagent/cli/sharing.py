@@ -7,9 +7,11 @@ lock when it does not (the daemon adopts what was started when it comes up).
 
 from __future__ import annotations
 
+import os
 import sys
 
-from .common import host_from_args
+from .common import host_from_args, say
+from .errors import rerun_as_root
 from .output import add_output_flag, emit, table
 
 __all__ = ["register"]
@@ -89,28 +91,49 @@ def run_status(args) -> int:
         with client:
             data = client.sharing()
     else:
+        from ..sharing.journal import SharingJournal
         from ..sharing.service import status
+        journal = SharingJournal.load(host)
+        if journal is not None:
+            say(f"note: {journal.describe()} was interrupted; the next 'hostagent sharing apply' or 'off' "
+                "(or the agent's start) finishes or rolls it back")
         data = status(host)
     emit(data, args.output, render_status)
     return 0
 
 
-def print_outcome(out: dict) -> None:
+def _results(report: dict) -> None:
+    for r in report["results"]:
+        print(("" if r["ok"] else "FAILED: ") + r["description"] + ("" if r["ok"] else f": {r['error']}"))
+        for note in r.get("notes", []):
+            print(f"hostagent: {note}", file=sys.stderr)
+
+
+def print_outcome(out: dict, source: str | None = None, argv: list[str] | None = None) -> None:
     steps = out["plan"]["steps"]
     report = out.get("report")
+    if out.get("recovered"):
+        say(f"note: {out['recovered']}, as the configuration recorded says")
+    for warning in out.get("warnings", []):
+        say(f"warning: {source or 'the sharing configuration'}: {warning}")
     for problem in out.get("problems", []):
-        print(f"hostagent: warning: {problem}", file=sys.stderr)
+        say(f"warning: {problem}")
     if report is None:
         for s in steps:
             print(s["description"])
         if not steps:
             print("nothing to change")
+        if steps and argv is not None and os.geteuid() != 0:
+            # Compute modes and the daemons' shared memory are root's to change (nvml.h).
+            say(f"note: the apply itself needs root: {rerun_as_root([a for a in argv if a != '--dry-run'])}")
         print("dry run: nothing was changed", file=sys.stderr)
         return
-    for r in report["results"]:
-        print(("" if r["ok"] else "FAILED: ") + r["description"] + ("" if r["ok"] else f": {r['error']}"))
-        for note in r.get("notes", []):
-            print(f"hostagent: {note}", file=sys.stderr)
+    _results(report)
+    if out.get("rolled_back") is not None:
+        print("rolled back to the configuration in force before (a step failed; nothing of this one is kept):")
+        _results(out["rolled_back"])
+    if argv is not None and os.geteuid() != 0 and any(r.get("denied") for r in report["results"]):
+        say(f"error: steps were refused for want of privilege; run it as root: {rerun_as_root(argv)}")
     if not steps:
         print("already in place, nothing changed")
 
@@ -128,7 +151,8 @@ def _apply(args, config_doc) -> int:
         forced = getattr(args, "force", False)
         out = apply(host, config, dry_run=args.dry_run, allocations=[] if forced else _allocations(host),
                     on_lock_wait=_waiting).to_dict()
-    emit(out, args.output, print_outcome)
+    emit(out, args.output, lambda o: print_outcome(o, "<stdin>" if args.file == "-" else args.file,
+                                                   args.command_line))
     return 1 if out.get("report") and out["report"]["failed"] else 0
 
 

@@ -15,7 +15,7 @@ import os
 import time
 
 from ..cdi import transient
-from ..errors import HostagentError, NotFoundError
+from ..errors import HostagentError, UnknownName
 from ..lock import node_lock
 from . import allocations as alloc_rules
 from . import checkpoint, claimmps, faults, madedevices, timeslices
@@ -443,9 +443,9 @@ class Allocator:
             alloc = self.agent.allocations.get(alloc_id)
             if alloc is None:
                 # Kubelet plugins retry unprepare: for them this answer means "done".
-                raise NotFoundError(f"no allocation {alloc_id!r}: already released, or never made",
-                                    id=alloc_id, hint="nothing to release; a retried release may "
-                                    "take this as done")
+                raise UnknownName(f"no allocation {alloc_id!r}: already released, or never made",
+                                  name=alloc_id, id=alloc_id, hint="nothing to release; a retried release "
+                                  "may take this as done")
             _refuse_others([alloc], caller)
             await self._release_locked([alloc], "released")
             return alloc

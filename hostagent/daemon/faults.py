@@ -14,7 +14,7 @@ import signal
 __all__ = ["point", "POINTS"]
 
 POINTS = ("allocate:after_spec", "allocate:after_checkpoint", "release:after_checkpoint",
-          "release:after_spec", "start:settings_read")
+          "release:after_spec", "start:settings_read", "sharing:after_stops")
 _ARMED = frozenset(p.strip() for p in os.environ.get("HOSTAGENT_FAULT", "").split(",") if p.strip())
 
 

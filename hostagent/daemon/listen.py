@@ -45,10 +45,15 @@ def bind_socket(path: Path, group: str | None, mode: int, backlog: int = 1024,
     with contextlib.suppress(FileNotFoundError):
         tmp.unlink()
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    doing, hint = "create the API socket", "check api.socket (at most 107 bytes) and its directory"
     try:
         sock.bind(str(tmp))
-        if gid is not None:
+        if gid is not None:           # only root, or a member of the group, may give a file to it
+            doing, hint = (f"give the API socket to group '{group}'",
+                           f"uid {os.geteuid()} is not in group '{group}': run the daemon as root, or set "
+                           "api.group to a group of this user")
             os.chown(tmp, -1, gid)
+            doing, hint = "create the API socket", "check api.socket (at most 107 bytes) and its directory"
         os.chmod(tmp, mode)
         sock.listen(backlog)
         os.rename(tmp, path)
@@ -57,8 +62,7 @@ def bind_socket(path: Path, group: str | None, mode: int, backlog: int = 1024,
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()
         if isinstance(e, OSError):
-            raise StateError(f"cannot create the API socket: {e.strerror or e}", where=str(path),
-                             hint="check api.socket (at most 107 bytes) and its directory") from None
+            raise StateError(f"cannot {doing}: {e.strerror or e}", where=str(path), hint=hint) from None
         raise
     sock.setblocking(False)
     return sock, gid

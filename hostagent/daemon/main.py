@@ -373,15 +373,31 @@ def main(argv: list[str] | None = None) -> int:
     except HostagentError as e:
         print(f"hostagentd: error: {e.message}", file=sys.stderr)
         return 2
+    try:
+        host.platform.require_node(host)      # nothing is written into a folder that is not a node
+    except HostagentError as e:
+        print(f"hostagentd: error: {e.message}", file=sys.stderr)
+        return 1
     if args.check:
         return check(host, args.config)
     try:
         return run(host, args.config, args.log_level)
-    except PermissionError as e:          # its run folder, socket or state: not root
-        from ..cli.errors import os_error
-        print(f"hostagentd: error: cannot start: {os_error(e)}; the daemon runs as root: "
-              "systemctl start hostagent, or sudo hostagentd", file=sys.stderr)
+    except OSError as e:                  # its run folder, socket or state
+        print(f"hostagentd: error: {start_failure(e)}", file=sys.stderr)
         return 1
+
+
+def start_failure(e: OSError) -> str:
+    """One line for a folder or file the daemon could not make at start, with the fix."""
+    import errno
+    from ..cli.errors import os_error
+    if e.errno == errno.EROFS:
+        fix = ("the daemon may not write there: under systemd, a drop-in gives it the folder (for a "
+               "simulated node, ReadWritePaths= with its folder: see docs/install.md); in a container, "
+               "mount it read-write")
+    else:
+        fix = "the daemon runs as root: systemctl start hostagent, or sudo hostagentd"
+    return f"cannot start: {os_error(e)}; {fix}"
 
 
 if __name__ == "__main__":

@@ -43,6 +43,17 @@ def _hooks(body: dict):
     return parse_hooks(json.dumps(body["hooks"]), "request body 'hooks'")
 
 
+def _waits(settings, reason: str, why: str, until: str) -> None:
+    """Log that the reconcile waits for the driver: the configured layout's, or, with none
+    configured, only the check for an apply a crash interrupted."""
+    if settings.config is None:
+        log.warning("no MIG layout is configured (mig.config); the check for an interrupted MIG apply waits "
+                    "(%s): %s; it runs when %s", reason, why, until)
+    else:
+        log.warning("MIG layout %r not applied yet (%s): %s; it is applied when %s", settings.config, reason,
+                    why, until)
+
+
 class MigOps:
     def __init__(self, agent):
         self.agent = agent
@@ -225,8 +236,7 @@ class MigOps:
         daemons it stopped start again with the sharing reconcile that follows (the agent's
         start, a reload)."""
         if not self.agent.driver.ready:
-            log.warning("MIG layout %r not applied yet (%s): %s; it is applied when the driver is "
-                        "loaded and verifies", settings.config, reason, self.agent.driver.why)
+            _waits(settings, reason, self.agent.driver.why, "the driver is loaded and verifies")
             self._when_driver_ready(settings)
             return
         self.agent.sharing.paused = True
@@ -239,8 +249,7 @@ class MigOps:
         try:
             notes, result = await self.agent.blocking(self._reconcile_work, settings, budget=MIG_BUDGET)
         except (DriverNotLoaded, NvmlLibraryMissing) as e:
-            log.warning("MIG layout %r not applied yet (%s): %s; it is applied when the driver is loaded",
-                        settings.config, reason, e.message)
+            _waits(settings, reason, e.message, "the driver is loaded")
             self._when_driver_loads(settings)
             return
         except HostagentError as e:

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..devices.records import Gpu, Inventory, MigDevice
-from ..errors import NotFoundError, StateError, UsageError
+from ..errors import StateError, UnknownName, UsageError
 from ..mig.layout import GiLayout, Layout
 from ..mig.plan import DESTROY_CI, SET_MODE, MigPlan, diff
 from ..mig.quirks import mig_profiles
@@ -84,7 +84,7 @@ def place_instance(inventory: Inventory, profile: str, gpu: str | None = None,
     if gpu is not None:
         chosen = [g for g in inventory.gpus if gpu in (str(g.index), g.uuid)]
         if not chosen:
-            raise NotFoundError(f"no GPU {gpu!r}")
+            raise UnknownName(f"no GPU {gpu!r}", name=gpu)
         g = chosen[0]
         if g.mig is None:
             raise StateError(f"GPU {g.index} ({g.name}) is not MIG capable")
@@ -136,7 +136,7 @@ def remove_instance(inventory: Inventory, uuid: str) -> tuple[MigDevice, MigPlan
                     gis.append(GiLayout(gi.start, gi.size, gi.profile_id, gi.profile, gi.slices, rest))
             after = Layout(before.enabled, before.pending, tuple(gis))
             return dev, MigPlan(config=f"destroy {uuid}", gpus=(diff(g, before, after, reset_needed=False),))
-    raise NotFoundError(f"no MIG device {uuid!r}", hint="GET /v1/devices?type=mig lists them")
+    raise UnknownName(f"no MIG device {uuid!r}", name=uuid, hint="GET /v1/devices?type=mig lists them")
 
 
 def affected_devices(inventory: Inventory, plan: MigPlan) -> set[str]:
@@ -156,7 +156,8 @@ def affected_devices(inventory: Inventory, plan: MigPlan) -> set[str]:
 
 
 def refuse_allocated(inventory: Inventory, plan: MigPlan, allocations, *,
-                     hint: str = "release their allocations first") -> None:
+                     hint: str = "release their allocations first (hostagent allocations release ID); --force "
+                                 "does not take allocated devices while the daemon runs") -> None:
     """DeviceBusy if ``plan`` would take away a device of one of ``allocations`` (objects
     with ``id`` and ``devices``, the device UUIDs)."""
     from .allocations import DeviceBusy

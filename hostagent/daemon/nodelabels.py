@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from ..hostroot import HostRoot
 
-__all__ = ["LabelSettings", "LabelResult", "compute_and_write"]
+__all__ = ["LabelSettings", "LabelResult", "compute_and_write", "mig_strategy"]
 
 log = logging.getLogger("hostagent.daemon")
 
@@ -24,7 +24,7 @@ log = logging.getLogger("hostagent.daemon")
 class LabelSettings:
     write: bool = True
     timestamp: bool = True
-    mig_strategy: str = "none"
+    mig_strategy: str | None = None       # None: the sharing configuration's flags say
     sharing_strategy: str = "none"
     replicas: int = 1
 
@@ -55,13 +55,27 @@ def device_sharing(host: HostRoot) -> dict | None:
             for u, d in SharingState.load(host).devices.items()}
 
 
+def mig_strategy(host: HostRoot, setting: str | None) -> str:
+    """The MIG strategy of the labels (and so of the device plugin, which follows them): the
+    one set (a command-line flag, else the labels section), else the sharing configuration's
+    flags.migStrategy, which GFD and the device plugin read from the same file, else none."""
+    if setting is not None:
+        return setting
+    from ..errors import HostagentError
+    from ..sharing.config import load_persisted
+    try:
+        return load_persisted(host).mig_strategy or "none"
+    except HostagentError:            # the sharing reconcile says what is wrong with the file
+        return "none"
+
+
 def compute_and_write(host: HostRoot, inventory, settings: LabelSettings) -> LabelResult:
     """Worker thread: the labels of ``inventory``; the features file rewritten if they differ
     from its content. A file that cannot be written is reported, never fatal. The sharing
     labels follow the sharing in force when hostagent shares devices, else the settings."""
     from ..labels import FEATURES_FILE, Sharing, node_labels, write_labels
     from ..labels.hostfacts import gpu_mode, machine_type
-    labels = node_labels(inventory, mig_strategy=settings.mig_strategy,
+    labels = node_labels(inventory, mig_strategy=mig_strategy(host, settings.mig_strategy),
                          sharing=Sharing(settings.sharing_strategy, settings.replicas),
                          machine=machine_type(host), gpu_mode=gpu_mode(host, inventory),
                          device_sharing=device_sharing(host))

@@ -158,8 +158,13 @@ class SharingOps:
             log.error("sharing configuration not restored (%s): %s", reason, e.message)
             await self._publish("error")
             return
+        if outcome.recovered:
+            log.warning("sharing: %s", outcome.recovered)
         for problem in outcome.plan.desired.problems:
             log.warning("sharing: %s", problem)
+        if reason == "start":
+            for warning in outcome.warnings:
+                log.warning("sharing configuration: %s", warning)
         if outcome.plan.steps:
             log.info("sharing restored (%s): %d step(s)", reason, len(outcome.plan.steps))
         await self._publish(reason)
@@ -182,6 +187,8 @@ class SharingOps:
         from ..sharing.config import EMPTY, parse
         config = EMPTY if body.get("config") is None else parse(body["config"], "the sharing configuration")
         dry_run = bool(body.get("dry_run"))
+        for warning in config.warnings:
+            log.warning("sharing configuration: %s", warning)
         async with self.agent.mutex:
             why = self.gate()
             if why is not None and not dry_run and not config.empty:
@@ -190,9 +197,16 @@ class SharingOps:
             outcome = await self._run(config, dry_run=dry_run, force=bool(body.get("force")))
             if not dry_run:
                 failed = outcome.report.failed if outcome.report else []
-                log.info("sharing configuration %s: %d step(s), %d failed",
-                         "removed" if config.empty else "applied", len(outcome.plan.steps), len(failed))
-                await self._publish("off" if config.empty else "applied")
+                if outcome.recovered:
+                    log.warning("sharing: %s", outcome.recovered)
+                if outcome.rolled_back is not None:
+                    log.error("sharing configuration not applied, rolled back: %d of %d step(s) failed (%s)",
+                              len(failed), len(outcome.plan.steps), failed[0].error)
+                else:
+                    log.info("sharing configuration %s: %d step(s)", "removed" if config.empty else "applied",
+                             len(outcome.plan.steps))
+                await self._publish("rolled_back" if outcome.rolled_back is not None
+                                    else "off" if config.empty else "applied")
         return {**outcome.to_dict(), "revision": self.agent.events.revision}
 
     async def reload(self) -> None:
@@ -385,8 +399,11 @@ class SharingOps:
 
 
 def _labelled(view: dict) -> list:
-    """What of the view the node labels show."""
-    return [(d["uuid"], d["strategy"], d["replicas"], d["rename"]) for d in view.get("devices", ())]
+    """What of the view the node labels show: the devices' sharing, and the configuration's
+    MIG strategy (``nodelabels.mig_strategy``)."""
+    flags = ((view.get("config") or {}).get("document") or {}).get("flags") or {}
+    return [flags.get("migStrategy")] + [(d["uuid"], d["strategy"], d["replicas"], d["rename"])
+                                         for d in view.get("devices", ())]
 
 
 def _comparable(view: dict) -> dict:

@@ -64,9 +64,11 @@ def read_distro(host: HostRoot) -> Distro:
         except FileNotFoundError:
             continue
     else:
+        hint = (f"a simulated node carries one from 'hostagent sim create --distro NAME': recreate it with "
+                f"--force --distro debian-12 --root {host.root}" if host.simulated
+                else f"the driver installer supports {SUPPORTED}")
         raise NotFoundError("the host says no distribution: no /etc/os-release",
-                            where=str(host.host("/etc/os-release")),
-                            hint=f"the driver installer supports {SUPPORTED}")
+                            where=str(host.host("/etc/os-release")), hint=hint)
     name = fields.get("PRETTY_NAME") or fields.get("NAME") or fields.get("ID", "unknown")
     family = _family(fields)
     version = fields.get("VERSION_ID", "")

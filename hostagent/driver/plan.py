@@ -134,9 +134,15 @@ def wanted_names(distro: Distro, version: str, node: NodeState) -> list[str]:
                 f"nvidia-compute-utils-{br}-server", f"nvidia-fabricmanager-{br}", f"libnvidia-nscq-{br}"]
     if distro.family == "debian":
         return ["nvidia-driver", "nvidia-kernel-dkms", "nvidia-open-kernel-dkms", "firmware-nvidia-gsp",
-                "nvidia-open", "cuda-drivers", f"nvidia-fabricmanager-{br}", "nvidia-fabricmanager"]
+                "nvidia-open", "cuda-drivers", f"nvidia-fabricmanager-{br}", "nvidia-fabricmanager",
+                f"linux-headers-{kver}"]
     return ["nvidia-driver", "nvidia-driver-cuda", "kmod-nvidia-latest-dkms", "kmod-nvidia-open-dkms",
             "nvidia-open", "cuda-drivers", "nvidia-fabric-manager", "nvidia-persistenced"]
+
+
+# Packages that are one kernel-module flavour of the driver (open or proprietary).
+_FLAVOURED = re.compile(r"open|^nvidia-kernel-dkms$|^kmod-nvidia-latest-dkms$|^cuda-drivers$|"
+                        r"^(nvidia-driver|nvidia-dkms|linux-modules-nvidia)-\d+-server")
 
 
 def _require(pkgs: PackageFacts, name: str, version: str) -> str:
@@ -149,7 +155,7 @@ def _require(pkgs: PackageFacts, name: str, version: str) -> str:
     return found
 
 
-def _debian(pkgs, version, flavour, node) -> tuple[list, list]:
+def _debian(pkgs, version, flavour, node, distro) -> tuple[list, list]:
     notes = []
     kernel = "nvidia-open-kernel-dkms" if flavour == "open" else "nvidia-kernel-dkms"
     if pkgs.offered("nvidia-driver", version) and pkgs.offered(kernel, version):
@@ -163,11 +169,22 @@ def _debian(pkgs, version, flavour, node) -> tuple[list, list]:
         meta = "nvidia-open" if flavour == "open" else "cuda-drivers"
         if not pkgs.offered(meta, version):
             offered = ", ".join(pkgs.available.get("nvidia-driver", ())) or "none"
+            hint = "check the version, add the repository that has it, and refresh the package lists (apt-get update)"
+            if not pkgs.available.get("nvidia-driver") and not pkgs.available.get(meta):
+                hint = (f"Debian ships the driver in its non-free component and the GSP firmware in "
+                        f"non-free-firmware: add both to the sources (deb http://deb.debian.org/debian "
+                        f"{distro.codename or 'CODENAME'} main contrib non-free non-free-firmware), then "
+                        "apt-get update and retry")
             raise NotFoundError(f"no repository offers nvidia-driver {version} (offered: {offered}), nor "
-                                f"NVIDIA's repository {meta} {version}",
-                                hint="check the version, add the repository that has it, and refresh the "
-                                     "package lists (apt-get update)")
+                                f"NVIDIA's repository {meta} {version}", hint=hint)
         chosen = [(meta, _require(pkgs, meta, version))]
+    if any(name.endswith("-dkms") for name, _ in chosen):       # DKMS builds the module: the kernel's headers
+        headers = f"linux-headers-{node.kernel_release}"
+        if node.kernel_release and pkgs.available.get(headers):
+            chosen.append((headers, pkgs.available[headers][0]))
+        else:
+            notes.append(f"DKMS builds the module, and no repository offers {headers}: install the running "
+                         "kernel's headers first")
     return chosen, notes
 
 
@@ -192,7 +209,7 @@ def _choose(distro: Distro, pkgs: PackageFacts, version: str, flavour: str, node
     if distro.family == "ubuntu":
         chosen, notes = _ubuntu(pkgs, version, flavour, node)
     elif distro.family == "debian":
-        chosen, notes = _debian(pkgs, version, flavour, node)
+        chosen, notes = _debian(pkgs, version, flavour, node, distro)
     else:
         meta = "nvidia-open" if flavour == "open" else "cuda-drivers"
         if distro.major < 10 and pkgs.offered("nvidia-driver", version):
@@ -212,9 +229,10 @@ def _choose(distro: Distro, pkgs: PackageFacts, version: str, flavour: str, node
             notes.append(f"NVSwitch system: no repository offers the fabric manager {version}; install "
                          "nvidia-fabricmanager of exactly this version from NVIDIA's repository")
     names = {n for n, _ in chosen}
-    # Installed driver packages offered at the new version move with it (kept in step).
+    # Installed driver packages offered at the new version move with it (kept in step),
+    # except those of a kernel-module flavour: the flavour chosen above decides those.
     for name in sorted(pkgs.installed):
-        if name not in names and pkgs.offered(name, version):
+        if name not in names and pkgs.offered(name, version) and not _FLAVOURED.search(name):
             chosen.append((name, pkgs.offered(name, version)))
             names.add(name)
     for name in sorted(set(pkgs.installed) - names):
@@ -301,13 +319,13 @@ def plan_install(distro: Distro, pkgs: PackageFacts, node: NodeState, version: s
     version = check_version(version)
     chosen_flavour = flavour_for(version, node.architectures, flavour)
     packages, notes = _choose(distro, pkgs, version, chosen_flavour, node)
-    _check_holds(pkgs, node, [n for n, _ in packages])
+    _check_holds(pkgs, node, [n for n, _ in packages if not n.startswith("linux-headers-")])
     previous = tuple(sorted(pkgs.installed.items()))
     for name, old in previous:
         if old not in pkgs.available.get(name, ()):
             notes.append(f"rollback: no repository offers {name} {old} any more, so a failed verification "
                          "cannot restore it")
-    hold = tuple(n for n, _ in packages)
+    hold = tuple(n for n, _ in packages if not n.startswith("linux-headers-"))      # the driver's own
     unhold = tuple(sorted(n for n in node.our_holds if n in pkgs.held))
     steps = _steps(node, _manager_steps(distro, packages, hold, unhold, version, chosen_flavour), version)
     notes += _agent_notes(node)

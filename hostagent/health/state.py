@@ -23,7 +23,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Iterable
 
-from ..errors import NotFoundError
+from ..errors import UnknownName
 from .fanout import DeviceIndex
 from .records import ECC_DBE, GPU_LOST, UNMONITORED, XID, DeviceHealth, HealthEvent, Reason
 
@@ -47,8 +47,8 @@ class HealthState:
         found = self.devices.get(ident) or next(
             (d for d in self.devices.values() if d.name == ident), None)
         if found is None:
-            raise NotFoundError(f"no device {ident!r} in the health state",
-                                hint="use a GPU index or UUID, a MIG UUID or GPU:MIG as "
+            raise UnknownName(f"no device {ident!r} in the health state", name=ident,
+                              hint="use a GPU index or UUID, a MIG UUID or GPU:MIG as "
                                      "'hostagent health status' lists them")
         return found
 

@@ -134,7 +134,7 @@ def _spec(raw, where: str) -> HookSpec:
 
 def parse_hooks(text: str | bytes, source: str = "<input>") -> Hooks:
     from .spec import decode_document
-    doc = decode_document(text, source, keep_keys=False) or {}
+    doc = decode_document(text, source) or {}
     try:
         if not isinstance(doc, dict):
             raise ValueError("expected a mapping with 'version' and 'hooks'")

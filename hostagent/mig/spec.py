@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..errors import ConfigError, NotFoundError
+from ..errors import ConfigError, NotFoundError, UnknownName
+from ..textdoc import cut, shown
 from .profiles import parse_profile
 
 __all__ = ["DeviceFilter", "ConfigEntry", "MigSpec", "parse_spec", "load_spec", "VERSION", "ConfigNotSelected",
@@ -37,11 +38,11 @@ class DeviceFilter:
             device = int(head.strip(), 0)
             subsystem = int(tail.strip(), 0) if colon else None
         except ValueError:
-            raise ValueError(f"invalid device-filter '{text}' (expected a PCI id such as "
+            raise ValueError(f"invalid device-filter '{cut(text)}' (expected a PCI id such as "
                              "'0x20B010DE' or '0x20B010DE:0x134F10DE')") from None
         for value in (device, subsystem):
             if value is not None and not 0 <= value < 1 << 32:
-                raise ValueError(f"invalid device-filter '{text}' (out of range)")
+                raise ValueError(f"invalid device-filter '{cut(text)}' (out of range)")
         return cls(device, subsystem)
 
     def matches(self, device_id: int, subsystem_id: int) -> bool:
@@ -84,6 +85,9 @@ class MigSpec:
 
     def select(self, name: str | None) -> tuple[str, tuple[ConfigEntry, ...]]:
         """The named config; without a name, the only one (as mig-parted allows)."""
+        if not self.configs:
+            raise NotFoundError("the file has no MIG configs", where=self.source,
+                                hint="add one under 'mig-configs'")
         if name is None:
             if len(self.configs) != 1:
                 # mig-parted's words and exit status (1, not a usage error: the file decides)
@@ -92,7 +96,7 @@ class MigSpec:
                                         hint="choose one with -c: " + ", ".join(sorted(self.configs)))
             name = next(iter(self.configs))
         if name not in self.configs:
-            raise NotFoundError(f"no MIG config named '{name}'", where=self.source,
+            raise UnknownName(f"no MIG config named '{cut(name)}'", name=cut(name), where=self.source,
                                 hint="configs: " + ", ".join(sorted(self.configs)))
         return name, self.configs[name]
 
@@ -113,7 +117,7 @@ def _entry(raw, where: str) -> ConfigEntry:
             raise ValueError(f"{where}: missing required field: {field}")
     for key in raw:
         if key not in _ENTRY_FIELDS:
-            raise ValueError(f"{where}: unexpected field: {key}")
+            raise ValueError(f"{where}: unexpected field: {cut(str(key))}")
 
     filters = raw.get("device-filter")
     if filters is None or filters == "":
@@ -131,7 +135,7 @@ def _entry(raw, where: str) -> ConfigEntry:
     devices = raw["devices"]
     if devices is None or isinstance(devices, str):       # JSON null decodes as "" in Go
         if devices != "all":
-            raise ValueError(f"{where}: invalid string input for 'devices': {devices or ''}")
+            raise ValueError(f"{where}: invalid string input for 'devices': {cut(devices or '')}")
     elif isinstance(devices, list) and all(_is_int(d) for d in devices):
         devices = tuple(devices)
     else:
@@ -143,7 +147,7 @@ def _entry(raw, where: str) -> ConfigEntry:
 
     enabled = raw["mig-enabled"]
     if not isinstance(enabled, bool):
-        raise ValueError(f"{where}: invalid input for 'mig-enabled': {enabled!r} (expected true or false)")
+        raise ValueError(f"{where}: invalid input for 'mig-enabled': {shown(enabled)} (expected true or false)")
 
     mig_devices = raw.get("mig-devices")
     if mig_devices is not None:
@@ -167,12 +171,12 @@ def _check_mig_devices(mig_devices: dict, where: str) -> None:
         if count is not None and not _is_int(count):
             hint = ("a string: write the number without quotes" if isinstance(count, str)
                     else "counts are whole numbers")
-            raise ValueError(f"{where}: the count of '{name}' is {_json(count)}, {hint} "
+            raise ValueError(f"{where}: the count of '{cut(name)}' is {_json(count)}, {hint} "
                              f"(mig-parted: {_go_unmarshal(count, 'int')})")
         try:
             parse_profile(name)
         except ValueError as e:
-            raise ValueError(f"{prefix}: invalid format for '{name}': {e}") from None
+            raise ValueError(f"{prefix}: invalid format for '{cut(name)}': {e}") from None
         if count is not None and count < 0:
             raise ValueError(f"{prefix}: invalid count for '{name}': {count}")
     if mig_devices and not any(mig_devices.values()):
@@ -181,7 +185,7 @@ def _check_mig_devices(mig_devices: dict, where: str) -> None:
 
 def _json(value) -> str:
     import json
-    return json.dumps(value, default=str)
+    return cut(json.dumps(value, default=str))
 
 
 def _go_unmarshal(value, go_type: str) -> str:
@@ -192,31 +196,11 @@ def _go_unmarshal(value, go_type: str) -> str:
     return f"json: cannot unmarshal {kind} into Go value of type {go_type}"
 
 
-def yaml_load(text):
-    """YAML with every mapping key kept as written: every key of the format is a string,
-    and YAML 1.1 would turn a config named ``off`` or ``yes`` into a boolean."""
-    import yaml
-
-    class Loader(yaml.SafeLoader):
-        pass
-
-    def mapping(loader, node):
-        loader.flatten_mapping(node)          # YAML merge keys ("<<") as usual
-        out = {}
-        for key_node, value_node in node.value:
-            key = (key_node.value if isinstance(key_node, yaml.ScalarNode)
-                   else loader.construct_object(key_node, deep=True))
-            out[key] = loader.construct_object(value_node, deep=True)
-        return out
-
-    Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, mapping)
-    return yaml.load(text, Loader=Loader)
-
-
-def decode_document(text: str | bytes, source: str, *, keep_keys: bool = True):
-    """A mig-parted file's document (``keep_keys``: mapping keys as written, see yaml_load)."""
+def decode_document(text: str | bytes, source: str):
+    """A mig-parted file's document (mapping keys stay strings as written: a config named
+    ``off`` is not False)."""
     from ..textdoc import decode
-    return decode(text, source, "mig-parted file", yaml_load if keep_keys else None)
+    return decode(text, source, "mig-parted file")
 
 
 def parse_spec(document, source: str = "<input>") -> MigSpec:
@@ -232,25 +216,29 @@ def parse_spec(document, source: str = "<input>") -> MigSpec:
 
 
 def _configs(doc) -> dict[str, tuple[ConfigEntry, ...]]:
-    if doc is None:
-        doc = {}
+    """As mig-parted's Spec.UnmarshalJSON: an empty file, or one with only its version, has
+    no configs (selecting one then fails); an empty 'mig-configs' is an error."""
+    if doc is None or doc == {}:
+        return {}
     if not isinstance(doc, dict):
         raise ValueError("expected a mapping with 'version' and 'mig-configs'")
-    if "version" not in doc and doc:
+    if "version" not in doc:
         raise ValueError("unable to parse with missing 'version' field")
     if doc.get("version") != VERSION:
-        raise ValueError(f"unknown version: {doc.get('version', '')}")
+        raise ValueError(f"unknown version: {cut(str(doc.get('version', '')))}")
     for key in doc:
         if key not in ("version", "mig-configs"):
-            raise ValueError(f"unexpected field: {key}")
-    raw = doc.get("mig-configs")
+            raise ValueError(f"unexpected field: {cut(str(key))}")
+    if "mig-configs" not in doc:
+        return {}
+    raw = doc["mig-configs"]
     if not isinstance(raw, dict) or not raw:
         raise ValueError("at least one entry in 'mig-configs' is required")
     configs = {}
     for name, entries in raw.items():
         if not isinstance(entries, list) or not entries:
-            raise ValueError(f"at least one entry in '{name}' is required")
-        configs[str(name)] = tuple(_entry(e, f"mig-configs.{name}[{i}]") for i, e in enumerate(entries))
+            raise ValueError(f"at least one entry in '{cut(str(name))}' is required")
+        configs[str(name)] = tuple(_entry(e, f"mig-configs.{cut(str(name))}[{i}]") for i, e in enumerate(entries))
     return configs
 
 

@@ -37,6 +37,9 @@ VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
 # hostagent's hook for containers annotated so, on engines that read hooks directories.
 HOOK_ANNOTATION = ("hostagent.io/hook", "prepare")
 LIST_STRATEGIES = ("cdi-cri", "envvar", "edits")
+# Where an MPS client gets its daemon's pipe directory and the shared /dev/shm
+# (sharing.clients): an answer without the allocation's CDI names carries these mounts.
+MPS_MOUNTS = ("/tmp/nvidia-mps", "/dev/shm")
 
 
 def allocation_id(resource: str, ids) -> str:
@@ -69,6 +72,11 @@ def grpc_error(e: HostagentError) -> PluginError:
     return PluginError(code, f"the agent refused: {e.message}")
 
 
+def _mps_view(view: dict | None) -> bool:
+    """Whether a device's view says MPS shares it."""
+    return ((view or {}).get("sharing") or {}).get("strategy") == "mps"
+
+
 def _node_name(view: dict | None) -> str | None:
     """The device's name in the node's CDI spec, by UUID when it has one (stable across
     index changes)."""
@@ -77,32 +85,56 @@ def _node_name(view: dict | None) -> str | None:
     return (by_uuid or names or [None])[0]
 
 
+def _mps_allocation(alloc: dict) -> bool:
+    return (alloc.get("sharing") or {}).get("strategy") == "MPS"
+
+
+def needs_edits(strategies, mps: bool) -> bool:
+    """Whether an answer is made from the allocation's container edits: all of them for the
+    edits strategy; an MPS client's part of them when no CDI name carries it."""
+    return "edits" in strategies or (mps and "cdi-cri" not in strategies)
+
+
 def container_response(alloc: dict, views: dict[str, dict], strategies, cdi_names: str):
     """A ``ContainerAllocateResponse`` from an agent allocation. ``cdi_names``: ``node`` (the
     node spec's names, which outlive the allocation) or ``allocation`` (its transient spec,
-    always for MPS: only it gives the client its daemon's pipe, /dev/shm and limits)."""
+    always for MPS: only it gives the client its daemon's pipe, /dev/shm and limits). An MPS
+    client answered without CDI names gets those as env and mounts, whatever the strategy,
+    as NVIDIA's plugin adds them: without them it would run outside MPS."""
     r = api.ContainerAllocateResponse()
+    mps = _mps_allocation(alloc)
     if "cdi-cri" in strategies:
         names = alloc["cdi_devices"]
-        if cdi_names == "node" and (alloc.get("sharing") or {}).get("strategy") != "MPS":
+        if cdi_names == "node" and not mps:
             node = [_node_name(views.get(u)) for u in alloc["devices"]]
             names = node if all(node) else names
         r.cdi_devices.extend(api.CDIDevice(name=n) for n in names)
     if "envvar" in strategies:
         r.envs[VISIBLE_DEVICES] = alloc["visible_devices"]
+    edits = alloc.get("container_edits") or {}
     if "edits" in strategies:
-        edits = alloc.get("container_edits") or {}
-        for pair in edits.get("env", ()):
-            name, _, value = pair.partition("=")
-            r.envs[name] = value
+        _add_env(r, edits.get("env", ()))
         for node in edits.get("deviceNodes", ()):
             r.devices.add(container_path=node["path"], host_path=node.get("hostPath") or node["path"],
                           permissions=node.get("permissions") or "rw")
-        for m in edits.get("mounts", ()):
-            r.mounts.add(container_path=m["containerPath"], host_path=m["hostPath"],
-                         read_only="ro" in (m.get("options") or ()))
+        _add_mounts(r, edits.get("mounts", ()))
         r.annotations[HOOK_ANNOTATION[0]] = HOOK_ANNOTATION[1]
+    elif needs_edits(strategies, mps):
+        _add_env(r, [e for e in edits.get("env", ()) if e.startswith("CUDA_MPS_")])
+        _add_mounts(r, [m for m in edits.get("mounts", ()) if m["containerPath"] in MPS_MOUNTS])
     return r
+
+
+def _add_env(r, pairs) -> None:
+    for pair in pairs:
+        name, _, value = pair.partition("=")
+        r.envs[name] = value
+
+
+def _add_mounts(r, mounts) -> None:
+    for m in mounts:
+        r.mounts.add(container_path=m["containerPath"], host_path=m["hostPath"],
+                     read_only="ro" in (m.get("options") or ()))
 
 
 @dataclass
@@ -121,8 +153,6 @@ class Allocations:
         # The agent writes a transient spec only when its names are answered: a node-spec
         # answer needs nothing but the checkpoint (an MPS client gets its spec regardless).
         self.agent_names = "allocation" if cdi_names == "allocation" and "cdi-cri" in self.strategies else "node"
-        # The answer's container edits (most of it) only for the strategy that hands them on.
-        self.edits = "edits" in self.strategies
         self.grace = grace
         self.expiry = expiry
         self._ledger: dict[str, _Entry] = {}
@@ -137,12 +167,15 @@ class Allocations:
         ids themselves: UUIDs, and replica ids of shared devices."""
         devices = list(physical)
         aid = allocation_id(resource, ids)
+        # The answer's container edits (most of it) only when the response is made from them.
+        views = self.link.view.devices
+        edits = needs_edits(self.strategies, any(_mps_view(views.get(u)) for u in physical.values()))
         labels = {"owner": OWNER, "resource": resource}
         with self._lock:
             in_way = [other for other, entry in self._ledger.items()
                       if other != aid and entry.resource == resource and entry.ids & set(ids)]
             try:
-                alloc, replaced = self._create(aid, devices, set(ids), labels, in_way)
+                alloc, replaced = self._create(aid, devices, set(ids), labels, in_way, edits)
             except HostagentError as e:
                 raise grpc_error(e) from None
             for other in replaced:
@@ -151,7 +184,8 @@ class Allocations:
             self._ledger[aid] = _Entry(resource, frozenset(ids), time.monotonic())
         return container_response(alloc, self.link.view.devices, self.strategies, self.cdi_names)
 
-    def _create(self, aid: str, devices: list[str], ids: set, labels: dict, in_way: list[str]) -> tuple[dict, list]:
+    def _create(self, aid: str, devices: list[str], ids: set, labels: dict, in_way: list[str],
+                edits: bool) -> tuple[dict, list]:
         """The agent's allocation, and the ids of this plugin's allocations in its way that
         it replaced: released by the same request (one commit in the agent), those in the
         ledger and, when the agent finds more (an earlier run's, not in the ledger yet),
@@ -161,7 +195,7 @@ class Allocations:
         for _ in range(2):
             try:
                 return client.allocate(aid, devices, labels=labels, cdi_names=self.agent_names,
-                                       replaces=replaces, edits=self.edits), replaces
+                                       replaces=replaces, edits=edits), replaces
             except ConflictError as e:
                 if e.code == "allocation_conflict":          # an older plugin's request
                     self._release(aid, "made with another request")
@@ -174,7 +208,7 @@ class Allocations:
                     raise
                 replaces += more
         return client.allocate(aid, devices, labels=labels, cdi_names=self.agent_names, replaces=replaces,
-                               edits=self.edits), replaces
+                               edits=edits), replaces
 
     def _release(self, alloc_id: str, why: str) -> None:
         self.link.client().release(alloc_id, missing_ok=True)

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import UsageError
+from ..fileio import remove_stale_temporaries
 from . import backups, files
 from .engine import Settings, configure
 
@@ -52,6 +53,7 @@ class Plan:
     config: str = ""
     socket: str = ""          # containerd's gRPC socket, when its config names one
     created_dirs: list[str] = field(default_factory=list)    # revert: folders configure made
+    targets: list[Path] = field(default_factory=list)        # every file rendered, changed or not
 
 
 def absolute_path(path: str, flag: str, hint: str | None = None) -> str:
@@ -83,7 +85,8 @@ def plan_configure(host, runtime: str, settings: Settings, *, config: str | None
     snapshots = {path: reader.snapshot(path) for path in rendered}
     changes = files.changes(snapshots, rendered, make_parent={engine.drop_in})
     files.check_directories(changes)
-    return Plan(runtime, mod.SERVICE, changes, engine.notes, config, getattr(engine, "socket", ""))
+    return Plan(runtime, mod.SERVICE, changes, engine.notes, config, getattr(engine, "socket", ""),
+                targets=[s.real for s in snapshots.values()])
 
 
 def backup_folder(host, runtime: str, backup_dir: str | None = None) -> Path:
@@ -93,7 +96,9 @@ def backup_folder(host, runtime: str, backup_dir: str | None = None) -> Path:
 def apply_plan(plan: Plan, folder: Path, *, before_rename=None) -> list[str]:
     """Write the plan's files, recording in ``folder`` what ``revert`` needs. Returns
     notes for the user."""
-    if not plan.changes:
+    if not plan.changes:                 # nothing to write: what killed writers left goes all the same
+        for path in plan.targets:
+            remove_stale_temporaries(str(path.parent), path.name)
         return []
     notes, undo = backups.record(folder, plan.changes)
     try:

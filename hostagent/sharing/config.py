@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 from ..errors import ConfigError
 from ..hostroot import HostRoot
+from ..textdoc import shown
 
 __all__ = ["ResourceSpec", "StrategySpec", "SharingConfig", "EMPTY", "INTERVALS", "parse", "load_text",
            "load_file", "config_path", "load_persisted", "render", "resource_name", "quantity_mib", "DOC"]
@@ -65,16 +66,17 @@ class StrategySpec:
 @dataclass(frozen=True)
 class SharingConfig:
     document: dict                             # the file as validated (JSON values)
-    mig_strategy: str                          # flags.migStrategy: how MIG devices are named
+    mig_strategy: str | None                   # flags.migStrategy: how MIG devices are named (None: unset)
     strategies: tuple[StrategySpec, ...]
     source: str | None = None                  # where it came from
+    warnings: tuple[str, ...] = ()             # keys ignored, as the device plugin ignores them
 
     @property
     def empty(self) -> bool:
         return not self.strategies
 
 
-EMPTY = SharingConfig({}, "none", ())
+EMPTY = SharingConfig({}, None, ())
 
 
 def _schema() -> dict:
@@ -93,12 +95,13 @@ def _problem(e, schema: dict) -> str:
             item = Draft7(schema["definitions"]["devices"]["oneOf"][2]["items"])
             bad = [(i, v) for i, v in enumerate(e.instance) if not item.is_valid(v)]
             if bad:
-                return "; ".join(f"{where}[{i}]: {v!r} is not a GPU index, a MIG name (0:1) or a UUID"
-                                 for i, v in bad)
-        return (f"{where}: {e.instance!r} is not a device list: 'all', a count, or GPU indices, "
+                more = f"; and {len(bad) - 3} more" if len(bad) > 3 else ""
+                return "; ".join(f"{where}[{i}]: {shown(v)} is not a GPU index, a MIG name (0:1) or a UUID"
+                                 for i, v in bad[:3]) + more
+        return (f"{where}: {shown(e.instance)} is not a device list: 'all', a count, or GPU indices, "
                 f"MIG names (0:1) and UUIDs")
     if e.validator == "enum" and e.absolute_path and e.absolute_path[-1] == "version":
-        return f"{where}: unknown version {e.instance!r} (the device plugin's config has version v1)"
+        return f"{where}: unknown version {shown(e.instance)} (the device plugin's config has version v1)"
     return f"{where}: {describe(e)}"
 
 
@@ -107,7 +110,7 @@ def resource_name(raw: str, where: str, source: str | None) -> str:
     characters, the name part a DNS subdomain."""
     name = raw if raw.startswith(PREFIX + "/") else f"{PREFIX}/{raw}"
     if len(name) > MAX_NAME:
-        raise _error(f"{where}: resource name {name!r} is longer than {MAX_NAME} characters", source)
+        raise _error(f"{where}: resource name {shown(name)} is longer than {MAX_NAME} characters", source)
     if not _DNS_SUBDOMAIN.fullmatch(name.split("/", 1)[1]):
         raise _error(f"{where}: incorrect format for resource name {name!r} (lower-case letters, "
                      f"digits, '-' and '.')", source)
@@ -133,17 +136,26 @@ def _error(what: str, source: str | None) -> ConfigError:
 
 def parse(data, source: str | None = None) -> SharingConfig:
     """Validate a parsed document and build its records; every schema problem is named with
-    its key path in one error."""
+    its key path in one error. A key the schema does not know is a warning: the device
+    plugin ignores it, so a file written for a newer plugin still serves here."""
     from ..schemas import Draft7
+    from ..textdoc import normalise
     if data is None:
         data = {}
     if not isinstance(data, dict):
         raise _error(f"the sharing configuration must be a mapping, not {type(data).__name__}", source)
+    try:
+        data = normalise(data)               # 2.0 is 2, as the device plugin reads it
+    except ConfigError as e:
+        raise _error(f"the sharing configuration {e.what}", source) from None
     schema = _schema()
-    errors = sorted(Draft7(schema).iter_errors(data),
-                    key=lambda e: list(map(str, e.absolute_path)))
+    found = sorted(Draft7(schema).iter_errors(data), key=lambda e: list(map(str, e.absolute_path)))
+    unknown = [e for e in found if e.validator == "additionalProperties"]
+    errors = [e for e in found if e.validator != "additionalProperties"]
     if errors:
         raise _error("; ".join(dict.fromkeys(_problem(e, schema) for e in errors)), source)
+    warnings = tuple(dict.fromkeys(f"{_problem(e, schema)}, ignored (as the device plugin ignores it)"
+                                   for e in unknown))
     strategies = []
     for key, strategy in STRATEGY_KEYS:
         section = (data.get("sharing") or {}).get(key)
@@ -170,8 +182,8 @@ def parse(data, source: str | None = None) -> SharingConfig:
         # says otherwise; time-slicing's default is false.
         fail = section.get("failRequestsGreaterThanOne", strategy == "mps")
         strategies.append(StrategySpec(strategy, key, rename_by_default, fail, tuple(resources)))
-    mig_strategy = (data.get("flags") or {}).get("migStrategy", "none")
-    return SharingConfig(data, mig_strategy, tuple(strategies), source)
+    mig_strategy = (data.get("flags") or {}).get("migStrategy")
+    return SharingConfig(data, mig_strategy, tuple(strategies), source, warnings)
 
 
 def load_text(text: str | bytes, source: str | None = None) -> SharingConfig:

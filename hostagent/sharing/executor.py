@@ -16,7 +16,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from ..errors import HostagentError, NotFoundError, StateError
+from ..daemon import faults
+from ..errors import HostagentError, NotFoundError, StateError, permission_refused
 from ..hostroot import HostRoot
 from . import mps
 from .config import INTERVALS
@@ -33,13 +34,15 @@ class StepResult:
     step: Step
     error: str | None = None
     notes: list[str] = field(default_factory=list)
+    denied: bool = False            # refused for want of privilege (run as root)
 
     @property
     def ok(self) -> bool:
         return self.error is None
 
     def to_dict(self) -> dict:
-        return {**self.step.to_dict(), "ok": self.ok, "error": self.error, "notes": self.notes}
+        return {**self.step.to_dict(), "ok": self.ok, "error": self.error, "notes": self.notes,
+                "denied": self.denied}
 
 
 @dataclass
@@ -52,6 +55,11 @@ class ApplyReport:
 
     def to_dict(self) -> dict:
         return {"results": [r.to_dict() for r in self.results], "failed": len(self.failed)}
+
+
+def _failure(error: BaseException, text: str | None = None) -> tuple[str, bool]:
+    """A step's error: its message, and whether it was refused for want of privilege."""
+    return (text if text is not None else getattr(error, "message", str(error))), permission_refused(error)
 
 
 def set_interval(host: HostRoot, uuid: str, interval: str) -> None:
@@ -72,7 +80,7 @@ def set_interval(host: HostRoot, uuid: str, interval: str) -> None:
         raise StateError(f"GPU {uuid}: time-slice {interval} not set (nvidia-smi exit {done.returncode}: {out})")
 
 
-def _modes(host: HostRoot, steps: list[Step], state: SharingState) -> dict[str, str]:
+def _modes(host: HostRoot, steps: list[Step], state: SharingState) -> dict[str, tuple[str, bool]]:
     """Compute mode steps; errors by GPU uuid."""
     from ..devices import nvml_session
     from ..devices.computectl import ComputeControl
@@ -85,7 +93,7 @@ def _modes(host: HostRoot, steps: list[Step], state: SharingState) -> dict[str, 
             try:
                 ctl.set_mode(s.target, s.detail["to"])
             except HostagentError as e:
-                errors[s.target] = e.message
+                errors[s.target] = _failure(e)
                 continue
             if s.action == "restore_compute_mode":
                 state.saved_modes.pop(s.target, None)
@@ -94,14 +102,14 @@ def _modes(host: HostRoot, steps: list[Step], state: SharingState) -> dict[str, 
     return errors
 
 
-def _intervals(host: HostRoot, steps: list[Step], state: SharingState) -> dict[str, str]:
+def _intervals(host: HostRoot, steps: list[Step], state: SharingState) -> dict[str, tuple[str, bool]]:
     errors = {}
     for s in steps:
         to = "Default" if s.action == "restore_interval" else s.detail["to"]
         try:
             set_interval(host, s.target, to)
         except HostagentError as e:
-            errors[s.target] = e.message
+            errors[s.target] = _failure(e)
             continue
         if to == "Default":
             state.intervals.pop(s.target, None)
@@ -110,15 +118,15 @@ def _intervals(host: HostRoot, steps: list[Step], state: SharingState) -> dict[s
     return errors
 
 
-def _parallel(fn, steps: list[Step]) -> dict[str, tuple[str | None, object]]:
+def _parallel(fn, steps: list[Step]) -> dict[str, tuple[tuple[str, bool] | None, object]]:
     """``fn(step)`` for each step at once; uuid -> (error, value)."""
     def run(step):
         try:
             return step.target, (None, fn(step))
         except HostagentError as e:
-            return step.target, (e.message, None)
+            return step.target, (_failure(e), None)
         except OSError as e:             # a directory or program the step could not use
-            return step.target, (f"{e.filename or ''}: {e.strerror or e}".lstrip(": "), None)
+            return step.target, (_failure(e, f"{e.filename or ''}: {e.strerror or e}".lstrip(": ")), None)
     if not steps:
         return {}
     with ThreadPoolExecutor(min(PARALLEL, len(steps)), thread_name_prefix="hostagent-mps") as pool:
@@ -131,7 +139,7 @@ def execute(host: HostRoot, plan: SharingPlan, state: SharingState, *, interpret
     by_action: dict[str, list[Step]] = {}
     for s in plan.steps:
         by_action.setdefault(s.action, []).append(s)
-    errors: dict[tuple[str, str], str] = {}
+    errors: dict[tuple[str, str], tuple[str, bool]] = {}      # (action, uuid) -> (message, denied)
     notes: dict[tuple[str, str], list[str]] = {}
 
     def stopped(step):
@@ -149,6 +157,7 @@ def execute(host: HostRoot, plan: SharingPlan, state: SharingState, *, interpret
             last = by_action["stop_daemon"][-1]
             notes[("stop_daemon", last.target)] = [f"note: {e.message}"]
     state.save(host)
+    faults.point("sharing:after_stops")
 
     for action, fn in (("restore_interval", _intervals), ("restore_compute_mode", _modes),
                        ("set_compute_mode", _modes), ("set_interval", _intervals)):
@@ -179,8 +188,11 @@ def execute(host: HostRoot, plan: SharingPlan, state: SharingState, *, interpret
             mps.configure(host, step.target, daemon_settings(plan.desired.devices[step.target]))
             state.daemons[step.target].settings = daemon_settings(plan.desired.devices[step.target])
         except HostagentError as e:
-            errors[("configure_daemon", step.target)] = e.message
+            errors[("configure_daemon", step.target)] = _failure(e)
     state.devices = dict(plan.desired.devices)
     state.save(host)
-    return ApplyReport([StepResult(s, errors.get((s.action, s.target)), notes.get((s.action, s.target), []))
-                        for s in plan.steps])
+    results = []
+    for s in plan.steps:
+        error, denied = errors.get((s.action, s.target), (None, False))
+        results.append(StepResult(s, error, notes.get((s.action, s.target), []), denied))
+    return ApplyReport(results)

@@ -1,15 +1,16 @@
 """The sharing operations as the CLI (without the daemon) and the daemon call them: observe the
 node, plan against the configuration, apply under the node lock, report.
 
-The configuration is persisted (``/etc/hostagent/sharing.yaml``) before the node changes, so
-an apply interrupted half-way is finished by the next ``apply``, ``off`` or agent start.
+The configuration is recorded (``/etc/hostagent/sharing.yaml``) once it is in place: a failed
+apply is rolled back at once, and one a crash interrupted (its journal left) is settled by
+the next ``apply``, ``off`` or agent start (``journal``).
 """
 
 from __future__ import annotations
 
 import sys
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..devices import Inventory, read_inventory
 from ..errors import ConflictError
@@ -18,11 +19,12 @@ from ..lock import node_lock
 from . import mps
 from .config import SharingConfig, config_path, load_persisted, render
 from .executor import ApplyReport, execute
+from .journal import SharingJournal
 from .plan import Live, SharingPlan, plan
 from .resolve import Desired, resolve
 from .state import SharingState
 
-__all__ = ["observe", "apply", "status", "Outcome", "refuse_allocated", "SharingBusy", "device_names",
+__all__ = ["observe", "apply", "recover", "status", "Outcome", "refuse_allocated", "SharingBusy", "device_names",
            "answering", "pause", "mig_guard", "resume", "mps_devices"]
 
 
@@ -34,11 +36,20 @@ class SharingBusy(ConflictError):
 class Outcome:
     plan: SharingPlan
     report: ApplyReport | None = None          # None for a dry run
+    warnings: tuple[str, ...] = ()             # the configuration's keys ignored
+    rolled_back: ApplyReport | None = None     # a step failed: the node brought back to what is recorded
+    recovered: str | None = None               # an apply a crash interrupted, finished or rolled back first
+
+    @property
+    def failed(self) -> bool:
+        return bool(self.report and self.report.failed)
 
     def to_dict(self) -> dict:
         return {"plan": self.plan.to_dict(), "dry_run": self.report is None,
                 "report": self.report.to_dict() if self.report else None,
-                "problems": list(self.plan.desired.problems)}
+                "rolled_back": self.rolled_back.to_dict() if self.rolled_back else None,
+                "recovered": self.recovered,
+                "problems": list(self.plan.desired.problems), "warnings": list(self.warnings)}
 
 
 def device_names(inventory: Inventory | None) -> dict[str, str]:
@@ -115,28 +126,65 @@ def _persist(host: HostRoot, config: SharingConfig) -> None:
 def apply(host: HostRoot, config: SharingConfig | None, *, dry_run: bool = False, allocations=(),
           interpreter: str = sys.executable, lock_timeout: float | None = 60.0,
           on_lock_wait=None, only: set[str] | None = None, persist: bool = True) -> Outcome:
-    """Apply ``config``; bad input is refused before anything changes, then the configuration
-    is persisted and the node changed. ``config`` None: reconcile with the configuration in
-    force (a start, a restart of failed daemons, a changed node), where devices that went
-    away are left out and named in the plan's problems instead of failing it. ``only``:
-    just the steps on these devices and GPUs (one daemon's restart). ``persist`` False: the
-    configuration is the file already (a reload)."""
+    """Apply ``config``; bad input is refused before anything changes. ``config`` None:
+    reconcile with the configuration in force (a start, a restart of failed daemons, a
+    changed node), where devices that went away are left out and named in the plan's
+    problems instead of failing it. ``only``: just the steps on these devices and GPUs (one
+    daemon's restart). ``persist`` False: the configuration is the file already (a reload).
+
+    A new configuration is journaled while it changes the node and recorded only once every
+    step succeeded; a step that fails brings the node back to the configuration recorded
+    (``rolled_back``), so nothing of the failed one stays. An apply a crash interrupted is
+    settled first, the same way (``journal``)."""
     with node_lock(host, "sharing apply", timeout=lock_timeout, on_wait=on_lock_wait):
-        reconcile = config is None
-        config = load_persisted(host) if reconcile else config
+        recovered = None if dry_run else recover(host, interpreter)
+        if config is None:
+            return replace(_reconcile(host, interpreter, only=only, dry_run=dry_run), recovered=recovered)
         inventory = read_inventory(host)
         state = SharingState.load(host)
-        desired = resolve(inventory, config, strict=not reconcile)
-        if not reconcile:            # the node, not a new configuration, changed what it can have
-            refuse_allocated(state, desired, allocations)
+        desired = resolve(inventory, config, strict=True)
+        refuse_allocated(state, desired, allocations)
         p = plan(desired, state, observe(host, inventory, state, desired))
-        if only is not None:
-            p = SharingPlan(p.desired, tuple(s for s in p.steps if s.target in only))
-        if dry_run:
-            return Outcome(p)
-        if not reconcile and persist:
+        if dry_run or not persist:
+            report = None if dry_run else execute(host, p, state, interpreter=interpreter)
+            return Outcome(p, report, config.warnings, recovered=recovered)
+        journal = SharingJournal.begin(host, load_persisted(host).document or None, config.document or None)
+        report = execute(host, p, state, interpreter=interpreter)
+        back = None
+        if report.failed:
+            back = _reconcile(host, interpreter).report
+        else:
             _persist(host, config)
-        return Outcome(p, execute(host, p, state, interpreter=interpreter))
+        journal.finish()
+        return Outcome(p, report, config.warnings, back, recovered)
+
+
+def _reconcile(host: HostRoot, interpreter: str, *, only: set[str] | None = None, dry_run: bool = False) -> Outcome:
+    """Bring the node to the configuration recorded; the caller holds the node lock."""
+    config = load_persisted(host)
+    inventory = read_inventory(host)
+    state = SharingState.load(host)
+    desired = resolve(inventory, config, strict=False)
+    p = plan(desired, state, observe(host, inventory, state, desired))
+    if only is not None:
+        p = SharingPlan(p.desired, tuple(s for s in p.steps if s.target in only))
+    if dry_run:
+        return Outcome(p, warnings=config.warnings)
+    return Outcome(p, execute(host, p, state, interpreter=interpreter), config.warnings)
+
+
+def recover(host: HostRoot, interpreter: str = sys.executable) -> str | None:
+    """Settle an apply a crash interrupted (its journal is there): the node is brought to the
+    configuration recorded, which rolls it back, or finishes it if it was recorded already.
+    The caller holds the node lock. What was done, or None."""
+    journal = SharingJournal.load(host)
+    if journal is None:
+        return None
+    outcome = _reconcile(host, interpreter)
+    journal.finish()
+    done = "finished" if load_persisted(host).document == (journal.record["after"] or {}) else "rolled back"
+    failed = f" ({len(outcome.report.failed)} step(s) failed)" if outcome.failed else ""
+    return f"{done} {journal.describe()}{failed}"
 
 
 def status(host: HostRoot, inventory: Inventory | None = None, daemons: dict | None = None) -> dict:

@@ -34,6 +34,10 @@ def register(sub) -> None:
     v.add_argument("--driver-version", metavar="VERSION",
                    help="install this driver instead of the profile's (e.g. 495.29.05): NVML then "
                         "answers as that branch does")
+    v.add_argument("--distro", metavar="NAME", default=None,
+                   help="the node's distribution, with its package tools and the driver's packages, so "
+                        "'hostagent driver install' works on it: " + ", ".join(_distros())
+                        + " (default: debian-12)")
     v.set_defaults(run=create)
 
     v = verbs.add_parser("demo", help="create a node in a temporary directory and show it")
@@ -111,6 +115,11 @@ def register(sub) -> None:
     v.set_defaults(run=fault)
 
 
+def _distros() -> list[str]:
+    from ..sim.packages import DISTROS
+    return list(DISTROS)
+
+
 def _engines(text: str) -> tuple[str, ...]:
     import argparse
     from .rootdir import ENGINE_DIRS
@@ -162,7 +171,7 @@ def _node_kind(store) -> str:
 def create(args) -> int:
     from .rootdir import build_node
     store = build_node(args.root, args.profile, replace=args.force, engines=args.engines,
-                       driver_version=args.driver_version)
+                       driver_version=args.driver_version, distro=args.distro)
     print(f"created simulated node '{args.profile}' (driver {store.facts.driver_version}) in {store.root}; "
           f"device nodes: {_node_kind(store)}"
           + (f"; engines: {', '.join(args.engines)}" if args.engines else ""))

@@ -11,7 +11,7 @@ import sys
 
 import pynvml as N
 
-from ..errors import NotFoundError, StateError, UsageError
+from ..errors import StateError, UnknownName, UsageError
 from .files import remove_cap_nodes
 from .node import NodeState, SimNvmlError, SimProcess
 from .store import SimStore
@@ -30,8 +30,8 @@ def resolve_device(state: NodeState, ident: str) -> tuple[int, int | None, int |
         for slot, (gi, ci) in state.mig_devices(gpu.index).items():
             if ident in (ci.uuid, f"{gpu.index}:{slot}"):
                 return gpu.index, gi.id, ci.id
-    raise NotFoundError(f"no device {ident!r} on the simulated node",
-                        hint="use a GPU index or UUID, a MIG UUID, or GPU:MIG as 'hostagent devices' shows")
+    raise UnknownName(f"no device {ident!r} on the simulated node", name=ident,
+                      hint="use a GPU index or UUID, a MIG UUID, or GPU:MIG as 'hostagent devices' shows")
 
 
 def _spawn_holder() -> int:
@@ -72,7 +72,7 @@ def release(store: SimStore, pid: int | None = None) -> list[SimProcess]:
     with store.mutate() as state:
         gone = [p for p in state.processes if pid is None or p.pid == pid]
         if pid is not None and not gone:
-            raise NotFoundError(f"process {pid} holds no simulated device")
+            raise UnknownName(f"process {pid} holds no simulated device", name=pid)
         state.processes = [p for p in state.processes if p not in gone]
     stop_spawned(gone)
     return gone
@@ -166,7 +166,7 @@ def reset_gpus(store: SimStore, indices: list[int]) -> None:
 
 def _gpu_index(state: NodeState, gpu: int) -> int:
     if not 0 <= gpu < len(state.gpus):
-        raise NotFoundError(f"no GPU {gpu} on the simulated node (it has {len(state.gpus)})")
+        raise UnknownName(f"no GPU {gpu} on the simulated node (it has {len(state.gpus)})", name=gpu)
     return gpu
 
 

@@ -13,7 +13,7 @@ import uuid as uuidlib
 from pathlib import Path
 
 from ..fileio import ensure_dir
-from . import catalog, driverlibs, kmod, topology, unixsock
+from . import catalog, driverlibs, kmod, packages, topology, unixsock
 from .elf import shared_object_bytes
 from .files import FIXED_CAP_MINORS, NodeFiles, can_create_device_nodes
 from .node import NodeState, SimGpu
@@ -25,11 +25,18 @@ NVIDIA_MAJOR = 195
 LIB_DIR = driverlibs.LIB_DIR
 FIRMWARE = ("gsp_ga10x.bin", "gsp_tu10x.bin")
 
-TOOLS = {  # binary -> module:function in hostagent.sim.tools
+DRIVER_TOOLS = {  # binary -> module[:function] in hostagent.sim.tools
     "nvidia-smi": "nvidia_smi", "nvidia-cuda-mps-control": "mps_control",
     "nvidia-cuda-mps-server": "mps_server", "nvidia-persistenced": "persistenced",
     "modprobe": "modprobe",
 }
+# The distribution's package tools, by package manager (sim.packages).
+PACKAGE_TOOLS = {
+    "apt": {"dpkg-query": "apt:dpkg_query", "apt-cache": "apt:apt_cache", "apt-mark": "apt:apt_mark",
+            "apt-get": "apt:apt_get"},
+    "dnf": {"rpm": "dnf:rpm", "dnf": "dnf:dnf"},
+}
+TOOLS = {**DRIVER_TOOLS, **PACKAGE_TOOLS["apt"], **PACKAGE_TOOLS["dnf"]}     # every stand-in
 
 
 
@@ -51,8 +58,13 @@ def _gpu_identity(profile: str, bus_id: str) -> tuple[str, str]:
 
 def create_node(root: str | os.PathLike, profile_name: str, *, real_nodes: bool | None = None,
                 dynamic_majors: tuple[int, int] | None = None,
-                driver_version: str | None = None) -> SimStore:
+                driver_version: str | None = None, distro: str | None = packages.DEFAULT_DISTRO) -> SimStore:
     """Build a simulated node of ``profile_name`` under ``root`` and return its store.
+
+    ``distro`` (``sim.packages.DISTROS``) gives the node its /etc/os-release and the package
+    tools of that distribution with the driver's packages installed, so the driver installer
+    works on it; a root that already has an /etc/os-release (a real system's, built for
+    tests) keeps its own distribution and tools.
 
     ``driver_version`` installs another driver than the profile's: its files carry that
     version, and NVML answers as that branch does (figures and MIG profiles that differ by
@@ -129,11 +141,13 @@ def create_node(root: str | os.PathLike, profile_name: str, *, real_nodes: bool 
     ensure_dir(root / "run/nvidia-persistenced")
     _unix_socket(root / "run/nvidia-persistenced/socket")
     ensure_dir(root / "tmp/nvidia-mps")
-    for tool, module in TOOLS.items():
+    for tool, module in DRIVER_TOOLS.items():
         w.file(f"usr/bin/{tool}", _tool_script(root, module), mode=0o755)
 
     store = SimStore(root)
     store.initialise(facts_raw, NodeState(gpus=gpus))
+    if distro is not None and not (root / "etc/os-release").exists():
+        _distribution(root, distro, version)
     with store.mutate() as state:      # the driver loads at boot
         kmod.bring_up(root, store.facts, state)
     return store
@@ -180,13 +194,23 @@ def _unix_socket(path: Path) -> None:
         s.close()
 
 
-def _tool_script(root: Path, module: str) -> str:
+def _distribution(root: Path, name: str, version: str) -> None:
+    """/etc/os-release, the package tools, and the driver's packages as installed."""
+    distro = packages.write_distro(root, name)
+    manager = "dnf" if distro.family == "rhel" else "apt"
+    for tool, spec in PACKAGE_TOOLS[manager].items():
+        NodeFiles(root, False).file(f"usr/bin/{tool}", _tool_script(root, spec), mode=0o755)
+    packages.PackageDb(packages.initial_packages(distro, version, kmod.flavour_for(version)), set()).save(root)
+
+
+def _tool_script(root: Path, spec: str) -> str:
     package_parent = Path(__file__).resolve().parents[2]
+    module, _, function = spec.partition(":")
     return (f"#!{sys.executable} -I\n"
-            "# Stand-in for the NVIDIA tool of this name, backed by the simulated node.\n"
+            "# Stand-in for the tool of this name, backed by the simulated node.\n"
             "import sys\n"
             f"sys.path.insert(0, {str(package_parent)!r})\n"
             f"from hostagent.sim.tools import {module}\n"
-            f"sys.exit({module}.main({str(root)!r}, sys.argv[1:]))\n")
+            f"sys.exit({module}.{function or 'main'}({str(root)!r}, sys.argv[1:]))\n")
 
 

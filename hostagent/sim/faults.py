@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 import shutil
 
-from ..errors import NotFoundError, StateError, UsageError
+from ..errors import StateError, UnknownName, UsageError
 from . import control, kmod
 from .files import NodeFiles
 from .store import SimStore
@@ -32,16 +32,16 @@ def _bump(version: str) -> str:
     return ".".join([major, str(int(minor) + 1), *rest])
 
 
-def _upgrade_packages(store: SimStore, old: str, new: str) -> None:
-    """What upgrading the driver's packages leaves on disk: every ``*.so.<old>`` library
-    replaced by ``*.so.<new>`` in every library folder (links moved, SONAMEs that carry the
-    version changed), the new module built, the firmware renamed."""
-    from .driverroot import upgrade_libraries
-    upgrade_libraries(store.root, store.facts.real_device_nodes, old, new)
-    firmware = store.root / "lib/firmware/nvidia"
-    if (firmware / old).is_dir():
-        os.replace(firmware / old, firmware / new)
-    kmod.write_module_files(store.root, new, kmod.flavour_for(new))
+def _record_upgrade(store: SimStore, new: str) -> None:
+    """The package database follows: the driver's packages are at ``new`` now."""
+    from .packages import PackageDb, distro_of
+    distro = distro_of(store.root)
+    if distro is None:
+        return
+    db = PackageDb.load(store.root)
+    db.installed = {n: v if n.startswith("linux-headers-") else distro.package_version(new)
+                    for n, v in db.installed.items()}
+    db.save(store.root)
 
 
 def _mismatch(store: SimStore, version: str | None) -> str:
@@ -53,7 +53,9 @@ def _mismatch(store: SimStore, version: str | None) -> str:
         new = version or _bump(old)
         if new == old:
             raise UsageError(f"the loaded module is already {old}", hint="pass another --version")
-        _upgrade_packages(store, old, new)
+        from .upgrade import upgrade_packages
+        upgrade_packages(store, old, new)
+        _record_upgrade(store, new)
         kmod.log(store.root, f"NVRM: API mismatch: the client has the version {new}, but",
                  f"NVRM: this kernel module has the version {old}.  Please",
                  "NVRM: make sure that this kernel module and all NVIDIA driver",
@@ -132,7 +134,7 @@ def inject(store: SimStore, name: str, *, gpu: int | None = None, version: str |
     elif name == "gpu-lost":
         control.lose_gpu(store, _gpu(gpu))
     else:
-        raise NotFoundError(f"no driver fault named {name!r}", hint=f"choose one of: {', '.join(FAULTS)}")
+        raise UnknownName(f"no driver fault named {name!r}", name=name, hint=f"choose one of: {', '.join(FAULTS)}")
     return FAULTS[name]
 
 
@@ -161,7 +163,7 @@ def clear(store: SimStore, name: str, *, gpu: int | None = None) -> str:
         index = _gpu(gpu)
         with store.mutate() as state:
             if not 0 <= index < len(state.gpus):
-                raise NotFoundError(f"no GPU {index} on the simulated node")
+                raise UnknownName(f"no GPU {index} on the simulated node", name=index)
             state.gpus[index].lost = False
         return f"GPU {index} reset: it answers again"
-    raise NotFoundError(f"no driver fault named {name!r}", hint=f"choose one of: {', '.join(FAULTS)}")
+    raise UnknownName(f"no driver fault named {name!r}", name=name, hint=f"choose one of: {', '.join(FAULTS)}")

@@ -62,6 +62,15 @@ class SimulatedNode(Platform):
         return f"simulated node: no {engine} to restart (a real node's {service} would be restarted here)"
 
 
+    def is_node(self, host) -> bool:
+        from .store import SimStore
+        return SimStore(host.root).exists()
+
+    def require_node(self, host) -> None:
+        from .store import SimStore
+        SimStore(host.root).check()
+
+
 def _stand_in(path) -> bool:
     try:
         with open(path, "rb") as f:

@@ -94,19 +94,20 @@ def _has_entries(directory: Path) -> bool:
 
 
 def build_node(text: str, profile: str, *, replace: bool = False, engines=(),
-               driver_version: str | None = None) -> SimStore:
+               driver_version: str | None = None, distro: str | None = None) -> SimStore:
     """Build a simulated node of ``profile`` (with ``driver_version``'s driver, if given) in
     the directory ``text`` names, with the folders of the container ``engines`` named (see
-    ENGINE_DIRS).
+    ENGINE_DIRS) and ``distro``'s distribution (default: ``packages.DEFAULT_DISTRO``).
 
     ``replace`` clears a simulated node already there first. A build that fails leaves
     the directory as it found it, except a node being replaced, which is gone.
     """
-    from . import catalog
+    from . import catalog, packages
     from .driverroot import create_node
-    catalog.load_profile(profile)       # unknown profile or version: an error before touching anything
+    catalog.load_profile(profile)       # unknown profile, version or distribution: an error before touching anything
     if driver_version is not None:
         catalog.check_driver_version(driver_version)
+    distro = packages.check_distro(distro or packages.DEFAULT_DISTRO).name
     root = check_root(text)
     new = root                    # the topmost directory this build creates, if any
     while not os.path.lexists(new.parent):
@@ -122,7 +123,7 @@ def build_node(text: str, profile: str, *, replace: bool = False, engines=(),
             raise UsageError("the directory holds files but no simulated node", where=str(root),
                              hint=_NEW_ROOT_HINT)
     try:
-        store = create_node(root, profile, driver_version=driver_version)
+        store = create_node(root, profile, driver_version=driver_version, distro=distro)
         folders = [d for e in engines for d in ENGINE_DIRS[e]] + ([SHIM_DIR] if engines else [])
         for folder in folders:
             (root / folder).mkdir(mode=0o755, parents=True, exist_ok=True)

@@ -51,7 +51,7 @@ class SimStore:
     def check(self) -> None:
         if not self.exists():
             raise NotFoundError("not a simulated node (no .sim/node.json)", where=str(self.root),
-                                hint="create one with 'hostagent sim create --profile dgx-a100 --root DIR'")
+                                hint=f"make it one first: hostagent sim create --profile dgx-a100 --root {self.root}")
 
     @property
     def facts(self) -> NodeFacts:

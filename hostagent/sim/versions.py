@@ -14,7 +14,7 @@ __all__ = ["library_version", "module_version", "cuda_version"]
 
 def library_version(root) -> str | None:
     """The version in the name of the file libnvidia-ml.so.1 points to; None without one."""
-    from .driverroot import LIB_DIR
+    from .driverlibs import LIB_DIR
     try:
         target = os.readlink(os.path.join(root, LIB_DIR, "libnvidia-ml.so.1"))
     except OSError:

@@ -137,7 +137,7 @@ def build(tmp: Path, runtime: str, builder: str) -> tuple[Path, Path]:
     return bundle, outside
 
 
-@pytest.mark.root
+@pytest.mark.root("runc and crun start containers as root here")
 @pytest.mark.engine
 @pytest.mark.parametrize("builder", ["in-hook", "ldconfig"])
 @pytest.mark.parametrize("runtime", ["runc", "crun"])

@@ -7,8 +7,10 @@ remove and purge the package).
 
 from __future__ import annotations
 
+import gzip
 import json
 import re
+import shutil
 import subprocess
 import tomllib
 from pathlib import Path
@@ -23,7 +25,8 @@ from .. import debian_root
 
 SRC = Path(__file__).resolve().parents[2]
 
-pytestmark = [pytest.mark.root, pytest.mark.engine]
+pytestmark = [pytest.mark.root("the deb is installed in a booted Debian container (podman, systemd) run as root"),
+              pytest.mark.engine]
 
 SIM = "/srv/hostagent-sim"
 DROP_IN = f"[Service]\nEnvironment=HOSTAGENT_SIMULATE={SIM}\nReadWritePaths={SIM}\n"
@@ -58,7 +61,14 @@ def test_deb_names_no_build_folder_and_documents_every_program(deb_package, stag
     for name in programs:
         assert (tree / "usr/bin" / name).readlink() == Path("/opt/hostagent/bin") / name
         assert (tree / "opt/hostagent/bin" / name).read_text().startswith("#!/opt/hostagent/bin/python -I\n")
-        assert [*tree.glob(f"usr/share/man/man[18]/{name}.[18].gz")], f"no man page for {name}"
+        [page] = tree.glob(f"usr/share/man/man[18]/{name}.[18].gz")
+        text = gzip.decompress(page.read_bytes()).decode()
+        # A NAME line whatis and apropos read ("name \- what it is"), and the exit codes.
+        assert re.search(rf"^\.SH NAME\n{re.escape(name.replace('-', chr(92) + '-'))} \\- \w", text, re.M), name
+        assert "\n.SH EXIT STATUS\n" in text, name
+        if shutil.which("lexgrog"):
+            whatis = subprocess.run(["lexgrog", str(page)], capture_output=True, text=True)
+            assert whatis.returncode == 0 and f'"{name} - ' in whatis.stdout, whatis.stdout
     completion = (tree / "usr/share/bash-completion/completions/hostagent").read_text()
     assert all(re.search(rf"\b{command}\b", completion) for command in COMMANDS)
     # Units run the packaged programs.

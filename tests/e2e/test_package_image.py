@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import time
 import uuid
 from pathlib import Path
 
@@ -14,12 +13,13 @@ import pytest
 from hostagent import __version__
 from hostagent.client import Client
 from hostagent.sim.platform import simulated_host
+from tests.waiting import until
 
 from ..programs import script
 from .conftest import PODMAN_FLAGS
 from .packages import build
 
-pytestmark = [pytest.mark.root, pytest.mark.engine]
+pytestmark = [pytest.mark.root("podman builds and runs the image as root here"), pytest.mark.engine]
 
 
 @pytest.fixture(scope="module")
@@ -49,16 +49,15 @@ def podman(*args: str, check: bool = True) -> subprocess.CompletedProcess:
 
 def wait_for(path: Path, container: str, timeout: float = 60) -> Path:
     """``path``, once the agent in ``container`` has made it (its log if it never does)."""
-    deadline = time.monotonic() + timeout
-    while not path.exists():
-        assert time.monotonic() < deadline, podman("logs", container).stderr
-        time.sleep(0.2)
+    until(lambda: path.exists(), timeout, lambda: podman("logs", container).stderr, interval=0.2)
     return path
 
 
 def test_image_is_tagged_with_the_version_and_runs_the_agent_on_a_simulated_node(image, sim_node):
     assert image == f"localhost/hostagent:{__version__}"
     labels = json.loads(podman("image", "inspect", "-f", "{{json .Labels}}", image).stdout)
+    # The agent unless given a command: any program of the package runs as it is.
+    assert podman("run", "--rm", *PODMAN_FLAGS, image, "hostagent", "--version").stdout == f"hostagent {__version__}\n"
     assert labels["org.opencontainers.image.version"] == __version__
 
     name = f"hostagent-image-{uuid.uuid4().hex[:8]}"

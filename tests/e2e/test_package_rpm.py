@@ -4,6 +4,7 @@ explains)."""
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import tomllib
@@ -54,9 +55,19 @@ def test_rpm_scriptlets_are_the_debs(rpm):
     for snippet in ("add-group", "revert-runtimes", "purge"):
         body = (SRC / "packaging/common" / f"{snippet}.sh").read_text()
         assert body.strip().splitlines()[-1].strip() in scripts, snippet
-    assert "systemctl --no-reload preset hostagent.service" in scripts
-    assert "systemctl --no-reload disable --now hostagent.service" in scripts
-    assert "systemctl try-restart hostagent.service" in scripts
+    # Every unit as the deb's dh_installsystemd has it: enabled at install and disabled at
+    # removal; the services (not the boot-time oneshot) started at install and restarted on
+    # upgrade.
+    units = sorted(p.name for p in (SRC / "systemd").iterdir() if p.suffix == ".service")
+    boot = {u for u in units if "DefaultDependencies=no" in (SRC / "systemd" / u).read_text()}
+    services = [u for u in units if u not in boot]
+    assert boot == {"hostagent-mig.service"} and "hostagent-device-plugin.service" in services
+    for unit in units:
+        assert re.search(rf"systemctl --no-reload preset [^\n]*\b{unit}", scripts), unit
+        assert re.search(rf"systemctl --no-reload disable --now [^\n]*\b{unit}", scripts), unit
+    for unit in services:
+        assert re.search(rf"systemctl start [^\n]*\b{unit}", scripts), unit
+        assert re.search(rf"systemctl try-restart [^\n]*\b{unit}", scripts), unit
 
 
 def test_rpmlint_finds_no_errors(rpm):

@@ -14,7 +14,6 @@ import os
 import shutil
 import signal
 import subprocess
-import time
 import uuid
 from pathlib import Path
 
@@ -25,6 +24,7 @@ from hostagent.cdi.render import render
 from hostagent.cdi.spec import SpecOptions
 from hostagent.cli.main import main
 from hostagent.sim.platform import simulated_host
+from tests.waiting import until
 
 from .conftest import require
 
@@ -106,10 +106,10 @@ def containerd(tmp_path_factory):
         f'disabled_plugins = ["io.containerd.grpc.v1.cri"]\n[grpc]\n  address = "{sock}"\n')
     log = open(d / "containerd.log", "w")
     proc = subprocess.Popen(["containerd", "--config", str(d / "config.toml")], stdout=log, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 20
-    while subprocess.run(["ctr", "-a", str(sock), "version"], capture_output=True).returncode != 0:
-        assert proc.poll() is None and time.monotonic() < deadline, (d / "containerd.log").read_text()
-        time.sleep(0.1)
+    until(lambda: proc.poll() is not None or subprocess.run(["ctr", "-a", str(sock), "version"],
+                                                            capture_output=True).returncode == 0,
+          20, lambda: (d / "containerd.log").read_text(), interval=0.1)
+    assert proc.poll() is None, (d / "containerd.log").read_text()
     yield sock
     subprocess.run(["ctr", "-a", str(sock), "-n", NS, "tasks", "ls"], capture_output=True)
     proc.send_signal(signal.SIGTERM)

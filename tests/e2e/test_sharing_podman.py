@@ -13,8 +13,9 @@ import pytest
 
 from hostagent.sharing import mps
 
-from tests.integration.agentd import FAST, AgentProcess, make_root
+from tests.integration.agentd import FAST, make_root, running_agent
 from tests.integration.mpsprocs import alive, daemon_pid, running
+from tests.waiting import until
 
 from .conftest import PODMAN_FLAGS, host_cdi_spec, podman_run
 
@@ -26,12 +27,8 @@ SUPERVISION = {**FAST, "sharing": {"probe_interval": 0.5, "probe_timeout": 2, "r
 
 @pytest.fixture
 def agent():
-    proc = AgentProcess(make_root("dgx-a100"), SUPERVISION).start()
-    yield proc
-    try:
-        proc.stop()
-    finally:
-        proc.cleanup()
+    with running_agent(make_root("dgx-a100"), SUPERVISION) as proc:
+        yield proc
 
 
 @contextlib.contextmanager
@@ -117,13 +114,9 @@ def test_root_in_a_container_with_the_pipe_directory_cannot_steer_the_agent(podm
                 tried = sh(ctr, f"cd /tmp/nvidia-mps && echo {victim.pid} > nvidia-cuda-mps-control.pid && "
                                 "rm control && rm nvidia-cuda-mps-control.pid && mkfifo nvidia-cuda-mps-control.pid")
                 assert tried.returncode == 0, tried.stderr
-                deadline = time.monotonic() + 20
-                while True:
-                    now = next(d for d in c.sharing()["devices"] if d["uuid"] == gpu)["mps"]
-                    if now["state"] == "ready" and now["pid"] != before["pid"]:
-                        break
-                    assert time.monotonic() < deadline, (now["state"], now.get("reason"))
-                    time.sleep(0.1)
+                daemon = lambda: next(d for d in c.sharing()["devices"] if d["uuid"] == gpu)["mps"]
+                now = until(lambda: (m := daemon())["state"] == "ready" and m["pid"] != before["pid"] and m, 20,
+                            lambda: f"the daemon is not replaced: {daemon()}", interval=0.1)
                 assert victim.poll() is None and not alive(before["pid"])
                 assert now["pid"] == daemon_pid(agent.host, gpu) and mps.probe(agent.host, gpu)
                 # The container's mount holds the old directory: nothing it writes reaches the new one.

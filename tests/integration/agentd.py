@@ -4,6 +4,7 @@ process, and a client on its socket."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -19,7 +20,7 @@ from hostagent.errors import UnavailableError
 from hostagent.sim.driverroot import create_node
 from hostagent.sim.platform import simulated_host
 
-__all__ = ["make_root", "AgentProcess", "ABSENT_GROUP", "existing_group"]
+__all__ = ["make_root", "AgentProcess", "running_agent", "ABSENT_GROUP", "existing_group"]
 
 FAST = {"api": {"watch_heartbeat": 2}, "daemon": {"resync_interval": 0}}
 
@@ -82,6 +83,8 @@ class AgentProcess:
         self.config.write_text(text)
 
     def start(self, wait: bool = True, timeout: float = 20) -> "AgentProcess":
+        """Start the daemon; with ``wait``, until it answers (a daemon that never does is
+        killed before the error)."""
         env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.env}
         for inherited in ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", "JOURNAL_STREAM"):
             if inherited not in self.env:
@@ -92,7 +95,11 @@ class AgentProcess:
              "--config", str(self.config), *self.args], stdout=log, stderr=log, env=env, stdin=subprocess.DEVNULL)
         log.close()
         if wait:
-            self.wait_ready(timeout)
+            try:
+                self.wait_ready(timeout)
+            except BaseException:
+                self.kill()
+                raise
         return self
 
     def wait_ready(self, timeout: float = 20) -> None:
@@ -132,7 +139,8 @@ class AgentProcess:
             raise AssertionError(f"daemon ignored SIGTERM:\n{self.log()}")
 
     def kill(self) -> None:
-        self.proc.kill()
+        if self.proc.poll() is None:
+            self.proc.kill()
         self.proc.wait()
 
     def cleanup(self) -> None:
@@ -142,3 +150,19 @@ class AgentProcess:
         from .mpsprocs import stop_all     # MPS daemons outlive the agent: stop them too
         stop_all(self.root)
         shutil.rmtree(self.root, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def running_agent(root: Path, config: dict | str | None = None, env: dict | None = None, *, start: bool = True):
+    """The daemon on the node at ``root`` for the block (started unless ``start`` is false);
+    stopped, with its MPS daemons, and the node removed afterwards, whatever happened."""
+    agent = AgentProcess(root, config, env)
+    try:
+        if start:
+            agent.start()
+        yield agent
+    finally:
+        try:
+            agent.stop()
+        finally:
+            agent.cleanup()

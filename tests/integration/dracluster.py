@@ -5,39 +5,30 @@ templates make them."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import yaml
 
-from .agentd import AgentProcess, make_root
+from tests.waiting import until
+
+from .agentd import make_root, running_agent
 from .drakubelet import TestKubelet
 from .drasched import Scheduler
 from .kubeapi import TestApiServer
 
-__all__ = ["Cluster", "DRIVER", "NODE", "quickstart", "wait"]
+__all__ = ["Cluster", "DRIVER", "NODE", "quickstart"]
 
 DRIVER, NODE = "gpu.nvidia.com", "node-1"
 DEMOS = Path(__file__).resolve().parents[1] / "data/dra/quickstart-claims.yaml"
 AGENT = {"api": {"watch_heartbeat": 2}, "daemon": {"resync_interval": 0},
          "health": {"quiet_period": None, "wait_timeout_ms": 200}}
-
-
-def wait(predicate, timeout: float = 15.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what}: not within {timeout} s")
-        time.sleep(0.05)
 
 
 def quickstart() -> dict[str, dict]:
@@ -47,7 +38,8 @@ def quickstart() -> dict[str, dict]:
 class Cluster:
     def __init__(self, profile: str = "dgx-a100", version=(1, 34), plugin_args=(), agent_config=None):
         self.root = make_root(profile)
-        self.agent = AgentProcess(self.root, agent_config or AGENT)
+        self._agent = contextlib.ExitStack()
+        self.agent = self._agent.enter_context(running_agent(self.root, agent_config or AGENT, start=False))
         self.api = TestApiServer(version)
         self.work = Path(tempfile.mkdtemp(prefix="dra-"))
         self.kubelet = TestKubelet(self.work / "plugins_registry", self.api, NODE)
@@ -87,9 +79,8 @@ class Cluster:
                 self.proc.wait()
             self.kubelet.stop()
             self.api.stop()
-            self.agent.stop()
         finally:
-            self.agent.cleanup()
+            self._agent.close()             # the agent stopped, its MPS daemons too, the node removed
             shutil.rmtree(self.work, ignore_errors=True)
 
     def plugin_log(self) -> str:
@@ -99,7 +90,7 @@ class Cluster:
 
     def devices(self) -> dict[str, dict]:
         """The published devices by name, once the pool is complete."""
-        wait(lambda: self.api.complete(DRIVER, NODE), what="a complete pool")
+        until(lambda: self.api.complete(DRIVER, NODE), timeout=15, what="a complete pool")
         return {d["name"]: d for s in self.api.pool(DRIVER, NODE) for d in s["spec"].get("devices") or []}
 
     # ---- claims -----------------------------------------------------------------------

@@ -1,5 +1,5 @@
 """Run hostagent (or hostagentd) commands as another user (uid/gid 65534), each in a forked child of this
-process: ``python nonroot.py ROOT`` reads JSON argv lists on stdin, runs each with ROOT
+process: ``python nonroot.py ROOT [GID]`` (GID: its group instead) reads JSON argv lists on stdin, runs each with ROOT
 put in for the word ``ROOT``, and prints one JSON line per command: [argv, exit code,
 output]. A fork, not an exec: that user may not be able to read this interpreter, so
 every module is imported here first, as root."""
@@ -37,7 +37,7 @@ def import_everything() -> None:
             importlib.import_module(info.name)
 
 
-def run_as_nobody(argv: list[str]) -> tuple[int, str]:
+def run_as_nobody(argv: list[str], gid: int = NOBODY) -> tuple[int, str]:
     """``hostagent ARGV`` (the daemon's program with ARGS when ARGV is ``["daemon:", *ARGS]``)
     as nobody."""
     from hostagent.cli.main import main
@@ -53,7 +53,7 @@ def run_as_nobody(argv: list[str]) -> tuple[int, str]:
             os.dup2(w, 1)
             os.dup2(w, 2)
             os.setgroups([])
-            os.setgid(NOBODY)
+            os.setgid(gid)
             os.setuid(NOBODY)
             # A command that runs until stopped (health watch) is stopped as Ctrl-C would.
             signal.signal(signal.SIGALRM, lambda *_: os.kill(os.getpid(), signal.SIGINT))
@@ -77,10 +77,11 @@ def run_as_nobody(argv: list[str]) -> tuple[int, str]:
 
 def main() -> None:
     root = sys.argv[1]
+    gid = int(sys.argv[2]) if len(sys.argv) > 2 else NOBODY
     import_everything()
     for line in sys.stdin:
         argv = [a.replace("ROOT", root) for a in json.loads(line)]
-        code, out = run_as_nobody(argv)
+        code, out = run_as_nobody(argv, gid)
         print(json.dumps([argv, code, out]), flush=True)
 
 

@@ -5,12 +5,16 @@ import json
 import os
 import socket
 import stat
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
 from hostagent.errors import HostagentError
+from tests.runfolder import readable_copy
 
-from .agentd import AgentProcess, existing_group, make_root
+from .agentd import existing_group, make_root, running_agent
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to start processes as other users")
 
@@ -83,11 +87,9 @@ ALLOC = json.dumps({"id": "by-nobody", "devices": [{"device": "1"}]})
 
 @pytest.fixture(scope="module")
 def group_agent():
-    proc = AgentProcess(make_root(), {"api": {"group": API_GROUP, "max_connections_per_user": 3},
-                                      "daemon": {"resync_interval": 0}}).start()
-    yield proc
-    proc.stop()
-    proc.cleanup()
+    with running_agent(make_root(), {"api": {"group": API_GROUP, "max_connections_per_user": 3},
+                                     "daemon": {"resync_interval": 0}}) as proc:
+        yield proc
 
 
 def test_socket_mode_and_group(group_agent):
@@ -134,6 +136,31 @@ def test_an_allocation_is_its_owners_and_roots(group_agent):
         c.release("roots")
 
 
+def test_the_command_line_says_whose_an_allocation_is(group_agent):
+    """``hostagent allocations release`` by a member, of root's allocation: the daemon's 403
+    not_owner as one line (exit 1); its own list names owners by user."""
+    with group_agent.client() as c:
+        c.allocate("roots-cli", ["4"])
+    lines = "".join(json.dumps(["--simulate", "ROOT", "allocations", *argv]) + "\n"
+                    for argv in (["release", "roots-cli"], ["list"]))
+    # The command runs from a copy nobody may read: this checkout may be in a private folder.
+    copy = readable_copy((Path(__file__).with_name("nonroot.py"),))
+    done = subprocess.run([sys.executable, str(copy / "nonroot.py"), str(group_agent.root), str(API_GID)],
+                          input=lines, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(copy)})
+    assert done.returncode == 0, done.stderr
+    (_, code, out), (_, listed, table) = (json.loads(line) for line in done.stdout.splitlines())
+    try:
+        assert code == 1 and out == ("hostagent: error: allocation(s) 'roots-cli' (uid 0) belong to another caller: "
+                                     "only their owner or root may release or replace them (release your own "
+                                     "allocations; root may release any); run it as root: sudo hostagent "
+                                     f"--simulate {group_agent.root} allocations release roots-cli\n"), out
+        assert listed == 0 and table.splitlines()[1].split()[3] == "root", table
+    finally:
+        with group_agent.client() as c:
+            c.release("roots-cli")
+
+
 def test_group_member_reads_health_labels_and_metrics_but_does_not_clear(group_agent):
     got = as_user(group_agent, [
         ["GET", "/v1/health", None], ["GET", "/v1/labels", None], ["GET", "/metrics", None],
@@ -163,17 +190,13 @@ def test_per_user_connection_limit(group_agent):
 
 def test_peer_check_stands_without_socket_permissions():
     """With a world-writable socket, everyone connects, and the peer check refuses them."""
-    agent = AgentProcess(make_root(), {"api": {"group": API_GROUP, "socket_mode": "0666"},
-                                       "daemon": {"resync_interval": 0}}).start()
-    try:
+    with running_agent(make_root(), {"api": {"group": API_GROUP, "socket_mode": "0666"},
+                                     "daemon": {"resync_interval": 0}}) as agent:
         got = as_user(agent, [["GET", "/v1/node", None], ["GET", "/v1/openapi.json", None],
                               ["POST", "/v1/allocations", ALLOC], ["GET", "/v1/nothing", None]],
                       gid=OTHER_GID)
         assert got == [(403, "forbidden")] * 4
         assert as_user(agent, [["GET", "/v1/node", None]]) == [(200, None)]
-    finally:
-        agent.stop()
-        agent.cleanup()
 
 
 MAKE = json.dumps({"id": "made-by-nobody", "devices": [{"mig": {"gpu": "0", "profile": "1g.5gb", "start": 0}}]})
@@ -185,11 +208,7 @@ def test_only_root_or_a_plugin_uid_may_make_mig_devices_or_mps_daemons_for_an_al
     got = as_user(group_agent, [["POST", "/v1/allocations", MAKE], ["GET", "/v1/allocations/made-by-nobody", None],
                                 ["POST", "/v1/allocations", OWN_MPS], ["GET", "/v1/allocations/mps-by-nobody", None]])
     assert got == [(403, "forbidden"), (404, "not_found"), (403, "forbidden"), (404, "not_found")]
-    agent = AgentProcess(make_root(), {"api": {"group": API_GROUP, "plugin_uids": [NOBODY]},
-                                       "daemon": {"resync_interval": 0}}).start()
-    try:
+    with running_agent(make_root(), {"api": {"group": API_GROUP, "plugin_uids": [NOBODY]},
+                                     "daemon": {"resync_interval": 0}}) as agent:
         # Past the check: GPU 0 is not in MIG mode.
         assert as_user(agent, [["POST", "/v1/allocations", MAKE]]) == [(409, "invalid_state")]
-    finally:
-        agent.stop()
-        agent.cleanup()

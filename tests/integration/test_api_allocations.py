@@ -3,6 +3,7 @@ transient spec, and restarts."""
 
 import json
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -11,8 +12,12 @@ from hostagent.cdi.validate import validate_spec
 from hostagent.client import Request
 from hostagent.daemon import checkpoint
 from hostagent.errors import ConflictError, NotFoundError, UsageError
+from tests.rootneeds import DEVICE_NODES
+from tests.waiting import until
 
-from .agentd import AgentProcess, make_root
+from .agentd import make_root, running_agent
+
+pytestmark = DEVICE_NODES
 
 
 def smi(root, *args):
@@ -26,10 +31,8 @@ def agent():
     smi(root, "-i", "0", "-mig", "1")
     smi(root, "-r", "-i", "0")
     smi(root, "mig", "-i", "0", "-cgi", "3g.20gb,2g.10gb,1g.5gb,1g.5gb", "-C")
-    proc = AgentProcess(root).start()
-    yield proc
-    proc.stop()
-    proc.cleanup()
+    with running_agent(root) as proc:
+        yield proc
 
 
 @pytest.fixture
@@ -302,13 +305,9 @@ def test_sharing_limits_per_device_and_node(agent):
 def _reload(agent):
     """SIGHUP, then wait for the reload's log line."""
     import signal
-    import time
     count = agent.log().count("configuration reloaded")
     agent.signal(signal.SIGHUP)
-    deadline = time.monotonic() + 20
-    while agent.log().count("configuration reloaded") == count:
-        assert time.monotonic() < deadline, agent.log()
-        time.sleep(0.05)
+    until(lambda: agent.log().count("configuration reloaded") != count, 20, lambda: agent.log())
 
 
 def test_restart_keeps_allocations_and_drops_gone_devices():
@@ -316,8 +315,7 @@ def test_restart_keeps_allocations_and_drops_gone_devices():
     smi(root, "-i", "1", "-mig", "1")
     smi(root, "-r", "-i", "1")
     smi(root, "mig", "-i", "1", "-cgi", "3g.20gb,3g.20gb", "-C")
-    agent = AgentProcess(root).start()
-    try:
+    with running_agent(root) as agent:
         with agent.client() as c:
             keep = c.allocate("keep/me", ["2", "3"], labels={"pod": "a"})
             mig = c.allocate("on-mig", [{"constraints": {"profile": "3g.20gb"}}])
@@ -341,6 +339,46 @@ def test_restart_keeps_allocations_and_drops_gone_devices():
         assert "allocation on-mig dropped" in log and mig["devices"][0] in log
         assert "removed transient spec" in log and "stray" in log
         assert [a.id for a in checkpoint.read(agent.host)] == ["keep/me"]
-    finally:
-        agent.stop()
-        agent.cleanup()
+
+
+def cli(agent, *args):
+    return subprocess.run([sys.executable, "-m", "hostagent.cli.main", "--simulate", str(agent.root), *args],
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_allocations_listed_and_released_from_the_command_line(agent, c, tmp_path):
+    """What a MIG change refuses to take names the command that frees it; --force does not
+    take it while the daemon runs, as the docs say."""
+    mig = c.allocate("held-mig", ["0:1"])
+    listed = json.loads(cli(agent, "allocations", "list", "-o", "json").stdout)
+    assert [(a["id"], a["devices"]) for a in listed] == [("held-mig", mig["devices"])]
+    table = cli(agent, "allocations", "list").stdout.splitlines()
+    assert table[0].split() == ["ID", "DEVICES", "SHARING", "OWNER", "CLIENT", "AGE"] and table[1].startswith("held-mig ")
+    spec = tmp_path / "mig.yaml"
+    spec.write_text("version: v1\nmig-configs:\n  whole:\n    - {devices: all, mig-enabled: false}\n")
+    for force in ((), ("--force",)):
+        refused = cli(agent, "mig", "apply", "-f", str(spec), "-c", "whole", *force)
+        assert refused.returncode == 1 and "the change would take away allocated device(s)" in refused.stderr
+        assert "release their allocations first (hostagent allocations release ID); --force does not take " \
+               "allocated devices while the daemon runs" in refused.stderr, refused.stderr
+    released = cli(agent, "allocations", "release", "held-mig")
+    assert released.returncode == 0 and released.stdout == f"released held-mig: {mig['devices'][0]} free again\n"
+    assert c.allocations() == []
+    unknown = cli(agent, "allocations", "release", "held-mig")
+    assert unknown.returncode == 2 and "no allocation 'held-mig': already released, or never made" in unknown.stderr
+
+
+def test_allocations_without_the_daemon_say_where_they_live(make_node):
+    host, _ = make_node("t4x2")
+    done = subprocess.run([sys.executable, "-m", "hostagent.cli.main", "--simulate", str(host.root), "allocations",
+                           "list"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1 and done.stderr == (
+        f"hostagent: error: {host.root}/run/hostagent: the hostagent daemon does not run: allocations live in it "
+        "(start it: systemctl start hostagent, or hostagent serve)\n")
+
+
+def test_an_unknown_name_through_the_daemon_is_a_usage_error(agent):
+    """The agent's not_found carries the name: the command line exits 2, as it does acting itself."""
+    done = cli(agent, "mig", "apply", "-c", "no-such-config")
+    assert done.returncode == 2 and "applying through the daemon" in done.stderr
+    assert "no MIG config named 'no-such-config'" in done.stderr

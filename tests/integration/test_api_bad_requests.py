@@ -8,8 +8,9 @@ import threading
 import time
 
 import pytest
+from tests.rootneeds import DEVICE_NODES
 
-from .agentd import AgentProcess, make_root
+from .agentd import make_root, running_agent
 
 CONFIG = {"api": {"header_timeout": 1, "body_timeout": 1, "write_timeout": 1, "idle_timeout": 2,
                   "max_connections": 40, "max_body_bytes": 4096, "max_header_bytes": 2048},
@@ -22,10 +23,8 @@ def _short(value):
 
 @pytest.fixture(scope="module")
 def agent():
-    proc = AgentProcess(make_root(), CONFIG).start()
-    yield proc
-    proc.stop()
-    proc.cleanup()
+    with running_agent(make_root(), CONFIG) as proc:
+        yield proc
 
 
 def connect(agent, timeout=5) -> socket.socket:
@@ -132,6 +131,7 @@ def test_oversized_body_refused_before_it_is_sent(agent):
         assert s.recv(100) == b""    # closed
 
 
+@DEVICE_NODES
 def test_expect_continue(agent):
     body = json.dumps({"id": "ec", "devices": [{"device": "1"}]}).encode()
     with connect(agent) as s:
@@ -160,6 +160,8 @@ def _timed_get(agent) -> float:
     return time.monotonic() - start
 
 
+@pytest.mark.root("root's connections are not bound per user: as another user the twenty slow ones would take "
+                  "the slots the test's own requests need")
 def test_slowloris_does_not_stall_others(agent):
     """Twenty clients trickle their headers a byte at a time; each gets 408 when its header
     deadline (1 s from its first byte) passes, however it trickles; meanwhile other clients

@@ -14,20 +14,21 @@ from hostagent.client import Request
 from hostagent.errors import ConflictError, UsageError
 from hostagent.sim.store import SimStore
 
-from .agentd import FAST, AgentProcess, make_root
+from tests.rootneeds import GPU_CHANGES
 
+from .agentd import FAST, make_root, running_agent
+
+pytestmark = GPU_CHANGES               # MIG modes and instances, compute modes, MPS daemons
 MODES = {"version": "v1", "mig-configs": {"modes": [{"devices": [0, 1], "mig-enabled": True, "mig-devices": {}},
                                                    {"devices": [2, 3, 4, 5, 6, 7], "mig-enabled": False}]}}
 
 
 @pytest.fixture(scope="module")
 def agent():
-    a = AgentProcess(make_root(), FAST).start()
-    with a.client(timeout=None) as c:
-        c.mig_apply("modes", spec=MODES)
-    yield a
-    a.stop()
-    a.cleanup()
+    with running_agent(make_root(), FAST) as a:
+        with a.client(timeout=None) as c:
+            c.mig_apply("modes", spec=MODES)
+        yield a
 
 
 @pytest.fixture(autouse=True)
@@ -198,8 +199,6 @@ MPS_50 = {"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 50,
                                            "defaultPinnedDeviceMemoryLimit": "10240Mi"}}
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="compute modes and MPS daemons need root (nvml.h: Requires "
-                    "root/admin permissions); CI runs as root")
 def test_an_allocation_gets_an_mps_daemon_of_its_own_for_the_devices_the_node_does_not_share(agent):
     from hostagent.processes import ProcessRecord, current
     from hostagent.sharing import mps
@@ -257,7 +256,6 @@ def test_an_allocation_gets_an_mps_daemon_of_its_own_for_the_devices_the_node_do
     assert running(agent.root) == []
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="MPS daemons need root; CI runs as root")
 def test_a_daemon_no_allocation_has_is_stopped_at_start(agent):
     from hostagent.daemon import checkpoint
     from hostagent.sharing import mps
@@ -278,7 +276,6 @@ def test_a_daemon_no_allocation_has_is_stopped_at_start(agent):
     assert SimStore(agent.root).read().gpus[4].compute_mode == 0          # DEFAULT again
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="MPS daemons need root; CI runs as root")
 def test_an_allocations_own_mps_daemon_is_adopted_after_a_kill9_of_the_agent(agent):
     from hostagent.sharing import mps
 

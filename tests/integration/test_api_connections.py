@@ -12,7 +12,7 @@ import pytest
 
 from hostagent.api.server import ApiServer, ServerOptions
 
-from .agentd import AgentProcess, existing_group, make_root
+from .agentd import existing_group, make_root, running_agent
 
 OTHER_GID = 23456
 OPERATORS = (65534, 23001, 23002, 23003)        # members of the API's group (primary gid)
@@ -94,12 +94,10 @@ def agent():
     if os.geteuid() != 0:
         pytest.skip("needs root to run callers under other uids")
     group, gid = existing_group()
-    proc = AgentProcess(make_root(), {"api": {"group": group, "socket_mode": "0666", **BOUNDS},
-                                      "daemon": {"resync_interval": 0}}).start()
-    proc.api_gid = gid
-    yield proc
-    proc.stop()
-    proc.cleanup()
+    with running_agent(make_root(), {"api": {"group": group, "socket_mode": "0666", **BOUNDS},
+                                     "daemon": {"resync_interval": 0}}) as proc:
+        proc.api_gid = gid
+        yield proc
 
 
 def test_operators_hoarding_every_slot_cannot_lock_out_root_or_each_other(agent):

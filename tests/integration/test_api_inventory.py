@@ -9,16 +9,15 @@ import pytest
 
 from hostagent.api.schema import document_bytes
 from hostagent.errors import NotFoundError, UsageError
+from tests.rootneeds import DEVICE_NODES, GPU_CHANGES
 
-from .agentd import AgentProcess, make_root
+from .agentd import AgentProcess, make_root, running_agent
 
 
 @pytest.fixture(scope="module")
 def agent():
-    proc = AgentProcess(make_root(), {"api": {"watch_heartbeat": 2, "watch_buffer": 16}}).start()
-    yield proc
-    proc.stop()
-    proc.cleanup()
+    with running_agent(make_root(), {"api": {"watch_heartbeat": 2, "watch_buffer": 16}}) as proc:
+        yield proc
 
 
 def raw(agent, data: bytes, timeout=5) -> bytes:
@@ -43,6 +42,7 @@ def smi(agent, *args):
     subprocess.run([str(agent.root / "usr/bin/nvidia-smi"), *args], check=True, capture_output=True)
 
 
+@DEVICE_NODES
 def test_node_facts(agent):
     with agent.client() as c:
         node = c.node()
@@ -54,6 +54,7 @@ def test_node_facts(agent):
     assert node["revision"] > 0
 
 
+@DEVICE_NODES
 def test_devices_list_shape(agent):
     with agent.client() as c:
         data = c.devices()
@@ -68,6 +69,7 @@ def test_devices_list_shape(agent):
     assert data["mig_devices"] == [] and data["unreadable"] == [] and data["unread"] == []
 
 
+@DEVICE_NODES
 def test_device_by_every_name(agent):
     with agent.client() as c:
         gpu = c.devices()["gpus"][3]
@@ -113,6 +115,7 @@ def test_etag_head_and_keepalive(agent):
     assert out.startswith(b"HTTP/1.1 304 ")
 
 
+@DEVICE_NODES
 def test_watch_snapshot_events_and_resume(agent):
     with agent.client() as c:
         events = c.watch()
@@ -157,6 +160,7 @@ def test_watch_snapshot_events_and_resume(agent):
         c2.close()
 
 
+@DEVICE_NODES
 def test_watch_of_some_event_types(agent):
     """?types= leaves the other events out; the heartbeat says how far the stream has gone,
     the events left out included; an unknown type is a usage error that names the right one."""
@@ -194,12 +198,11 @@ def test_watch_heartbeat(agent):
 @pytest.fixture
 def own_agent():
     """A daemon of its own, for a test that changes the node's MIG layout."""
-    proc = AgentProcess(make_root()).start()
-    yield proc
-    proc.stop()
-    proc.cleanup()
+    with running_agent(make_root()) as proc:
+        yield proc
 
 
+@GPU_CHANGES
 def test_mig_change_behind_the_agents_back(own_agent):
     """nvidia-smi makes MIG devices; a refresh (admin) publishes them with CDI names."""
     agent = own_agent
@@ -259,9 +262,9 @@ def test_sigterm_ends_watch_streams_cleanly():
         agent.cleanup()
 
 
+@GPU_CHANGES
 def test_client_mig_methods():
-    agent = AgentProcess(make_root()).start()
-    try:
+    with running_agent(make_root()) as agent:
         with agent.client(timeout=None) as c:
             assert [g["mig"]["mode"]["current"] == "enabled" for g in c.mig()["gpus"]] == [False] * 8
             plan = c.mig_plan("all-1g.5gb")["plan"]
@@ -274,6 +277,3 @@ def test_client_mig_methods():
             assert made["parent_uuid"] == gone["parent_uuid"] and made["profile"] == "1g.5gb"
             with pytest.raises(NotFoundError):
                 c.mig_plan("nope")
-    finally:
-        agent.stop()
-        agent.cleanup()

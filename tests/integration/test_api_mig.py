@@ -13,8 +13,12 @@ import pytest
 from hostagent.errors import ConflictError, HostagentError, NotFoundError, UsageError
 from hostagent.sim import control
 from hostagent.sim.store import SimStore
+from tests.rootneeds import GPU_CHANGES
+from tests.waiting import until
 
-from .agentd import AgentProcess, make_root
+from .agentd import AgentProcess, make_root, running_agent
+
+pytestmark = GPU_CHANGES
 
 SPEC = {"version": "v1", "mig-configs": {
     "two": [{"devices": [0, 1], "mig-enabled": True, "mig-devices": {"3g.20gb": 1, "1g.5gb": 2}},
@@ -41,10 +45,8 @@ def driver_client(root):
 def module_agent():
     root = make_root()
     with driver_client(root):
-        proc = AgentProcess(root).start()
-        yield proc
-        proc.stop()
-        proc.cleanup()
+        with running_agent(root) as proc:
+            yield proc
 
 
 @pytest.fixture
@@ -268,8 +270,7 @@ def test_kill9_during_apply_then_restart():
     restarted daemon finishes or rolls back the journal: the layout is the old one or the
     new one, the node spec matches it, allocations of untouched devices survive."""
     root = make_root()
-    agent = AgentProcess(root).start()
-    try:
+    with running_agent(root) as agent:
         with agent.client() as c:
             keep = c.allocate("keeper", ["5"])
         before = layouts(agent)
@@ -299,35 +300,25 @@ def test_kill9_during_apply_then_restart():
                 else:
                     assert dev["name"] in names and dev["uuid"] in names
         assert "MIG:" in agent.log() or after == before
-    finally:
-        agent.stop()
-        agent.cleanup()
 
 
 def test_a_driver_loaded_after_the_daemon_started_gets_the_configured_layout():
     """As on GPU-operator nodes, where the driver comes from a container after boot."""
-    import time
     from hostagent.sim import control
     from hostagent.sim.store import SimStore
     root = make_root()
     store = SimStore(root)
     control.set_driver_loaded(store, False)
-    agent = AgentProcess(root, {"mig": {"config": "all-balanced"}, "api": {"watch_heartbeat": 2},
-                                "daemon": {"resync_interval": 0}}).start()
-    try:
+    with running_agent(root, {"mig": {"config": "all-balanced"}, "api": {"watch_heartbeat": 2},
+                              "daemon": {"resync_interval": 0}}) as agent:
         assert "it is applied when the driver is loaded" in agent.log()
         control.set_driver_loaded(store, True)
         with agent.client() as c:
             c.refresh()
-            deadline = time.monotonic() + 30
-            while not all(g["mig"]["mode"]["current"] == "enabled" for g in c.get("/v1/mig")["gpus"]):
-                assert time.monotonic() < deadline, agent.log()
-                time.sleep(0.1)
+            until(lambda: all(g["mig"]["mode"]["current"] == "enabled" for g in c.get("/v1/mig")["gpus"]), 30,
+                  agent.log, interval=0.1)
             assert len(c.devices(type="mig")["mig_devices"]) == 8 * 4       # 2x 1g, 2g, 3g each
         assert "MIG config 'all-balanced' applied to 8 GPU(s) (driver loaded)" in agent.log()
-    finally:
-        agent.stop()
-        agent.cleanup()
 
 
 def signalling_reset(root, note):

@@ -8,6 +8,9 @@ import sys
 import pytest
 import yaml
 
+from tests.rootneeds import GPU_CHANGES
+from tests.waiting import until
+
 
 def hostagent(*args, env=None, check=True):
     run_env = {k: v for k, v in os.environ.items() if k != "HOSTAGENT_SIMULATE"}
@@ -92,11 +95,38 @@ def test_sim_create_refuses_to_overwrite_and_rejects_unknown_profiles(tmp_path):
     assert not (tmp_path / "new").exists()
 
 
+NOT_A_NODE = "{folder}: not a simulated node (no .sim/node.json) (make it one first: hostagent sim create " \
+             "--profile dgx-a100 --root {folder})"
+
+
+@pytest.mark.parametrize("command, says", [
+    (["cdi", "refresh"], NOT_A_NODE), (["sharing", "off"], NOT_A_NODE),
+    (["mig", "apply", "-c", "all-disabled"], NOT_A_NODE), (["serve"], NOT_A_NODE),
+    # Engine files only: it may work on a tree of them, and takes its lock without a file.
+    (["runtime", "configure", "--runtime", "containerd"],
+     "{folder}/etc/containerd: the directory does not exist (is the engine installed? nothing was changed)")])
+def test_nothing_is_written_into_a_folder_that_is_not_a_node(tmp_path, command, says):
+    folder = tmp_path / "not-yet"
+    folder.mkdir()
+    done = hostagent("--simulate", folder, *command, check=False)
+    assert done.returncode == 1 and done.stderr == f"hostagent: error: {says.format(folder=folder)}\n"
+    if command == ["serve"]:                  # hostagentd, the same daemon
+        daemon = subprocess.run([sys.executable, "-m", "hostagent.daemon.main", "--simulate", str(folder)],
+                                capture_output=True, text=True, timeout=60)
+        assert daemon.returncode == 1 and daemon.stderr.startswith(f"hostagentd: error: {folder}: not a simulated node")
+    assert list(folder.iterdir()) == []
+    hostagent("sim", "create", "--profile", "t4x2", "--root", folder)        # still a folder it takes
+
+
 def test_errors_are_one_line_with_exit_codes(node, tmp_path):
     missing = hostagent("--simulate", tmp_path, "devices", check=False)
     assert missing.returncode == 1 and "not a simulated node" in missing.stderr
     bad_gpu = hostagent("sim", "xid", "--gpu", "9", "--xid", "48", "--root", node, check=False)
-    assert bad_gpu.returncode == 1 and "no GPU 9" in bad_gpu.stderr
+    assert bad_gpu.returncode == 2 and "no GPU 9" in bad_gpu.stderr        # an unknown name: a usage error
+    hold = hostagent("sim", "hold", "9", "--root", node, check=False)
+    assert hold.returncode == 2 and "no device '9' on the simulated node" in hold.stderr
+    config = hostagent("--simulate", node, "mig", "apply", "-c", "no-such-config", check=False)
+    assert config.returncode == 2 and "no MIG config named 'no-such-config'" in config.stderr
     usage = hostagent("devices", "-o", "xml", check=False)
     assert usage.returncode == 2
     no_root = hostagent("sim", "reboot", check=False)
@@ -132,7 +162,6 @@ def health_requests(client) -> float:
 def test_devices_show_a_lost_gpu_the_daemon_no_longer_lists():
     """A lost GPU leaves the daemon's device list at its next inventory read; its health
     record stays (GET /v1/health, by UUID, ``lost``) and ``hostagent devices`` shows it."""
-    import time
     from .agentd import AgentProcess, make_root
     agent = AgentProcess(make_root("t4x2"), {"daemon": {"resync_interval": 0},
                                              "health": {"wait_timeout_ms": 200}})
@@ -146,10 +175,7 @@ def test_devices_show_a_lost_gpu_the_daemon_no_longer_lists():
             assert health_requests(c) == before
             uuid = c.device("1")["uuid"]
             hostagent("sim", "lose", "--gpu", "1", "--root", agent.root)
-            deadline = time.monotonic() + 30
-            while not any(d["key"] == uuid and d["lost"] for d in c.health()["devices"]):
-                assert time.monotonic() < deadline, c.health()
-                time.sleep(0.1)
+            until(lambda: any(d["key"] == uuid and d["lost"] for d in c.health()["devices"]), 30, lambda: c.health(), interval=0.1)
             c.refresh()
             assert [g["index"] for g in c.devices()["gpus"]] == [0]       # gone from the list
             before = health_requests(c)
@@ -232,6 +258,7 @@ def test_without_the_right_to_mknod_nodes_are_regular_files_and_said_so(prefix, 
 
 # ---- replacing a node ----------------------------------------------------------------
 
+@GPU_CHANGES
 def test_sim_create_force_replaces_the_whole_old_node(tmp_path):
     from hostagent.sim.store import SimStore
     hostagent("sim", "create", "--profile", "dgx-a100", "--root", tmp_path)

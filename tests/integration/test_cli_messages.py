@@ -11,6 +11,7 @@ import pytest
 
 from hostagent.cli.main import main
 from hostagent.errors import ConfigError, UsageError
+from tests.rootneeds import DEVICE_NODES, GPU_CHANGES
 
 
 def run(argv, capsys):
@@ -110,6 +111,7 @@ def test_a_dry_run_fails_where_the_real_run_fails(make_node, capsys):
 
 @pytest.mark.skipif(not any(os.access(os.path.join(d, r), os.X_OK) for d in os.environ["PATH"].split(":")
                             for r in ("runc", "crun")), reason="install-shim needs runc or crun (.ci/run installs runc)")
+@DEVICE_NODES
 def test_docs_runtime_sequence_runs_on_a_simulated_node_with_engines(tmp_path, capsys):
     root = tmp_path / "node"
     code, out, _ = run(["sim", "create", "--profile", "t4x2", "--root", root, "--engines", "containerd"], capsys)
@@ -136,6 +138,7 @@ def test_cdi_list_says_where_it_looked(make_node, capsys):
     assert json.loads(out)["searched"] == [f"{host.root}/etc/cdi", f"{host.root}/var/run/cdi"]
 
 
+@GPU_CHANGES
 def test_mig_status_says_current_and_pending_mode(make_node, capsys):
     host, _ = make_node("a30x4")
     # A process holds GPU 0, so Ampere keeps the new mode pending (nvidia-smi says so).

@@ -4,6 +4,7 @@ import json
 import sys
 
 from hostagent.cli.main import main
+from tests.rootneeds import DEVICE_NODES
 
 
 def hook_paths(spec):
@@ -11,6 +12,7 @@ def hook_paths(spec):
     return {h["path"] for e in edits for h in e.get("hooks", [])}
 
 
+@DEVICE_NODES
 def test_hook_interpreter(make_node, capsys):
     host, _ = make_node("a30x4")
     assert main(["--simulate", str(host.root), "cdi", "generate"]) == 0

@@ -24,6 +24,7 @@ import pytest
 from hostagent.devices import read_inventory
 from hostagent.mig.layout import Layout
 from hostagent.mig.spec import parse_spec
+from tests.rootneeds import GPU_CHANGES
 
 INPUTS = Path(__file__).parent / "golden" / "runtime" / "inputs"
 ROUNDS = 4
@@ -160,6 +161,7 @@ mig-configs:
 """
 
 
+@GPU_CHANGES
 def test_kill9_during_mig_apply(make_node, tmp_path):
     host, _ = make_node("hgx-h100")
     cfg = tmp_path / "mig.yaml"

@@ -10,8 +10,12 @@ import pytest
 
 from hostagent.daemon import checkpoint
 from hostagent.errors import HostagentError
+from tests.rootneeds import DEVICE_NODES
+from tests.waiting import until
 
-from .agentd import AgentProcess, make_root
+from .agentd import AgentProcess, make_root, running_agent
+
+pytestmark = DEVICE_NODES
 
 KIND = "hostagent.io-allocation_"
 
@@ -46,8 +50,7 @@ def crash_during(agent, action) -> None:
 def test_crash_while_allocating(point, survives):
     """The new allocation replaces an older one: both change in the one commit, or neither."""
     root = make_root()
-    agent = AgentProcess(root).start()
-    try:
+    with running_agent(root) as agent:
         with agent.client() as c:
             c.allocate("before", ["0"])
             c.allocate("replaced", ["1"])
@@ -69,16 +72,12 @@ def test_crash_while_allocating(point, survives):
             again = c.allocate("claim/x", ["1", "2"], replaces=["replaced"])
             assert len(again["devices"]) == 2
         assert_consistent(agent)
-    finally:
-        agent.stop()
-        agent.cleanup()
 
 
 @pytest.mark.parametrize("point", ["release:after_checkpoint", "release:after_spec"])
 def test_crash_while_releasing(point):
     root = make_root()
-    agent = AgentProcess(root).start()
-    try:
+    with running_agent(root) as agent:
         with agent.client() as c:
             c.allocate("gone-soon", ["3"])
             c.allocate("stays", ["4"])
@@ -94,9 +93,6 @@ def test_crash_while_releasing(point):
         assert ("removed transient spec" in agent.log()) == leaked
         with agent.client() as c:                                         # the plugin's retry
             assert c.release("gone-soon", missing_ok=True) is None
-    finally:
-        agent.stop()
-        agent.cleanup()
 
 
 def test_node_named_allocation_survives_a_crash_without_a_spec():
@@ -181,8 +177,7 @@ def test_client_leaving_mid_request_does_not_split_state():
     allocation still completes in memory and on disk, or not at all."""
     import socket as sk
     root = make_root()
-    agent = AgentProcess(root).start()
-    try:
+    with running_agent(root) as agent:
         for i in range(20):
             body = json.dumps({"id": f"gone-{i}", "devices": [{"device": str(i % 8)}],
                                "sharing": {"strategy": "TimeSlicing"}}).encode()
@@ -191,13 +186,7 @@ def test_client_leaving_mid_request_does_not_split_state():
                 s.sendall(b"POST /v1/allocations HTTP/1.1\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
         # Each completes after its client left: wait for all (not for a fixed time, which a
         # busy host can overrun), then compare memory and disk.
-        deadline = time.monotonic() + 30
         with agent.client() as c:
-            while len(c.allocations()) < 20:
-                assert time.monotonic() < deadline, c.allocations()
-                time.sleep(0.05)
+            until(lambda: len(c.allocations()) >= 20, 30, c.allocations)
         listed = assert_consistent(agent)
         assert listed == {f"gone-{i}" for i in range(20)}
-    finally:
-        agent.stop()
-        agent.cleanup()

@@ -5,27 +5,22 @@ the GPU operator's driver-ready marker while it does."""
 import json
 import os
 import signal
-import time
 
 import pytest
 
 from hostagent.errors import UnavailableError
 from hostagent.sim import faults
 from hostagent.sim.store import SimStore
+from tests.rootneeds import GPU_CHANGES
+from tests.waiting import until
 
-from .agentd import AgentProcess, make_root
+from .agentd import AgentProcess, make_root, running_agent
 from .test_daemon_lifecycle import NotifySocket
+
+pytestmark = GPU_CHANGES
 
 MARKER = "run/nvidia/validations/driver-ready"
 SPEC = "var/run/cdi/nvidia.com-gpu.json"
-
-
-def wait_for(predicate, what, timeout=20):
-    deadline = time.monotonic() + timeout
-    while not (value := predicate()):
-        assert time.monotonic() < deadline, what
-        time.sleep(0.1)
-    return value
 
 
 def test_a_verified_driver_opens_the_gate_and_writes_the_operator_marker():
@@ -33,8 +28,7 @@ def test_a_verified_driver_opens_the_gate_and_writes_the_operator_marker():
     stale = root / MARKER
     stale.parent.mkdir(parents=True)
     stale.write_text("# written by hostagent\nIS_HOST_DRIVER=stale\n")      # left by a killed daemon
-    agent = AgentProcess(root).start()
-    try:
+    with running_agent(root) as agent:
         with agent.client() as c:
             driver = c.driver()
             assert driver["state"] == "ready" and driver["ready"] and driver["failed"] == []
@@ -52,8 +46,6 @@ def test_a_verified_driver_opens_the_gate_and_writes_the_operator_marker():
         assert (root / SPEC).exists()
         assert agent.stop() == 0
         assert not (root / MARKER).exists()                  # removed at stop, as the validator's preStop
-    finally:
-        agent.cleanup()
 
 
 def test_a_broken_driver_degrades_the_daemon_until_it_is_fixed():
@@ -86,18 +78,18 @@ def test_a_broken_driver_degrades_the_daemon_until_it_is_fixed():
             events = c.watch(since=c.node()["revision"])
             # The admin's fix: reload the module (the new one is on disk).
             faults.clear(store, "mismatch")
-            wait_for(lambda: c.driver()["ready"], "the gate did not reopen by itself")
-            event = wait_for(lambda: next(e for e in events if e["type"] == "driver_changed"), "no event")
+            until(lambda: c.driver()["ready"], 20, "reopening of the gate by itself")
+            event = until(lambda: next((e for e in events if e["type"] == "driver_changed"), None), 20, "driver_changed event")
             assert event["driver"]["state"] == "ready" and event["driver"]["version"] == "550.127.05"
             events.close()
-            assert wait_for(lambda: (root / SPEC).exists(), "no CDI spec once verified")
+            assert until(lambda: (root / SPEC).exists(), 20, "CDI spec once verified")
             assert (root / MARKER).exists()
             # The layout that waited for the driver is applied.
-            wait_for(lambda: len(c.devices(type="mig")["mig_devices"]) == 8 * 7, agent.log(), timeout=60)
+            until(lambda: len(c.devices(type="mig")["mig_devices"]) == 8 * 7, 60, agent.log)
             assert c.allocate("a", ["0:0"])["devices"]
         assert "it is applied when the driver is loaded and verifies" in agent.log()
-        status = wait_for(lambda: next((m["STATUS"] for m in reversed(notify.pending()) if "STATUS" in m), None),
-                          "no STATUS")
+        status = until(lambda: next((m["STATUS"] for m in reversed(notify.pending()) if "STATUS" in m), None),
+                       20, "STATUS")
         assert status.startswith("serving 8 GPU(s)")
     finally:
         agent.stop()
@@ -108,14 +100,13 @@ def test_a_broken_driver_degrades_the_daemon_until_it_is_fixed():
 def test_a_driver_that_breaks_while_serving_closes_the_gate():
     root = make_root("t4x2")
     store = SimStore(root)
-    agent = AgentProcess(root, {"daemon": {"resync_interval": 0}, "driver": {"interval": 0}}).start()
-    try:
+    with running_agent(root, {"daemon": {"resync_interval": 0}, "driver": {"interval": 0}}) as agent:
         with agent.client() as c:
             assert c.driver()["ready"] and (root / MARKER).exists()
             spec = (root / SPEC).read_text()
             faults.inject(store, "no-uvm")
             agent.signal(signal.SIGHUP)                      # a reload verifies again
-            driver = wait_for(lambda: (d := c.driver())["state"] == "degraded" and d, "still ready")
+            driver = until(lambda: (d := c.driver())["state"] == "degraded" and d, 20, "degraded driver")
             nodes = next(ch for ch in driver["checks"] if ch["name"] == "device-nodes")
             assert nodes["result"] == "fail" and "/dev/nvidia-uvm: missing" in nodes["evidence"]
             assert "nvidia-modprobe -u" in nodes["fix"]
@@ -129,27 +120,20 @@ def test_a_driver_that_breaks_while_serving_closes_the_gate():
             assert verified["state"] == "ready" and verified["verifications"] >= 3
             assert (root / MARKER).exists()
         assert "driver not usable (reload): device-nodes: 2 device node(s) missing or wrong" in agent.log()
-    finally:
-        agent.stop()
-        agent.cleanup()
 
 
 def test_the_gate_can_be_turned_off_and_checks_ignored(tmp_path):
     root = make_root("hgx-h100")
     faults.inject(SimStore(root), "fm-down")
-    agent = AgentProcess(root, {"daemon": {"resync_interval": 0}, "driver": {"ignore": ["fabric"]}}).start()
-    try:
+    with running_agent(root, {"daemon": {"resync_interval": 0}, "driver": {"ignore": ["fabric"]}}) as agent:
         with agent.client() as c:
             driver = c.driver()
             assert driver["ready"] and next(ch for ch in driver["checks"] if ch["name"] == "fabric")["result"] == "fail"
             agent.write_config({"daemon": {"resync_interval": 0}, "driver": {"gate": False, "markers": False}})
             agent.signal(signal.SIGHUP)
-            wait_for(lambda: c.driver()["state"] == "disabled", "gate still on")
+            until(lambda: c.driver()["state"] == "disabled", 20, "gate turned off")
             assert not (root / MARKER).exists()
             assert c.allocate("x", ["0"])["devices"]
-    finally:
-        agent.stop()
-        agent.cleanup()
 
 
 def test_metrics_are_served_while_an_install_holds_the_sampler():
@@ -165,13 +149,13 @@ def test_metrics_are_served_while_an_install_holds_the_sampler():
         return urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
     try:
         with agent.client() as c:
-            wait_for(lambda: "DCGM_FI_DEV_GPU_TEMP{" in scrape(), "no GPU series")
+            until(lambda: "DCGM_FI_DEV_GPU_TEMP{" in scrape(), 20, "GPU series")
             c.request("POST", "/v1/driver/maintenance", {"pid": os.getpid(), "operation": "driver install test"})
             for text in (scrape(), c.metrics()):
                 assert "hostagent_driver_ready 0.0" in text and "DCGM_FI_DEV_GPU_TEMP" not in text
                 assert 'hostagent_scrape_collector_success{collector="gpu"} 0.0' in text
             c.request("DELETE", "/v1/driver/maintenance")
-            wait_for(lambda: "DCGM_FI_DEV_GPU_TEMP{" in scrape(), "the sampler did not come back")
+            until(lambda: "DCGM_FI_DEV_GPU_TEMP{" in scrape(), 20, "sampler coming back")
             assert 'hostagent_scrape_collector_success{collector="gpu"} 1.0' in scrape()
     finally:
         agent.stop()

@@ -23,8 +23,12 @@ from hostagent.errors import PermissionDenied, UsageError
 from hostagent.health.monitor import LOST_RETRY
 from hostagent.labels import FEATURES_FILE
 from hostagent.labels import parse as parse_labels
+from tests.rootneeds import DEVICE_NODES
+from tests.waiting import until
 
 from .agentd import AgentProcess, make_root
+
+pytestmark = DEVICE_NODES
 
 CLI = [sys.executable, "-m", "hostagent.cli.main"]
 QUIET = 4.0            # long enough to observe 'unhealthy' on a busy box, short to wait out
@@ -276,14 +280,12 @@ def test_metrics_on_the_socket_and_the_tcp_port(node):
     assert samples(first, "hostagent_cdi_refreshes", result="written")[0].value >= 2   # start, apply
     # values move: the energy counter grows between samples (interval 1 s)
     energy = samples(first, "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", gpu="5")[0].value
-    deadline = time.monotonic() + 10
-    while True:
-        time.sleep(0.5)
+
+    def sampled_again():
         with node.client() as c:
-            later = parse(c.metrics())
-        if samples(later, "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", gpu="5")[0].value > energy:
-            break
-        assert time.monotonic() < deadline, "no new sample within 10 s"
+            fams = parse(c.metrics())
+        return fams if samples(fams, "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", gpu="5")[0].value > energy else None
+    later = until(sampled_again, 10, "new sample", interval=0.5)
     assert samples(later, "hostagent_metrics_samples")[0].value > samples(first, "hostagent_metrics_samples")[0].value
 
 
@@ -344,11 +346,8 @@ def test_lost_gpu_marks_its_devices_until_cleared(own_node):
         assert record["healthy"] and not record["monitored"]   # nothing watches a lost GPU
         assert record["state"] == "unmonitored"
         node.sim("reboot")                                     # GPU 1 readable again: watched again
-        deadline = time.monotonic() + LOST_RETRY + 10
-        while not record["monitored"]:
-            assert time.monotonic() < deadline, record
-            time.sleep(0.2)
-            record = next(d for d in c.health()["devices"] if d["key"] == gpu1["uuid"])
+        record = until(lambda: next((d for d in c.health()["devices"] if d["key"] == gpu1["uuid"] and d["monitored"]), None),
+                       LOST_RETRY + 10, lambda: c.health()["devices"], interval=0.2)
         assert record["state"] == "healthy" and not record["lost"]
         w = Watch(c)
         node.sim("xid", "--gpu", 1, "--xid", 48)
@@ -372,10 +371,7 @@ def test_health_carries_over_a_reload():
         before = c.health()["policy"]
         agent.write_config(dict(config, health=dict(config["health"], **health)))
         agent.signal(signal.SIGHUP)
-        deadline = time.monotonic() + 15
-        while c.health()["policy"] == before or not c.health()["running"]:
-            assert time.monotonic() < deadline, agent.log()
-            time.sleep(0.1)
+        until(lambda: c.health()["policy"] != before and c.health()["running"], 15, lambda: agent.log(), interval=0.1)
         return {d["name"]: d for d in c.health()["devices"]}
 
     try:

@@ -14,8 +14,10 @@ import pytest
 
 from hostagent.client import Request
 from hostagent.errors import UnavailableError
+from tests.rootneeds import DEVICE_NODES
+from tests.waiting import until
 
-from .agentd import ABSENT_GROUP, AgentProcess, make_root
+from .agentd import ABSENT_GROUP, AgentProcess, make_root, running_agent
 
 
 class NotifySocket:
@@ -158,8 +160,7 @@ def test_native_journal_protocol(tmp_path):
 
 
 def test_one_daemon_per_node_and_root_only_socket_without_group(root):
-    first = AgentProcess(root).start()
-    try:
+    with running_agent(root) as first:
         # The API group does not exist: root-only socket, and the log says so.
         assert stat.S_IMODE(os.stat(first.socket).st_mode) == 0o600
         assert f"group '{ABSENT_GROUP}' does not exist: the API socket is root-only" in first.log()
@@ -170,9 +171,6 @@ def test_one_daemon_per_node_and_root_only_socket_without_group(root):
         assert f"another hostagent daemon (pid {first.proc.pid}) is running" in second.stderr
         with first.client() as c:
             assert c.node()["gpus"] == 8
-    finally:
-        first.stop()
-        first.cleanup()
 
 
 def test_bad_config_at_start_exits_with_the_reason(root):
@@ -191,12 +189,29 @@ def test_socket_that_cannot_be_made_is_a_clear_error(root):
     agent.cleanup()
 
 
+@pytest.mark.root("a read-only bind mount needs root (in a mount namespace of its own)")
+@pytest.mark.parametrize("program", [["hostagent.daemon.main"], ["hostagent.cli.main", "serve"]])
+def test_a_node_the_daemon_may_not_write_is_one_line_naming_it_and_the_fix(root, program):
+    """As under systemd's ProtectSystem=strict without ReadWritePaths= for a simulated node,
+    or in the image with a read-only /host."""
+    name = "hostagentd" if program[0] == "hostagent.daemon.main" else "hostagent"
+    done = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c",
+                           'mount --bind -o ro "$1" "$1" && shift && exec "$@"', "sh", str(root),
+                           sys.executable, "-m", program[0], "--simulate", str(root), *program[1:]],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1 and done.stderr.splitlines()[-1] == (
+        f"{name}: error: cannot start: {root}/run/hostagent: Read-only file system; the daemon may not write "
+        "there: under systemd, a drop-in gives it the folder (for a simulated node, ReadWritePaths= with its "
+        "folder: see docs/install.md); in a container, mount it read-write"), done.stderr
+    assert "Traceback" not in done.stderr
+
+
+@DEVICE_NODES
 def test_unreadable_inventory_at_start_then_recovery(root):
     subprocess.run([sys.executable, "-m", "hostagent.cli.main", "sim", "driver", "unload", "--root", str(root)],
                    check=True, capture_output=True)
     port = _free_port()
-    agent = AgentProcess(root, {"metrics": {"port": port}}).start()
-    try:
+    with running_agent(root, {"metrics": {"port": port}}) as agent:
         with agent.client() as c:
             node = c.node()
             assert node["inventory"]["state"] == "error" and node["inventory"]["code"] == "driver_not_loaded"
@@ -215,6 +230,9 @@ def test_unreadable_inventory_at_start_then_recovery(root):
                 assert 'hostagent_scrape_collector_success{collector="inventory"} 0.0' in text
                 assert 'hostagent_scrape_collector_success{collector="gpu"} 0.0' in text
                 assert "DCGM_FI_DEV_GPU_TEMP" not in text
+            # Without a layout configured, the log says what waits, not "layout None".
+            assert "no MIG layout is configured (mig.config); the check for an interrupted MIG apply waits " \
+                   "(start): " in agent.log() and "None" not in agent.log()
             subprocess.run([sys.executable, "-m", "hostagent.cli.main", "sim", "driver", "load", "--root",
                             str(root)], check=True, capture_output=True)
             c.refresh()
@@ -222,24 +240,18 @@ def test_unreadable_inventory_at_start_then_recovery(root):
             assert len(c.devices()["gpus"]) == 8
             assert c.allocate("later", ["0"])["devices"]
             # the monitor and the sampler start with the first readable inventory
-            deadline = time.monotonic() + 15
-            while {g["health"]["state"] for g in c.devices()["gpus"]} != {"healthy"}:
-                assert time.monotonic() < deadline, c.devices()["gpus"][0]["health"]
-                time.sleep(0.1)
+            until(lambda: {g["health"]["state"] for g in c.devices()["gpus"]} == {"healthy"}, 15,
+                  lambda: c.devices()["gpus"][0]["health"], interval=0.1)
             assert c.health()["running"]
             # The sampler starts after the monitor and takes its first sample on its own
             # thread: /metrics may be unavailable, then without GPU series, for a moment.
-            while "DCGM_FI_DEV_GPU_TEMP{" not in (text := _metrics_or_why_not(c)):
-                assert time.monotonic() < deadline, text
-                time.sleep(0.1)
+            text = until(lambda: t if "DCGM_FI_DEV_GPU_TEMP{" in (t := _metrics_or_why_not(c)) else None, 15,
+                         lambda: _metrics_or_why_not(c), interval=0.1)
             assert 'hostagent_scrape_collector_success{collector="inventory"} 1.0' in text
             assert 'hostagent_scrape_collector_success{collector="gpu"} 1.0' in text
             assert "DCGM_FI_DEV_GPU_TEMP{" in urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics",
                                                                       timeout=10).read().decode()
             assert c.labels()["labels"]["nvidia.com/gpu.count"] == "8"
-    finally:
-        agent.stop()
-        agent.cleanup()
 
 
 def _free_port() -> int:
@@ -299,10 +311,8 @@ def test_sighup_before_the_event_loop_exists_is_remembered(root):
     agent = AgentProcess(root, config, env={**env, "HOSTAGENT_FAULT": "start:settings_read=stop"})
     try:
         agent.start(wait=False)
-        deadline = time.monotonic() + 20
-        while _state(agent.proc.pid) != "T":
-            assert time.monotonic() < deadline and agent.proc.poll() is None, agent.log()
-            time.sleep(0.02)
+        until(lambda: _state(agent.proc.pid) == "T" or agent.proc.poll() is not None, 20, agent.log, interval=0.02)
+        assert agent.proc.poll() is None, agent.log()
         agent.signal(signal.SIGHUP)
         agent.write_config({**config, "api": {"max_body_bytes": 1024}})     # what the reload reads
         os.kill(agent.proc.pid, signal.SIGCONT)
@@ -324,6 +334,7 @@ def _state(pid: int) -> str:
         return f.read().rsplit(")", 1)[1].split()[0]
 
 
+@DEVICE_NODES
 def test_status_follows_allocations_releases_and_mig_changes(root):
     notify, env = _notified("@hostagent-test-status-%d" % os.getpid())
     agent = AgentProcess(root, env=env)
@@ -346,6 +357,7 @@ def test_status_follows_allocations_releases_and_mig_changes(root):
         agent.cleanup()
 
 
+@DEVICE_NODES
 def test_command_line_log_level_wins_over_a_reload(root):
     notify, env = _notified("@hostagent-test-level-%d" % os.getpid())
     agent = AgentProcess(root, {"daemon": {"resync_interval": 0, "log_level": "info"}}, env=env)

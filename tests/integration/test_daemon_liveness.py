@@ -4,9 +4,11 @@ reads from its event loop; its liveness probe says it is stuck, so it gets resta
 import subprocess
 import sys
 import threading
-import time
 
 from hostagent.errors import HostagentError
+
+from tests.rootneeds import DEVICE_NODES
+from tests.waiting import until
 
 from .agentd import FAST, AgentProcess, make_root
 
@@ -16,6 +18,7 @@ def check(agent) -> subprocess.CompletedProcess:
                            "--config", str(agent.config)], capture_output=True, text=True, timeout=30)
 
 
+@DEVICE_NODES          # the stuck work is an allocation
 def test_check_fails_when_the_work_is_stuck_though_reads_are_answered():
     config = {**FAST, "daemon": {**FAST["daemon"], "work_timeout": 1}}
     agent = AgentProcess(make_root("dgx-a100"), config, env={"HOSTAGENT_FAULT": "allocate:after_spec=hang"}).start()
@@ -30,10 +33,7 @@ def test_check_fails_when_the_work_is_stuck_though_reads_are_answered():
             except HostagentError:
                 pass
         threading.Thread(target=allocate, daemon=True).start()
-        deadline = time.monotonic() + 20
-        while (stuck := check(agent)).returncode == 0:
-            assert time.monotonic() < deadline, "--check still passes"
-            time.sleep(0.2)
+        stuck = until(lambda: (r := check(agent)).returncode != 0 and r, 20, "--check still passes", interval=0.2)
         assert stuck.returncode == 1
         assert "answers, but the agent's work is stuck: the worker has run Allocator._commit_new" in stuck.stderr
         with agent.client(timeout=5) as c:

@@ -12,6 +12,7 @@ from hostagent.daemon.metricslink import MetricsLink
 from hostagent.daemon.settings import load_settings
 from hostagent.health import HealthOptions
 from hostagent.metrics import MetricsOptions
+from tests.waiting import until
 
 
 def states(agent) -> set[str]:
@@ -94,16 +95,13 @@ def test_reload_turns_health_monitoring_off_and_on():
     """A changed health section restarts the monitor with it; off means unmonitored, not
     healthy, everywhere."""
     import signal
-    import time
 
     from .agentd import AgentProcess, make_root
     agent = AgentProcess(make_root("t4x2"), {"daemon": {"resync_interval": 0}}).start()
 
     def wait_for(c, state):
-        deadline = time.monotonic() + 15
-        while {g["health"]["state"] for g in c.devices()["gpus"]} != {state}:
-            assert time.monotonic() < deadline, c.devices()["gpus"][0]["health"]
-            time.sleep(0.1)
+        until(lambda: {g["health"]["state"] for g in c.devices()["gpus"]} == {state}, 15,
+              lambda: c.devices()["gpus"][0]["health"], interval=0.1)
         return c.devices()["gpus"][0]["health"]
 
     try:
@@ -120,10 +118,8 @@ def test_reload_turns_health_monitoring_off_and_on():
             wait_for(c, "healthy")
             h = c.health()
             assert h["running"] and h["quiet_period"] is None
-            deadline = time.monotonic() + 10
-            while "hostagent_device_healthy{" not in c.metrics():    # the sampler follows the new monitor
-                assert time.monotonic() < deadline
-                time.sleep(0.1)
+            until(lambda: "hostagent_device_healthy{" in c.metrics(), 10, "sampler following the new monitor",
+                  interval=0.1)
         assert agent.proc.poll() is None
     finally:
         agent.stop()

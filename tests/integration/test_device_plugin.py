@@ -23,9 +23,13 @@ import yaml
 from hostagent.client import Client
 from hostagent.sim.control import inject_xid
 from hostagent.sim.store import SimStore
+from tests.rootneeds import DEVICE_NODES
+from tests.waiting import until
 
 from .agentd import AgentProcess, make_root
 from .kubelet import TestKubelet
+
+pytestmark = DEVICE_NODES
 
 GPU = "nvidia.com/gpu"
 MIG = "nvidia.com/mig-1g.5gb"
@@ -78,10 +82,7 @@ class Node:
 
     def wait_released(self, timeout=15.0):
         self.kubelet.pods.clear()
-        deadline = time.monotonic() + timeout
-        while self.owned():
-            assert time.monotonic() < deadline, f"not released: {self.owned()}"
-            time.sleep(0.1)
+        until(lambda: not self.owned(), timeout, lambda: f"not released: {self.owned()}", interval=0.1)
 
 
 @pytest.fixture(scope="module")
@@ -162,10 +163,7 @@ def test_an_allocation_of_an_earlier_run_in_the_way_is_released(node):
 def test_allocations_no_container_holds_are_released_after_the_grace_period(node):
     node.admit("pod-c", GPU, uuids(node, 3))
     node.kubelet.allocate(GPU, uuids(node, 4))           # a container that never started
-    deadline = time.monotonic() + GRACE + 10.0          # the next reconcile past the grace
-    while [a["devices"] for a in node.owned()] != [uuids(node, 3)]:
-        assert time.monotonic() < deadline, f"not released: {node.owned()}"
-        time.sleep(0.1)
+    until(lambda: [a["devices"] for a in node.owned()] == [uuids(node, 3)], GRACE + 10.0, lambda: f"not released: {node.owned()}", interval=0.1)          # the next reconcile past the grace
     node.wait_released()
 
 
@@ -273,10 +271,7 @@ def test_mig_reconfiguration_changes_the_resources(node):
             c.mig_apply("whole", spec=SPLIT)
     gpu.wait(all_healthy(8))
     mig.wait(lambda l: l == [])             # capacity 0 at once, then the endpoint goes
-    deadline = time.monotonic() + 10
-    while (k.dir / "hostagent-mig-1g.5gb.sock").exists():
-        assert time.monotonic() < deadline, "the empty resource is still served"
-        time.sleep(0.1)
+    until(lambda: not (k.dir / "hostagent-mig-1g.5gb.sock").exists(), 10, "end of the empty resource", interval=0.1)
 
 
 def test_a_restarted_kubelet_gets_every_resource_registered_again(node):
@@ -296,10 +291,7 @@ def test_refused_registration_is_retried(node):
     k.refuse = "busy starting"
     (k.dir / "hostagent-gpu.sock").unlink()      # the plugin serves again and registers again
     try:
-        deadline = time.monotonic() + 10
-        while len(k.registrations) < before + 2:
-            assert time.monotonic() < deadline, "no second try"
-            time.sleep(0.05)
+        until(lambda: len(k.registrations) >= before + 2, 10, "second try")
     finally:
         k.refuse = None
     k.endpoint(GPU, after=before + 2).wait(all_healthy(8))

@@ -6,14 +6,17 @@ a GPU holds; partitions made at their placements, kept across an agent restart, 
 left by a claim that fails.
 """
 
-import os
 import time
 
 import pytest
 
-from .dracluster import DRIVER, NODE, Cluster, quickstart, wait
+from tests.rootneeds import GPU_CHANGES
+from tests.waiting import until
+
+from .dracluster import DRIVER, NODE, Cluster, quickstart
 
 pytest.importorskip("celpy", reason="cel-python is in the [test] extra")
+pytestmark = GPU_CHANGES               # MIG modes and instances
 
 DEMOS = quickstart()
 # Per GPU: what gpu-test4 asks of one parent (1g.5gb twice, 2g.10gb, 3g.20gb): the whole GPU.
@@ -37,12 +40,12 @@ def test_quickstart_gpu_test4_on_mig_devices_of_a_layout():
     try:
         cluster.start()
         cluster.kubelet.plugin()
-        generation = wait(lambda: cluster.api.complete(DRIVER, NODE) and cluster.api.pool(DRIVER, NODE))[0][
+        generation = until(lambda: cluster.api.complete(DRIVER, NODE) and cluster.api.pool(DRIVER, NODE))[0][
             "spec"]["pool"]["generation"]
         listing = apply(cluster, "demo")
         migs = {m["uuid"]: m for m in listing["mig_devices"]}
         assert len(migs) == 16
-        wait(lambda: len([n for n in cluster.devices() if "-mig-" in n]) == 16, what="the MIG devices published")
+        until(lambda: len([n for n in cluster.devices() if "-mig-" in n]) == 16, what="the MIG devices published")
         devices = cluster.devices()
         assert cluster.api.pool(DRIVER, NODE)[0]["spec"]["pool"]["generation"] > generation
         assert len(devices) == 16 + 4                   # GPUs 0-3 are their MIG devices now
@@ -65,7 +68,7 @@ def test_quickstart_gpu_test4_on_mig_devices_of_a_layout():
             cluster.forget(claims)
         assert cluster.allocations() == []
         apply(cluster, "whole")
-        wait(lambda: list(cluster.devices()) == [f"gpu-{g['minor']}" for g in listing["gpus"]],
+        until(lambda: list(cluster.devices()) == [f"gpu-{g['minor']}" for g in listing["gpus"]],
              what="the whole GPUs published again")
     except BaseException:
         print(cluster.plugin_log()[-6000:])
@@ -74,8 +77,6 @@ def test_quickstart_gpu_test4_on_mig_devices_of_a_layout():
         cluster.close()
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="the agent makes MIG devices for a claim only for root or a uid of "
-                    "api.plugin_uids, and the plugin runs as the agent's user here; CI runs as root")
 def test_dynamic_mig_offers_partitions_the_scheduler_cannot_overcommit():
     cluster = Cluster(version=(1, 35), plugin_args=["--dynamic-mig"])
     try:
@@ -83,7 +84,7 @@ def test_dynamic_mig_offers_partitions_the_scheduler_cannot_overcommit():
         cluster.kubelet.plugin()
         listing = apply(cluster, "modes")
         gpus = listing["gpus"]
-        wait(lambda: any("-mig-" in n for n in cluster.devices()), what="partitions published")
+        until(lambda: any("-mig-" in n for n in cluster.devices()), what="partitions published")
         slices = cluster.api.pool(DRIVER, NODE)
         # 1.35: the counter sets in a slice of their own, first; no slice has both.
         assert slices[0]["spec"].get("sharedCounters") and not slices[0]["spec"].get("devices")

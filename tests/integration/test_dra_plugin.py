@@ -17,9 +17,13 @@ import yaml
 from hostagent.sim.control import inject_xid
 from hostagent.sim.store import SimStore
 
-from .dracluster import DRIVER, NODE, Cluster, quickstart, wait
+from tests.rootneeds import DEVICE_NODES, GPU_CHANGES
+from tests.waiting import until
+
+from .dracluster import DRIVER, NODE, Cluster, quickstart
 
 pytest.importorskip("celpy", reason="cel-python is in the [test] extra")
+pytestmark = DEVICE_NODES              # claims are prepared as allocations of the node's GPUs
 
 DEMOS = quickstart()
 
@@ -192,7 +196,7 @@ def test_a_plugin_restart_changes_nothing_in_the_cluster(cluster):
         cluster.kubelet.plugin(after=before + 1)
         lists = len(cluster.api.requests)
         # Past its first comparison of the slices (and one resync more): nothing written.
-        wait(lambda: sum(1 for m, path, q in cluster.api.requests[lists:]
+        until(lambda: sum(1 for m, path, q in cluster.api.requests[lists:]
                          if m == "GET" and path.endswith("/resourceslices") and q.get("watch") != "true") >= 2,
              what="two comparisons of the slices")
         assert cluster.api.writes == writes
@@ -218,7 +222,7 @@ def test_an_agent_restart_answers_the_same_and_changes_nothing_in_the_cluster(cl
         p.wait_health(lambda e: len(e) == 8 and all(status == "HEALTHY" for _, _, status, *_ in e))
         assert cluster.kubelet.prepare(claims[0]) == first
         lists = len(cluster.api.requests)
-        wait(lambda: sum(1 for m, path, q in cluster.api.requests[lists:]
+        until(lambda: sum(1 for m, path, q in cluster.api.requests[lists:]
                          if m == "GET" and path.endswith("/resourceslices") and q.get("watch") != "true") >= 1,
              what="a comparison of the slices")
         assert cluster.api.writes == writes
@@ -298,15 +302,14 @@ def test_a_driver_being_changed_empties_the_pool_and_every_device_turns_unhealth
         try:
             entries = p.wait_health(lambda e: e and all(status == "UNHEALTHY" for _, _, status, *_ in e))
             assert len(entries) == 8 and "maintenance" in entries[0][3]
-            wait(lambda: cluster.api.complete(DRIVER, NODE) and not cluster.devices(), what="an empty pool")
+            until(lambda: cluster.api.complete(DRIVER, NODE) and not cluster.devices(), what="an empty pool")
         finally:
             c.request("DELETE", "/v1/driver/maintenance")
-    wait(lambda: len(cluster.devices()) == 8, what="the GPUs published again")
+    until(lambda: len(cluster.devices()) == 8, what="the GPUs published again")
     p.wait_health(lambda e: len(e) == 8 and all(status == "HEALTHY" for _, _, status, *_ in e))
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="compute modes and MPS daemons need root (nvml.h: Requires "
-                    "root/admin permissions); CI runs as root")
+@GPU_CHANGES                            # the MPS daemon's GPUs in EXCLUSIVE_PROCESS
 @pytest.mark.parametrize("demo", ["gpu-test5", "gpu-test-mps"])
 def test_quickstart_mps_and_time_sliced_claims_get_a_daemon_of_their_own(cluster, demo):
     from hostagent.sharing import mps

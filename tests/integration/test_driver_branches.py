@@ -14,6 +14,9 @@ from hostagent.mig.planner import PlanError
 from hostagent.mig.spec import parse_spec
 from hostagent.sim.driverroot import create_node
 from hostagent.sim.platform import simulated_host
+from tests.rootneeds import GPU_CHANGES
+
+pytestmark = GPU_CHANGES
 
 OLD = "495.29.05"
 

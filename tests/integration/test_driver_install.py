@@ -13,6 +13,7 @@ import pytest
 from hostagent.sim import control
 from hostagent.sim.driverroot import create_node
 from hostagent.sim.store import SimStore
+from tests.waiting import until
 
 from ..debian_root import chroot, extract, overlay, root_tarball
 from .driver_packages import build_repo, package_version
@@ -20,7 +21,7 @@ from .driver_packages import build_repo, package_version
 A, B, BROKEN = "550.90.07", "550.127.05", "550.135"       # A: the node's driver at creation
 DRIVER_PACKAGES = ("firmware-nvidia-gsp", "libcuda1", "libnvidia-ml1", "nvidia-driver", "nvidia-kernel-dkms")
 
-pytestmark = pytest.mark.root
+pytestmark = pytest.mark.root("apt and dpkg run chrooted in a Debian root, and chroot needs root")
 
 
 @pytest.fixture(scope="module")
@@ -204,7 +205,6 @@ def test_with_the_daemon_running_the_install_holds_its_gpu_work(root):
 def test_a_daemon_run_by_systemd_is_restarted_once_the_driver_changed(root):
     """It keeps the NVML library it loaded: the plan's last step restarts its unit. systemd is
     a stand-in here that says hostagent.service is active and records what it is asked."""
-    import time
     from .agentd import AgentProcess
     (root / "run/systemd/system").mkdir(parents=True, exist_ok=True)
     systemctl = root / "usr/bin/systemctl"
@@ -224,9 +224,6 @@ def test_a_daemon_run_by_systemd_is_restarted_once_the_driver_changed(root):
         assert "try-restart hostagent.service" in (root / "systemctl.calls").read_text().splitlines()
         # Nothing restarted the daemon here: whose installer is gone, it leaves maintenance itself.
         with agent.client() as c:
-            deadline = time.monotonic() + 30
-            while (driver := c.driver())["state"] != "ready":
-                assert time.monotonic() < deadline, driver
-                time.sleep(0.2)
+            until(lambda: c.driver()["state"] == "ready", 30, c.driver, interval=0.2)
     finally:
         agent.stop()

@@ -13,17 +13,9 @@ from hostagent.devices import read_inventory
 from hostagent.health import HealthMonitor, HealthOptions
 from hostagent.sim import control
 from hostagent.sim.node import MIG_ENABLE
+from tests.waiting import until
 
 CLI = [sys.executable, "-m", "hostagent.cli.main"]
-
-
-def until(condition, timeout=10.0):
-    """Wait for what the monitor's thread does after its quiet period (slower on a loaded
-    machine); fail after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "the monitor's state did not follow in time"
-        time.sleep(0.05)
 
 
 def sim(host, *args):

@@ -5,7 +5,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pynvml
@@ -17,6 +16,7 @@ from hostagent.devices.nvmllib import load_host_library
 from hostagent.hostroot import HostRoot, resolve_within
 from hostagent.sim.driverroot import LIB_DIR
 from hostagent.sim.platform import simulator
+from tests.waiting import until
 
 from ..programs import script
 
@@ -172,10 +172,8 @@ def test_the_configuration_hostagent_config_names_is_the_daemons_and_the_clis(tm
                               stderr=subprocess.DEVNULL)
     try:
         client = Client(socket_path=root / "run/hostagent/configmap.sock", timeout=2)
-        deadline = time.monotonic() + 30
-        while not _answers(client):
-            assert daemon.poll() is None and time.monotonic() < deadline, "the daemon did not start answering"
-            time.sleep(0.1)
+        until(lambda: _answers(client) or daemon.poll() is not None, 30, "answer from the daemon", interval=0.1)
+        assert daemon.poll() is None, "the daemon exited"
 
         def status(env):
             return subprocess.run([script("hostagent"), "--simulate", str(root), "health", "status"],

@@ -299,13 +299,19 @@ def test_other_processes_see_one_node(make_node):
     assert store.read().processes == []
 
 
+def rewrite(path, text: str) -> None:
+    """Write a read-only sysfs file of a simulated node, as its owner may (root need not)."""
+    path.chmod(0o644)
+    path.write_text(text)
+
+
 def test_numa_node_is_read_from_sysfs_through_the_host_root(make_node):
     host, _ = make_node("dgx-a100")
     assert [g.numa_node for g in read_inventory(host).gpus] == [3, 3, 1, 1, 7, 7, 5, 5]    # NPS4
     sysfs = lambda i: host.sys(f"bus/pci/devices/{read_inventory(host).gpus[i].sysfs_bus_id}/numa_node")
-    sysfs(1).write_text("-1\n")              # the platform reports no NUMA affinity
+    rewrite(sysfs(1), "-1\n")              # the platform reports no NUMA affinity
     sysfs(2).unlink()
-    sysfs(3).write_text("garbage\n")
+    rewrite(sysfs(3), "garbage\n")
     assert [g.numa_node for g in read_inventory(host).gpus][:5] == [3, None, None, None, 7]
 
 
@@ -317,7 +323,7 @@ def test_numa_node_in_a_gpus_document_matches_its_schema(make_node):
 
     from hostagent import model
     host, _ = make_node("mixed")
-    host.sys(f"bus/pci/devices/{read_inventory(host).gpus[2].sysfs_bus_id}/numa_node").write_text("-1\n")
+    rewrite(host.sys(f"bus/pci/devices/{read_inventory(host).gpus[2].sysfs_bus_id}/numa_node"), "-1\n")
     doc = json.loads(resources.files("hostagent.api").joinpath("openapi.json").read_text())
     gpu_schema = doc["components"]["schemas"]["Gpu"]["allOf"][1]["properties"]
     views = [model.gpu(g) for g in read_inventory(host).gpus]

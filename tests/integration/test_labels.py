@@ -272,3 +272,28 @@ def test_several_models_are_never_counted_together(make_node):
     invalid = node_labels(inv, mig_strategy="single")   # MIG and full GPUs: invalid, T4's architecture
     assert gpu_labels(invalid) == (a100 + "-MIG-INVALID", "0", "0", "", "0", "turing", "7")
     assert invalid[P + "gpu.compute.minor"] == "5"
+
+
+def test_the_mig_strategy_a_flag_the_config_then_the_sharing_file(make_node, capsys):
+    """GFD and the device plugin take flags.migStrategy from their config file unless a flag
+    says otherwise: a command-line flag, then the labels section, then the sharing file."""
+    from hostagent.cli.main import main
+    from hostagent.daemon.nodelabels import mig_strategy
+    from hostagent.sharing.config import config_path, parse, render
+    host, store = make_node("a30x4")
+    layout(store, [0], [14])                         # one MIG-enabled GPU: every strategy labels it
+
+    def labelled(*args):
+        assert main(["--simulate", str(host.root), "labels", "--no-timestamp", *args]) == 0
+        return dict(line.split("=", 1) for line in capsys.readouterr().out.splitlines()).get(P + "mig.strategy")
+
+    assert mig_strategy(host, None) == "none" and labelled() is None
+    path = config_path(host)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(render(parse({"version": "v1", "flags": {"migStrategy": "mixed"},
+                                  "sharing": {"timeSlicing": {"resources": [{"name": "gpu", "replicas": 2}]}}})))
+    assert mig_strategy(host, None) == "mixed" and labelled() == "mixed"
+    assert mig_strategy(host, "single") == "single" and labelled("--mig-strategy", "single") == "single"
+    host.config_file.parent.mkdir(parents=True, exist_ok=True)
+    host.config_file.write_text("labels:\n  mig_strategy: single\n")
+    assert labelled() == "single" and labelled("--mig-strategy", "mixed") == "mixed"

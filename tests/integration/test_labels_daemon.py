@@ -3,6 +3,7 @@
 full key set and each value's format, for an A100 node under the mixed and the single
 strategy and for a T4 node; and ``hostagent labels`` beside the daemon."""
 
+import contextlib
 import re
 import subprocess
 import sys
@@ -10,8 +11,9 @@ import sys
 import pytest
 
 from hostagent.labels import FEATURES_FILE, TIMESTAMP, parse
+from tests.rootneeds import GPU_CHANGES
 
-from .agentd import AgentProcess, make_root
+from .agentd import make_root, running_agent
 from .test_labels import assert_kubernetes_labels
 
 CLI = [sys.executable, "-m", "hostagent.cli.main"]
@@ -65,10 +67,8 @@ def assert_catalog(labels, strategy="none", profiles=()):
 def daemon(agents, profile, labels, layout=None):
     """A daemon with this ``labels:`` section (stopped by the ``agents`` fixture), after
     applying ``layout``; returns it and its features file, checked to be what it serves."""
-    agent = AgentProcess(make_root(profile), {"daemon": {"resync_interval": 0}, "labels": labels,
-                                              "health": {"enabled": False}, "metrics": {"port": None}})
-    agents.append(agent)
-    agent.start()
+    agent = agents.enter_context(running_agent(make_root(profile), {
+        "daemon": {"resync_interval": 0}, "labels": labels, "health": {"enabled": False}, "metrics": {"port": None}}))
     if layout:
         with agent.client() as c:
             c.request("POST", "/v1/mig/apply", {"config": "t", "spec": {"version": "v1", "mig-configs": {"t": layout}}})
@@ -85,13 +85,12 @@ def cli(agent, *args):
 
 @pytest.fixture
 def agents():
-    started = []
-    yield started
-    for agent in started:
-        agent.stop()
-        agent.cleanup()
+    """Where a test's daemons are kept: each stopped and removed at its end."""
+    with contextlib.ExitStack() as stack:
+        yield stack
 
 
+@GPU_CHANGES
 def test_a100_node_mixed_strategy(agents):
     agent, labels = daemon(agents, "dgx-a100", {"mig_strategy": "mixed"}, [
         {"devices": [0], "mig-enabled": True, "mig-devices": {"1g.5gb": 7}},
@@ -117,6 +116,7 @@ def test_a100_node_mixed_strategy(agents):
     assert agent.host.host(FEATURES_FILE).stat().st_mtime_ns == before
 
 
+@GPU_CHANGES
 def test_a100_node_single_strategy(agents):
     agent, labels = daemon(agents, "dgx-a100", {"mig_strategy": "single"}, [
         {"devices": "all", "mig-enabled": True, "mig-devices": {"3g.20gb": 2}}])

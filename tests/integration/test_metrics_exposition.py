@@ -18,6 +18,7 @@ from hostagent.metrics import (AgentMetrics, MetricsOptions, MetricsServer, Metr
 from hostagent.metrics.families import ALL_NAMES, PROF_FAMILIES
 from hostagent.sim import control
 from hostagent.sim.node import MIG_ENABLE
+from tests.waiting import until
 
 DCGM_LABELS = ["gpu", "UUID", "pci_bus_id", "device", "modelName", "Hostname", "DCGM_FI_DRIVER_VERSION"]
 COUNTERS = {"DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "DCGM_FI_DEV_PCIE_REPLAY_COUNTER",
@@ -169,10 +170,8 @@ def test_health_in_metrics(service):
     scoped = gpu0.mig.devices[2]
     control.inject_xid(store, 0, 94, gi=scoped.gi, ci=scoped.ci)
     control.inject_xid(store, 5, 48)
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and (mon.state.get(inv.gpus[5].uuid).healthy
-                                           or mon.state.get(scoped.uuid).healthy):
-        time.sleep(0.05)
+    until(lambda: not (mon.state.get(inv.gpus[5].uuid).healthy or mon.state.get(scoped.uuid).healthy), 10,
+          "XID on the monitor's state")
     fams = parse(svc.render().decode())
     xid = {(s.labels["gpu"], s.labels.get("GPU_I_ID")): s.value for s in fams["DCGM_FI_DEV_XID_ERRORS"].samples}
     assert xid[("5", None)] == 48 and xid[("0", str(scoped.gi))] == 94
@@ -255,9 +254,7 @@ def test_no_driver_means_no_values_until_it_loads(service):
     assert "DCGM_FI_DEV_GPU_TEMP" not in fams
     assert series(fams, "hostagent_metrics_sample_errors")[0].value >= 1
     control.set_driver_loaded(store, True)
-    deadline = time.monotonic() + 5
-    while svc.sampler.snapshot is None and time.monotonic() < deadline:
-        time.sleep(0.05)
+    until(lambda: svc.sampler.snapshot is not None, 5, "sample once the driver is back")
     assert "DCGM_FI_DEV_GPU_TEMP" in parse(svc.render().decode())
 
 

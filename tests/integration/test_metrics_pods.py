@@ -18,7 +18,10 @@ from hostagent.plugins.kubelet import podresources_pb2 as pr
 from hostagent.plugins.kubelet import podresources_pb2_grpc as pr_grpc
 from hostagent.sim.node import MIG_ENABLE
 
-from .agentd import AgentProcess, make_root
+from tests.rootneeds import DEVICE_NODES
+from tests.waiting import until
+
+from .agentd import make_root, running_agent
 
 SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
 
@@ -159,38 +162,34 @@ def test_a_slow_kubelet_never_delays_a_scrape(node):
     fams = parse(svc.render().decode())                 # while the kubelet has not answered
     assert time.perf_counter() - t0 < 0.5
     assert len(fams["DCGM_FI_DEV_GPU_TEMP"].samples) == 8
-    deadline = time.monotonic() + 5
-    while svc.pods.ok is None and time.monotonic() < deadline:
-        time.sleep(0.05)
+    until(lambda: svc.pods.ok is not None, 5, "answer from the pod collector")
     assert svc.pods.ok is False and "did not answer" in svc.pods.reason
     assert kubernetes_success(svc) == [0]
     assert not any("pod" in s.labels for s in parse(svc.render().decode())["DCGM_FI_DEV_GPU_TEMP"].samples)
 
 
+@DEVICE_NODES
 def test_the_daemon_attributes_its_allocations():
     """Through the real daemon: a claim whose CDI device is an allocation's gets that
     device's series labelled, beside its allocation label."""
-    root = make_root("dgx-a100")
-    agent = AgentProcess(root, {"metrics": {"interval": 1, "kubernetes": True}})
-    kubelet = PodResources(agent.host.host(SOCKET))
-    try:
-        agent.start()
-        with agent.client() as c:
-            alloc = c.allocate("claim-uid-7", ["5"])
-            gpu5 = alloc["devices"][0]
-            kubelet.pods = [("llm", "team-b", "main", [], [("big", "team-b", "gpu.nvidia.com", "node", "gpu-5",
-                                                             alloc["cdi_devices"])])]
-            deadline = time.monotonic() + 10
-            while True:
-                fams = parse(c.metrics())
-                (s,) = labels_of(fams, "DCGM_FI_DEV_GPU_TEMP", gpu="5")
-                if "pod" in s or time.monotonic() > deadline:
-                    break
-                time.sleep(0.2)
-        assert (s["UUID"], s["pod"], s["dra_claim_name"], s["allocation"]) == (gpu5, "llm", "big", "claim-uid-7")
-        assert [x.value for x in fams["hostagent_scrape_collector_success"].samples
-                if x.labels["collector"] == "kubernetes"] == [1]
-    finally:
-        kubelet.server.stop(0).wait()
-        agent.stop()
-        agent.cleanup()
+    with running_agent(make_root("dgx-a100"), {"metrics": {"interval": 1, "kubernetes": True}},
+                       start=False) as agent:
+        kubelet = PodResources(agent.host.host(SOCKET))
+        try:
+            agent.start()
+            with agent.client() as c:
+                alloc = c.allocate("claim-uid-7", ["5"])
+                gpu5 = alloc["devices"][0]
+                kubelet.pods = [("llm", "team-b", "main", [], [("big", "team-b", "gpu.nvidia.com", "node", "gpu-5",
+                                                                 alloc["cdi_devices"])])]
+
+                def labelled():
+                    fams = parse(c.metrics())
+                    (s,) = labels_of(fams, "DCGM_FI_DEV_GPU_TEMP", gpu="5")
+                    return "pod" in s and (fams, s)
+                fams, s = until(labelled, 10, "pod label on GPU 5's series", interval=0.2)
+            assert (s["UUID"], s["pod"], s["dra_claim_name"], s["allocation"]) == (gpu5, "llm", "big", "claim-uid-7")
+            assert [x.value for x in fams["hostagent_scrape_collector_success"].samples
+                    if x.labels["collector"] == "kubernetes"] == [1]
+        finally:
+            kubelet.server.stop(0).wait()

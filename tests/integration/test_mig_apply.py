@@ -20,6 +20,9 @@ from hostagent.sim import control
 from hostagent.sim.driverroot import create_node
 from hostagent.sim.files import mig_minors
 from hostagent.sim.platform import simulated_host
+from tests.rootneeds import GPU_CHANGES
+
+pytestmark = GPU_CHANGES
 
 CALLS = {CREATE_GI: "nvmlDeviceCreateGpuInstanceWithPlacement", DESTROY_GI: "nvmlGpuInstanceDestroy",
          CREATE_CI: "nvmlGpuInstanceCreateComputeInstanceWithPlacement", DESTROY_CI: "nvmlComputeInstanceDestroy"}

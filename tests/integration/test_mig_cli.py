@@ -13,6 +13,7 @@ from hostagent.cli.main import main
 from hostagent.devices import read_inventory
 from hostagent.lock import node_lock
 from hostagent.mig.layout import Layout
+from tests.rootneeds import GPU_CHANGES
 
 CONFIG = """version: v1
 mig-configs:
@@ -55,6 +56,7 @@ def layouts(host):
     return {g.index: Layout.of(g) for g in read_inventory(host).gpus if g.mig}
 
 
+@GPU_CHANGES
 def test_apply_assert_plan_status_export(capsys, node, persistenced):
     host, store, cfg = node
     persistenced(store)      # a driver client: the Ampere mode changes wait for the planned reset
@@ -113,7 +115,7 @@ def test_errors_are_one_line_with_exit_codes(capsys, node, tmp_path):
     assert "GPU 0, 1 (NVIDIA A100-SXM4-80GB): no MIG profile '2g.10gb'; the profiles are " in err
     assert err.count("no MIG profile") == 1 and "nothing was changed" in err
     code, _, err = run(capsys, host, "apply", "-f", cfg, "-c", "nope")
-    assert code == 1 and "no MIG config named 'nope'" in err and "mixed, off, wrong-sku" in err
+    assert code == 2 and "no MIG config named 'nope'" in err and "mixed, off, wrong-sku" in err
     code, _, err = run(capsys, host, "apply", "-f", cfg)
     # mig-parted's words and exit status 1
     assert code == 1 and "missing required flag 'selected-config' when more than one config available" in err
@@ -131,6 +133,7 @@ def test_errors_are_one_line_with_exit_codes(capsys, node, tmp_path):
     assert code == 2 and "--skip-reset" in err
 
 
+@GPU_CHANGES
 def test_bundled_default_is_used_without_a_file_and_can_be_printed(capsys, node):
     host, _, _ = node
     code, out, _ = run(capsys, host, "export", "--bundled")
@@ -141,6 +144,7 @@ def test_bundled_default_is_used_without_a_file_and_can_be_printed(capsys, node)
     assert run(capsys, host, "assert", "-c", "all-balanced")[0] == 0
 
 
+@GPU_CHANGES
 def test_mig_parted_environment_variables_select_file_and_config(node):
     host, _, cfg = node
     env = {**os.environ, "MIG_PARTED_CONFIG_FILE": str(cfg), "MIG_PARTED_SELECTED_CONFIG": "mixed"}
@@ -167,6 +171,7 @@ def hooks_file(tmp_path, names, fail=None):
 ALL_HOOKS = ["apply-start", "pre-apply-mode", "pre-apply-config", "apply-exit"]
 
 
+@GPU_CHANGES
 def test_hooks_run_at_mig_parteds_points_with_its_environment(capsys, node, tmp_path, monkeypatch):
     host, _, cfg = node
     monkeypatch.setenv("PARENT_VAR", "leaked")       # hooks do not inherit the caller's environment
@@ -179,6 +184,7 @@ def test_hooks_run_at_mig_parteds_points_with_its_environment(capsys, node, tmp_
     assert log.read_text().splitlines() == ["apply-start mixed from-hook unset", "apply-exit mixed from-hook unset"]
 
 
+@GPU_CHANGES
 def test_a_failing_hook_before_config_rolls_back_the_mode_change(capsys, node, tmp_path):
     host, _, cfg = node
     before = layouts(host)
@@ -208,6 +214,7 @@ def test_unknown_hook_names_are_rejected(capsys, node, tmp_path):
     assert code == 1 and "unknown hook 'pre-apply-modes'" in err
 
 
+@GPU_CHANGES
 def test_concurrent_applies_wait_for_the_node_lock(node):
     host, _, cfg = node
     cli = [sys.executable, "-m", "hostagent.cli.main", "--simulate", str(host.root), "mig", "apply",
@@ -279,6 +286,7 @@ def sigterm_in_pre_apply_config(host, cfg, tmp_path, env=None):
                           capture_output=True, text=True, env={**os.environ, **(env or {})})
 
 
+@GPU_CHANGES
 def test_sigterm_mid_apply_rolls_back_and_says_so(node, tmp_path):
     host, _, cfg = node
     before = layouts(host)
@@ -291,6 +299,7 @@ def test_sigterm_mid_apply_rolls_back_and_says_so(node, tmp_path):
     assert Journal.load(host) is None
 
 
+@GPU_CHANGES
 def test_sigterm_with_a_failing_rollback_says_the_journal_is_kept(node, tmp_path):
     host, _, cfg = node
     from hostagent.sim.fakenvml import FAULT_ENV
@@ -326,6 +335,7 @@ def test_apply_refreshes_the_cdi_spec(capsys, node):
     assert code == 0 and {"0", "1", "2"} <= {d["name"] for d in spec["devices"]}
 
 
+@GPU_CHANGES
 def test_assert_fails_when_a_selected_gpu_cannot_be_read(capsys, make_node):
     host, store = make_node("a30x4")
     assert run(capsys, host, "apply", "-c", "all-balanced")[0] == 0
@@ -338,6 +348,7 @@ def test_assert_fails_when_a_selected_gpu_cannot_be_read(capsys, make_node):
     assert code == 0 and "warning: GPU 3 cannot be read" in out
 
 
+@GPU_CHANGES
 def test_without_the_daemon_allocated_devices_are_not_taken_away(capsys, node):
     """The daemon's allocations checkpoint protects its devices while the daemon is stopped."""
     from hostagent.daemon import checkpoint
@@ -383,7 +394,7 @@ def test_assert_valid_config_only_checks_the_file(capsys, node, tmp_path, monkey
     code, out, _ = run(capsys, host, "assert", "-f", cfg, "-c", "wrong-sku", "-a")   # not applied, not applicable
     assert code == 0 and out == "MIG configuration 'wrong-sku' is valid\n"
     code, _, err = run(capsys, host, "assert", "-f", cfg, "-c", "nope", "--valid-config")
-    assert code == 1 and "no MIG config named 'nope'" in err
+    assert code == 2 and "no MIG config named 'nope'" in err
     bad = tmp_path / "bad.yaml"
     bad.write_text("version: v1\nmig-configs:\n  x:\n    - devices: all\n")
     assert run(capsys, host, "assert", "-f", bad, "-c", "x", "-a")[0] == 1
@@ -391,6 +402,7 @@ def test_assert_valid_config_only_checks_the_file(capsys, node, tmp_path, monkey
     assert run(capsys, host, "assert", "-f", cfg, "-c", "mixed")[0] == 0
 
 
+@GPU_CHANGES
 def test_defaults_then_overrides_as_mig_parted_applies_them(capsys, node, tmp_path):
     host, _, _ = node
     cfg = tmp_path / "override.yaml"

@@ -22,8 +22,11 @@ from hostagent.mig.journal import APPLYING, ROLLING_BACK, Journal, read_checkpoi
 from hostagent.mig.layout import Layout
 from hostagent.mig.spec import parse_spec
 from hostagent.sim.fakenvml import FAULT_ENV
+from tests.rootneeds import GPU_CHANGES
 
 from .test_mig_apply import cap_minors, expected_minors
+
+pytestmark = GPU_CHANGES
 
 # Hopper: a CI change inside a kept GI, a kept GI, a mode switch on, a mode switch off.
 HOPPER = parse_spec("""

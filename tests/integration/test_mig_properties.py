@@ -10,6 +10,7 @@ from hostagent.mig import service
 from hostagent.mig.layout import Layout
 from hostagent.mig.planner import PlanError
 from hostagent.mig.spec import ConfigEntry, MigSpec
+from tests.rootneeds import GPU_CHANGES
 
 from ..unit.mig_records import A30, A100, A100_80, H100, H200
 from ..unit.test_mig_planner_properties import OPS, build, oracle_fits, record
@@ -34,6 +35,7 @@ def on_gpu0(counts) -> MigSpec:
 SETTINGS = settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 
+@GPU_CHANGES
 @SETTINGS
 @given(profile=st.sampled_from(sorted(NODES)), goal=OPS)
 def test_random_feasible_layouts_apply_to_exactly_the_plan(make_node, profile, goal):

@@ -9,8 +9,11 @@ from hostagent.mig import service
 from hostagent.mig.journal import ROLLING_BACK, Journal
 from hostagent.mig.recovery import RecoveryError, recover
 from hostagent.mig.runner import InUse, transient
+from tests.rootneeds import GPU_CHANGES
 
 from .test_mig_faults import AMPERE, HOPPER, consistent, crash_at, setup, snapshot
+
+pytestmark = GPU_CHANGES
 
 
 def crashed(make_node, profile, spec, step):

@@ -11,6 +11,7 @@ import pytest
 
 from hostagent.devices import nvml_session, read_inventory
 from hostagent.sim.fakenvml import FAULT_ENV, Fault
+from tests.rootneeds import GPU_CHANGES
 
 
 def create_gi(index=0, profile=19, start=0):
@@ -18,6 +19,7 @@ def create_gi(index=0, profile=19, start=0):
     return N.nvmlDeviceCreateGpuInstanceWithPlacement(h, profile, N.byref(N.c_nvmlGpuInstancePlacement_t(start, 1)))
 
 
+@GPU_CHANGES
 def test_error_fault_fails_only_the_chosen_mutating_call(make_node):
     host, store = make_node("hgx-h100")
     read_inventory(host)

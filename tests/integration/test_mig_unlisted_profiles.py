@@ -15,8 +15,11 @@ from hostagent.mig import service
 from hostagent.mig.executor import MigApplyError
 from hostagent.mig.journal import Journal
 from hostagent.sim.store import SimStore
+from tests.rootneeds import GPU_CHANGES
 
 from .test_mig_apply import cap_minors, expected_minors, layouts, spec
+
+pytestmark = GPU_CHANGES
 
 BALANCED_H100 = spec('  c:\n    - devices: [0, 1]\n      mig-enabled: true\n'
                      '      mig-devices: {"1g.10gb": 2, "2g.20gb": 1, "3g.40gb": 1}\n')

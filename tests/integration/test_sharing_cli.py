@@ -4,7 +4,9 @@ MPS control daemons, nvidia-smi and NVML."""
 import json
 import os
 import subprocess
+import sys
 import sysconfig
+import time
 
 import pytest
 
@@ -12,6 +14,7 @@ from hostagent.cli.main import main
 from hostagent.devices import nvml_session, read_inventory
 from hostagent.devices.computectl import ComputeControl
 from hostagent.sharing import mps
+from hostagent.sharing.journal import SharingJournal
 
 from .mpsprocs import daemon_pid, running, stop_all
 
@@ -110,6 +113,61 @@ def test_apply_status_off(node, capsys):
     assert out.strip() == "no device is shared"
 
 
+MPS_0 = "sharing:\n  mps:\n    resources:\n    - {name: gpu, devices: [0], replicas: 2}\n"
+MPS_01 = "sharing:\n  mps:\n    resources:\n    - {name: gpu, devices: [0, 1], replicas: 2}\n"
+MPS_2 = "sharing:\n  mps:\n    resources:\n    - {name: gpu, devices: [2], replicas: 2}\n"
+
+
+@ROOT
+def test_a_failed_apply_is_rolled_back_and_records_nothing(node, capsys, tmp_path):
+    host, _ = node
+    first, second = tmp_path / "first.yaml", tmp_path / "second.yaml"
+    first.write_text(MPS_0)
+    second.write_text(MPS_01)
+    assert run(capsys, host, "apply", "-f", first)[0] == 0
+    recorded = (host.root / "etc/hostagent/sharing.yaml").read_text()
+    inv = read_inventory(host)
+    u0, u1 = inv.gpus[0].uuid, inv.gpus[1].uuid
+    pid0 = daemon_pid(host, u0)
+    mps.daemon_dir(host, u1).write_text("in the way")          # GPU 1's daemon cannot get its folders
+    code, out, err = run(capsys, host, "apply", "-f", second)
+    mps.daemon_dir(host, u1).unlink()
+    assert code == 1 and "FAILED: GPU 1: start its MPS control daemon" in out, out + err
+    assert "rolled back to the configuration in force before" in out
+    assert "GPU 1: compute mode EXCLUSIVE_PROCESS -> DEFAULT (as before sharing)" in out.split("rolled back")[1]
+    assert (host.root / "etc/hostagent/sharing.yaml").read_text() == recorded
+    assert modes(host)[:2] == ["EXCLUSIVE_PROCESS", "DEFAULT"] and daemon_pid(host, u0) == pid0
+    assert daemon_pid(host, u1) is None and not SharingJournal.path(host).exists()
+    assert [d["name"] for d in json.loads(run(capsys, host, "status", "-o", "json")[1])["devices"]] == ["0"]
+    assert run(capsys, host, "off")[0] == 0
+
+
+@ROOT
+def test_an_apply_killed_half_way_is_rolled_back_by_the_next_command(node, capsys, tmp_path):
+    """Killed (-9) once it stopped the old daemons: the old configuration is still the one
+    recorded, its daemons stopped; the next command brings them back, and says so."""
+    host, _ = node
+    first, second = tmp_path / "first.yaml", tmp_path / "second.yaml"
+    first.write_text(MPS_01)
+    second.write_text(MPS_2)
+    assert run(capsys, host, "apply", "-f", first)[0] == 0
+    killed = subprocess.run([sys.executable, "-m", "hostagent.cli.main", "--simulate", str(host.root), "sharing",
+                             "apply", "-f", str(second)], capture_output=True, text=True, timeout=120,
+                            env={**os.environ, "HOSTAGENT_FAULT": "sharing:after_stops"})
+    assert killed.returncode == -9, killed.stderr
+    inv = read_inventory(host)
+    assert [daemon_pid(host, g.uuid) for g in inv.gpus[:3]] == [None, None, None]
+    assert SharingJournal.path(host).exists()
+    code, _, err = run(capsys, host, "status")
+    assert "was interrupted; the next 'hostagent sharing apply' or 'off'" in err
+    code, out, err = run(capsys, host, "apply", "-f", first)
+    assert code == 0 and err.startswith("hostagent: note: rolled back the sharing apply started "), err
+    assert out.strip() == "already in place, nothing changed"
+    assert all(mps.probe(host, g.uuid) for g in inv.gpus[:2]) and daemon_pid(host, inv.gpus[2].uuid) is None
+    assert not SharingJournal.path(host).exists()
+    assert run(capsys, host, "off")[0] == 0
+
+
 @ROOT
 def test_off_with_force_stops_sharing_that_allocations_use(node, capsys):
     """What removing the package runs (the daemon stopped): devices in allocations keep their
@@ -178,6 +236,33 @@ def test_bad_input_is_one_line_and_changes_nothing(node, capsys, tmp_path, body,
     assert err.startswith(f"hostagent: error: {bad}") or err.startswith("hostagent: error: ")
     assert running(host.root) == [] and not (host.root / "etc/hostagent/sharing.yaml").exists()
     assert not (host.root / "run/hostagent/mps").exists() and set(modes(host)) == {"DEFAULT"}
+
+
+def test_an_alias_bomb_is_one_short_line_at_once(node, capsys, tmp_path):
+    host, _ = node
+    bomb = tmp_path / "bomb.yaml"
+    lines = ['a0: &a0 ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
+    lines += [f"a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 9) + "]" for i in range(1, 9)]
+    bomb.write_text("\n".join(lines) + "\n")
+    started = time.monotonic()
+    code, out, err = run(capsys, host, "apply", "-f", bomb)
+    assert time.monotonic() - started < 10
+    assert code == 1 and out == "" and err == (f"hostagent: error: {bomb}: has more than 100000 values (aliases "
+                                              "expanded), more than any sharing configuration needs; not read\n")
+
+
+def test_numbers_without_a_fraction_and_trailing_commas_as_the_device_plugin_reads_them(node, capsys, tmp_path):
+    host, _ = node
+    cfg = tmp_path / "floats.json"
+    cfg.write_text('{"version": "v1", "sharing": {"timeSlicing": {"resources": [{"name": "gpu", "replicas": 2.0, '
+                   '"devices": 2.0,}]}}, "newerPluginKey": true}')
+    code, out, err = run(capsys, host, "apply", "-f", cfg, "--dry-run")
+    assert code == 0 and out.splitlines() == ["GPU 0: time-slicing, 2 replicas of nvidia.com/gpu",
+                                                  "GPU 1: time-slicing, 2 replicas of nvidia.com/gpu"], err
+    assert f"hostagent: warning: {cfg}: (top level): unknown key 'newerPluginKey', ignored" in err
+    cfg.write_text("sharing: {timeSlicing: {resources: [{name: gpu, replicas: 2.5}]}}")
+    code, out, err = run(capsys, host, "apply", "-f", cfg, "--dry-run")
+    assert code == 1 and err.count("\n") == 1 and "replicas: must be of type integer, not a number" in err
 
 
 def test_mps_on_a_gpu_without_mps_support_is_refused(make_node, capsys, tmp_path):

@@ -11,9 +11,11 @@ import time
 import pytest
 
 from hostagent.errors import HostagentError
+from hostagent.plugins.resources import node_resources, strategy_from_labels
 from hostagent.sharing import mps
+from tests.waiting import until
 
-from .agentd import FAST, AgentProcess, make_root
+from .agentd import FAST, AgentProcess, make_root, running_agent
 from .mpsprocs import alive, daemon_pid, running
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="compute modes and MPS daemons need root "
@@ -28,23 +30,9 @@ SUPERVISION = {**FAST, "sharing": {"probe_interval": 0.5, "probe_timeout": 2, "r
 
 @pytest.fixture(scope="module")
 def agent():
-    proc = AgentProcess(make_root("dgx-a100"), SUPERVISION).start()
-    yield proc
-    try:
-        proc.stop()
-    finally:
-        proc.cleanup()
-        assert running(proc.root) == []
-
-
-def until(predicate, timeout=10.0, what="condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"no {what} after {timeout}s")
+    with running_agent(make_root("dgx-a100"), SUPERVISION) as proc:
+        yield proc
+    assert running(proc.root) == []
 
 
 def daemon(c, name):
@@ -218,6 +206,75 @@ def test_allocations_of_shared_devices(agent):
         c.sharing_apply(CONFIG)
 
 
+@pytest.mark.parametrize("strategies", [("envvar",), ("cdi-cri",), ("cdi-cri", "envvar"), ("edits",)])
+def test_the_device_plugin_connects_an_mps_replica_to_its_daemon_whatever_its_strategy(agent, strategies):
+    """NVIDIA's plugin adds the MPS pipe, /dev/shm and the variable whatever its device list
+    strategy: so does this one, from the allocation's edits when no CDI name carries them."""
+    from hostagent.plugins.agentlink import AgentLink, NodeView
+    from hostagent.plugins.allocations import Allocations
+    link = AgentLink(agent.socket)
+    with agent.client() as c:
+        c.sharing_apply(CONFIG)
+        gpu = c.device("0")                        # MPS, 4 replicas
+        link.view = NodeView(connected=True, devices={gpu["uuid"]: gpu})
+        replica = gpu["replicas"][2]
+        r = Allocations(link, strategies).allocate("nvidia.com/gpu", [replica], {replica: gpu["uuid"]})
+        try:
+            pipe = str(mps.client_dir(agent.host, gpu["uuid"]))   # the socket's folder, read-only
+            if "cdi-cri" in strategies:            # the allocation's own spec says it all
+                [alloc] = [a for a in c.allocations() if a["replicas"] == [replica]]
+                assert [d.name for d in r.cdi_devices] == alloc["cdi_devices"] and not r.mounts
+                spec = json.loads(open(alloc["spec_path"]).read())
+                assert "CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps" in spec["devices"][0]["containerEdits"]["env"]
+            else:
+                assert r.envs["CUDA_MPS_PIPE_DIRECTORY"] == "/tmp/nvidia-mps"
+                assert r.envs["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "25"
+                mounts = {m.container_path: m for m in r.mounts}
+                assert mounts["/tmp/nvidia-mps"].host_path == pipe and mounts["/tmp/nvidia-mps"].read_only
+                assert mounts["/dev/shm"].host_path == str(mps.shm_dir(agent.host))
+                assert ("NVIDIA_VISIBLE_DEVICES" in r.envs) == ("envvar" in strategies or "edits" in strategies)
+        finally:
+            for a in c.allocations():
+                c.release(a["id"])
+
+
+def test_an_apply_killed_half_way_is_rolled_back_at_the_agents_start(tmp_path):
+    """Killed (-9) once it stopped the daemons of the configuration in force: the agent's
+    start brings that configuration back and removes the journal, and its log says so."""
+    import sys
+    from hostagent.sharing.journal import SharingJournal
+    root = make_root("dgx-a100")
+    first, second = tmp_path / "first.yaml", tmp_path / "second.yaml"
+    first.write_text("sharing:\n  mps:\n    resources:\n    - {name: gpu, devices: [0, 1], replicas: 2}\n")
+    second.write_text("sharing:\n  mps:\n    resources:\n    - {name: gpu, devices: [2], replicas: 2}\n")
+    cli = [sys.executable, "-m", "hostagent.cli.main", "--simulate", str(root), "sharing", "apply", "-f"]
+    with running_agent(root, SUPERVISION, start=False) as agent:
+        subprocess.run([*cli, str(first)], check=True, capture_output=True, timeout=120)
+        killed = subprocess.run([*cli, str(second)], capture_output=True, text=True, timeout=120,
+                                env={**os.environ, "HOSTAGENT_FAULT": "sharing:after_stops"})
+        assert killed.returncode == -9, killed.stderr
+        assert running(root) == [] and SharingJournal.path(agent.host).exists()
+        agent.start()
+        with agent.client() as c:
+            until(lambda: [d["name"] for d in c.sharing()["devices"] if d["mps"]["state"] == "ready"] == ["0", "1"],
+                  timeout=30, what=lambda: f"the first configuration's daemons: {c.sharing()['devices']}")
+            assert daemon_pid(agent.host, c.device("2")["uuid"]) is None
+        assert not SharingJournal.path(agent.host).exists()
+        assert "sharing: rolled back the sharing apply started " in agent.log()
+        with agent.client() as c:
+            c.sharing_apply(None)
+
+
+def test_numbers_without_a_fraction_and_unknown_keys_through_the_api(agent):
+    """A JSON body's 2.0 is 2, as in a file; a key the agent does not know is a warning."""
+    doc = {"version": "v1", "newerPluginKey": 1,
+           "sharing": {"timeSlicing": {"resources": [{"name": "gpu", "replicas": 2.0, "devices": 1.0}]}}}
+    with agent.client() as c:
+        out = c.sharing_apply(doc, dry_run=True)
+    assert out["warnings"] == ["(top level): unknown key 'newerPluginKey', ignored (as the device plugin ignores it)"]
+    assert [d["replicas"] for d in out["plan"]["devices"].values() if d["strategy"] == "time-slicing"] == [2]
+
+
 def test_off_through_the_api(agent):
     with agent.client() as c:
         out = c.sharing_apply(None)
@@ -235,14 +292,19 @@ def test_mps_on_mig_devices_follows_a_mig_change():
     smi = str(root / "usr/bin/nvidia-smi")
     subprocess.run([smi, "-i", "0", "-mig", "1"], check=True, capture_output=True)
     subprocess.run([smi, "mig", "-i", "0", "-cgi", "1g.10gb,1g.10gb", "-C"], check=True, capture_output=True)
-    agent = AgentProcess(root, SUPERVISION).start()
-    try:
+    with running_agent(root, SUPERVISION) as agent:
         with agent.client(timeout=60) as c:
-            out = c.sharing_apply({"sharing": {"mps": {"resources": [
+            out = c.sharing_apply({"flags": {"migStrategy": "mixed"}, "sharing": {"mps": {"resources": [
                 {"name": "nvidia.com/mig-1g.10gb", "replicas": 2, "activeThreadPercentage": 40}]}}})
             assert out["report"]["failed"] == 0
             migs = c.devices(type="mig")["mig_devices"]
             assert [d["sharing"]["mps"]["state"] for d in migs] == ["ready", "ready"]
+            # The file's flags.migStrategy is the labels' strategy, and so the device plugin's.
+            labels = c.labels()["labels"]
+            assert labels["nvidia.com/mig.strategy"] == "mixed"
+            views = {d["uuid"]: d for d in (*c.devices()["gpus"], *migs)}
+            resources, _ = node_resources(views, strategy_from_labels(labels))
+            assert len(resources["nvidia.com/mig-1g.10gb"]) == 4 and len(resources["nvidia.com/gpu"]) == 7
             keep, gone = migs[0], migs[1]
             env = mps.environment(agent.host, keep["uuid"])
             server = subprocess.run([str(root / "usr/bin/nvidia-cuda-mps-control")], input="start_server -uid 0\n"
@@ -268,10 +330,8 @@ def test_mps_on_mig_devices_follows_a_mig_change():
             assert len(shared) == 3 and {d["mps"]["state"] for d in shared} == {"ready"}
             assert {d["active_thread_percentage"] for d in shared} == {40}
             c.sharing_apply(None)
+            assert "nvidia.com/mig.strategy" not in c.labels()["labels"]         # none again
         assert running(root) == []
-    finally:
-        agent.stop()
-        agent.cleanup()
 
 
 def test_labels_follow_the_sharing_in_force(agent):

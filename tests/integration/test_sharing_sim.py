@@ -9,6 +9,7 @@ import pytest
 
 from hostagent.devices import nvml_session, read_inventory
 from hostagent.sim.control import reboot, set_driver_loaded
+from tests.rootneeds import GPU_CHANGES
 
 
 def smi(host, *args):
@@ -45,6 +46,7 @@ def test_compute_mode_through_nvml_and_nvidia_smi_agree(make_node):
     assert "Timeslice: Default" in smi(host, "compute-policy", "-l", "-i", "1")[1]
 
 
+@GPU_CHANGES
 def test_mig_device_handles_have_no_compute_mode_of_their_own(make_node):
     host, store = make_node("hgx-h100")           # Hopper: MIG mode applies at once
     assert smi(host, "-i", "0", "-mig", "1")[0] == 0

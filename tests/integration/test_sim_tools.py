@@ -11,7 +11,6 @@ import os
 import signal
 import socket
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
@@ -22,6 +21,8 @@ from hostagent.sim.driverroot import create_node
 from hostagent.sim.files import mig_minors
 from hostagent.sim.node import MIG_DISABLE, MIG_ENABLE
 from hostagent.sim.platform import simulated_host
+from tests.rootneeds import GPU_CHANGES
+from tests.waiting import until
 
 TIMEOUT = 10
 
@@ -44,21 +45,14 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def _wait_for(predicate, timeout: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.02)
-    return predicate()
-
-
 def _stop(pid: int) -> None:
     try:
         os.kill(pid, signal.SIGTERM)
     except ProcessLookupError:
         return
-    if not _wait_for(lambda: not _alive(pid), 3):
+    try:
+        until(lambda: not _alive(pid), 3)
+    except AssertionError:
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
@@ -174,6 +168,7 @@ def test_list_gpus_with_mig_devices(sim_node):
 
 # ---- MIG mode and reset ----------------------------------------------------------------
 
+@GPU_CHANGES
 def test_mig_mode_on_an_idle_ampere_gpu_is_immediate(sim_node):
     node = sim_node()
     r = node.smi("-i", "0", "-mig", "1")
@@ -182,6 +177,7 @@ def test_mig_mode_on_an_idle_ampere_gpu_is_immediate(sim_node):
     assert (node.gpu(0).mig_current, node.gpu(0).mig_pending) == (MIG_ENABLE, MIG_ENABLE)
 
 
+@GPU_CHANGES
 def test_mig_mode_on_ampere_waits_for_reset_while_a_driver_client_runs(sim_node):
     node = sim_node()
     node.start_persistenced()
@@ -203,6 +199,7 @@ def test_mig_mode_on_ampere_waits_for_reset_while_a_driver_client_runs(sim_node)
     assert node.gpu(0).mig_pending == MIG_DISABLE
 
 
+@GPU_CHANGES
 def test_mig_mode_on_hopper_is_immediate(sim_node):
     node = sim_node("hgx-h100")
     r = node.smi("-mig", "1", "-i", "1")
@@ -218,6 +215,7 @@ def test_mig_mode_on_hopper_is_immediate(sim_node):
     assert node.gpu(0).mig_current == MIG_DISABLE
 
 
+@GPU_CHANGES
 def test_mig_mode_not_supported(sim_node):
     node = sim_node("t4x2")
     r = node.smi("-i", "0", "-mig", "1")
@@ -225,6 +223,7 @@ def test_mig_mode_not_supported(sim_node):
     assert "Unable to enable MIG Mode for GPU 00000000:3B:00.0: Not Supported" in r.stdout
 
 
+@GPU_CHANGES
 def test_reset_refused_while_gpu_in_use(sim_node):
     node = sim_node()
     assert node.smi("-i", "0,1", "-mig", "1").returncode == 0
@@ -387,6 +386,7 @@ def _mps(node: Node, *commands: str, env=None):
     return node.run("nvidia-cuda-mps-control", stdin="".join(c + "\n" for c in commands), env=env)
 
 
+@GPU_CHANGES
 def test_mps_control_daemon_lifecycle(sim_node):
     node = sim_node()
     pipe = node.root / "tmp/nvidia-mps"        # the defaults, inside the root
@@ -421,20 +421,20 @@ def test_mps_control_daemon_lifecycle(sim_node):
     assert (atp, pinned, unknown) == ("50.0", "2048M", "Unrecognized command")
 
     # The server holds the devices the daemon was limited to.
-    assert _wait_for(lambda: sorted(p.gpu for p in node.store.read().processes
-                                    if p.pid == server) == [1, 2])
+    until(lambda: sorted(p.gpu for p in node.store.read().processes if p.pid == server) == [1, 2], 5,
+          "server holding GPUs 1 and 2")
     assert node.smi("-r", "-i", "1").returncode == 255
 
     r = _mps(node, "quit")
     assert r.returncode == 0
     assert not (pipe / "control").exists()
     assert not (pipe / "nvidia-cuda-mps-control.pid").exists()
-    assert _wait_for(lambda: not _alive(daemon) and not _alive(server))
+    until(lambda: not _alive(daemon) and not _alive(server), 5, "end of the daemon and its server")
     log = (logs / "control.log").read_text()
     assert "Starting control daemon using socket" in log and "CUDA_VISIBLE_DEVICES=1,2" in log
     assert log.rstrip().endswith("] Exit")
     assert "] Startup" in (logs / "server.log").read_text()
-    assert _wait_for(lambda: not node.store.read().processes)
+    until(lambda: not node.store.read().processes, 5, "end of the server's process records")
 
 
 def test_mps_daemon_stops_on_sigterm(sim_node, tmp_path):
@@ -447,7 +447,7 @@ def test_mps_daemon_stops_on_sigterm(sim_node, tmp_path):
     r = _mps(node, "start_server -uid 0", "get_server_list", env=env)
     server = int(r.stdout.strip())
     os.kill(daemon, signal.SIGTERM)
-    assert _wait_for(lambda: not _alive(daemon) and not _alive(server))
+    until(lambda: not _alive(daemon) and not _alive(server), 5, "end of the daemon and its server")
     assert not (pipe / "control").exists()
     assert (logs / "control.log").read_text().rstrip().endswith("] Exit")
     assert not (node.root / "tmp/nvidia-mps/control").exists()     # the env var won
@@ -481,7 +481,7 @@ def test_persistenced_daemon(sim_node):
     assert _read_pid(pid_file) == pid
 
     os.kill(pid, signal.SIGTERM)
-    assert _wait_for(lambda: not _alive(pid))
+    until(lambda: not _alive(pid), 5, "end of nvidia-persistenced")
     assert not pid_file.exists() and not sock.exists()
     log = (node.root / "var/log/nvidia-persistenced.log").read_text()
     assert f"Started ({pid})" in log and f"Shutdown ({pid})" in log

@@ -22,8 +22,10 @@ from hostagent.sim.store import SimStore
 from hostagent.devices.topology import bits, cpu_text
 from hostagent.topology.matrix import text
 
+from tests.rootneeds import DEVICE_NODES
+
 from ..programs import script
-from .agentd import AgentProcess, make_root
+from .agentd import make_root, running_agent
 
 EXPECTED = {
     # rows of nvidia-smi topo -m, then each GPU's CPU Affinity and NUMA Affinity
@@ -163,10 +165,8 @@ def test_a_gpu_whose_topology_nvml_refuses_has_unknown_links(make_node):
 
 @pytest.fixture(scope="module")
 def dgx1():
-    agent = AgentProcess(make_root("dgx1-v100")).start()
-    yield agent
-    agent.stop()
-    agent.cleanup()
+    with running_agent(make_root("dgx1-v100")) as agent:
+        yield agent
 
 
 def test_the_daemon_serves_the_topology_and_refuses_unknown_gpus(dgx1):
@@ -182,6 +182,7 @@ def test_the_daemon_serves_the_topology_and_refuses_unknown_gpus(dgx1):
         assert response.status == 422 and response.json()["code"] == "unknown_device"
 
 
+@DEVICE_NODES
 def test_preferred_allocations_and_constraints_follow_the_cube_mesh(dgx1):
     with dgx1.client() as c:
         uuid = [g["uuid"] for g in c.devices()["gpus"]]
@@ -201,6 +202,7 @@ def test_preferred_allocations_and_constraints_follow_the_cube_mesh(dgx1):
             c.release(alloc)
 
 
+@DEVICE_NODES
 def test_a_gpu_of_unknown_topology_makes_the_daemon_prefer_by_numa_and_say_why(dgx1):
     store = SimStore(dgx1.root)
     control.set_topology_support(store, 4, False)

@@ -16,10 +16,12 @@ import json
 import os
 import shutil
 import signal
+import stat
 import sys
 import tempfile
 import time
 import traceback
+from pathlib import Path
 
 import pynvml as N
 import pytest
@@ -32,8 +34,14 @@ from hostagent.sim.files import create_cap_nodes
 from hostagent.sim.node import MIG_ENABLE
 from hostagent.sim.platform import simulated_host
 from hostagent.sim.tools import nvidia_smi
+from tests.runfolder import others_can_read
+from tests.waiting import until
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to start processes as another user")
+pytestmark = [
+    pytest.mark.skipif(os.geteuid() != 0, reason="needs root to start processes as another user"),
+    pytest.mark.skipif(not all(map(others_can_read, (fakenvml.__file__, N.__file__))),
+                       reason="nobody may not read this checkout or its venv (a private folder): the forked "
+                              "children import from them; clone into a folder others may read to run these")]
 
 # Imported here for the children: nobody may not read the standard library (under /root).
 for _module in ("queue", "threading", "logging", "hostagent.health", "hostagent.devices.events",
@@ -250,13 +258,10 @@ def test_health_watch_without_privilege_sees_only_whole_gpu_events_and_says_so(n
             finally:
                 os._exit(0)
         try:
-            deadline = time.monotonic() + 20
-            while b'"initial"' not in open(out.name, "rb").read() and time.monotonic() < deadline:
-                time.sleep(0.05)
+            until(lambda: b'"initial"' in open(out.name, "rb").read(), 20, lambda: open(err.name).read())
             control.inject_xid(node, 0, 94, gi=mig_dev.gi, ci=mig_dev.ci)     # one MIG device's
             control.inject_xid(node, 0, 48)                                     # the whole GPU's
-            while b'"xid": 48' not in open(out.name, "rb").read() and time.monotonic() < deadline:
-                time.sleep(0.05)
+            until(lambda: b'"xid": 48' in open(out.name, "rb").read(), 20, lambda: open(err.name).read())
         finally:
             os.kill(pid, signal.SIGTERM)
             os.waitpid(pid, 0)
@@ -287,3 +292,45 @@ def test_nvidia_smi_as_an_unprivileged_user(node):
     rc, out, _ = as_nobody(smi, node.root, "-i", "2", "-mig", "1")
     assert rc == 4 and "Unable to enable MIG Mode for GPU 00000000:47:00.0: Insufficient Permissions" in out
     assert node.read().gpus[2].mig_current != MIG_ENABLE
+
+
+def _bind(path, group):
+    """``serve``'s socket, as its daemon makes it: the error's message, if any."""
+    from hostagent.daemon.listen import bind_socket
+    from hostagent.errors import StateError
+    try:
+        bind_socket(path, group, 0o660)[0].close()
+    except StateError as e:
+        print(e.message)
+        return 1
+    return 0
+
+
+def test_on_a_node_of_its_own_a_user_is_told_what_needs_root():
+    """A user's own simulated node: a dry run says the apply needs root; the apply, refused
+    by NVML, says to run it as root and records nothing; the daemon's socket names the group
+    it may not be given to, not the socket's path."""
+    from .nonroot import import_everything
+    import_everything()          # nobody may not read this interpreter's standard library
+    root = Path(tempfile.mkdtemp(prefix="hostagent-own-"))
+    try:
+        store = create_node(root, "a30x4")
+        (root / "sharing.yaml").write_text("sharing: {mps: {resources: [{name: gpu, devices: [0], replicas: 2}]}}\n")
+        for folder, _, names in os.walk(root):
+            for path in (folder, *(os.path.join(folder, n) for n in names)):
+                if not os.path.islink(path) and not stat.S_ISCHR(os.lstat(path).st_mode):
+                    os.chown(path, NOBODY, NOBODY)
+        for command in (["mig", "apply", "-c", "all-1g.6gb"], ["sharing", "apply", "-f", str(root / "sharing.yaml")]):
+            again = f"sudo hostagent --simulate {root} {' '.join(command)}"
+            code, _, err = cli(store, *command, "--dry-run")
+            assert code == 0 and f"hostagent: note: the apply itself needs root: {again}\n" in err, err
+            code, out, err = cli(store, *command)
+            assert code == 1 and "Insufficient Permissions" in out + err and f"run it as root: {again}" in err, out + err
+        assert not (root / "etc/hostagent/sharing.yaml").exists()
+        assert not (root / "var/lib/hostagent/sharing/journal.json").exists()
+        code, out, err = as_nobody(_bind, root / "run/hostagent/hostagent.sock", "root")
+        assert code == 1 and out.startswith(f"{root}/run/hostagent/hostagent.sock: cannot give the API socket to "
+                                            "group 'root': Operation not permitted"), out + err
+        assert f"uid {NOBODY} is not in group 'root': run the daemon as root, or set api.group" in out
+    finally:
+        shutil.rmtree(root, ignore_errors=True)

@@ -8,6 +8,7 @@ import pytest
 from hostagent.daemon.migops import NoRoom, affected_devices, place_instance, remove_instance
 from hostagent.devices import read_inventory
 from hostagent.errors import NotFoundError, StateError, UsageError
+from tests.rootneeds import GPU_CHANGES
 
 
 def smi(host, *args):
@@ -25,6 +26,7 @@ def node(make_node):
     return host
 
 
+@GPU_CHANGES
 def test_best_fit_prefers_the_fullest_gpu(node):
     inv = read_inventory(node)
     small = place_instance(inv, "1g.5gb")
@@ -44,6 +46,7 @@ def test_best_fit_prefers_the_fullest_gpu(node):
         place_instance(inv, "1g.5gb", "GPU-nope")
 
 
+@GPU_CHANGES
 def test_remove_and_affected(node):
     inv = read_inventory(node)
     dev = next(d for d in inv.mig_devices if d.parent_index == 1 and d.profile == "2g.10gb")

@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from hostagent.fileio import remove_stale_temporaries, temp_path, write_atomic
+from tests.rootneeds import DEVICE_NODES
 
 
 def dead_pid() -> int:
@@ -100,3 +101,27 @@ def test_a_killed_writer_not_yet_reaped_counts_as_gone(tmp_path):
         assert os.listdir(tmp_path) == ["spec.json"]
     finally:
         writer.wait()
+
+
+@DEVICE_NODES
+def test_commands_with_nothing_to_write_sweep_too(tmp_path):
+    """cdi refresh and runtime configure that find their files as wanted still remove what
+    a writer killed before its rename left beside them; a dry run leaves them."""
+    from hostagent.cli.main import main
+    from hostagent.sim.rootdir import build_node
+    root = tmp_path / "node"
+    build_node(str(root), "t4x2", engines=("containerd",))
+    cdi = root / "var/run/cdi"
+    config = root / "etc/containerd"
+    commands = {cdi: ["cdi", "refresh"], config: ["runtime", "configure", "--runtime", "containerd"]}
+    for folder, command in commands.items():
+        assert main(["--simulate", str(root), *command]) == 0
+        names = [p.name for p in folder.rglob("*") if p.is_file()]
+        stale = [p.parent / f".{p.name}.{dead_pid()}-0a1b2c3d.tmp" for p in folder.rglob("*") if p.is_file()]
+        for path in stale:
+            path.write_text("half")
+        assert main(["--simulate", str(root), *command, "--dry-run"]) == 0
+        assert all(p.exists() for p in stale)
+        assert main(["--simulate", str(root), *command]) == 0
+        assert not any(p.exists() for p in stale) and sorted(p.name for p in folder.rglob("*") if p.is_file()) == \
+            sorted(names)

@@ -1,8 +1,10 @@
 """mig-parted v1 config files: accepted unchanged, rejected with mig-parted's errors."""
 
 import json
+from pathlib import Path
 
 import pytest
+import yaml
 
 from hostagent.errors import ConfigError, NotFoundError
 from hostagent.mig.spec import ConfigEntry, ConfigNotSelected, DeviceFilter, parse_spec
@@ -109,7 +111,6 @@ def _one(entry: str) -> str:
     ("mig-configs: {}\n", "unable to parse with missing 'version' field"),
     ("version: v2\nmig-configs: {c: [{devices: all, mig-enabled: false}]}\n", "unknown version: v2"),
     ("version: v1\nmig-configs: {c: [{devices: all, mig-enabled: false}]}\nextra: 1\n", "unexpected field: extra"),
-    ("version: v1\n", "at least one entry in 'mig-configs' is required"),
     ("version: v1\nmig-configs: {}\n", "at least one entry in 'mig-configs' is required"),
     ("version: v1\nmig-configs: {c: []}\n", "at least one entry in 'c' is required"),
     (_one("{mig-enabled: false}"), "missing required field: devices"),
@@ -170,3 +171,31 @@ def test_config_names_stay_strings_even_where_yaml_1_1_sees_booleans():
     assert list(spec.configs) == ["off", "base", "on"]
     assert spec.configs["off"][0].mig_enabled is False          # values keep YAML 1.1 booleans
     assert spec.configs["on"][0] == ConfigEntry((0,), True, (("1g.5gb", 1),))
+
+
+MIG_PARTED_CASES = yaml.safe_load((Path(__file__).parent / "data" / "mig_parted_spec_cases.yaml").read_text())
+
+
+@pytest.mark.parametrize("case", MIG_PARTED_CASES, ids=lambda c: f"{c['part']}: {c['name']}")
+def test_mig_parted_spec_cases(case):
+    """mig-parted's own documents, tab-indented Go raw strings with trailing commas: read as
+    it reads them, except where a deliberate difference says why."""
+    text = case["text"]
+    if case["part"] == "entry":
+        text = '{"version": "v1", "mig-configs": {"c": [' + (text or "null") + "]}}"
+    try:
+        parse_spec(text, "spec.yaml")
+        valid = True
+    except ConfigError as e:
+        assert "\n" not in e.message and e.message.startswith("spec.yaml")
+        valid = False
+    assert valid == (case["valid"] and "differs" not in case), case["name"]
+
+
+def test_a_file_without_configs_parses_and_selecting_from_it_fails():
+    for text in ("", "version: v1\n"):
+        spec = parse_spec(text, "empty.yaml")
+        assert spec.configs == {}
+        for name in (None, "all-disabled"):
+            with pytest.raises(NotFoundError, match="empty.yaml: the file has no MIG configs"):
+                spec.select(name)
