@@ -93,6 +93,11 @@ def run(args) -> int:
     plugin = DraPlugin(options, api, Notifier())
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda signum, frame: plugin.stop())
+    # The modules and objects of start-up live as long as the process: out of the collector's
+    # sight, a full collection during a prepare walks only what the requests made.
+    import gc
+    gc.collect()
+    gc.freeze()
     try:
         return plugin.run()
     finally:
