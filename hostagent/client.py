@@ -486,10 +486,12 @@ class Client:
         """The Prometheus text exposition the socket serves at ``/metrics``."""
         return self.request("GET", "/metrics").body.decode()
 
-    def watch(self, since: int | None = None, types=None):
+    def watch(self, since: int | None = None, types=None, own: str | None = None):
         """Events as dicts, as they happen (a generator; close it to stop watching).
-        ``types``: only these event types (the snapshot, heartbeats and stopping still come)."""
-        response = self.request("GET", "/v1/watch", query={"since": since,
+        ``types``: only these event types (the snapshot, heartbeats and stopping still come);
+        ``own``: the id prefix of the caller's allocations, whose device changes are left out
+        when they change nothing else."""
+        response = self.request("GET", "/v1/watch", query={"since": since, "own": own,
                                                            "types": ",".join(types) if types else None})
         for line in response.lines():
             yield json.loads(line)

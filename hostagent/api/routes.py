@@ -18,7 +18,7 @@ from .http import Request
 from .peercred import allows
 from .schema import document_bytes, parse_json, validate_body
 from .server import Response, StreamResponse, error_response
-from .watch import WatchStream, watch_types
+from .watch import WatchStream, watch_own, watch_types
 
 __all__ = ["App", "status_for"]
 
@@ -298,9 +298,10 @@ class App:
                 raise UsageError("since must be a revision (a non-negative integer)", parameter="since")
             since = int(since)
         types = watch_types(request.param("types"))
+        own = watch_own(request.param("own"))
         if request.method == "HEAD":
             return Response(200, b"", content_type="application/x-ndjson")
-        producer = WatchStream(self.agent, since, types)
+        producer = WatchStream(self.agent, since, types, own)
         # Clients size their read timeout from it (silence between heartbeats is normal).
         heartbeat = (("Hostagent-Heartbeat", f"{self.agent.settings.api.watch_heartbeat:g}"),)
         return _stream(producer, producer.farewell, heartbeat)

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 
-__all__ = ["WatchStream", "snapshot_line", "EVENT_TYPES", "watch_types"]
+__all__ = ["WatchStream", "snapshot_line", "EVENT_TYPES", "watch_types", "watch_own"]
 
 # What ?types= may name: the events (snapshot, heartbeat and stopping lines always come).
 EVENT_TYPES = ("device_added", "device_changed", "device_removed", "node_changed", "allocation_created",
@@ -52,6 +53,22 @@ def watch_types(text: str | None) -> frozenset[str] | None:
     return types
 
 
+_OWN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:/-]{0,127}")
+
+
+def watch_own(text: str | None) -> str | None:
+    """``?own=``: the id prefix of the watcher's own allocations. The device changes only in
+    the allocations lists, by allocations whose ids start with it, are left out: a kubelet
+    plugin learns of its allocations from the answers, and each makes one or two."""
+    if text is None:
+        return None
+    if not _OWN.fullmatch(text):
+        from ..errors import UsageError
+        raise UsageError(f"own {text[:40]!r} is not an allocation id prefix", parameter="own",
+                         hint="1 to 128 of A-Z a-z 0-9 _ . : / -, starting with a letter or digit")
+    return text
+
+
 def _marker(type_: str, revision: int) -> bytes:
     return json.dumps({"type": type_, "revision": revision}, separators=(",", ":")).encode() + b"\n"
 
@@ -60,10 +77,11 @@ class WatchStream:
     """One watcher: ``await stream(sink)`` sends until the client leaves; ``farewell()`` is
     the last line when the daemon stops (the stream then ends cleanly, not cut off)."""
 
-    def __init__(self, agent, since: int | None, types: frozenset[str] | None = None):
+    def __init__(self, agent, since: int | None, types: frozenset[str] | None = None, own: str | None = None):
         self.agent = agent
         self.position = since        # the last revision the client has (None: a snapshot first)
         self.types = types           # the event types it wants (None: all)
+        self.own = own               # the id prefix of its own allocations (watch_own)
 
     def farewell(self) -> bytes:
         return _marker("stopping", self.position or 0)
@@ -76,7 +94,7 @@ class WatchStream:
             self.position, line = snapshot_line(agent, "initial")
             await stream.send(line)
         while not stream.closed:
-            lines = events.after(self.position, self.types)
+            lines = events.after(self.position, self.types, self.own)
             if lines is None:
                 self.position, line = snapshot_line(agent, "too_far_behind")
                 await stream.send(line)

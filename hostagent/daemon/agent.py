@@ -59,6 +59,7 @@ class Agent:
         self._base_views = BaseViews()    # the inventory's part of the device views
         self.links = None                 # topology.ranking.Links of the inventory's GPUs
         self.snapshot = Snapshot(self.events.revision, {}, {}, [], {}, {})
+        self._pending_publish = None      # [events, allocations_only] of the queued publish_soon
         self._restore_pending = False     # checkpoint loaded, not yet checked against the inventory
         self.labels = None                # nodelabels.LabelResult of the last inventory read
         # Called on the loop's thread with each inventory that differs from the last (the
@@ -305,8 +306,11 @@ class Agent:
                 self.events.publish(type_, {"device": old[uuid]})
                 continue
             view = views[uuid]
+            moved = frozenset(old[uuid]["allocations"]).symmetric_difference(view["allocations"]) \
+                if changed == ["allocations"] else None
             view["revision"] = self.events.publish(
-                type_, lambda r, v=view, c=changed: {"device": {**v, "revision": r}, **({"changed": c} if c else {})})
+                type_, lambda r, v=view, c=changed: {"device": {**v, "revision": r}, **({"changed": c} if c else {})},
+                moved)
         for uuid, view in views.items():
             view.setdefault("revision", old.get(uuid, {}).get("revision", self.events.revision))
         node = self.snapshot.node if allocations_only else self._node_view()
@@ -326,8 +330,19 @@ class Agent:
         """``publish`` at the loop's next turn, for a change whose request is being answered:
         the answer goes out first, without waiting for the views and events. It is queued
         while the change holds the mutex, so a later change's publish is queued after it and
-        the events keep the order of the changes."""
-        asyncio.get_running_loop().call_soon(lambda: self.publish(before, allocations_only=allocations_only))
+        the events keep the order of the changes. Changes queued before that turn are
+        published together: their events in order, then one diff of the views."""
+        pending = self._pending_publish
+        if pending is not None:
+            pending[0].extend(before)
+            pending[1] = pending[1] and allocations_only
+            return
+        self._pending_publish = pending = [list(before), allocations_only]
+
+        def publish():
+            self._pending_publish = None
+            self.publish(pending[0], allocations_only=pending[1])
+        asyncio.get_running_loop().call_soon(publish)
 
     def set_health(self, uuid: str, health: Health) -> None:
         """Record a device's health (the health monitor's entry point); publishes the change."""

@@ -64,7 +64,8 @@ class RevisionClock:
 class EventLog:
     def __init__(self, clock: RevisionClock, capacity: int = 4096, max_bytes: int = MAX_BYTES):
         self.clock = clock
-        self.ring: deque[tuple[int, bytes, str]] = deque(maxlen=capacity)   # (revision, line, type)
+        # (revision, line, type, the allocations it moved when that is all it changed, or None)
+        self.ring: deque[tuple[int, bytes, str, frozenset | None]] = deque(maxlen=capacity)
         self.max_bytes = max_bytes
         self.bytes = 0                                  # of the lines in the ring
         self._changed: asyncio.Future | None = None
@@ -81,13 +82,14 @@ class EventLog:
     def resize(self, capacity: int) -> None:
         if capacity != self.ring.maxlen:
             self.ring = deque(self.ring, maxlen=capacity)
-            self.bytes = sum(len(line) for _, line, _ in self.ring)
+            self.bytes = sum(len(entry[1]) for entry in self.ring)
 
-    def publish(self, type_: str, payload=None) -> int:
+    def publish(self, type_: str, payload=None, moved: frozenset | None = None) -> int:
         """Append one event; wake every watcher. ``payload``: a dict, or a function of the
         event's revision returning one (for views that carry their own revision); a value
         that is ``Rendered`` is put in as it is, after the others (its key a plain name).
-        Call on the event loop's thread."""
+        ``moved``: the allocation ids a device change added or removed, when that is all it
+        changed (``after``'s ``own``). Call on the event loop's thread."""
         revision = self.clock.next()
         if callable(payload):
             payload = payload(revision)
@@ -102,7 +104,7 @@ class EventLog:
         ring = self.ring
         if len(ring) == ring.maxlen:
             self.bytes -= len(ring[0][1])                # the append drops it
-        ring.append((revision, line, type_))
+        ring.append((revision, line, type_, moved))
         self.bytes += len(line)
         while self.bytes > self.max_bytes and len(ring) > 1:
             self.bytes -= len(ring.popleft()[1])
@@ -111,10 +113,11 @@ class EventLog:
             waiter.set_result(revision)
         return revision
 
-    def after(self, since: int, types: frozenset[str] | None = None) -> list[bytes] | None:
-        """Lines of the events after ``since`` (of ``types`` only, when given); None when
-        ``since`` is outside the ring (too old, or from the future), so the watcher needs a
-        snapshot."""
+    def after(self, since: int, types: frozenset[str] | None = None, own: str | None = None) -> list[bytes] | None:
+        """Lines of the events after ``since`` (of ``types`` only, when given; without the
+        device changes only in allocations whose ids all start with ``own``, when given);
+        None when ``since`` is outside the ring (too old, or from the future), so the watcher
+        needs a snapshot."""
         if since < self.oldest or since > self.clock.current:
             return None
         if since == self.clock.current:
@@ -123,7 +126,8 @@ class EventLog:
         ring = self.ring
         start = since + 1 - ring[0][0]
         entries = (ring[i] for i in range(start, len(ring)))     # deque indexes cheaply near its ends
-        return [line for _, line, type_ in entries if types is None or type_ in types]
+        return [line for _, line, type_, moved in entries if (types is None or type_ in types)
+                and not (own and moved and all(a.startswith(own) for a in moved))]
 
     def changed(self) -> asyncio.Future:
         """A future resolved at the next publish; shared by all watchers."""

@@ -71,6 +71,9 @@ class AgentLink:
         self.listeners: list = []           # called with each new NodeView, on the link's thread
         # Whether an allocation id is one the link's user made (it knows of those already).
         self.owned = lambda alloc_id: False
+        # The id prefix of those, when they have one: the agent then leaves out the device
+        # changes only in them (``?own=``), so the devices' allocations lists may lack them.
+        self.own_prefix: str | None = None
         self.connects = 0                   # successful (re)connections, for tests and status
         self._local = threading.local()
         self._stop = threading.Event()
@@ -136,7 +139,7 @@ class AgentLink:
                     raise
                 labels = {}                 # the agent has not read the inventory yet
             first = True
-            for event in c.watch(since=self.view.revision, types=WATCHED):
+            for event in c.watch(since=self.view.revision, types=WATCHED, own=self.own_prefix):
                 if self._stop.is_set():
                     return "stopped"
                 view = self.view

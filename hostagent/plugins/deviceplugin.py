@@ -25,7 +25,7 @@ import grpc
 
 from ..errors import HostagentError
 from .agentlink import AgentLink
-from .allocations import Allocations, grpc_error, owned
+from .allocations import PREFIX, Allocations, grpc_error, owned
 from .kubelet import deviceplugin_pb2 as api
 from .kubelet import deviceplugin_pb2_grpc as api_grpc
 from .podresources import held_devices
@@ -69,6 +69,7 @@ class DevicePlugin:
         self.kubelet_socket = Path(options.plugin_dir) / KUBELET_SOCKET
         self.link = AgentLink(options.agent_socket)
         self.link.owned = owned             # its own allocations change no advertised health
+        self.link.own_prefix = PREFIX       # and the agent need not send their device changes
         self.allocations = Allocations(self.link, options.device_list_strategy, options.cdi_names,
                                        options.release_grace, options.allocation_expiry)
         self.notifier = notifier

@@ -180,6 +180,28 @@ def test_watch_of_some_event_types(agent):
         assert "unknown event type 'allocation_create' (did you mean 'allocation_created'?)" in e.value.message
 
 
+@DEVICE_NODES
+def test_watch_without_the_device_changes_of_own_allocations(agent):
+    """?own= leaves out the device changes only in the caller's allocations (those whose ids
+    start with it); a device change in another's still comes, with the whole view; a prefix
+    that names no allocation id is a usage error."""
+    with agent.client(timeout=2) as c, agent.client() as c2:
+        stream = c.watch(types=["device_changed"], own="mine/")
+        snap = next(stream)
+        c2.allocate("mine/a", ["4"])
+        c2.allocate("theirs", ["5"])
+        changed = next(stream)
+        assert changed["type"] == "device_changed" and changed["device"]["allocations"] == ["theirs"]
+        assert changed["revision"] == snap["revision"] + 4 and changed["changed"] == ["allocations"]
+        c2.release("mine/a")
+        assert next(stream) == {"type": "heartbeat", "revision": snap["revision"] + 6}
+        stream.close()
+        c2.release("theirs")
+        with pytest.raises(UsageError) as e:
+            next(c.watch(own="-bad"))
+        assert "own '-bad' is not an allocation id prefix" in e.value.message
+
+
 def test_watch_heartbeat(agent):
     # A request timeout equal to the heartbeat interval (2 s here): stream reads wait for
     # three intervals, as the stream's Hostagent-Heartbeat header tells the client.

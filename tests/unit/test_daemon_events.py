@@ -76,3 +76,14 @@ def test_events_after_a_revision_of_some_types_only():
         log.publish(type_, {})
     assert [json.loads(line)["revision"] for line in log.after(0, frozenset({"device_changed"}))] == [2, 4]
     assert log.after(2, frozenset({"node_changed"})) == [] and len(log.after(2)) == 2
+
+
+def test_device_changes_only_in_own_allocations_left_out_for_their_owner():
+    log = EventLog(RevisionClock(None))
+    log.publish("device_changed", {"i": 1}, moved=frozenset({"mine/a"}))
+    log.publish("device_changed", {"i": 2}, moved=frozenset({"mine/a", "dra/claim"}))   # also another's
+    log.publish("device_changed", {"i": 3})                                            # more than allocations
+    log.publish("allocation_created", {"i": 4})
+    assert [json.loads(line)["i"] for line in log.after(0, own="mine/")] == [2, 3, 4]
+    assert [json.loads(line)["i"] for line in log.after(0, own="other/")] == [1, 2, 3, 4]
+    assert [json.loads(line)["i"] for line in log.after(0)] == [1, 2, 3, 4]
