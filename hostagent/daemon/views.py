@@ -79,15 +79,32 @@ def _edits_json(edits: dict) -> bytes:
     return out
 
 
+# id -> (allocation, its view's JSON but its edits): an allocation is rendered for the answer
+# that creates it, its allocation_created event and, often soon after, the allocation_deleted
+# event of the one that replaces it (allocations are immutable: one rendering serves all).
+_HEAD_JSON: dict[int, tuple[object, bytes]] = {}
+
+
+def _head_json(alloc) -> bytes:
+    hit = _HEAD_JSON.get(id(alloc))
+    if hit is not None and hit[0] is alloc:
+        return hit[1]
+    view = model.allocation(alloc)
+    del view["container_edits"]
+    out = json.dumps(view, separators=(",", ":")).encode()
+    if len(_HEAD_JSON) >= 64:
+        del _HEAD_JSON[next(iter(_HEAD_JSON))]            # the oldest
+    _HEAD_JSON[id(alloc)] = (alloc, out)
+    return out
+
+
 def allocation_json(alloc, edits: bool = True) -> bytes:
     """``model.allocation(alloc)`` as compact JSON (its keys in another order); without its
     ``container_edits`` when not ``edits``."""
-    view = model.allocation(alloc)
-    container_edits = view.pop("container_edits")
-    head = json.dumps(view, separators=(",", ":")).encode()
+    head = _head_json(alloc)
     if not edits:
         return head
-    return head[:-1] + b',"container_edits":' + _edits_json(container_edits) + b"}"
+    return head[:-1] + b',"container_edits":' + _edits_json(alloc.container_edits) + b"}"
 
 
 def with_device_marks(view: dict, devices: dict[str, dict]) -> dict:
