@@ -1,7 +1,8 @@
 """The agent: the node's state in one place, changed by one writer, published as events.
 
 Imperative shell around the pure modules: blocking work (NVML, spec and checkpoint writes,
-the node lock) runs on one worker thread; state is replaced and events published on the
+the node lock) runs on one worker thread, but for a commit that only appends to the
+checkpoint (``commit``); state is replaced and events published on the
 event loop's thread only, so readers never see a half-made change and need no locks.
 Mutations are serialised by an asyncio lock and take the node lock around their writes, so
 the CLI acting directly never interleaves with the daemon.
@@ -10,6 +11,7 @@ the CLI acting directly never interleaves with the daemon.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import threading
@@ -19,10 +21,11 @@ from concurrent.futures import ThreadPoolExecutor
 from .. import __version__
 from .. import model
 from ..cdi import transient
-from ..errors import HostagentError
+from ..errors import HostagentError, StateError
 from ..hostroot import HostRoot
+from ..lock import node_lock
 from . import allocations as alloc_rules
-from . import checkpoint
+from . import checkpoint, faults
 from .events import EventLog, RevisionClock
 from .health import Health, unmonitored
 from .liveness import DEFAULT
@@ -30,9 +33,12 @@ from .settings import Settings
 from .state import Snapshot, diff_devices, lookup_table
 from .views import BaseViews, device_views
 
-__all__ = ["Agent"]
+__all__ = ["Agent", "QUICK_COMMIT", "SLOW_PAUSE"]
 
 log = logging.getLogger("hostagent.daemon")
+
+QUICK_COMMIT = 0.02         # seconds: a commit on the loop slower than this sends the next ones
+SLOW_PAUSE = 10.0           # to the worker for this long
 
 
 class Agent:
@@ -84,6 +90,7 @@ class Agent:
         self.mutex = TimedLock()
         self.work = WorkClock(settings.daemon.work_timeout)    # what the worker runs: for the liveness probe
         self._worker = ThreadPoolExecutor(1, thread_name_prefix="hostagent-worker")
+        self._loop_commits_after = 0.0    # time.monotonic() before which commits go to the worker
 
     # ---- plumbing ---------------------------------------------------------------
 
@@ -92,6 +99,28 @@ class Agent:
         call running past ``budget`` seconds (``daemon.work_timeout`` by default) makes the
         agent not live (``liveness``)."""
         return await asyncio.get_running_loop().run_in_executor(self._worker, self.work.timed(fn, budget), *args)
+
+    async def commit(self, fn, *args, purpose: str, on_loop: bool):
+        """Run a commit ``fn`` (it takes the node lock for ``purpose``, writes the checkpoint
+        and waits for its fdatasync: a fraction of a millisecond) on the loop when
+        ``on_loop`` (it does no other I/O) and it need not wait: the worker's hand-off and
+        wake-ups cost more than such a commit. It goes to the worker when another process
+        holds the node lock, and for ``SLOW_PAUSE`` seconds after a commit on the loop took
+        longer than ``QUICK_COMMIT`` (a slow disk never holds up the loop for long)."""
+        if on_loop and not faults.HANGS and time.monotonic() >= self._loop_commits_after:
+            with contextlib.ExitStack() as held:
+                try:
+                    held.enter_context(node_lock(self.host, purpose, timeout=0))
+                except StateError:
+                    pass                        # another writer holds the node: wait on the worker
+                else:
+                    started = time.monotonic()
+                    try:
+                        return self.work.timed(fn)(*args)
+                    finally:
+                        if time.monotonic() - started > QUICK_COMMIT:
+                            self._loop_commits_after = time.monotonic() + SLOW_PAUSE
+        return await self.blocking(fn, *args)
 
     def stuck(self) -> str | None:
         """Why the agent's work does not move (None: it does): the liveness probe's answer."""

@@ -1,7 +1,8 @@
 """Allocations, imperative: pick devices with the pure rules, write the transient spec, then
 the checkpoint (the commit point); release in the reverse order; restore at start.
 
-The blocking parts run on the agent's worker thread under the node lock; the agent's state
+The blocking parts run under the node lock on the agent's worker thread (a commit that
+writes only the checkpoint on the event loop, ``Agent.commit``); the agent's state
 changes, and the events, happen on the event loop's thread afterwards, so a crash or a
 failed write never leaves memory ahead of the disk.
 """
@@ -182,8 +183,32 @@ class Allocator:
 
     def _timeslices(self, allocations) -> None:
         """Worker: the GPUs' time-slices as the allocations ask (timeslices.py)."""
-        gpus = {g.uuid for g in self.agent.inventory.gpus} if self.agent.inventory else set()
+        gpus = self._gpu_uuids()
         self.timeslices.apply(timeslices.wanted(allocations, gpus), gpus)
+
+    def _gpu_uuids(self) -> set[str]:
+        return {g.uuid for g in self.agent.inventory.gpus} if self.agent.inventory else set()
+
+    def _checkpoint_only(self, alloc, others, replaced) -> bool:
+        """Whether committing ``alloc`` writes nothing but the checkpoint: node names, whose
+        edits are made already for its devices and the node spec in force; no MPS daemon of
+        its own, no MIG device made for it, no time-slice to change; no spec of a replaced
+        allocation to remove."""
+        return (not alloc.own_spec and not alloc.own_mps_devices() and not alloc.made
+                and not any(a.own_spec for a in replaced)
+                and self._files is not None and self._files[0] is self.agent.spec
+                and (alloc.devices, self.agent.hook_home()) in self._node_edits
+                and self.timeslices.settled(timeslices.wanted([*others, alloc], self._gpu_uuids())))
+
+    def _release_checkpoint_only(self, allocs, others) -> bool:
+        """Whether releasing ``allocs`` writes nothing but the checkpoint: no spec, MPS
+        daemon or MIG device of theirs to remove, no time-slice to change."""
+        return (not any(a.own_spec or a.mps or a.made for a in allocs)
+                and self.timeslices.settled(timeslices.wanted(others, self._gpu_uuids())))
+
+    @staticmethod
+    def _release_purpose(allocs) -> str:
+        return f"release {', '.join(a.id for a in allocs)}"
 
     def _gpus(self, uuids) -> list[str]:
         """Which of ``uuids`` are whole GPUs (not MIG devices)."""
@@ -198,10 +223,10 @@ class Allocator:
                               home.import_path)
 
     def _commit_new(self, alloc, records, others, replaced) -> alloc_rules.Allocation:
-        """Worker: its own MPS daemon (if it asks for one), the spec, the GPUs' time-slices,
-        then the checkpoint (the commit point; the allocations it replaces leave it in the
-        same write), then the replaced ones' specs go. The daemon and the time-slices are
-        undone when the commit fails."""
+        """A commit (``Agent.commit``): its own MPS daemon (if it asks for one), the spec,
+        the GPUs' time-slices, then the checkpoint (the commit point; the allocations it
+        replaces leave it in the same write), then the replaced ones' specs go. The daemon
+        and the time-slices are undone when the commit fails."""
         with node_lock(self.host, f"allocate {alloc.id}"):
             if alloc.own_mps_devices():
                 alloc = dataclasses.replace(alloc, mps=self._start_own_mps(alloc))
@@ -292,7 +317,9 @@ class Allocator:
                 if alloc.own_mps_devices():
                     self._may_change_the_node(owner, "start an MPS control daemon for an allocation")
                 others = [a for a in self.agent.allocations.values() if a.id not in leaving]
-                alloc = await self.agent.blocking(self._commit_new, alloc, self._records(uuids), others, replaced)
+                alloc = await self.agent.commit(self._commit_new, alloc, self._records(uuids), others, replaced,
+                                                purpose=f"allocate {alloc.id}",
+                                                on_loop=self._checkpoint_only(alloc, others, replaced))
             except BaseException:
                 if made:
                     await self._unmake(made, request["id"], "its allocation failed")
@@ -324,10 +351,10 @@ class Allocator:
                     pass
 
     def _commit_release(self, allocs, others) -> None:
-        """Worker: the MIG devices made for them destroyed (a device in use refuses, and the
-        allocations stay), then the checkpoint (the commit point), the specs (of those that
-        have one), and the GPUs' time-slices."""
-        with node_lock(self.host, f"release {', '.join(a.id for a in allocs)}"):
+        """A commit (``Agent.commit``): the MIG devices made for them destroyed (a device in
+        use refuses, and the allocations stay), then the checkpoint (the commit point), the
+        specs (of those that have one), and the GPUs' time-slices."""
+        with node_lock(self.host, self._release_purpose(allocs)):
             for a in allocs:
                 if a.mps:
                     claimmps.stop(self.host, a.mps, self._gpus(a.mps["devices"]))
@@ -348,7 +375,8 @@ class Allocator:
         gone = {a.id for a in allocs}
         others = [a for a in self.agent.allocations.values() if a.id not in gone]
         try:
-            await self.agent.blocking(self._commit_release, allocs, others)
+            await self.agent.commit(self._commit_release, allocs, others, purpose=self._release_purpose(allocs),
+                                    on_loop=self._release_checkpoint_only(allocs, others))
         finally:
             if any(a.made for a in allocs):
                 await self.agent.refresh_locked("MIG devices destroyed")

@@ -58,6 +58,11 @@ class TimeSlices:
                 self._applied = {}
         return self._applied
 
+    def settled(self, want: dict[str, str]) -> bool:
+        """Whether ``apply(want, ...)`` would read, run and write nothing (False until the
+        state file has been read once)."""
+        return self._applied is not None and self._applied == {u: i for u, i in want.items() if i != DEFAULT}
+
     def apply(self, want: dict[str, str], present: set[str]) -> list[tuple[str, str]]:
         """Worker: set the intervals that differ from the ones set last, restore ``Default``
         on GPUs no allocation time-slices any more (those still there: ``present``); the

@@ -382,3 +382,28 @@ def test_an_unknown_name_through_the_daemon_is_a_usage_error(agent):
     done = cli(agent, "mig", "apply", "-c", "no-such-config")
     assert done.returncode == 2 and "applying through the daemon" in done.stderr
     assert "no MIG config named 'no-such-config'" in done.stderr
+
+
+def test_a_commit_waits_for_the_node_lock_off_the_loop(agent, c):
+    """An allocation whose commit is only the checkpoint runs it on the event loop, but never
+    waits there for the node lock: while another process holds it, the allocation waits (on
+    the worker) and the agent still answers reads; it is made once the lock is free."""
+    import threading
+    import time
+    from hostagent.lock import node_lock
+    c.allocate("loop-warm", ["3"], cdi_names="node")            # its devices' edits made once
+    c.release("loop-warm")
+    done = {}
+    with node_lock(agent.host, "test holds the node"):
+        def allocate():
+            with agent.client() as other:
+                done["alloc"] = other.allocate("loop-held", ["3"], cdi_names="node")
+        thread = threading.Thread(target=allocate)
+        thread.start()
+        time.sleep(0.3)
+        started = time.monotonic()
+        assert c.get("/v1/node")["agent"]["pid"] == agent.proc.pid and time.monotonic() - started < 1.0
+        assert "alloc" not in done
+    thread.join(10)
+    assert done["alloc"]["id"] == "loop-held" and [a["id"] for a in c.allocations() if a["id"] == "loop-held"]
+    c.release("loop-held")
