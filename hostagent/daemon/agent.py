@@ -118,8 +118,11 @@ class Agent:
                     try:
                         return self.work.timed(fn)(*args)
                     finally:
-                        if time.monotonic() - started > QUICK_COMMIT:
+                        took = time.monotonic() - started
+                        if took > QUICK_COMMIT:
                             self._loop_commits_after = time.monotonic() + SLOW_PAUSE
+                            log.info("a commit took %.0f ms: commits run on the worker for %g s", took * 1e3,
+                                     SLOW_PAUSE)
         return await self.blocking(fn, *args)
 
     def stuck(self) -> str | None:
