@@ -28,7 +28,7 @@ from ..agentlink import AgentLink
 from .devices import Pool, build_pool
 from .health import UNHEALTHY, Board, Entry, device_health
 from .errors import KubeError
-from .prepare import Preparer, owned
+from .prepare import PREFIX, Preparer, owned
 from .publisher import Publisher
 from .registrar import Registrar
 from .service import DraServer
@@ -59,7 +59,8 @@ class DraPlugin:
         self.api = api
         self.notifier = notifier
         self.link = AgentLink(options.agent_socket)
-        self.link.owned = owned
+        self.link.owned = owned             # its own allocations change no published device
+        self.link.own_prefix = PREFIX       # and the agent need not send their device changes
         self.board = Board(options.heartbeat)
         self.pool: Pool | None = None            # what is published (None: not known yet)
         self.preparer = Preparer(self.link, api, options.driver, options.node, lambda: self.pool)
