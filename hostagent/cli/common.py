@@ -88,3 +88,24 @@ def note_unread(inv) -> None:
         say(f"note: {line}")
     if lines:
         say(f"note: to read them, {PRIVILEGE_HINT}")
+
+
+def seconds(text: str, *, above_zero: bool = False) -> float:
+    """An argparse type: a finite number of seconds, 0 or more (more than 0 when
+    ``above_zero``)."""
+    import argparse
+    import math
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds")
+    if value < 0 or (above_zero and value == 0):
+        raise argparse.ArgumentTypeError("must be more than 0" if above_zero else "must not be negative")
+    return value
+
+
+def positive_seconds(text: str) -> float:
+    """An argparse type: a finite number of seconds, more than 0."""
+    return seconds(text, above_zero=True)

@@ -2,23 +2,12 @@
 
 from __future__ import annotations
 
-from .common import host_from_args
+from .common import host_from_args, seconds
 
 __all__ = ["register"]
 
 PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
 POD_RESOURCES = "/var/lib/kubelet/pod-resources/kubelet.sock"
-
-
-def _seconds(text: str) -> float:
-    import argparse
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError("must not be negative")
-    return value
 
 
 def _list_strategy(text: str) -> tuple[str, ...]:
@@ -59,12 +48,12 @@ def register(sub) -> None:
     p.add_argument("--pod-resources-socket", metavar="PATH",
                    help=f"the kubelet's pod resources API, to release allocations no container holds "
                         f"(default {POD_RESOURCES}; 'none' to not use it)")
-    p.add_argument("--allocation-expiry", type=_seconds, default=86400.0, metavar="SECONDS",
+    p.add_argument("--allocation-expiry", type=seconds, default=86400.0, metavar="SECONDS",
                    help="without the pod resources API, release an allocation not allocated again for "
                         "this long (default 86400; 0: never)")
-    p.add_argument("--reconcile-interval", type=_seconds, default=60.0, metavar="SECONDS",
+    p.add_argument("--reconcile-interval", type=seconds, default=60.0, metavar="SECONDS",
                    help="how often allocations are checked against the kubelet (default 60)")
-    p.add_argument("--release-grace", type=_seconds, default=60.0, metavar="SECONDS",
+    p.add_argument("--release-grace", type=seconds, default=60.0, metavar="SECONDS",
                    help="never release an allocation made or allocated again in the last SECONDS: the "
                         "kubelet records a container's devices only after Allocate (default 60)")
     p.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info")

@@ -2,24 +2,13 @@
 
 from __future__ import annotations
 
-from .common import host_from_args
+from .common import host_from_args, positive_seconds
 
 __all__ = ["register"]
 
 REGISTRY = "/var/lib/kubelet/plugins_registry"
 PLUGINS = "/var/lib/kubelet/plugins"
 DRIVER = "gpu.nvidia.com"
-
-
-def _seconds(text: str) -> float:
-    import argparse
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError("must be more than 0")
-    return value
 
 
 def _driver(text: str) -> str:
@@ -52,7 +41,7 @@ def register(sub) -> None:
     p.add_argument("--dynamic-mig", action="store_true",
                    help="offer every MIG profile at every free placement of the GPUs in MIG mode, made when a "
                         "claim is prepared (needs the DRAPartitionableDevices feature gate)")
-    p.add_argument("--resync", type=_seconds, default=60.0, metavar="SECONDS",
+    p.add_argument("--resync", type=positive_seconds, default=60.0, metavar="SECONDS",
                    help="how often the published slices are compared with the API server's (default 60)")
     p.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info")
     p.set_defaults(run=run)

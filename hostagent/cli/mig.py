@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import sys
 
-from .common import host_from_args, say
+from .common import host_from_args, say, seconds
 from .migout import hooks_of, print_applied, progress, say_notes
 from .output import FORMATS, add_output_flag, emit, table
 
@@ -41,7 +41,7 @@ def register(sub) -> None:
     v.add_argument("--if-driver-loaded", action="store_true",
                    help="do nothing and exit 0 when the NVIDIA driver is not loaded (for the boot "
                         "unit: the daemon applies its layout once the driver is there)")
-    v.add_argument("--lock-timeout", type=_seconds, metavar="SECONDS",
+    v.add_argument("--lock-timeout", type=seconds, metavar="SECONDS",
                    help="give up if another apply holds the node lock this long "
                         "(default: wait for it to finish)")
     v.add_argument("-o", "--output", choices=FORMATS, default="table",
@@ -89,17 +89,6 @@ def _config_flags(v) -> None:
     v.add_argument("-c", "--selected-config", metavar="NAME",
                    default=os.environ.get("MIG_PARTED_SELECTED_CONFIG") or None,
                    help="config to use (default: $MIG_PARTED_SELECTED_CONFIG, or the only one)")
-
-
-def _seconds(text: str) -> float:
-    import argparse
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not value >= 0:
-        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}")
-    return value
 
 
 def _waiting(holder: str) -> None:

@@ -29,6 +29,8 @@ def test_defaults_follow_the_simulated_root(tmp_path):
     (["--device-list-strategy", ","], "nothing"),
     (["--allocation-expiry", "-1"], "must not be negative"),
     (["--reconcile-interval", "soon"], "not a number"),
+    (["--release-grace", "nan"], "not a number"),
+    (["--release-grace", "inf"], "not a number"),
     (["--mig-strategy", "dynamic"], "invalid choice"),
 ])
 def test_bad_flags_are_usage_errors(capsys, argv, words):
