@@ -13,6 +13,7 @@ from hostagent.plugins.dra.devices import build_pool, mig_name, profile_label, s
 from hostagent.plugins.dra.quantity import format_quantity, parse_quantity
 from hostagent.plugins.dra.slices import layout
 from tests.integration.kubeapi import slice_problems
+from tests.rootneeds import GPU_CHANGES
 
 kv = pytest.importorskip("kubernetes_validate", reason="kubernetes-validate is in the [test] extra")
 
@@ -89,6 +90,7 @@ def test_gpus_fully_linked_by_nvlink_share_a_group_and_a_pcie_root_each(make_nod
         assert by_uuid[first].index == members[0]
 
 
+@GPU_CHANGES
 def test_a_gpu_in_mig_mode_leaves_its_nvlink_group(make_node):
     host, _ = make_node("a30x4")
     smi(host, "-i", "0", "-mig", "1")
@@ -100,6 +102,7 @@ def test_a_gpu_in_mig_mode_leaves_its_nvlink_group(make_node):
     assert a[2]["nvlinkGroup"] == a[3]["nvlinkGroup"] == inv.gpus[2].uuid
 
 
+@GPU_CHANGES
 def test_mig_devices_of_a_layout_replace_their_gpu(make_node):
     host, _ = make_node("dgx-a100")
     smi(host, "-i", "0", "-mig", "1")
@@ -128,6 +131,7 @@ def test_mig_devices_of_a_layout_replace_their_gpu(make_node):
     valid(pool, (1, 34))
 
 
+@GPU_CHANGES
 def test_dynamic_mig_offers_every_free_placement_and_counts_what_each_takes(make_node):
     host, _ = make_node("dgx-a100")
     for gpu in ("0", "1"):
@@ -178,6 +182,7 @@ def test_dynamic_mig_offers_every_free_placement_and_counts_what_each_takes(make
     assert valid(pool, (1, 36)) == split                     # beta from 1.36: the same layout
 
 
+@GPU_CHANGES
 def test_a_claims_device_stands_as_its_partition(make_node):
     """A MIG device made for a claim is published as the partition it was made from: the
     pool does not change when a claim is prepared."""
@@ -200,6 +205,7 @@ def test_a_claims_device_stands_as_its_partition(make_node):
     assert as_static != before and any(d.uuid == made.uuid for d in as_static.devices)
 
 
+@GPU_CHANGES
 def test_partial_compute_instances_get_names_of_their_own(make_node):
     host, _ = make_node("dgx-a100")
     smi(host, "-i", "0", "-mig", "1")
