@@ -331,9 +331,9 @@ def run(host: HostRoot, config_path=None, log_level: str | None = None) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     from .. import __version__
-    from ..cli.parser import add_root_options
+    from ..cli.parser import Parser, add_root_options
     from .args import add_arguments
-    parser = argparse.ArgumentParser(prog="hostagentd", description="The hostagent daemon.")
+    parser = Parser(prog="hostagentd", description="The hostagent daemon.")
     parser.add_argument("--version", action="version", version=f"hostagentd {__version__}")
     add_arguments(parser)
     add_root_options(parser)

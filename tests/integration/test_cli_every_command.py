@@ -84,12 +84,12 @@ def test_help_usage_and_global_options(command, capsys):
     code, out, err = run([*words, "--help"], capsys)
     assert (code, err) == (0, "") and out.startswith(f"usage: hostagent {command} ")
     assert "global options (before or after the command):" in out and "--simulate DIR" in out
-    # A mistake is reported with this command's usage, not the top level's.
+    # A mistake is one line from this command's parser (not the top level's), naming the
+    # option and where the options are listed, with no usage block.
     code, out, err = run([*words, *SAMPLES[command], "--simulte=/x"], capsys)
     assert code == 2 and out == ""
-    assert err.startswith(f"usage: hostagent {command} ")
-    assert err.splitlines()[-1].startswith(f"hostagent {command}: error: ")
-    assert "did you mean '--simulate'?" in err
+    assert err == (f"hostagent {command}: error: unrecognized arguments: --simulte=/x "
+                   f"(did you mean '--simulate'?) (see hostagent {command} --help)\n")
     # The global options parse after the command's words, and win there.
     parser = COMMANDS[command]
     ns, _ = parser.parse_known_args(["--simulate", "/after", "-v", *SAMPLES[command]])
@@ -120,6 +120,35 @@ def test_usage_errors_exit_2_with_a_suggestion(argv, message, capsys, tmp_path, 
     code, out, err = run(argv, capsys)
     assert code == 2 and out == "" and message in err, err
     assert not os.listdir(tmp_path)
+
+
+@pytest.mark.parametrize("argv, line", [
+    (["sim", "load", "0", "--sm", "120"],
+     "hostagent sim load: error: argument --sm: 120 is not a percentage (0-100) (see hostagent sim load --help)"),
+    (["sim", "load", "0", "--gr", "nan"],
+     "hostagent sim load: error: argument --gr: nan is not a percentage (0-100) (see hostagent sim load --help)"),
+    (["devices", "-o", "xml"], "hostagent devices: error: argument -o/--output: invalid choice: 'xml' "),
+    (["sim", "xid", "--gpu", "0"], "hostagent sim xid: error: the following arguments are required: --xid "),
+    (["mig", "apply", "--lock-timeout"], "hostagent mig apply: error: argument --lock-timeout: expected one argument "),
+])
+def test_an_option_error_is_one_line_naming_the_option_and_help(argv, line, capsys):
+    code, out, err = run(argv, capsys)
+    assert code == 2 and out == ""
+    assert len(err.splitlines()) == 1 and err.startswith(line), err
+    assert err.rstrip().endswith(" --help)"), err
+
+
+@pytest.mark.parametrize("argv, line", [
+    (["hostagentd", "--bogus"], "hostagentd: error: unrecognized arguments: --bogus (see hostagentd --help)"),
+    (["hostagentd", "--log-level", "loud"], "hostagentd: error: argument --log-level: invalid choice: 'loud' "),
+    (["hostagent-runtime", "--config"],
+     "hostagent-runtime: error: --config needs a value (see hostagent-runtime --help)"),
+])
+def test_the_other_programs_say_an_option_error_in_one_line(argv, line):
+    done = subprocess.run([script(argv[0]), *argv[1:]], capture_output=True, text=True, timeout=60,
+                          stdin=subprocess.DEVNULL)
+    assert done.returncode == 2 and done.stdout == ""
+    assert len(done.stderr.splitlines()) == 1 and done.stderr.startswith(line), done.stderr
 
 
 @pytest.mark.parametrize("program", PROGRAMS)
