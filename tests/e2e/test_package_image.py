@@ -208,7 +208,7 @@ def test_the_simulated_overlays_agent_makes_its_node_and_answers(image, tmp_path
         assert check.returncode == 0, check.stderr
         # The node's labels, where NFD's worker reads them.
         labels = (host["nfd-features"] / "hostagent").read_text()
-        assert "nvidia.com/gpu.present=true" in labels and "nvidia.com/gpu.count=8" in labels
+        assert "nvidia.com/gpu.count=8" in labels and "nvidia.com/gpu.product=NVIDIA-A100-SXM4-40GB" in labels
         # A second start (the pod restarted) keeps the node it made.
         podman("run", "--rm", *PODMAN_FLAGS, *flags(init), image, *init["command"])
         with Client(socket_path=socket, timeout=10) as client:

@@ -26,6 +26,7 @@ from tests.runfolder import readable_copy
 SAMPLES = {
     "devices": [], "topo": [], "node": [], "labels": ["--write"], "serve": [], "device-plugin": [],
     "dra-plugin": ["--node-name", "node-1", "--kubeconfig", "ROOT/kubeconfig"],
+    "dra-webhook": ["--tls-cert", "ROOT/tls.crt", "--tls-key", "ROOT/tls.key"],
     "health status": [], "health watch": [], "health clear": ["--all"],
     "cdi generate": ["--output", "ROOT/spec.json"], "cdi refresh": [], "cdi list": [],
     "cdi validate": ["ROOT/var/run/cdi/nvidia.com-gpu.json"],
@@ -194,7 +195,9 @@ def test_every_command_run_by_another_user_says_how_to_run_it_as_root(shared_nod
     results = dict(zip([*SAMPLES, "hostagentd"], (json.loads(line) for line in done.stdout.splitlines())))
     assert len(results) == len(SAMPLES) + 1
     code, out = results.pop("hostagentd")[1:]
-    assert code == 1 and out.startswith("hostagentd: error: cannot start: ") and "Traceback" not in out
+    # The log's line naming the configuration in force, then the error.
+    assert code == 1 and out.splitlines()[0].startswith("hostagentd: info: configuration: ")
+    assert out.splitlines()[-1].startswith("hostagentd: error: cannot start: ") and "Traceback" not in out
     assert out.rstrip().endswith("the daemon runs as root: systemctl start hostagent, or sudo hostagentd"), out
     for command, (argv, code, out) in results.items():
         assert "Traceback" not in out, f"{command}:\n{out}"
