@@ -139,14 +139,14 @@ def test_an_option_error_is_one_line_naming_the_option_and_help(argv, line, caps
     assert err.rstrip().endswith(" --help)"), err
 
 
-@pytest.mark.parametrize("argv, line", [
-    (["hostagentd", "--bogus"], "hostagentd: error: unrecognized arguments: --bogus (see hostagentd --help)"),
-    (["hostagentd", "--log-level", "loud"], "hostagentd: error: argument --log-level: invalid choice: 'loud' "),
-    (["hostagent-runtime", "--config"],
+@pytest.mark.parametrize("program, args, line", [
+    ("hostagentd", ["--bogus"], "hostagentd: error: unrecognized arguments: --bogus (see hostagentd --help)"),
+    ("hostagentd", ["--log-level", "loud"], "hostagentd: error: argument --log-level: invalid choice: 'loud' "),
+    ("hostagent-runtime", ["--config"],
      "hostagent-runtime: error: --config needs a value (see hostagent-runtime --help)"),
 ])
-def test_the_other_programs_say_an_option_error_in_one_line(argv, line):
-    done = subprocess.run([script(argv[0]), *argv[1:]], capture_output=True, text=True, timeout=60,
+def test_the_other_programs_say_an_option_error_in_one_line(program, args, line):
+    done = subprocess.run([script(program), *args], capture_output=True, text=True, timeout=60,
                           stdin=subprocess.DEVNULL)
     assert done.returncode == 2 and done.stdout == ""
     assert len(done.stderr.splitlines()) == 1 and done.stderr.startswith(line), done.stderr

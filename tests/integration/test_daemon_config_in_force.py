@@ -21,12 +21,11 @@ from tests.waiting import until
 from .agentd import make_root, running_agent
 
 
-@pytest.mark.parametrize("argv", [["hostagentd"], [sys.executable, "-m", "hostagent.cli.main", "serve"]],
-                         ids=["hostagentd", "hostagent-serve"])
-def test_a_config_file_that_does_not_exist_is_refused_in_one_line(make_node, tmp_path, argv):
+@pytest.mark.parametrize("program", ["hostagentd", "hostagent serve"])
+def test_a_config_file_that_does_not_exist_is_refused_in_one_line(make_node, tmp_path, program):
     host, _ = make_node("t4x2")
-    if argv == ["hostagentd"]:
-        argv = [script("hostagentd")]
+    argv = [script("hostagentd")] if program == "hostagentd" else [sys.executable, "-m", "hostagent.cli.main",
+                                                                   "serve"]
     missing = tmp_path / "typo.yaml"
     done = subprocess.run([*argv, "--simulate", str(host.root), "--config", str(missing)],
                           capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)

@@ -87,12 +87,12 @@ def _containers(doc: dict) -> list[dict]:
 
 def test_the_top_kustomization_is_the_base():
     assert rendered(".") == render("base")
-    assert [c["name"] for c in pod(".")["containers"]] == ["hostagent", "device-plugin"]
+    assert tuple(c["name"] for c in pod(".")["containers"]) == ("hostagent", "device-plugin")
 
 
 def test_the_dra_overlay_runs_the_agent_without_its_device_plugin():
     spec = pod("dra")
-    assert [c["name"] for c in spec["containers"]] == ["hostagent"]
+    assert tuple(c["name"] for c in spec["containers"]) == ("hostagent",)
     base = pod(".")
     assert spec["containers"][0] == base["containers"][0]
     # The kubelet folders only the device plugin mounted go with it.
@@ -100,7 +100,8 @@ def test_the_dra_overlay_runs_the_agent_without_its_device_plugin():
         "device-plugins", "pod-resources"}
     assert {m["name"] for m in spec["containers"][0]["volumeMounts"]} == {v["name"] for v in spec["volumes"]}
     # The DRA plugin, its classes (cluster-scoped, NVIDIA's names) and the webhook are there.
-    assert [c["command"] for c in pod("dra", "hostagent-dra-plugin")["containers"]] == [["hostagent", "dra-plugin"]]
+    assert [tuple(c["command"]) for c in pod("dra", "hostagent-dra-plugin")["containers"]] == [
+        ("hostagent", "dra-plugin")]
     classes = [d for d in rendered("dra") if d["kind"] == "DeviceClass"]
     assert sorted(d["metadata"]["name"] for d in classes) == ["gpu.nvidia.com", "mig.nvidia.com"]
     assert all("namespace" not in d["metadata"] for d in classes)
@@ -117,7 +118,7 @@ def test_the_dra_overlays_webhook_serves_the_plugins_decoding_over_tls():
     assert hook["sideEffects"] == "None" and hook["admissionReviewVersions"] == ["v1"]
     deployment = the("dra", "Deployment")
     [container] = deployment["spec"]["template"]["spec"]["containers"]
-    assert container["command"][:2] == ["hostagent", "dra-webhook"]
+    assert tuple(container["command"][:2]) == ("hostagent", "dra-webhook")
     secret = deployment["spec"]["template"]["spec"]["volumes"][0]["secret"]["secretName"]
     # The certificate: cert-manager's Certificate makes that Secret and its CA is injected.
     certificate = the("dra/cert-manager", "Certificate")
@@ -145,12 +146,12 @@ def test_the_simulated_overlay_runs_the_agent_on_a_node_it_makes_without_the_hos
     assert mounts["/var/lib/hostagent-sim/run/hostagent"] == "/run/hostagent"  # the plugin's socket
     [init] = spec["initContainers"]
     assert "hostagent sim create --profile dgx-a100 --root /var/lib/hostagent-sim" in init["command"][-1]
-    assert plugin["command"] == ["hostagent", "device-plugin", "--device-list-strategy", "edits,envvar"]
+    assert tuple(plugin["command"]) == ("hostagent", "device-plugin", "--device-list-strategy", "edits,envvar")
     terms = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
     assert terms == [{"matchExpressions": [{"key": "hostagent.io/simulated-node", "operator": "In",
                                             "values": ["true"]}]}]
     # The probes find the simulated node's daemon through the environment.
-    assert agent["livenessProbe"]["exec"]["command"] == ["hostagentd", "--check"]
+    assert tuple(agent["livenessProbe"]["exec"]["command"]) == ("hostagentd", "--check")
 
 
 def test_the_service_monitor_scrapes_every_agent_pod():
