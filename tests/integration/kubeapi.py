@@ -175,7 +175,10 @@ class _Handler(BaseHTTPRequestHandler):
         except Exception as e:       # a bug in the test server: say so to the client
             code, body = 500, _status(500, "InternalError", f"test API server: {type(e).__name__}: {e}")
         if code:
-            self._send(code, body)
+            try:
+                self._send(code, body)
+            except OSError:          # the client went away (a killed process): nothing to answer
+                self.close_connection = True
 
     def do_GET(self):
         self._route("GET")
