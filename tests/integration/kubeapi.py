@@ -317,6 +317,13 @@ class TestApiServer:
             assert code == 200, obj
             return obj
 
+    def patch(self, resource: str, name: str, patch: dict, namespace: str = "") -> dict:
+        """A merge patch, as another client (an admin's kubectl) makes it."""
+        with self._cond:
+            code, obj = self.objects.patch(resource, namespace, name, patch, "application/merge-patch+json")
+            assert code == 200, obj
+            return obj
+
     def get(self, resource: str, name: str, namespace: str = "") -> dict | None:
         with self._cond:
             obj = self.objects.get(resource, namespace, name)

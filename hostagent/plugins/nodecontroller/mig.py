@@ -42,13 +42,13 @@ class MigByLabel:
         return self.clearing.overdue()
 
     def _finish(self, key, step) -> None:
+        if step.event:                  # first: once the state says it, the Event says why
+            self.ctx.recorder.record(*step.event)
+        if self.clearing.active:        # the cordon lifted before the state says it is done
+            self.clearing.finish()
         if step.state:
             self.ctx.state(MIG_STATE, step.state)
-        if step.event:
-            self.ctx.recorder.record(*step.event)
         self.done, self.waiting = key, None
-        if self.clearing.active:
-            self.clearing.finish()
 
     def reconcile(self, labels: dict) -> None:
         name = migplan.wanted(labels)

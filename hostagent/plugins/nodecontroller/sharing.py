@@ -37,13 +37,13 @@ class SharingByLabel:
         return self.clearing.overdue()
 
     def _finish(self, key, state: str | None, event) -> None:
+        if event:                       # first: once the state says it, the Event says why
+            self.ctx.recorder.record(*event)
+        if self.clearing.active:        # the cordon lifted before the state says it is done
+            self.clearing.finish()
         if state:
             self.ctx.state(SHARING_STATE, state)
-        if event:
-            self.ctx.recorder.record(*event)
         self.done, self.waiting = key, None
-        if self.clearing.active:
-            self.clearing.finish()
 
     def reconcile(self, labels: dict) -> None:
         if self.folder is None:

@@ -35,6 +35,16 @@ def annotations_patch(node: dict, annotations: dict) -> dict | None:
     return _metadata_patch(node, "annotations", annotations)
 
 
+def _older(node: dict, than: dict | None) -> bool:
+    """Whether ``node`` is an older version than ``than``. resourceVersions are opaque to
+    clients, but the API server's come from etcd's revision, an integer that only grows: a
+    version that is not one is taken as newer."""
+    if than is None:
+        return False
+    mine, theirs = node["metadata"].get("resourceVersion", ""), than["metadata"].get("resourceVersion", "")
+    return mine.isdigit() and theirs.isdigit() and int(mine) < int(theirs)
+
+
 class NodeWriter:
     def __init__(self, api, name: str):
         self.api = api
@@ -44,10 +54,12 @@ class NodeWriter:
         self._lock = threading.Lock()
 
     def seen(self, node: dict | None) -> None:
-        """The Node as the watch delivered it."""
+        """The Node as the watch delivered it: kept unless this writer's own last answer is
+        newer (the watch may still be delivering changes made before it)."""
         if node is not None:
             with self._lock:
-                self._node = node
+                if not _older(node, self._node):
+                    self._node = node
 
     @property
     def node(self) -> dict | None:
