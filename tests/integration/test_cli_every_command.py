@@ -26,6 +26,7 @@ from tests.runfolder import readable_copy
 SAMPLES = {
     "devices": [], "topo": [], "node": [], "labels": ["--write"], "serve": [], "device-plugin": [],
     "dra-plugin": ["--node-name", "node-1", "--kubeconfig", "ROOT/kubeconfig"],
+    "node-controller": ["--node-name", "node-1", "--kubeconfig", "ROOT/kubeconfig", "--dry-run"],
     "health status": [], "health watch": [], "health clear": ["--all"],
     "cdi generate": ["--output", "ROOT/spec.json"], "cdi refresh": [], "cdi list": [],
     "cdi validate": ["ROOT/var/run/cdi/nvidia.com-gpu.json"],
