@@ -36,8 +36,13 @@ def debian_main_only(root):
      "the host says no distribution: no /etc/os-release", no_os_release),
     (["--simulate", "{node}", "driver", "plan", "--version", "550.127.05"],
      "(Debian ships the driver in its non-free component", debian_main_only),
+    (["--simulate", "{node}", "node-controller", "--kubeconfig", "{empty}/kc"], "no node name (give --node-name", None),
+    (["--simulate", "{node}", "node-controller", "--node-name", "n", "--sharing-configs", "{empty}/nosuch"],
+     "the sharing configs folder does not exist", None),
+    (["--simulate", "{node}", "node-controller", "--node-name", "n", "--default-sharing-config", "x"],
+     "--default-sharing-config needs --sharing-configs DIR", None),
 ], ids=["not-a-node", "unknown-device", "fraction", "unknown-key", "no-daemon", "mig-config", "no-distro",
-        "non-free"])
+        "non-free", "no-node-name", "no-sharing-folder", "default-without-folder"])
 def test_the_message_has_its_row(make_node, tmp_path, capsys, argv, says, prepare):
     host, _ = make_node("a30x4")
     if prepare:
