@@ -182,3 +182,21 @@ def test_evictions_retry_a_budgets_429_and_give_up_at_the_timeout(api):
         Evictor(client, timeout=0.3, retry=0.05, stop=threading.Event()).evict([("ns", "b"), ("ns", "c")])
     assert list(e.value.pods) == ["ns/b"] and "disruption budget" in e.value.pods["ns/b"]
     assert ("ns", "c") in server.objects.evicted
+
+
+def test_the_test_api_server_keeps_leases_with_resource_versions():
+    server = TestApiServer((1, 35))
+    lease = server.create({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                           "metadata": {"name": "upgrade-0", "namespace": "hostagent"},
+                           "spec": {"holderIdentity": "n", "leaseDurationSeconds": 15}})
+    with server._cond:
+        stale = {**lease, "metadata": {**lease["metadata"], "resourceVersion": "0"}}
+        code, _ = server.objects.replace("leases", "hostagent", "upgrade-0", stale)
+        assert code == 409
+        code, new = server.objects.replace("leases", "hostagent", "upgrade-0",
+                                           {**lease, "spec": {**lease["spec"], "holderIdentity": "m"}})
+        assert code == 200 and new["metadata"]["resourceVersion"] != lease["metadata"]["resourceVersion"]
+        code, _ = server.objects.create("leases", "hostagent", {"apiVersion": "coordination.k8s.io/v1",
+                                                                 "kind": "Lease", "metadata": {"name": "bad"},
+                                                                 "spec": {"leaseDurationSeconds": "x"}})
+    assert code == 422 and server.rejected

@@ -12,5 +12,9 @@ One per node, a consumer of the agent's local API and of the Kubernetes API (nev
     cordon       cordon and uncordon, remembering its own cordon in an annotation
     evict        pods evicted through the Eviction API, 429s retried until a timeout
     holders      which pods hold an agent allocation
-    controller   the loop composing them
+    context      what the parts share; clearing devices in use (cordon, evict, uncordon)
+    mig          MIG by label: a pass of the plan, the state, the apply
+    sharing      sharing by label: the same for the sharing config
+    health       the faults reported: Events, condition, taint, on a thread of its own
+    controller   the loop composing them (dryrun: one pass printed, nothing written)
 """
