@@ -27,6 +27,7 @@ SAMPLES = {
     "devices": [], "topo": [], "node": [], "labels": ["--write"], "serve": [], "device-plugin": [],
     "dra-plugin": ["--node-name", "node-1", "--kubeconfig", "ROOT/kubeconfig"],
     "dra-webhook": ["--tls-cert", "ROOT/tls.crt", "--tls-key", "ROOT/tls.key"],
+    "node-controller": ["--node-name", "node-1", "--kubeconfig", "ROOT/kubeconfig", "--dry-run"],
     "health status": [], "health watch": [], "health clear": ["--all"],
     "cdi generate": ["--output", "ROOT/spec.json"], "cdi refresh": [], "cdi list": [],
     "cdi validate": ["ROOT/var/run/cdi/nvidia.com-gpu.json"],

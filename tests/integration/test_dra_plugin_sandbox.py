@@ -43,8 +43,9 @@ def test_a_kubeconfig_the_sandbox_hides_says_where_to_put_it():
         stdin=subprocess.DEVNULL)
     assert done.returncode == 1 and len(done.stderr.splitlines()) == 1, done.stderr
     assert done.stderr.startswith("hostagent: error: /home/admin/.kube/config: cannot read the kubeconfig: "
-                                  "Permission denied (hostagent-dra-plugin.service runs with ProtectHome=yes")
-    assert "name it as KUBECONFIG in /etc/hostagent/dra-plugin.env" in done.stderr
+                                  "Permission denied (hostagent-dra-plugin.service and "
+                                  "hostagent-node-controller.service run with ProtectHome=yes")
+    assert "name it as KUBECONFIG in /etc/hostagent/dra-plugin.env (or node-controller.env)" in done.stderr
 
 
 def test_kubelet_folders_the_sandbox_keeps_read_only_say_how_to_make_them_writable(make_node, tmp_path):

@@ -106,9 +106,14 @@ def debian_main_only(root):
     (["--simulate", "{node}", "sim", "create", "--root", "{node}"], "a simulated node already exists there", None),
     (["--simulate", "{node}", "serve", "--config", "{empty}/typo.yaml"], "no such file (give an existing file, or "
      "leave --config out", None),
+    (["--simulate", "{node}", "node-controller", "--kubeconfig", "{empty}/kc"], "no node name (give --node-name", None),
+    (["--simulate", "{node}", "node-controller", "--node-name", "n", "--sharing-configs", "{empty}/nosuch"],
+     "the sharing configs folder does not exist", None),
+    (["--simulate", "{node}", "node-controller", "--node-name", "n", "--default-sharing-config", "x"],
+     "--default-sharing-config needs --sharing-configs DIR", None),
 ], ids=["not-a-node", "unknown-device", "fraction", "unknown-key", "no-daemon", "mig-config", "no-distro",
         "non-free", "topo", "sim-load", "dra-node-name", "dra-kubeconfig", "mig-does-not-fit", "mig-unknown-profile",
-        "sim-exists", "missing-config"])
+        "sim-exists", "missing-config", "no-node-name", "no-sharing-folder", "default-without-folder"])
 def test_the_message_has_its_row(make_node, tmp_path, capsys, argv, says, prepare):
     host, _ = make_node("a30x4")
     if prepare:

@@ -87,18 +87,17 @@ def _containers(doc: dict) -> list[dict]:
 
 def test_the_top_kustomization_is_the_base():
     assert rendered(".") == render("base")
-    assert tuple(c["name"] for c in pod(".")["containers"]) == ("hostagent", "device-plugin")
+    assert tuple(c["name"] for c in pod(".")["containers"]) == ("hostagent", "device-plugin", "node-controller")
 
 
 def test_the_dra_overlay_runs_the_agent_without_its_device_plugin():
     spec = pod("dra")
-    assert tuple(c["name"] for c in spec["containers"]) == ("hostagent",)
     base = pod(".")
-    assert spec["containers"][0] == base["containers"][0]
-    # The kubelet folders only the device plugin mounted go with it.
-    assert {v["name"] for v in base["volumes"]} - {v["name"] for v in spec["volumes"]} == {
-        "device-plugins", "pod-resources"}
-    assert {m["name"] for m in spec["containers"][0]["volumeMounts"]} == {v["name"] for v in spec["volumes"]}
+    assert [c["name"] for c in spec["containers"]] == [c["name"] for c in base["containers"] if c["name"] != "device-plugin"]
+    assert all(c in base["containers"] for c in spec["containers"])          # the others as they are
+    # The kubelet folder only the device plugin mounted goes with it; every volume left is mounted.
+    assert {v["name"] for v in base["volumes"]} - {v["name"] for v in spec["volumes"]} == {"device-plugins"}
+    assert {m["name"] for c in spec["containers"] for m in c["volumeMounts"]} == {v["name"] for v in spec["volumes"]}
     # The DRA plugin, its classes (cluster-scoped, NVIDIA's names) and the webhook are there.
     assert [tuple(c["command"]) for c in pod("dra", "hostagent-dra-plugin")["containers"]] == [
         ("hostagent", "dra-plugin")]
@@ -131,7 +130,7 @@ def test_the_dra_overlays_webhook_serves_the_plugins_decoding_over_tls():
 
 def test_the_simulated_overlay_runs_the_agent_on_a_node_it_makes_without_the_hosts_devices():
     spec = pod("simulated")
-    agent, plugin = spec["containers"]
+    agent, plugin = spec["containers"][:2]
     env = {e["name"]: e.get("value") for e in agent["env"]}
     assert env["HOSTAGENT_SIMULATE"] == "/var/lib/hostagent-sim" and "HOSTAGENT_HOST_ROOT" not in env
     assert agent["securityContext"]["privileged"] is False
@@ -141,6 +140,8 @@ def test_the_simulated_overlay_runs_the_agent_on_a_node_it_makes_without_the_hos
     assert set(paths.values()) == {"/var/lib/hostagent-sim", "/run/hostagent",
                                    "/etc/kubernetes/node-feature-discovery/features.d",
                                    "/var/lib/kubelet/device-plugins", "/var/lib/kubelet/pod-resources"}
+    assert {m["name"] for c in spec["containers"] + spec["initContainers"] for m in c["volumeMounts"]} == {
+        v["name"] for v in spec["volumes"]}
     mounts = {m["mountPath"]: paths.get(m["name"]) for m in agent["volumeMounts"]}
     assert mounts["/var/lib/hostagent-sim"] == "/var/lib/hostagent-sim"       # host paths as they are
     assert mounts["/var/lib/hostagent-sim/run/hostagent"] == "/run/hostagent"  # the plugin's socket
