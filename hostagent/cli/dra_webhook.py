@@ -36,6 +36,7 @@ def _stop(signum, frame):
 
 
 def run(args) -> int:
+    import errno
     import signal
     import ssl
     from ..daemon.logs import setup_logging
@@ -52,7 +53,7 @@ def run(args) -> int:
         raise ConfigError("no such file", where=e.filename or args.tls_cert,
                           hint="mount the webhook's Secret (tls.crt, tls.key), see docs/dra.md") from None
     except OSError as e:
-        if e.errno in (98, 13):          # EADDRINUSE, EACCES
+        if e.errno in (errno.EADDRINUSE, errno.EACCES):
             raise StateError(f"cannot listen on {args.address}:{args.port}: {e.strerror}",
                              hint="choose another --port") from None
         raise

@@ -17,9 +17,8 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from ..daemon.main import run as run_daemon, start_failure
+    from ..daemon.main import missing_config, run as run_daemon, start_failure
     from ..errors import StateError, UsageError
-    from ..daemon.main import missing_config
     if missing_config(args.config):
         raise UsageError(missing_config(args.config))
     host = host_from_args(args)

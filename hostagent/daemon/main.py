@@ -409,7 +409,7 @@ def _ask_live(host: HostRoot, config_path):
         return socket_path, client.live()
 
 
-def check(host: HostRoot, config_path=None, *, service_node=service_node) -> int:
+def check(host: HostRoot, config_path=None, *, find_service_node=service_node) -> int:
     """``hostagentd --check``: one line saying whether the node's daemon answers and its
     work moves. Asked on the host without --simulate while systemd's service runs on a
     simulated node, it asks that node's daemon, and says so."""
@@ -419,7 +419,7 @@ def check(host: HostRoot, config_path=None, *, service_node=service_node) -> int
         try:
             socket_path, live = _ask_live(host, config_path)
         except DaemonNotRunning:
-            node = None if host.simulated or host.mounted or config_path else service_node()
+            node = None if host.simulated or host.mounted or config_path else find_service_node()
             if not node:
                 raise
             host = HostRoot.from_env(node, simulator=simulator)

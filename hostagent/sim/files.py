@@ -12,8 +12,8 @@ from ..errors import PermissionDenied
 from ..fileio import ensure_dir, write_atomic
 from .node import NodeFacts, NodeState
 
-__all__ = ["NodeFiles", "can_create_device_nodes", "recorded_char_device", "mig_minors", "mig_cap_names", "sync_mig_caps",
-           "create_cap_nodes", "remove_cap_nodes", "add_drm_nodes", "FIXED_CAP_MINORS"]
+__all__ = ["NodeFiles", "can_create_device_nodes", "recorded_char_device", "mig_minors", "mig_cap_names",
+           "sync_mig_caps", "create_cap_nodes", "remove_cap_nodes", "add_drm_nodes", "FIXED_CAP_MINORS"]
 
 # nvidia-cap1 (mig/config, root only) and nvidia-cap2 (mig/monitor) exist whatever the
 # instances: minor -> mode of the /dev node.

@@ -79,15 +79,15 @@ def test_check_asks_the_simulated_node_systemds_service_runs(capsys):
         pytest.skip("a hostagent daemon's socket is at /run/hostagent on this machine")
     with running_agent(make_root("t4x2")) as agent:
         root = str(agent.root)
-        assert check(HostRoot(), service_node=lambda: root) == 0
+        assert check(HostRoot(), find_service_node=lambda: root) == 0
         out = capsys.readouterr().out
         assert f"answers on {agent.socket}, its work moves (the simulated node {root} of hostagent.service" in out
         assert f"hostagentd --check --simulate {root}" in out
     # The service's node without a daemon: the message says which one was asked.
-    assert check(HostRoot(), service_node=lambda: root) == 1
+    assert check(HostRoot(), find_service_node=lambda: root) == 1
     assert f"the simulated node {root} of hostagent.service" in capsys.readouterr().err
     # No service on a simulated node: the host's own socket, as before.
-    assert check(HostRoot(), service_node=lambda: None) == 1
+    assert check(HostRoot(), find_service_node=lambda: None) == 1
     assert "the hostagent daemon is not running" in capsys.readouterr().err
 
 
