@@ -327,7 +327,7 @@ def run_cli(host, *args):
                            *args], capture_output=True, text=True)
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="the CDI spec reads major/minor from real character devices (root)")
+@GPU_CHANGES
 def test_apply_refreshes_the_cdi_spec(capsys, node):
     host, _, cfg = node
     code, _, err = run(capsys, host, "apply", "-f", cfg, "-c", "mixed")
