@@ -23,6 +23,28 @@ from .kubeerror import KubeError
 __all__ = ["KubeError", "load_config", "api_error", "FAILURES", "SERVICE_ACCOUNT"]
 
 SERVICE_ACCOUNT = "/var/run/secrets/kubernetes.io/serviceaccount"
+# Hidden from a unit with ProtectHome=yes (systemd.exec(5)), as the plugins' units are.
+PROTECTED_HOMES = ("/home/", "/root/", "/run/user/")
+
+
+def _readable(path: str) -> None:
+    """Refuse a kubeconfig this process may not read, saying why where the reason is known:
+    the units' sandbox hides home folders."""
+    try:
+        with open(path, "rb"):
+            pass
+    except PermissionError:
+        # Root refused a home folder's file: the sandbox, not the file's mode.
+        hidden = os.geteuid() == 0 and os.path.abspath(path).startswith(PROTECTED_HOMES)
+        raise HostagentConfigError(
+            "cannot read the kubeconfig: Permission denied", where=path,
+            hint="hostagent-dra-plugin.service and hostagent-node-controller.service run with ProtectHome=yes, "
+                 "which hides /home, /root and /run/user from them: copy the kubeconfig elsewhere "
+                 "(/etc/kubernetes/kubelet.conf, the kubelet's own, will do) and name it as KUBECONFIG in "
+                 "/etc/hostagent/dra-plugin.env (or node-controller.env)" if hidden else
+                 "make it readable by the plugin's user (the units run as root)") from None
+    except OSError:
+        pass               # a missing file is said below
 
 
 def load_config(kubeconfig: str | None = None, environ=os.environ):
@@ -31,6 +53,7 @@ def load_config(kubeconfig: str | None = None, environ=os.environ):
     path = kubeconfig or next((p for p in (environ.get("KUBECONFIG") or "").split(os.pathsep) if p), None)
     try:
         if path:
+            _readable(path)
             if not Path(path).is_file():
                 raise HostagentConfigError(f"no kubeconfig file {path}", where=path,
                                            hint="give --kubeconfig FILE or set KUBECONFIG to an existing file")

@@ -1,6 +1,7 @@
 """packaging/kubernetes: every manifest is valid against the Kubernetes OpenAPI schemas
 (strict: an unknown or misplaced field fails), and the DaemonSet asks for what the agent
-needs and no more."""
+needs and no more. The base's files are checked as written; the overlays (dra, simulated,
+monitoring) as kustomize renders them for 'kubectl apply -k' (tests/kubernetes_overlays.py)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from hostagent.config import validate_data
 
 kv = pytest.importorskip("kubernetes_validate", reason="kubernetes-validate is in the [test] extra")
 
-MANIFESTS = Path(__file__).resolve().parents[2] / "packaging" / "kubernetes"
+MANIFESTS = Path(__file__).resolve().parents[2] / "packaging" / "kubernetes" / "base"
 # The oldest Kubernetes release still in wide use, and the newest the schemas know.
 VERSIONS = ("1.27.0", str(kv.latest_version()))
 # The image's own hostagentd, asking the agent for GET /v1/node on its socket.
@@ -139,7 +140,7 @@ def test_only_the_node_controller_may_use_the_kubernetes_api_and_only_for_what_i
 
 def test_the_node_controller_reads_the_configmaps_its_flags_name_and_the_agents_socket():
     c = container("node-controller")
-    assert c["command"][:2] == ["hostagent", "node-controller"] and c["image"] == container("hostagent")["image"]
+    assert tuple(c["command"][:2]) == ("hostagent", "node-controller") and c["image"] == container("hostagent")["image"]
     assert c["securityContext"] == {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
                                     "capabilities": {"drop": ["ALL"]}}
     volumes = {v["name"]: v for v in kind("DaemonSet")["spec"]["template"]["spec"]["volumes"]}
@@ -171,7 +172,7 @@ def test_configmap_is_a_valid_hostagent_configuration():
 
 # ---- the DRA plugin's overlay (packaging/kubernetes/dra) ----------------------------------
 
-DRA = MANIFESTS / "dra"
+DRA = MANIFESTS.parent / "dra"
 # resource.k8s.io/v1 is GA from 1.34.
 DRA_VERSIONS = ("1.34.0", str(kv.latest_version()))
 # NVIDIA's DeviceClasses (its Helm chart's selectors, word for word): claims written for
@@ -184,9 +185,12 @@ DRA_PATHS = {"/run/hostagent": True, "/var/lib/kubelet/plugins_registry": False,
              "/var/lib/kubelet/plugins/gpu.nvidia.com": False}
 
 
+# The overlay's own files (its patch of the agent's DaemonSet is checked as rendered).
+DRA_FILES = ("deviceclasses.yaml", "rbac.yaml", "daemonset.yaml", "webhook.yaml")
+
+
 def dra_documents() -> list[tuple[str, dict]]:
-    return [(p.name, doc) for p in sorted(DRA.glob("*.yaml")) if p.name != "kustomization.yaml"
-            for doc in yaml.safe_load_all(p.read_text()) if doc]
+    return [(name, doc) for name in DRA_FILES for doc in yaml.safe_load_all((DRA / name).read_text()) if doc]
 
 
 def dra_kind(name: str) -> list[dict]:
@@ -201,7 +205,9 @@ def test_dra_manifest_is_valid_for_kubernetes(name, doc, version):
 
 def test_dra_overlay_lists_its_manifests_and_the_same_image():
     kustomization = yaml.safe_load((DRA / "kustomization.yaml").read_text())
-    assert sorted(kustomization["resources"]) == sorted({name for name, _ in dra_documents()})
+    assert sorted(kustomization["resources"]) == sorted({"../base", *DRA_FILES})
+    assert sorted(p.name for p in DRA.glob("*.yaml")) == sorted(
+        {*DRA_FILES, "kustomization.yaml", *(p["path"] for p in kustomization["patches"])})
     assert kustomization["images"] == [{"name": "localhost/hostagent", "newTag": __version__}]
     [container] = dra_kind("DaemonSet")[0]["spec"]["template"]["spec"]["containers"]
     assert container["image"] == kind("DaemonSet")["spec"]["template"]["spec"]["containers"][0]["image"]
