@@ -81,6 +81,13 @@ class Fleet:
             member.controller = subprocess.Popen(cmd, stdout=log, stderr=log, stdin=subprocess.DEVNULL)
         return member.controller
 
+    def dry_run(self, name: str) -> subprocess.CompletedProcess:
+        """``node-controller --dry-run`` for the node: what it would do now."""
+        member = self.nodes[name]
+        return subprocess.run([sys.executable, "-m", "hostagent.cli.main", "--simulate", str(member.root),
+                               "node-controller", "--kubeconfig", str(self.kubeconfig), "--node-name", name,
+                               "--namespace", NAMESPACE, "--dry-run"], capture_output=True, text=True, timeout=60)
+
     def kill_controller(self, name: str) -> None:
         proc = self.nodes[name].controller
         proc.send_signal(signal.SIGKILL)

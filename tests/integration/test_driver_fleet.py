@@ -101,6 +101,8 @@ def test_the_fleet_reaches_the_version_one_node_at_a_time(rest):
 def test_a_version_no_repository_offers_fails_the_first_node_and_the_others_do_not_start(rest):
     fleet = rest
     since = fleet.revision()
+    before = {name: fleet.verified(name) for name in fleet.nodes}
+    assert len(set(before.values())) == 1
     fleet.configmap(version="999.1.1", maxParallelUpgrades=1)
     failed = until(lambda: next((n for n, s in fleet.states().items() if s == "upgrade-failed"), None), 60,
                    lambda: f"no node failed: {fleet.states()}\n{fleet.logs()}", interval=0.2)
@@ -118,13 +120,18 @@ def test_a_version_no_repository_offers_fails_the_first_node_and_the_others_do_n
                                                "driver 999.1.1 was not installed: no repository offers nvidia-driver "
                                                "999.1.1 (offered: ")
     assert why[0].endswith("; the node stays cordoned") and fleet.cordoned(failed)
-    assert fleet.verified(failed) == B                         # nothing changed on it
+    assert fleet.verified(failed) == before[failed]           # nothing changed on it
     assert [m["node"] for m in fleet.lease_marks().values()] == [failed]
+    writes = len([r for r in fleet.api.requests if r[0] != "GET"])
+    dry = fleet.dry_run(others[0])
+    assert dry.returncode == 0 and ("driver upgrade: nvidia.com/gpu-driver-upgrade-state=upgrade-required: waits (the "
+                                    f"rollout is halted: {failed} failed to upgrade to 999.1.1: ") in dry.stdout, dry
+    assert len([r for r in fleet.api.requests if r[0] != "GET"]) == writes
 
     # The admin goes back to the version the nodes have: the failed node is done again (its
     # own cordon lifted, its mark gone), and so are the others.
-    fleet.configmap(version=B)
-    all_done(fleet, B)
+    fleet.configmap(version=before[failed])
+    all_done(fleet, before[failed])
     assert fleet.lease_marks() == {}
     assert fleet.cordoned(failed) == (failed == "node-3")     # only node-3's admin cordon stays
     assert all(fleet.installs(n, "999.1.1") == (1 if n == failed else 0) for n in fleet.nodes)
