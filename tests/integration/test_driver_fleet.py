@@ -192,3 +192,45 @@ def test_a_controller_killed_mid_upgrade_resumes_and_skipped_nodes_stay(rest):
         for name in ("node-1", "node-3"):
             fleet.api.label_node(name, {"hostagent.io/driver.upgrade": None})
         member.agent.env = {}
+
+
+def authorized(rules: list[tuple[str, dict]], verb: str, group: str, resource: str, namespace: str | None,
+               name: str | None) -> bool:
+    """Whether RBAC ``rules`` ((the Role's namespace or None for a ClusterRole, rule)) allow it."""
+    for scope, rule in rules:
+        if scope is not None and scope != namespace:
+            continue
+        if group in rule["apiGroups"] and resource in rule["resources"] and verb in rule["verbs"] and \
+                (not rule.get("resourceNames") or name in rule["resourceNames"]):
+            return True
+    return False
+
+
+def test_every_request_the_controllers_made_is_one_their_rbac_allows(fleet):
+    """The requests of every check above, each as the API server's authorizer sees it
+    (a list or watch naming one object by metadata.name is a request for that name)."""
+    import re
+    from pathlib import Path
+    from urllib.parse import unquote
+
+    import yaml
+    manifest = Path(__file__).resolve().parents[2] / "packaging/kubernetes/base/node-controller-rbac.yaml"
+    rules = [(doc["metadata"].get("namespace") if doc["kind"] == "Role" else None, rule)
+             for doc in yaml.safe_load_all(manifest.read_text()) if doc["kind"] in ("Role", "ClusterRole")
+             for rule in doc["rules"]]
+    path = re.compile(r"^/(?:api/v1|apis/([^/]+)/[^/]+)(?:/namespaces/([^/]+))?/([a-z]+)(?:/([^/]+))?(?:/([a-z]+))?$")
+    seen = set()
+    for method, url, query in fleet.api.requests:
+        group, namespace, resource, name, sub = path.match(url).groups()
+        group = group or ""
+        if sub:
+            resource = f"{resource}/{sub}"
+        selector = unquote(query.get("fieldSelector", ""))
+        if name is None and selector.startswith("metadata.name="):
+            name = selector.split("=", 1)[1]
+        verb = {"POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}.get(method) or (
+            "watch" if query.get("watch") in ("true", "1") else "get" if url.rsplit("/", 1)[-1] == name else "list")
+        assert authorized(rules, verb, group, resource, namespace, name), (method, url, query)
+        seen.add((verb, resource))
+    assert {("watch", "configmaps"), ("list", "leases"), ("watch", "leases"), ("create", "leases"),
+            ("update", "leases"), ("create", "pods/eviction"), ("list", "pods"), ("patch", "nodes")} <= seen
