@@ -5,6 +5,7 @@ test API server (409s, take-over after expiry, renewal)."""
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import pytest
 
@@ -18,6 +19,7 @@ from tests.integration.kubeapi import TestApiServer  # noqa: E402
 from tests.waiting import until  # noqa: E402
 
 V = "550.127.05"
+TROUBLESHOOTING = (Path(__file__).resolve().parents[2] / "docs/troubleshooting.md").read_text()
 WANT = up.Desired(V)
 READY_OLD = up.AgentFacts(True, True, False, "550.90.07")
 NO_SLOT = up.SlotFacts()
@@ -47,6 +49,29 @@ def test_the_configmap_is_read_with_its_defaults_and_refused_in_one_line():
     }
     for message, configmap in refused.items():
         assert up.desired(configmap) == (None, message)
+    # Each has its row (docs/troubleshooting.md shows them as they read).
+    for says in ("ConfigMap NS/hostagent-driver: version 'latest' is not a driver version (one like 550.127.05)",
+                 "`no version ...`", "is not a whole number of 0 or more", "is not true or false", "unknown key 'K'"):
+        assert says in TROUBLESHOOTING, says
+
+
+def test_what_a_failed_or_halted_upgrade_says_has_its_row():
+    """docs/troubleshooting.md names each Warning a driver upgrade can give, as it reads."""
+    held = up.SlotFacts(held="hostagent-driver-upgrade-0")
+    walk = node(up.POD_RESTART_REQUIRED, V, 150.0)
+    for report, says in ((job("failed", error="no repository offers nvidia-driver 550.127.05 (offered: ...)"),
+                          "was not installed: no repository offers nvidia-driver"),
+                         (job("rolled-back", error="x", outcome={"previous": "550.90.07"}),
+                          "did not work and was rolled back to")):
+        step = up.next_step(WANT, walk, up.AgentFacts(True, True, False, "550.90.07", report), held)
+        assert says in step.why and says in TROUBLESHOOTING
+    bare = up.next_step(WANT, up.NodeFacts(up.CORDON_REQUIRED), READY_OLD, held)
+    assert bare.do == up.FAIL and bare.why.endswith(": nothing says which version")
+    assert "without hostagent.io/driver-upgrade.version: nothing says which version" in TROUBLESHOOTING
+    mark = {"node": "n1", "version": V, "reason": "r"}
+    halted = slots.halted({"l": slots.released(lease("l"), mark)}, V, "n2")
+    assert halted.split(" ", 1)[1].startswith("failed to upgrade to") and "`N failed to upgrade to V: ...`" in \
+        TROUBLESHOOTING
 
 
 # ---- the walk -------------------------------------------------------------------------------
