@@ -26,6 +26,11 @@ def ended(agent, timeout: float = 60) -> dict:
                      timeout, lambda: f"the install did not end:\n{agent.log()[-3000:]}", interval=0.1)
 
 
+def stopped(pid: int) -> bool:
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0] == "T"
+
+
 def verified(agent) -> str | None:
     with agent.client() as c:
         driver = c.driver()
@@ -78,7 +83,7 @@ def test_the_install_outlives_a_restart_of_the_agent_and_an_interrupted_one_resu
             held = until(lambda: (lambda v: v if v["progress"] and v["progress"].startswith("verify:") else None)(
                 c.driver_install()), 30, "the installer at its verify step", interval=0.1)
         pid = held["process"]["pid"]
-        until(lambda: open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] == "T", 10, "a stopped installer")
+        until(lambda: stopped(pid), 10, "a stopped installer")
         agent.kill()
         agent.start()
         with agent.client() as c:
@@ -93,6 +98,7 @@ def test_the_install_outlives_a_restart_of_the_agent_and_an_interrupted_one_resu
             c.install_driver(C, force=True)
             held = until(lambda: (lambda v: v if v["progress"] and v["progress"].startswith("verify:") else None)(
                 c.driver_install()), 30, "the second installer at its verify step", interval=0.1)
+        until(lambda: stopped(held["process"]["pid"]), 10, "the second installer stopped")   # its journal says verify
         os.kill(held["process"]["pid"], signal.SIGKILL)
         interrupted = ended(agent)
         assert interrupted["state"] == "interrupted" and "at step verify" in interrupted["journal"]
