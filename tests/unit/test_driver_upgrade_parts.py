@@ -310,3 +310,28 @@ def test_slots_are_taken_once_renewed_released_with_a_mark_and_taken_over_when_e
         for s in (a, b):
             s.stop()
             s.leases.stop()
+
+
+def test_a_watch_the_credentials_do_not_allow_is_asked_for_again_only_as_often_as_a_watch_is_renewed():
+    """The kubelet's credentials on a host may not read the ConfigMap or the Leases: that is
+    said once, and asked again every 5 minutes, never polled."""
+    from hostagent.plugins.kubeerror import KubeError
+    from hostagent.plugins.nodecontroller.watcher import FORBIDDEN_RETRY, Follower
+
+    class Stop:
+        def __init__(self, errors):
+            self.waits, self.errors = [], errors
+
+        def is_set(self):
+            return len(self.waits) >= 3
+
+        def wait(self, seconds):
+            self.waits.append(seconds)
+
+    def read():
+        raise KubeError("reading ConfigMap hostagent/hostagent-driver: forbidden", status=stop.errors.pop(0))
+    stop = Stop([403, 503, 503])
+    follower = Follower("the ConfigMap", read, lambda rv: iter(()), lambda obj: None, absent_ok=True)
+    follower._stop = stop
+    follower.run()
+    assert stop.waits == [FORBIDDEN_RETRY, 1.0, 2.0] and FORBIDDEN_RETRY == 300

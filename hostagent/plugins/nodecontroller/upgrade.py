@@ -200,9 +200,7 @@ class DriverUpgrade:
         self._event(step.state, f"slot {self.slots.held()} taken for the driver {step.version}; cordoning the node")
 
     def _cordon(self, step, want, node) -> None:
-        if self.ctx.cordon.cordon(WHY):
-            why = "the node is cordoned for the upgrade"
-        elif self.ctx.cordon.holds(WHY):
+        if self.ctx.cordon.cordon(WHY) or self.ctx.cordon.holds(WHY):
             why = "the node is cordoned for the upgrade"
         else:
             why = "the node was cordoned already by someone else: it stays cordoned after the upgrade"

@@ -14,9 +14,14 @@ import threading
 
 from ..kubeerror import KubeError
 
-__all__ = ["Follower", "NodeWatcher", "Collection"]
+__all__ = ["Follower", "NodeWatcher", "Collection", "FORBIDDEN_RETRY"]
 
 log = logging.getLogger("hostagent.plugins")
+
+# A watch the credentials do not allow (403: the kubelet's own on a host, for the driver
+# upgrades' ConfigMap and Leases) is asked for again this rarely: as often as a watch is
+# renewed, never a poll.
+FORBIDDEN_RETRY = 300.0
 
 
 class Follower:
@@ -95,10 +100,12 @@ class Follower:
                     log.info("%s: the watch's version is gone; reading it again", self.what)
                     self.version = None
                     continue
+                wait = FORBIDDEN_RETRY if e.status == 403 else delay
                 if self.connected or self.error != e.message:
-                    log.warning("%s (again in %g s, then backing off)", e.message, delay)
+                    log.warning("%s (again in %g s%s)", e.message, wait,
+                                "" if e.status == 403 else ", then backing off")
                 self.connected, self.error = False, e.message
-            self._stop.wait(delay)
+            self._stop.wait(wait)
             delay = min(delay * 2, self.backoff[1])
 
 
