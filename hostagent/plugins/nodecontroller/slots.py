@@ -167,10 +167,10 @@ class Slots:
         self.wake = wake                   # the upgrade's wake-up: a renewal found the slot lost
         self.observed = Observed(clock)
         self.wall = wall
-        self.lost: str | None = None       # why the slot held was lost (taken over), once
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._renewer: threading.Thread | None = None
+        self._renewing = False             # a renewer runs (set and cleared under the lock)
 
     @property
     def items(self) -> dict:
@@ -233,33 +233,39 @@ class Slots:
     # ---- renewal ---------------------------------------------------------------------
 
     def _start_renewing(self) -> None:
-        if self._renewer is None or not self._renewer.is_alive():
+        """Under the lock: a renewer, unless one runs (it stops only under the lock too)."""
+        if not self._renewing:
+            self._renewing = True
             self._renewer = threading.Thread(target=self._renew, name="driver-upgrade-lease", daemon=True)
             self._renewer.start()
 
     def resume(self) -> None:
         """At start: a slot this node holds (its walk was under way) is renewed again."""
-        if self.held():
-            self._start_renewing()
+        with self._lock:
+            if self.held():
+                self._start_renewing()
 
     def stop(self) -> None:
         self._stop.set()
 
     def _renew(self) -> None:
-        delay = self.duration / 3
+        delay, last = self.duration / 3, None
         while not self._stop.wait(delay):
             with self._lock:
                 name = self.held()
-                if name is None:
+                if name is None:             # released; or taken over, when it lapsed unrenewed
+                    taker = holder(self.items.get(last)) if last else None
+                    if taker not in (None, self.me):
+                        log.warning("Lease %s was taken over by %s while this node's upgrade ran", last, taker)
+                        self.wake()              # its walk takes a slot again before it goes on
+                    self._renewing = False
                     return
+                last = name
                 try:
                     ok = self._write(renewed(self.items[name], self.wall())) is not None
                 except KubeError as e:
                     log.warning("Lease %s not renewed: %s", name, e.message)
                     ok = False
             delay = self.duration / 3 if ok else 1.0
-            if not ok and holder(self.items.get(name)) not in (None, self.me):
-                self.lost = f"Lease {name} was taken over by {holder(self.items[name])}"
-                log.warning("%s while this node's upgrade ran", self.lost)
-                self.wake()
-                return
+        with self._lock:
+            self._renewing = False
