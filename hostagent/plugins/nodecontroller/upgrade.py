@@ -316,7 +316,8 @@ class DriverUpgrade:
 
     def _fail(self, step, want, node):
         where = node.state or "upgrade-required"
-        message = f"the upgrade to the driver {step.version} failed at {where}: {step.why}; the node stays cordoned"
+        what = f"the upgrade to the driver {step.version}" if step.version else "the driver upgrade"
+        message = f"{what} failed at {where}: {step.why}; the node stays cordoned"
         self.ctx.recorder.record(WARNING, FAILED_REASON, message)       # the Event first: the label points at it
         self._write(plan.UPGRADE_FAILED, step.version)
         self.slots.release({"node": self.ctx.options.node, "version": step.version, "reason": step.why})
