@@ -474,6 +474,15 @@ class Client:
         """Verify the driver now (``POST /v1/driver/verify``, root)."""
         return self.request("POST", "/v1/driver/verify").json()
 
+    def install_driver(self, version: str, force: bool = False) -> dict:
+        """Have the agent install driver ``version`` (``POST /v1/driver/install``, root): the
+        install's state, and ``started`` (whether this call started it)."""
+        return self.request("POST", "/v1/driver/install", {"version": version, "force": force}).json()
+
+    def driver_install(self) -> dict:
+        """The install last started through the API, as it stands (``GET /v1/driver/install``)."""
+        return self.get("/v1/driver/install")
+
     def sharing(self) -> dict:
         """``GET /v1/sharing``: what is shared, how, and each MPS daemon's state."""
         return self.get("/v1/sharing")

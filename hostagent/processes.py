@@ -21,7 +21,8 @@ import signal as signals
 import time
 from dataclasses import asdict, dataclass
 
-__all__ = ["ProcessRecord", "Program", "program", "record", "current", "find", "environment", "send", "wait_gone"]
+__all__ = ["ProcessRecord", "Program", "program", "record", "current", "find", "environment", "send", "wait_gone",
+           "systemd_run"]
 
 
 @dataclass(frozen=True)
@@ -169,3 +170,12 @@ def wait_gone(rec: ProcessRecord, timeout: float) -> bool:
             return False
         time.sleep(0.02)
     return True
+
+
+def systemd_run(host) -> str | None:
+    """``systemd-run``'s path when the agent is a systemd service on a real host (what it
+    starts to outlive it, or to leave its sandbox, then runs in a transient unit); None else."""
+    if host.simulated or not os.environ.get("INVOCATION_ID"):
+        return None
+    import shutil
+    return shutil.which("systemd-run")

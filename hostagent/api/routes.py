@@ -86,6 +86,8 @@ class App:
         "/v1/driver/verify": (Route("POST", "verify_driver", "admin"),),
         "/v1/driver/maintenance": (Route("POST", "enter_maintenance", "admin"),
                                    Route("DELETE", "leave_maintenance", "admin")),
+        "/v1/driver/install": (Route("GET", "get_driver_install", "operator"),
+                               Route("POST", "install_driver", "admin")),
         "/v1/sharing": (Route("GET", "get_sharing", "operator"), Route("PUT", "put_sharing", "admin")),
         "/metrics": (Route("GET", "get_metrics", "operator"),),
     }
@@ -450,6 +452,20 @@ class App:
     async def _leave(self):
         await self.agent.driver.leave_maintenance("maintenance ended")
         return Response(200, _dumps({"revision": self.agent.events.revision, **self.agent.driver.view()}))
+
+    def get_driver_install(self, request: Request):
+        return self._json_result(self.agent.blocking(self.agent.driver_installs.view))
+
+    def install_driver(self, request: Request):
+        return self._install_driver(self._body(request, "installDriver"))
+
+    async def _install_driver(self, body):
+        installs, gate = self.agent.driver_installs, self.agent.driver
+        verified = gate.verdict.driver_version if gate.state == "ready" and gate.verdict else None
+        async with installs.lock:            # one start at a time: the second sees the first's report
+            started, view = await self.agent.blocking(installs.start, body["version"], body.get("force", False),
+                                                      verified)
+        return Response(202 if started else 200, _dumps({"started": started, **view}))
 
     # ---- sharing ------------------------------------------------------------------
 

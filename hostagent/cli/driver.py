@@ -39,6 +39,10 @@ def register(sub) -> None:
                                      "journaled: an interrupted run is resumed by the next one.")
     _install_options(v)
     _run_options(v)
+    v.add_argument("--report", metavar="FILE",
+                   help="keep the run's state in FILE as it goes (JSON, written atomically): its process and "
+                        "step while it runs, its outcome at the end, a refusal included (the agent starts "
+                        "installs this way: POST /v1/driver/install)")
     v.set_defaults(run=install)
 
     v = verbs.add_parser("rollback", help="go back to the driver the last install replaced",
@@ -167,6 +171,8 @@ def _outcome(result, args) -> int:
 
 def install(args) -> int:
     from ..driver import operations
+    if args.report and not args.dry_run:
+        return _install_reported(args)
     host, agent = _agent(args)
     if args.dry_run:
         _note_interrupted(host)
@@ -174,6 +180,30 @@ def install(args) -> int:
     _check_ignored(args.ignore)
     return _outcome(operations.install(host, args.version, flavour=args.flavour, force=args.force,
                                        ignore=args.ignore, agent=agent, progress=say), args)
+
+
+def _install_reported(args) -> int:
+    """``install --report FILE``: the same, its state kept in FILE from the first moment
+    (a refusal is an outcome too)."""
+    from ..driver import operations
+    from ..driver.report import Report
+    from ..errors import HostagentError
+    report = Report(args.report, args.version)
+    report.begin()
+
+    def progress(line: str) -> None:
+        say(line)
+        report.progress(line)
+    try:
+        host, agent = _agent(args)
+        _check_ignored(args.ignore)
+        result = operations.install(host, args.version, flavour=args.flavour, force=args.force,
+                                    ignore=args.ignore, agent=agent, progress=progress)
+    except HostagentError as e:
+        report.failed(e.message)
+        raise
+    report.end(result.to_dict())
+    return _outcome(result, args)
 
 
 def rollback(args) -> int:

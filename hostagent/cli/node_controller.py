@@ -1,6 +1,7 @@
 """``hostagent node-controller``: the cluster drives the node (MIG layouts and GPU sharing
-chosen by node labels, their state reported back) and sees its GPU faults (Node Events, a
-condition, a taint). An API consumer of the agent and of the Kubernetes API."""
+chosen by node labels, their state reported back; the fleet's driver version, installed one
+slot at a time) and sees its GPU faults (Node Events, a condition, a taint). An API consumer
+of the agent and of the Kubernetes API."""
 
 from __future__ import annotations
 
@@ -16,14 +17,17 @@ def register(sub) -> None:
         "node-controller", help="apply MIG layouts and GPU sharing named by node labels; report GPU faults on the Node",
         description="One per node: applies the MIG config named by the node label nvidia.com/mig.config and the "
                     "sharing config named by nvidia.com/device-plugin.config through the agent, reports their "
-                    "state in nvidia.com/mig.config.state and nvidia.com/device-plugin.config.state, and turns "
-                    "the agent's GPU health into Events, the GPUUnhealthy condition and, optionally, a taint on "
-                    "the Node. Runs until SIGTERM. See docs/node-controller.md.")
+                    "state in nvidia.com/mig.config.state and nvidia.com/device-plugin.config.state, upgrades "
+                    "the driver to the version of the ConfigMap hostagent-driver when a Lease slot admits the "
+                    "node (nvidia.com/gpu-driver-upgrade-state), and turns the agent's GPU health into Events, "
+                    "the GPUUnhealthy condition and, optionally, a taint on the Node. Runs until SIGTERM. See "
+                    "docs/node-controller.md.")
     p.add_argument("--kubeconfig", metavar="FILE",
                    help="the Kubernetes API's configuration (default: $KUBECONFIG, else the pod's service account)")
     p.add_argument("--node-name", metavar="NAME", help="this node's name in Kubernetes (default: $NODE_NAME)")
     p.add_argument("--namespace", metavar="NS", default="hostagent",
-                   help="the agent's namespace in the cluster, where the Events go (default hostagent)")
+                   help="the agent's namespace in the cluster: the Events, the ConfigMap hostagent-driver and "
+                        "the driver upgrades' Leases (default hostagent)")
     p.add_argument("--mig-config", metavar="FILE",
                    help="the mig-parted file whose named configs the label chooses (default: the agent's own, "
                         "generated from the GPUs: all-disabled, all-enabled, all-1g.5gb, all-balanced, ...)")

@@ -78,6 +78,8 @@ class Agent:
         self.metrics = AgentMetrics()     # API, MIG, CDI and health counters
         from .driver import DriverGate
         self.driver = DriverGate(self)    # the driver readiness gate (daemon/driver.py)
+        from .driverinstall import DriverInstalls
+        self.driver_installs = DriverInstalls(self)     # installs asked through the API
         self.health_link = None           # healthlink.HealthLink, metricslink.MetricsLink:
         self.metrics_link = None          # made and started by the daemon after the reconcile
         from .allocator import Allocator

@@ -170,17 +170,10 @@ def find_daemons(host: HostRoot) -> list[str]:
         return []
 
 
-def _systemd(host: HostRoot) -> str | None:
-    """``systemd-run``'s path when the agent is a systemd service on a real host; None else."""
-    if host.simulated or not os.environ.get("INVOCATION_ID"):
-        return None
-    return shutil.which("systemd-run")
-
-
 def outside(host: HostRoot, cmd: list[str], uuid: str | None) -> list[str]:
     """``cmd`` as it runs outside the agent's service: a transient unit of its own under
     systemd (``uuid``: the daemon's device; None: wait for it, as for the unmount)."""
-    run = _systemd(host)
+    run = processes.systemd_run(host)
     if run is None:
         return cmd
     if uuid is None:

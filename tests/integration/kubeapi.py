@@ -212,6 +212,12 @@ class _Server(ThreadingHTTPServer):
         self.connections.discard(request)
         super().shutdown_request(request)
 
+    def handle_error(self, request, client_address) -> None:
+        """A client that went away (a killed process) is no error of the server's."""
+        import sys
+        if not isinstance(sys.exc_info()[1], (ConnectionError, TimeoutError)):
+            super().handle_error(request, client_address)
+
     def drop_connections(self) -> None:
         """Kept-alive connections too: a stopped API server answers nothing more."""
         for conn in list(self.connections):

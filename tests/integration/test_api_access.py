@@ -109,6 +109,14 @@ def test_group_member_reads_and_allocates_but_does_not_administer(group_agent):
                    (201, None), (200, None), (403, "forbidden"), (200, None)]
 
 
+def test_group_member_sees_the_driver_install_but_cannot_start_one(group_agent):
+    got = as_user(group_agent, [["GET", "/v1/driver/install", None],
+                                ["POST", "/v1/driver/install", json.dumps({"version": "550.127.05"})]])
+    assert got == [(200, None), (403, "forbidden")]
+    with group_agent.client() as c:
+        assert c.driver_install()["state"] == "none"                 # nothing was started
+
+
 def test_an_allocation_is_its_owners_and_roots(group_agent):
     """A member may not release, take back or replace an allocation of another uid (root's,
     the device plugin's): 403 not_owner, and nothing changes; its own it may."""

@@ -427,5 +427,7 @@ def test_dry_run_prints_what_it_would_do_and_changes_nothing(node):
     assert out.returncode == 0, out.stderr
     assert f"{MIG_STATE}=pending and apply" in out.stdout and "slice-4" in out.stdout
     assert "GPUUnhealthy=False" in out.stdout
+    assert "driver upgrade: nvidia.com/gpu-driver-upgrade-state=(none): waits (no ConfigMap asks for a driver version)" \
+        in out.stdout
     assert len([r for r in node.api.requests if r[0] != "GET"]) == writes
     assert mig_profiles(node) == [] and MIG_STATE not in labels(node)

@@ -110,13 +110,19 @@ def container(name: str) -> dict:
     return next(c for c in kind("DaemonSet")["spec"]["template"]["spec"]["containers"] if c["name"] == name)
 
 
-OPT_IN = "node-controller-evict-rbac.yaml"
-# The node controller's least privilege, feature by feature (docs/node-controller.md).
+OPT_IN = "node-controller-force-rbac.yaml"
+# The node controller's least privilege, feature by feature (docs/node-controller.md):
+# (kind, API group, resource, resource names) -> verbs.
 CONTROLLER_RULES = {
-    "node-controller-rbac.yaml": {("ClusterRole", "nodes"): ["get", "watch", "patch"],
-                                  ("ClusterRole", "nodes/status"): ["patch"],
-                                  ("Role", "events"): ["create", "patch"]},
-    OPT_IN: {("ClusterRole", "pods"): ["list"], ("ClusterRole", "pods/eviction"): ["create"]}}
+    "node-controller-rbac.yaml": {("ClusterRole", "", "nodes", ()): ["get", "watch", "patch"],
+                                  ("ClusterRole", "", "nodes/status", ()): ["patch"],
+                                  ("ClusterRole", "", "pods", ()): ["list"],
+                                  ("ClusterRole", "", "pods/eviction", ()): ["create"],
+                                  ("ClusterRole", "resource.k8s.io", "resourceclaims", ()): ["get"],
+                                  ("Role", "", "events", ()): ["create", "patch"],
+                                  ("Role", "", "configmaps", ("hostagent-driver",)): ["get", "watch"],
+                                  ("Role", "coordination.k8s.io", "leases", ()): ["list", "watch", "create", "update"]},
+    OPT_IN: {("ClusterRole", "", "pods", ()): ["delete"]}}
 
 
 def test_only_the_node_controller_may_use_the_kubernetes_api_and_only_for_what_it_does():
@@ -124,13 +130,16 @@ def test_only_the_node_controller_may_use_the_kubernetes_api_and_only_for_what_i
     for name, doc in documents():
         if doc["kind"] in ("Role", "ClusterRole"):
             for rule in doc["rules"]:
-                assert rule["apiGroups"] == [""]
+                (group,) = rule["apiGroups"]
                 for resource in rule["resources"]:
-                    rules.setdefault(name, {})[(doc["kind"], resource)] = rule["verbs"]
+                    key = (doc["kind"], group, resource, tuple(rule.get("resourceNames", ())))
+                    rules.setdefault(name, {})[key] = rule["verbs"]
         if doc["kind"] in ("RoleBinding", "ClusterRoleBinding"):
             assert name in CONTROLLER_RULES
             assert doc["subjects"] == [{"kind": "ServiceAccount", "name": "hostagent", "namespace": "hostagent"}]
     assert rules == CONTROLLER_RULES
+    kustomization = yaml.safe_load((MANIFESTS / "kustomization.yaml").read_text())
+    assert "node-controller-rbac.yaml" in kustomization["resources"] and OPT_IN not in kustomization["resources"]
     assert kind("ServiceAccount")["automountServiceAccountToken"] is False
     spec = kind("DaemonSet")["spec"]["template"]["spec"]
     assert spec["serviceAccountName"] == "hostagent" and spec["automountServiceAccountToken"] is False

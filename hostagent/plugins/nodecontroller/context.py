@@ -36,6 +36,8 @@ class Options:
     pod_resources: Path | None = None           # the kubelet's pod resources socket
     files_poll: float = 2.0                     # seconds between looks at the files (a local stat)
     backoff: tuple[float, float] = (0.5, 30.0)
+    upgrade_lease: int = 60                     # seconds a driver upgrade's slot Lease lasts unrenewed
+    install_poll: float = 0.2                   # seconds between questions to the agent while it installs
 
 
 class Context:

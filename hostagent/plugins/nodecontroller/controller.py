@@ -4,10 +4,12 @@
     AgentLink ───┼─ wake ─ the loop ────┤
     files ───────┘                      └─ SharingByLabel  (state label, Events, apply)
     AgentLink ── health events, views ─── HealthReporter   (Events, condition, taint)
+    ConfigMap, Leases, Node, AgentLink ── DriverUpgrade     (the fleet's driver version, a slot, the walk)
 
 A pass runs when something it reads changed: the Node's labels, the agent's view (its
 devices, their allocations, a reconnect), the files named on the command line. Nothing is
 polled on the API server; the files are looked at every ``files_poll`` seconds (a ``stat``).
+Health and driver upgrades run on threads of their own.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from .health import HealthReporter
 from .keys import COMPONENT, MIG_CONFIG, SHARING_CONFIG
 from .mig import MigByLabel
 from .sharing import SharingByLabel
+from .upgrade import DriverUpgrade
 from .watcher import NodeWatcher
 from .writer import NodeWriter
 
@@ -55,6 +58,7 @@ class NodeController:
         self.sharing_files.changed()
         self.sharing = SharingByLabel(self.ctx)
         self.health = HealthReporter(self.ctx)
+        self.upgrade = DriverUpgrade(self.ctx)
         self._labels: tuple | None = None
         self._retry_at: float | None = None         # a pass the API server failed: when to try again
         self._delay = options.backoff[0]
@@ -69,10 +73,12 @@ class NodeController:
             self._labels = wanted
             self._wake.set()
         self.health.wake()
+        self.upgrade.wake()
 
     def _view_changed(self, view) -> None:
         self._wake.set()
         self.health.wake()
+        self.upgrade.wake()
 
     def _files(self) -> bool:
         changed = False
@@ -112,6 +118,7 @@ class NodeController:
         self.stop_event.set()
         self._wake.set()
         self.watcher.stop()
+        self.upgrade.stop()
         self.link.stop()
 
     def run(self) -> int:
@@ -123,6 +130,7 @@ class NodeController:
         self.link.start()
         self.watcher.start()
         self.health.start()
+        self.upgrade.start()
         if self.notifier:
             self.notifier.ready(self.status())
         try:
@@ -151,7 +159,8 @@ class NodeController:
         view = self.link.view
         agent = "agent connected" if view.connected else f"agent not reachable: {view.error}"
         api = "watching the Node" if self.watcher.connected else f"API server: {self.watcher.error}"
-        return f"{agent}; {api}"
+        upgrade = self.upgrade.status()
+        return f"{agent}; {api}" + (f"; {upgrade}" if upgrade else "")
 
     def _report(self) -> None:
         if self.notifier is not None:

@@ -7,10 +7,11 @@ import time
 
 from ...client import Client
 from ...errors import HostagentError
-from . import healthplan, migplan, sharingplan
+from . import healthplan, migplan, sharingplan, slots
+from . import upgradeplan as up
 from .configs import config_names, read_sharing_config
 from .events import timestamp
-from .keys import CONDITION, MIG_STATE, SHARING_STATE
+from .keys import CONDITION, DRIVER_CONFIGMAP, MIG_STATE, SHARING_STATE, UPGRADE_STATE
 
 __all__ = ["dry_run"]
 
@@ -63,8 +64,27 @@ def _health(node: dict, client) -> list[str]:
     return [f"health: condition {CONDITION}={condition['status']}: {condition['message']}"]
 
 
+def _upgrade(node: dict, options, api, client) -> list[str]:
+    want, problem = up.desired(api.get_configmap(options.namespace, DRIVER_CONFIGMAP))
+    if problem:
+        return [f"driver upgrade: {problem}; nothing starts"]
+    facts = up.NodeFacts.of(node)
+    job = client.driver_install() if facts.state == up.POD_RESTART_REQUIRED else None
+    agent = up.AgentFacts.of(True, client.node(), job)
+    leases = {o["metadata"]["name"]: o for o in api.list_leases(options.namespace, slots.LABELS)[0]}
+    slot = up.SlotFacts(slots.held_by(leases, options.node), bool(slots.my_marks(leases, options.node)),
+                        slots.halted(leases, want.version, options.node) if want else None)
+    step = up.next_step(want, facts, agent, slot)
+    now = f"{UPGRADE_STATE}={facts.state or '(none)'}"
+    if step.do == up.WAIT:
+        return [f"driver upgrade: {now}: waits ({step.why})"]
+    return [f"driver upgrade: {now}: {step.do}" + (f", then {UPGRADE_STATE}={step.state}" if step.state else "")
+            + (f" ({step.why})" if step.why else "")]
+
+
 def dry_run(options, api, mig_file) -> list[str]:
     node = api.get_node(options.node)
     labels = (node.get("metadata") or {}).get("labels") or {}
     with Client(socket_path=options.agent_socket, timeout=30) as client:
-        return _mig(labels, options, mig_file, client) + _sharing(labels, options, client) + _health(node, client)
+        return _mig(labels, options, mig_file, client) + _sharing(labels, options, client) + _health(node, client) \
+            + _upgrade(node, options, api, client)

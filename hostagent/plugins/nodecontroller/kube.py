@@ -10,7 +10,9 @@ from __future__ import annotations
 import httpx2
 from lightkube import ALL_NS, ApiError, Client
 from lightkube.models.meta_v1 import ObjectMeta
+from lightkube.resources.coordination_v1 import Lease
 from lightkube.resources.core_v1 import ConfigMap, Event, Node, Pod
+from lightkube.resources.resource_v1 import ResourceClaim
 from lightkube.types import PatchType
 
 from ..kube import FAILURES, KubeError, api_error, load_config
@@ -45,18 +47,21 @@ class NodeApi:
     def get_node(self, name: str) -> dict:
         return self._call(f"reading Node {name}", self.client.get, Node, name).to_dict()
 
-    def watch_node(self, name: str, resource_version: str | None, timeout: int = WATCH_SECONDS):
-        """(event type, Node) as they come, from ``resource_version`` on; a 410 Gone (the
-        version is too old) is a KubeError with status 410."""
+    def _watch(self, what: str, resource, resource_version: str | None, timeout: int, **selectors):
+        """(event type, object) as they come, from ``resource_version`` on (None: the current
+        objects first, as ADDED); a 410 Gone (the version is too old) is a KubeError with
+        status 410."""
         try:
-            for kind, obj in self.client.watch(Node, fields={"metadata.name": name}, server_timeout=timeout,
-                                               resource_version=resource_version):
+            for kind, obj in self.client.watch(resource, server_timeout=timeout, resource_version=resource_version,
+                                               **selectors):
                 yield kind, obj.to_dict()
         except FAILURES as e:
             if _gone(e):
-                raise KubeError(f"watching Node {name}: resourceVersion {resource_version} is too old",
-                                status=410) from None
-            raise api_error(e, f"watching Node {name}") from None
+                raise KubeError(f"watching {what}: resourceVersion {resource_version} is too old", status=410) from None
+            raise api_error(e, f"watching {what}") from None
+
+    def watch_node(self, name: str, resource_version: str | None, timeout: int = WATCH_SECONDS):
+        return self._watch(f"Node {name}", Node, resource_version, timeout, fields={"metadata.name": name})
 
     def patch_node(self, name: str, patch: dict) -> dict:
         return self._call(f"patching Node {name}", self.client.patch, Node, name, patch,
@@ -85,6 +90,13 @@ class NodeApi:
                            fields={"spec.nodeName": node})
         return self._call(f"listing the pods of {node}", lambda: [p.to_dict() for p in found])
 
+    def delete_pod(self, namespace: str, name: str) -> None:
+        self._call(f"deleting pod {namespace}/{name}", self.client.delete, Pod, name, namespace=namespace)
+
+    def get_claim(self, namespace: str, name: str) -> dict:
+        return self._call(f"reading ResourceClaim {namespace}/{name}", self.client.get, ResourceClaim, name,
+                          namespace=namespace).to_dict()
+
     def evict(self, namespace: str, name: str) -> None:
         """POST a policy/v1 Eviction of the pod (429: a disruption budget forbids it now)."""
         body = Pod.Eviction(metadata=ObjectMeta(name=name, namespace=namespace))
@@ -103,15 +115,36 @@ class NodeApi:
         except FAILURES as e:
             raise api_error(e, f"reading ConfigMap {namespace}/{name}") from None
 
-    def watch_configmaps(self, namespace: str, labels: dict | None = None, resource_version: str | None = None,
-                         timeout: int = WATCH_SECONDS):
-        """(event type, ConfigMap) of ``namespace`` (with ``labels``), as ``watch_node``."""
-        try:
-            for kind, obj in self.client.watch(ConfigMap, namespace=namespace, labels=labels,
-                                               server_timeout=timeout, resource_version=resource_version):
-                yield kind, obj.to_dict()
-        except FAILURES as e:
-            if _gone(e):
-                raise KubeError(f"watching ConfigMaps in {namespace}: resourceVersion {resource_version} is too "
-                                "old", status=410) from None
-            raise api_error(e, f"watching ConfigMaps in {namespace}") from None
+    def watch_configmap(self, namespace: str, name: str, resource_version: str | None = None,
+                        timeout: int = WATCH_SECONDS):
+        """(event type, ConfigMap) of the one named, as ``watch_node``."""
+        return self._watch(f"ConfigMap {namespace}/{name}", ConfigMap, resource_version, timeout,
+                           namespace=namespace, fields={"metadata.name": name})
+
+    # ---- Leases ---------------------------------------------------------------------
+
+    def list_leases(self, namespace: str, labels: dict) -> tuple[list[dict], str]:
+        """The Leases of ``namespace`` with ``labels``, and the list's resourceVersion."""
+        what = f"listing the Leases of {namespace}"
+
+        def read():
+            found = self.client.list(Lease, namespace=namespace, labels=labels)
+            items = [lease.to_dict() for lease in found]
+            return items, found.resourceVersion
+        return self._call(what, read)
+
+    def watch_leases(self, namespace: str, labels: dict, resource_version: str | None,
+                     timeout: int = WATCH_SECONDS):
+        return self._watch(f"the Leases of {namespace}", Lease, resource_version, timeout, namespace=namespace,
+                           labels=labels)
+
+    def create_lease(self, body: dict) -> dict:
+        meta = body["metadata"]
+        return self._call(f"creating Lease {meta['namespace']}/{meta['name']}", self.client.create,
+                          Lease.from_dict(body), namespace=meta["namespace"]).to_dict()
+
+    def replace_lease(self, body: dict) -> dict:
+        """PUT with the body's resourceVersion: 409 when the Lease changed meanwhile."""
+        meta = body["metadata"]
+        return self._call(f"updating Lease {meta['namespace']}/{meta['name']}", self.client.replace,
+                          Lease.from_dict(body), namespace=meta["namespace"]).to_dict()

@@ -14,21 +14,30 @@ import threading
 
 from ..kubeerror import KubeError
 
-__all__ = ["Follower", "NodeWatcher"]
+__all__ = ["Follower", "NodeWatcher", "Collection", "FORBIDDEN_RETRY"]
 
 log = logging.getLogger("hostagent.plugins")
+
+# A watch the credentials do not allow (403: the kubelet's own on a host, for the driver
+# upgrades' ConfigMap and Leases) is asked for again this rarely: as often as a watch is
+# renewed, never a poll.
+FORBIDDEN_RETRY = 300.0
 
 
 class Follower:
     """``read()`` the object; ``watch(resource_version)`` its changes as (type, object).
-    ``on_change(object or None)`` hears of each new version (None: deleted, or not there)."""
+    ``on_change(object or None)`` hears of each new version (None: deleted, or not there).
+    ``absent_ok``: an object that does not exist is watched for (from no version: the API
+    server then sends it as ADDED once it is made); else it is read again with back-off."""
 
-    def __init__(self, what: str, read, watch, on_change, backoff: tuple[float, float] = (0.5, 30.0)):
+    def __init__(self, what: str, read, watch, on_change, backoff: tuple[float, float] = (0.5, 30.0),
+                 absent_ok: bool = False):
         self.what = what
         self.read = read
         self.watch = watch
         self.on_change = on_change
         self.backoff = backoff
+        self.absent_ok = absent_ok
         self.current: dict | None = None
         self.connected = False
         self.error: str | None = "not read yet"
@@ -64,7 +73,7 @@ class Follower:
                 obj = None
             self.connected, self.error = True, None
             self._take(obj)
-            if obj is None:
+            if obj is None and not self.absent_ok:
                 raise KubeError(f"{self.what} does not exist", status=404)
         for kind, obj in self.watch(self.version):
             if self._stop.is_set():
@@ -91,10 +100,12 @@ class Follower:
                     log.info("%s: the watch's version is gone; reading it again", self.what)
                     self.version = None
                     continue
+                wait = FORBIDDEN_RETRY if e.status == 403 else delay
                 if self.connected or self.error != e.message:
-                    log.warning("%s (again in %g s, then backing off)", e.message, delay)
+                    log.warning("%s (again in %g s%s)", e.message, wait,
+                                "" if e.status == 403 else ", then backing off")
                 self.connected, self.error = False, e.message
-            self._stop.wait(delay)
+            self._stop.wait(wait)
             delay = min(delay * 2, self.backoff[1])
 
 
@@ -105,3 +116,53 @@ class NodeWatcher(Follower):
         super().__init__(f"Node {name}", lambda: api.get_node(name), lambda rv: api.watch_node(name, rv),
                          on_change, backoff)
         self.name = name
+
+
+class Collection(Follower):
+    """Objects of one kind followed as an informer does: listed (``read()`` -> (objects,
+    the list's resourceVersion)), then watched from that version; ``items`` maps each name
+    to the object as last seen, and ``on_change(items)`` hears of every change."""
+
+    def __init__(self, what: str, read, watch, on_change, backoff: tuple[float, float] = (0.5, 30.0)):
+        super().__init__(what, read, watch, on_change, backoff)
+        self.items: dict[str, dict] = {}
+        self.listed = False               # the list was read: ``items`` is complete
+
+    def _publish(self) -> None:
+        try:
+            self.on_change(self.items)
+        except Exception:               # a listener's bug never stops the watch
+            log.exception("the listener of %s failed", self.what)
+
+    def _once(self) -> None:
+        if self.version is None:
+            self.reads += 1
+            objects, self.version = self.read()
+            self.items = {o["metadata"]["name"]: o for o in objects}
+            self.listed, self.connected, self.error = True, True, None
+            self._publish()
+        for kind, obj in self.watch(self.version):
+            if self._stop.is_set():
+                return
+            self.connected, self.error = True, None
+            name = obj["metadata"]["name"]
+            self.version = obj["metadata"].get("resourceVersion") or self.version
+            if kind == "DELETED":
+                self.items = {k: v for k, v in self.items.items() if k != name}
+            elif kind in ("ADDED", "MODIFIED"):
+                self.items = {**self.items, name: obj}
+            else:
+                continue
+            self._publish()
+
+    def seen(self, obj: dict) -> None:
+        """An object as this process's own write left it (the watch brings it later)."""
+        name = obj["metadata"]["name"]
+        old = self.items.get(name)
+        if old is None or _newer(obj, old):
+            self.items = {**self.items, name: obj}
+
+
+def _newer(obj: dict, than: dict) -> bool:
+    mine, theirs = obj["metadata"].get("resourceVersion", ""), than["metadata"].get("resourceVersion", "")
+    return not (mine.isdigit() and theirs.isdigit()) or int(mine) >= int(theirs)
