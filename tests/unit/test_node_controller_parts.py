@@ -88,6 +88,13 @@ def test_health_events_condition_and_taint():
     assert not healthplan.taint_wanted(devices, {})
     assert healthplan.taint_wanted({"GPU-1": devices["GPU-1"]}, {})
     assert healthplan.taint_wanted(devices, {"driver": {"state": "degraded", "ready": False, "reason": "r"}})
+    degraded = {"driver": {"state": "degraded", "ready": False, "reason": "r"}}
+    assert [p.name for p in healthplan.problems(devices, degraded)] == ["GPU 0", "GPU 1"]
+    # A driver changed on purpose (an install holds the agent in maintenance) is no fault.
+    maintenance = {"driver": {"state": "maintenance", "ready": False, "reason": "driver install"}}
+    assert healthplan.driver_down(maintenance) is None
+    assert [p.name for p in healthplan.problems(devices, maintenance)] == ["GPU 1"]
+    assert not healthplan.taint_wanted(devices, maintenance)
     back = healthplan.transitions({"GPU-1": "unhealthy"}, {"GPU-1": gpu(1)}, set())
     assert back == [("Normal", "GPUHealthy", "GPU 1 (GPU-1) is healthy again")]
     assert healthplan.transitions({}, devices, {"GPU-1"}) == []             # the fault Event said it

@@ -67,9 +67,11 @@ def _name(device: dict) -> str:
 
 
 def driver_down(node: dict) -> str | None:
-    """Why no GPU can be used: the driver does not verify, or is being changed."""
+    """Why no GPU can be used: the driver does not verify. A driver being changed on purpose
+    (the agent's ``maintenance``: an install, a driver upgrade's step) is no fault: the node
+    is cordoned for it, and a Warning then would page someone for a planned change."""
     driver = (node or {}).get("driver") or {}
-    if driver.get("state") in ("degraded", "maintenance") and not driver.get("ready"):
+    if driver.get("state") == "degraded" and not driver.get("ready"):
         return f"the GPU driver is {driver['state']}: {driver.get('reason') or 'see hostagent driver verify'}"
     return None
 
