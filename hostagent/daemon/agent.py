@@ -25,7 +25,8 @@ from ..errors import HostagentError, StateError
 from ..hostroot import HostRoot
 from ..lock import node_lock
 from . import allocations as alloc_rules
-from . import checkpoint, faults
+from .. import faults
+from . import checkpoint
 from .events import EventLog, RevisionClock
 from .health import Health, unmonitored
 from .liveness import DEFAULT

@@ -19,7 +19,8 @@ from ..cdi import transient
 from ..errors import HostagentError, UnknownName
 from ..lock import node_lock
 from . import allocations as alloc_rules
-from . import checkpoint, claimmps, faults, madedevices, timeslices
+from .. import faults
+from . import checkpoint, claimmps, madedevices, timeslices
 from .events import Rendered
 from .views import allocation_json
 

@@ -317,7 +317,7 @@ def run(host: HostRoot, config_path=None, log_level: str | None = None) -> int:
     except ConfigError as e:
         log.error("cannot start: %s", e.message)
         return 1
-    from . import faults
+    from .. import faults
     faults.point("start:settings_read")
     from .logs import set_level
     set_level(log_level or settings.daemon.log_level)
