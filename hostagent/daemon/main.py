@@ -339,8 +339,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_root_options(parser)
     parser.add_argument("--check", action="store_true",
                         help="do not start: ask the running daemon whether its work moves (GET /v1/live on "
-                             "api.socket) and exit 0 if it does, 1 if it does not answer or its work is stuck "
-                             "(a liveness probe)")
+                             "api.socket) and exit 0 if it does, 1 if it does not answer, its work is stuck "
+                             "(a liveness probe) or its allocations checkpoint was found damaged")
     return parser
 
 
@@ -360,9 +360,17 @@ def check(host: HostRoot, config_path=None) -> int:
         socket_path = host.host(load_settings(host, config_path).api.socket)
         with Client(socket_path=socket_path, timeout=5.0) as client:
             live = client.live()
+            damage = client.get("/v1/checkpoint/unreadable")
     except HostagentError as e:
         print(f"hostagentd: {'answers, but' if e.code == 'stuck' else 'not answering:'} {e.message}",
               file=sys.stderr)
+        return 1
+    if damage.get("state") != "ok":
+        held = damage.get("held_devices")
+        print(f"hostagentd: answers, but its allocations checkpoint is damaged: {len(damage.get('unreadable', []))} "
+              f"unreadable record(s) set aside, {'every device' if held is None else ', '.join(held) or 'no device'} "
+              "held back from new allocations (see GET /v1/checkpoint/unreadable; when they are settled, "
+              "hostagent allocations dismiss-unreadable)", file=sys.stderr)
         return 1
     print(f"hostagentd {live.get('version', '?')} (pid {live.get('pid', '?')}) answers on {socket_path}, "
           "its work moves")
