@@ -324,12 +324,6 @@ class Allocator:
                 raise alloc_rules.AllocationConflict(
                     f"allocation {request['id']!r} exists with a different request",
                     hint="release it first, or use another id", id=request["id"])
-            sid = transient.safe_id(request["id"])
-            clash = next((a for a in self.agent.allocations if transient.safe_id(a) == sid), None)
-            if clash is not None:
-                raise alloc_rules.AllocationConflict(
-                    f"allocation id {request['id']!r} names the same spec file as {clash!r}",
-                    id=request["id"], clashes_with=clash)
             limits = self.agent.settings.allocations
             leaving = frozenset(a.id for a in replaced)
             if len(self.agent.allocations) - len(leaving) >= limits.max_total:

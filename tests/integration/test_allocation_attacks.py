@@ -144,13 +144,27 @@ def test_a_callers_allocations_are_bounded_so_others_still_get_theirs(agent):
     assert "allocations.max_bytes_per_caller (65536)" in answers[4][1]["message"]
 
 
-def test_the_plugins_id_prefixes_are_theirs(agent):
-    """An operator cannot take a claim's (or a container's) id before its plugin does."""
-    answers = as_operator(agent, [create("k8s-dra/8d2f-claim", "1", {}),
-                                  create("k8s-device-plugin/nvidia.com/gpu/abc", "1", {})])
-    assert [(s, b["code"]) for s, b in answers] == [(403, "reserved_id")] * 2
+def test_an_operators_id_never_takes_a_plugins(agent):
+    """An operator's ``k8s-dra_<uid>`` (the claim's id with ``_``, once the same spec file
+    name) does not block the DRA plugin's ``k8s-dra/<uid>``, nor the device plugin's; and
+    the plugins' prefixes themselves are theirs."""
+    uid = "0b7e5c1e-1f0a-4c51-9a57-28f4c1d6b2c3"
+    dp = "k8s-device-plugin/nvidia.com/gpu/9f2c0e55aa01b3c4"
+    answers = as_operator(agent, [create(f"k8s-dra_{uid}", "1", {}), create(dp.replace("/", "_"), "2", {}),
+                                  create(f"k8s-dra/{uid}", "3", {}), create(dp, "3", {})])
+    assert [s for s, _ in answers[:2]] == [201, 201], answers[:2]
+    assert [(s, b["code"]) for s, b in answers[2:]] == [(403, "reserved_id")] * 2
     with agent.client() as c:
-        c.allocate("k8s-dra/8d2f-claim", ["1"])
+        claim = c.allocate(f"k8s-dra/{uid}", ["4"])
+        container = c.allocate(dp, ["5"], cdi_names="allocation")
+        ids = {a["id"]: a for a in c.allocations()}
+    assert set(ids) == {f"k8s-dra_{uid}", dp.replace("/", "_"), f"k8s-dra/{uid}", dp}
+    files = {a["id"]: a["spec_path"] for a in ids.values()}
+    assert len(set(files.values())) == 4 and all(os.path.exists(f) for f in files.values())
+    names = [n for a in ids.values() for n in a["cdi_devices"]]
+    assert len(names) == len(set(names)) == 4
+    assert claim["cdi_devices"][0].endswith(f"=k8s-dra_{uid}-gpu4")      # CDI's own form for a claim
+    assert container["cdi_devices"] != ids[dp.replace("/", "_")]["cdi_devices"]
 
 
 def damage_line_of(path, alloc_id: str) -> None:
