@@ -4,8 +4,9 @@ Every test builds a hostile container root next to an "outside" tree that stands
 host, runs the hook the way an engine does (the generated spec's own command line,
 ``python3 -I -S -c ...``, or ``python3 -I -m hostagent.hooks``; the OCI state on stdin,
 an explicit PATH-only environment), and asserts that nothing outside was
-created, changed or read (a metadata snapshot plus canaries whose access time is armed)
-and that no attacker code ran (planted code creates marker files). Where it matters, a
+created, changed or read (a metadata snapshot, and every read of it as the kernel reports it:
+``tests/readwatch.py``, whatever the file system does with access times) and that no
+attacker code ran (planted code creates marker files). Where it matters, a
 control run without the defence shows that the attack and its detection are real.
 """
 
@@ -24,6 +25,7 @@ from pathlib import Path
 import pytest
 
 from hostagent.sim.elf import shared_object_bytes, write_shared_object
+from tests.readwatch import ReadWatch
 
 LIB = "/usr/lib/x86_64-linux-gnu"
 ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
@@ -58,6 +60,7 @@ class World:
             write_shared_object(self.root / LIB.lstrip("/") / name, soname)
         (self.bundle / "config.json").write_text(json.dumps({"ociVersion": "1.0.2", "root": {"path": "rootfs"}}))
         self._snapshot = None
+        self.watch: ReadWatch | None = None
 
     def at(self, container_path: str) -> Path:
         return self.root / container_path.lstrip("/")
@@ -80,12 +83,12 @@ class World:
     # What "nothing outside changed or was read" means.
     def seal(self) -> None:
         self._snapshot = snapshot(self.outside)
-        self.canaries = [p for p in self.outside.rglob("*") if not p.is_symlink()] + [self.outside]
-        for p in self.canaries:
-            os.utime(p, ns=(10**9, p.stat().st_mtime_ns))   # relatime updates such an atime on any read
+        if self.watch is not None:
+            self.watch.close()
+        self.watch = ReadWatch(self.outside)
 
     def assert_untouched(self) -> None:
-        read = [str(p) for p in self.canaries if p.stat().st_atime_ns != 10**9]
+        read = self.watch.reads()          # first: the snapshot below lists the tree itself
         assert not read, f"read outside the container root: {read}"
         assert snapshot(self.outside) == self._snapshot, "the outside tree changed"
         assert not list(self.markers.iterdir()), f"attacker code ran: {list(self.markers.iterdir())}"
@@ -108,13 +111,25 @@ def snapshot(top: Path) -> dict:
 @pytest.fixture
 def world(tmp_path):
     w = World(tmp_path)
-    probe = tmp_path / "atime-probe"
-    probe.write_text("x")
-    os.utime(probe, ns=(10**9, probe.stat().st_mtime_ns))
-    probe.read_text()
-    if probe.stat().st_atime_ns == 10**9:
-        pytest.skip("this filesystem does not update access times; the read canaries would see nothing")
-    return w
+    yield w
+    if w.watch is not None:
+        w.watch.close()
+
+
+def test_the_read_watch_sees_what_a_reader_does(world):
+    """The detection's own control: a read, a listing and an open of the outside tree are
+    seen (on any file system, access times or not); a stat and a path-only open are not."""
+    world.seal()
+    os.stat(world.outside / "canary")
+    os.close(os.open(world.outside / "canary", os.O_PATH))
+    assert world.watch.reads() == []
+    (world.outside / "canary").read_bytes()
+    os.listdir(world.outside / "confd")
+    os.close(os.open(world.outside / "libdir" / "libescape.so.1", os.O_RDONLY))
+    assert world.watch.reads() == [str(world.outside / "canary"), str(world.outside / "confd"),
+                                   str(world.outside / "libdir" / "libescape.so.1")]
+    with pytest.raises(AssertionError, match="read outside the container root"):
+        world.assert_untouched()
 
 
 # The two ways the cache is built: in the hook from the image's cache and the folders'
