@@ -95,8 +95,16 @@ def _check_environment() -> None:
 
 def _run(req: cli.Request) -> None:
     from . import ocistate
+    from .budget import OWN_SECONDS, Budget
     from .inroot import Root
 
+    # The whole call's deadline: its own work (checked as it reads) and ldconfig's bound,
+    # with a margin. A call that blocks past it anyway (a file system that never answers) is
+    # ended by SIGALRM, whose default action the interpreter leaves in place; _signal is
+    # already loaded at start-up, where the signal module would cost an import.
+    import _signal
+    _signal.alarm(int(OWN_SECONDS + req.ldconfig_timeout) + 5)
+    budget = Budget()
     state = ocistate.read_state(0)
     root_path, config = ocistate.read_bundle(state)
     links = list(req.links)
@@ -123,7 +131,7 @@ def _run(req: cli.Request) -> None:
                 create_links(root, links, warn)
             if wants_cache:
                 from .ldcache import update
-                update(root, req.folders, ldconfig, req.ldconfig_timeout)
+                update(root, req.folders, ldconfig, req.ldconfig_timeout, budget)
         finally:
             if ldconfig is not None:
                 posix.close(ldconfig)

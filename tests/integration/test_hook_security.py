@@ -652,3 +652,72 @@ def test_a_second_start_rewrites_nothing(world):
     assert [(s.st_ino, s.st_mtime_ns) for s in map(os.lstat, paths)] == [(s.st_ino, s.st_mtime_ns) for s in before]
     assert world.at("/etc/ld.so.conf").read_text() == "include /etc/ld.so.conf.d/*.conf\n"
     assert sorted(os.listdir(world.at("/etc"))) == ["ld.so.cache", "ld.so.conf", "ld.so.conf.d"]
+
+
+# -- The hook's total work is bounded ----------------------------------------------------
+
+def bomb_library(size: int = 1 << 20, *, null: bool) -> bytes:
+    """A 64-bit ELF shared object of ``size`` bytes with a dynamic segment of 64 KiB from
+    offset 4 KiB: DT_STRTAB and DT_SONAME (libbomb.so.1) first, then DT_DEBUG entries, and a
+    DT_NULL at its end (``null``: the longest dynamic segment a reader accepts) or none at
+    all (it runs on to the end of the file: what a reader that stops only at DT_NULL walks)."""
+    import struct
+    ehdr, phdr, dyn = struct.Struct("<4sBBBBB7xHHIQQQIHHHHHH"), struct.Struct("<IIQQQQQQ"), struct.Struct("<qQ")
+    start, length = 4096, (1 << 16 if null else size - 4096)
+    strings = start + length
+    head = ehdr.pack(b"\x7fELF", 2, 1, 1, 0, 0, 3, 62, 1, 0, ehdr.size, 0, 0, ehdr.size, phdr.size, 2, 64, 0, 0)
+    head += phdr.pack(1, 4, 0, 0, 0, size, size, 4096) + phdr.pack(2, 6, start, start, start, length, length, 8)
+    entries = [(5, strings), (14, 1)] + [(21, 0)] * (length // 16 - 3) + [(0, 0) if null else (21, 0)]
+    body = head.ljust(start, b"\0") + b"".join(dyn.pack(*e) for e in entries)
+    return (body + b"\0libbomb.so.1\0").ljust(size, b"\0")
+
+
+@needs_root
+@pytest.mark.parametrize("library", ["endless-dynamic", "longest-dynamic"])
+def test_a_hostile_image_cannot_keep_the_hook_busy(world, library):
+    """One 1 MiB library hard-linked 4000 times as libbombN.so.1 in the injected folder, and
+    500 links ./bomb to it: each name was read whole (20 ms a name, 82 s for the names and
+    12 s for the links). A file is read once per run, by its inode (read under each name,
+    the longest dynamic segment accepted would take the run past its byte budget, and the
+    cache to ldconfig), its dynamic segment no further than itself; one without DT_NULL
+    there is ldconfig's to judge (it skips it, never having found DT_STRTAB's end)."""
+    bomb = world.at(f"{LIB}/bomb")
+    bomb.write_bytes(bomb_library(null=library == "longest-dynamic"))
+    for i in range(4000):
+        os.link(bomb, world.at(f"{LIB}/libbomb{i}.so.1"))
+    for i in range(500):
+        world.at(f"{LIB}/libsym{i}.so.1").symlink_to("./bomb")
+    world.seal()
+    started = time.monotonic()
+    ok(world.run(*prepare_args(*LINKS)))
+    elapsed = time.monotonic() - started
+    world.assert_untouched()
+    assert elapsed < 10, f"the hook took {elapsed:.1f} s"
+    cache = world.cache()
+    assert f"libcuda.so.1 (libc6,x86-64) => {LIB}/libcuda.so.1" in cache
+    if library == "endless-dynamic":
+        built_by(world, "ldconfig")
+    else:
+        built_by(world, "in-hook")
+        assert f"libbomb.so.1 (libc6,x86-64) => {LIB}/libbomb.so.1" in cache
+
+
+def test_the_runs_reading_is_bounded_and_its_own_work_has_a_deadline(world, monkeypatch):
+    """Past the run's budget of names, files or bytes the hook reads nothing more and leaves
+    the cache to ldconfig (``merged`` says None); past its deadline it fails."""
+    from hostagent.hooks import budget, ldcache
+    from hostagent.hooks.errors import HookError
+    from hostagent.hooks.inroot import Root
+    for i in range(40):
+        write_shared_object(world.at(f"{LIB}/libmany{i}.so.1"), f"libmany{i}.so.1")
+    world.seal()
+    with Root(str(world.root)) as root:
+        assert ldcache.merged(root, [LIB], None) is not None             # within the budget: the hook builds it
+        for limit, value in (("MAX_NAMES", 20), ("MAX_FILES", 20), ("MAX_BYTES", 20 * 4096)):
+            monkeypatch.setattr(budget, limit, value)
+            run = budget.Budget()
+            assert ldcache.merged(root, [LIB], None, run) is None, limit
+            monkeypatch.undo()
+        with pytest.raises(HookError, match="own work did not finish within"):
+            ldcache.merged(root, [LIB], None, budget.Budget(seconds=-1))
+    world.assert_untouched()
