@@ -34,7 +34,7 @@ from ..sharing import mps
 from ..sharing.clients import CONTAINER_PIPE, SOCKET_MOUNT_OPTIONS
 from ..sharing.config import quantity_mib
 
-__all__ = ["key", "settings", "start", "stop", "stop_orphan", "client_edits", "orphans", "PREFIX"]
+__all__ = ["key", "settings", "check_limits", "start", "stop", "stop_orphan", "client_edits", "orphans", "PREFIX"]
 
 log = logging.getLogger("hostagent.daemon")
 
@@ -67,6 +67,19 @@ def settings(alloc, devices: list[str]) -> dict:
             limits[i] = max(1, quantity_mib(value))
     return {"active_thread_percentage": config.get("defaultActiveThreadPercentage"),
             "pinned_memory_limits_mib": limits}
+
+
+def check_limits(alloc, devices: list[str], memory_mib: dict[str, int]) -> None:
+    """Each device's pinned memory limit is at most its memory (``memory_mib``: uuid -> MiB),
+    as the node's sharing configuration bounds it; UsageError otherwise."""
+    limits = settings(alloc, devices)["pinned_memory_limits_mib"]
+    for i, uuid in enumerate(devices):
+        memory = memory_mib.get(uuid)
+        if memory is not None and limits.get(i, 0) > memory:
+            raise UsageError(f"sharing.mpsConfig: the pinned memory limit of device {uuid} ({limits[i]} MiB) is more "
+                             f"than its memory ({memory} MiB)", device=uuid, limit_mib=limits[i], memory_mib=memory,
+                             hint="give defaultPinnedDeviceMemoryLimit (or the device's "
+                                  "defaultPerDevicePinnedMemoryLimit) at most the device's memory")
 
 
 def _modes(host, gpus: list[str], mode: str) -> None:

@@ -256,6 +256,25 @@ def test_an_allocation_gets_an_mps_daemon_of_its_own_for_the_devices_the_node_do
     assert running(agent.root) == []
 
 
+def test_an_own_daemons_pinned_limit_is_at_most_the_devices_memory(agent):
+    """A limit above the GPU's memory (a DRA claim's "1e400" became a 395-digit MiB limit in
+    the daemon and its clients' environment) is refused, and nothing is started."""
+    from hostagent.errors import UsageError
+    from hostagent.sharing import mps
+    with agent.client() as c:
+        memory = c.device("6")["memory_mib"]
+        for limit, words in ((f"{memory + 1}Mi", f"({memory + 1} MiB) is more than its memory ({memory} MiB)"),
+                             ("9" * 25, "body.devices[0]")):          # the schema: 24 characters at most
+            sharing = {"strategy": "MPS", "mpsConfig": {"defaultPinnedDeviceMemoryLimit": limit}}
+            with pytest.raises(UsageError) as e:
+                c.allocate("claim-big", [{"device": "6", "sharing": sharing}], own_mps_daemon=True)
+            assert e.value.code == "invalid_argument" and words in e.value.message, e.value.message
+        assert c.allocations() == [] and not list(mps.daemon_dir(agent.host, "x").parent.glob("alloc-*"))
+        sharing = {"strategy": "MPS", "mpsConfig": {"defaultPinnedDeviceMemoryLimit": f"{memory}Mi"}}
+        c.allocate("claim-all", [{"device": "6", "sharing": sharing}], own_mps_daemon=True)
+    assert SimStore(agent.root).read().gpus[6].compute_mode == 3
+
+
 def test_a_daemon_no_allocation_has_is_stopped_at_start(agent):
     from hostagent.daemon import checkpoint
     from hostagent.sharing import mps
