@@ -181,6 +181,12 @@ def test_preferred_allocation_best_connected_then_numa_then_the_tightest_fit(nod
     assert node.kubelet.prefer(GPU, uuids(node, 0, 1, 4, 5, 6), 2, must_include=uuids(node, 5)) == uuids(node, 5, 4)
     # Three: the pair, with the fullest NUMA node first.
     assert node.kubelet.prefer(GPU, uuids(node, 0, 4, 5), 3) == uuids(node, 4, 5, 0)
+    # A device that must be included but is not offered: no set (go-gpuallocator's "Must
+    # include with unavailable device"), a bad request.
+    with pytest.raises(grpc.RpcError) as e:
+        node.kubelet.prefer(GPU, uuids(node, 0, 1, 4), 2, must_include=uuids(node, 5))
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "must_include names device(s) not among the available ones" in e.value.details()
 
 
 def test_bad_requests_are_grpc_errors_and_the_plugin_keeps_serving(node):
