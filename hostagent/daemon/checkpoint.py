@@ -16,9 +16,12 @@ whatever callers put in their allocations.
 Reading applies the journal's lines, in order, to ``allocations.json``. A line is committed
 only once it is whole on disk: a crash while one was written leaves a last line without
 its newline, which is not applied, and the next save starts with a snapshot that empties
-the journal. A crash between a snapshot and the journal's emptying applies lines the
-snapshot holds already, which changes nothing: each line sets allocations to what they are
-(or drops them), and the last line about an allocation decides.
+the journal. Each snapshot names a new journal (``"journal": <token>``) and the journal
+emptied after it starts with a line naming the same token: the lines of a journal that the
+snapshot does not name are older than it, and not applied. (A crash between a snapshot and
+its journal's emptying would otherwise apply lines the snapshot holds already: a line that
+dropped an allocation the snapshot holds again, made anew since, lost it.) A snapshot
+without a token (an earlier version's) takes every line.
 
 Nothing is refused for its size. A checkpoint that is damaged (a snapshot or a journal line
 that is not what this module writes, an entry that is not an allocation) never becomes an
@@ -43,6 +46,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from .. import faults
 from ..fileio import ensure_dir, remove, write_atomic
 from ..hostroot import HostRoot
 from .allocations import Allocation
@@ -55,7 +59,7 @@ COMPACT_AFTER = 512                  # journal lines; a snapshot at every 512th 
 COMPACT_BYTES = 1 << 20              # journal bytes: a snapshot once the journal holds this much
 log = logging.getLogger("hostagent.daemon")
 _UUID = re.compile(rb"(?:GPU|MIG)-[0-9A-Fa-f]{8}(?:-[0-9A-Fa-f]{4}){3}-[0-9A-Fa-f]{12}")
-_HEADER = re.compile(rb'\{"version":([0-9]+),"allocations":\[')
+_HEADER = re.compile(rb'\{"version":([0-9]+),(?:"journal":"[0-9a-f]*",)?"allocations":\[')
 
 
 def path(host: HostRoot) -> Path:
@@ -129,9 +133,16 @@ def _read(host: HostRoot) -> _Reading:
     except FileNotFoundError:
         text = None
     entries: dict[str, dict] = {}
+    token = None                         # the journal the snapshot names (None: any, an earlier version's)
     if text is not None:
-        entries = _snapshot_entries(text, problems, str(path(host)))
-    for number, line in _journal(host):
+        entries, token = _snapshot_entries(text, problems, str(path(host)))
+    lines = _journal(host)
+    head = _journal_token(lines[0][1]) if lines else None
+    if head is not None:
+        lines = lines[1:]
+    if token is not None and head != token:
+        lines = []                       # older than the snapshot, which holds what they did
+    for number, line in lines:
         where = str(journal_path(host))
         try:
             change = json.loads(line)
@@ -164,24 +175,38 @@ def _dump(entry) -> bytes:
     return json.dumps(entry, sort_keys=True, separators=(",", ":")).encode()
 
 
-def _snapshot_entries(text: bytes, problems: list, where: str) -> dict[str, dict]:
-    """id -> entry of a snapshot; a snapshot that is not JSON is read line by line (this
-    module writes one entry a line), each line that is not an entry a problem of its own."""
+def _journal_token(line: bytes) -> str | None:
+    """The token of a journal's first line, when it is the line naming the journal."""
+    if not line.startswith(b'{"journal":'):
+        return None
+    try:
+        head = json.loads(line)
+    except ValueError:
+        return None
+    return head["journal"] if isinstance(head, dict) and set(head) == {"journal"} \
+        and isinstance(head["journal"], str) else None
+
+
+def _snapshot_entries(text: bytes, problems: list, where: str) -> tuple[dict[str, dict], str | None]:
+    """(id -> entry, the journal it names) of a snapshot; a snapshot that is not JSON is
+    read line by line (this module writes one entry a line), each line that is not an entry
+    a problem of its own, and then takes no journal (which lines it holds is unknown)."""
     try:
         data = json.loads(text)
     except ValueError:
-        return _salvage(text, problems, where)
+        return _salvage(text, problems, where), None
     if not isinstance(data, dict) or data.get("version") != VERSION or not isinstance(data.get("allocations"), list):
         what = f"unknown checkpoint version {data.get('version')!r}" if isinstance(data, dict) else "not a checkpoint"
         problems.append((f"{where}: {what}", text, where))
-        return {}
+        return {}, None
     entries = {}
     for a in data["allocations"]:
         if isinstance(a, dict) and isinstance(a.get("id"), str):
             entries[a["id"]] = a
         else:
             problems.append((f"{where}: an entry without an id", _dump(a), where))
-    return entries
+    token = data.get("journal")
+    return entries, token if isinstance(token, str) else None
 
 
 def _salvage(text: bytes, problems: list, where: str) -> dict[str, dict]:
@@ -246,9 +271,9 @@ def load(host: HostRoot) -> list[Allocation]:
     if found:
         _record(host, [*unreadable(host), *found])
     # The checkpoint made whole with what was read: the snapshot first (it holds the
-    # journal's readable changes), then the journal goes aside (its copy is kept).
-    entries = ",\n".join(a.checkpoint_json for a in reading.allocations)
-    write_atomic(snapshot, f'{{"version":{VERSION},"allocations":[\n{entries}\n]}}\n', mode=0o600)
+    # journal's readable changes, and names a journal that does not exist yet), then the
+    # journal goes aside (its copy is kept).
+    write_atomic(snapshot, _render({a.id: a.checkpoint_json for a in reading.allocations}, _token()), mode=0o600)
     if journal.exists():
         journal.unlink()
     _writers.pop(str(snapshot), None)
@@ -347,7 +372,11 @@ def _append(writer: _Writer, current: dict[str, str]) -> None:
     drop = [alloc_id for alloc_id in writer.saved if alloc_id not in current]
     if put or drop:
         line = f'{{"put":[{",".join(put)}],"drop":{json.dumps(drop, separators=(",", ":"))}}}\n'.encode()
-        written = os.write(writer.fd, line)
+        written = 0
+        if faults.armed("checkpoint:mid_line"):         # a kill half-way through the line (tests)
+            written = os.write(writer.fd, line[:len(line) // 2])
+            faults.point("checkpoint:mid_line")
+        written += os.write(writer.fd, line[written:])
         if written != len(line):
             raise OSError(f"short write to the allocations journal ({written} of {len(line)} bytes)")
         os.fdatasync(writer.fd)
@@ -356,15 +385,29 @@ def _append(writer: _Writer, current: dict[str, str]) -> None:
     writer.saved = current
 
 
+def _token() -> str:
+    return os.urandom(8).hex()
+
+
+def _render(current: dict[str, str], token: str) -> str:
+    entries = ",\n".join(current.values())
+    return f'{{"version":{VERSION},"journal":"{token}","allocations":[\n{entries}\n]}}\n'
+
+
 def _snapshot(host: HostRoot, writer: _Writer, current: dict[str, str]) -> None:
-    """The whole set to allocations.json, then an empty journal. The journal exists before
-    the snapshot's durable write (whose folder fsync makes its entry durable too)."""
+    """The whole set to allocations.json, naming a new journal; then the journal emptied
+    and its first line naming it. The journal exists before the snapshot's durable write
+    (whose folder fsync makes its entry durable too)."""
     ensure_dir(host.state_dir, 0o700)
     if writer.fd is None:
         writer.fd = os.open(journal_path(host), os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
-    entries = ",\n".join(current.values())
-    write_atomic(path(host), f'{{"version":{VERSION},"allocations":[\n{entries}\n]}}\n', mode=0o600)
+    token = _token()
+    write_atomic(path(host), _render(current, token), mode=0o600)
+    faults.point("checkpoint:after_snapshot")
     os.ftruncate(writer.fd, 0)
+    head = f'{{"journal":"{token}"}}\n'.encode()
+    if os.write(writer.fd, head) != len(head):
+        raise OSError("short write to the allocations journal")
     os.fdatasync(writer.fd)
     writer.saved, writer.lines, writer.bytes = current, 0, 0
 

@@ -33,7 +33,9 @@ def ids(host) -> list[str]:
 
 
 def journal_lines(host) -> list[bytes]:
-    return checkpoint.journal_path(host).read_bytes().splitlines(keepends=True)
+    """The journal's changes (not its first line, which names it)."""
+    lines = checkpoint.journal_path(host).read_bytes().splitlines(keepends=True)
+    return lines[1:] if lines and lines[0].startswith(b'{"journal":') else lines
 
 
 def test_changes_are_journal_lines_read_back_over_the_snapshot(host):
@@ -117,13 +119,13 @@ def test_a_damaged_journal_line_is_set_aside_and_the_rest_kept(host):
     with open(checkpoint.journal_path(host), "ab") as f:
         f.write(b'{"put":[{"id":"c","devices":["' + GPU[2].encode() + b'"]\x00garbage\n')
         f.write(b'{"put":[],"drop":["a"]}\n')
-    with pytest.raises(ValueError, match="journal line 2 is not JSON"):
+    with pytest.raises(ValueError, match="journal line 3 is not JSON"):
         checkpoint.read(host)                            # the CLI refuses to guess
     before = checkpoint.journal_path(host).read_bytes()
     checkpoint._writers.clear()
     assert [a.id for a in checkpoint.load(host)] == ["b"]
     [record] = checkpoint.unreadable(host)
-    assert record.devices == (GPU[2],) and record.reason == "journal line 2 is not JSON"
+    assert record.devices == (GPU[2],) and record.reason == "journal line 3 is not JSON"
     assert Path(record.kept_as).read_bytes() == before and Path(record.kept_as).parent == host.state_dir
     assert checkpoint.held_devices([record]) == {GPU[2]}
     # Rewritten whole: the next start reads it clean, and the record stays until dismissed.
@@ -219,7 +221,7 @@ def test_nothing_is_refused_for_its_size_and_the_journal_is_compacted_by_size(ho
         checkpoint.save(host, [alloc("root", GPU[0]), entry(i)])
         checkpoint.save(host, [alloc("root", GPU[0])])
         sizes.append(checkpoint.journal_path(host).stat().st_size)
-    assert max(sizes) < 200_000 + 70_000 and min(sizes) == 0, sizes   # 4 lines of 60 KB, then a snapshot
+    assert max(sizes) < 200_000 + 70_000 and min(sizes) < 100, sizes   # 4 lines of 60 KB, then a snapshot
     assert ids(host) == ["root"]
 
 
@@ -243,3 +245,19 @@ def test_a_claims_allocation_reads_back_whole_from_a_journal_line(host):
     restarted = dataclasses.replace(claim, mps={**daemon, "process": {**daemon["process"], "pid": 4343}})
     checkpoint.save(host, [alloc("a"), restarted])
     assert len(journal_lines(host)) == 2 and checkpoint.read(host)[1].mps["process"]["pid"] == 4343
+
+
+def test_a_crash_between_a_compaction_and_its_journals_emptying_loses_nothing(host, monkeypatch):
+    """The journal's lines are older than the snapshot written after them: one that dropped
+    an allocation made again since (held by the snapshot) must not drop it."""
+    checkpoint.save(host, [alloc("a", GPU[0])])
+    checkpoint.save(host, [alloc("a", GPU[0]), alloc("x", GPU[1])])
+    checkpoint.save(host, [alloc("a", GPU[0])])                               # x dropped: a line
+    checkpoint._writers.clear()                                            # the daemon starts again
+    monkeypatch.setattr(checkpoint.faults, "point", lambda name: (_ for _ in ()).throw(KeyboardInterrupt(name))
+                        if name == "checkpoint:after_snapshot" else None)
+    with pytest.raises(KeyboardInterrupt):                                  # killed after the snapshot
+        checkpoint.save(host, [alloc("a", GPU[0]), alloc("x", GPU[2], created=9.0)])
+    assert len(journal_lines(host)) == 2                                   # the old lines are still there
+    assert [(a.id, a.devices, a.created) for a in checkpoint.read(host)] == [
+        ("a", (GPU[0],), 1.0), ("x", (GPU[2],), 9.0)]
