@@ -10,6 +10,7 @@ failed write never leaves memory ahead of the disk.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import os
@@ -27,6 +28,21 @@ from .views import allocation_json
 __all__ = ["Allocator"]
 
 log = logging.getLogger("hostagent.daemon")
+
+
+@contextlib.contextmanager
+def _unwritable(what: str, where):
+    """A write of the node's state the file system refused (no space, a read-only or failing
+    disk) is the caller's clear 503, with nothing changed: the commit's own undo has run."""
+    try:
+        yield
+    except OSError as e:
+        from ..errors import UnavailableError
+        reason = e.strerror or str(e)
+        raise UnavailableError(f"cannot {what}: {reason}" + (f" ({e.filename})" if e.filename else ""),
+                               where=str(where), errno=e.errno,
+                               hint="nothing was changed; free space on that file system (or fix what the error "
+                                    "names), then try again") from None
 
 
 def _refuse_others(allocs, uid: int) -> None:
@@ -231,9 +247,10 @@ class Allocator:
     def _commit_new(self, alloc, records, others, replaced) -> alloc_rules.Allocation:
         """A commit (``Agent.commit``): its own MPS daemon (if it asks for one), the spec,
         the GPUs' time-slices, then the checkpoint (the commit point; the allocations it
-        replaces leave it in the same write), then the replaced ones' specs go. The daemon
-        and the time-slices are undone when the commit fails."""
-        with node_lock(self.host, f"allocate {alloc.id}"):
+        replaces leave it in the same write), then the replaced ones' specs go. The daemon,
+        the spec and the time-slices are undone when the commit fails."""
+        with _unwritable(f"record allocation {alloc.id}", self.host.state_dir), \
+                node_lock(self.host, f"allocate {alloc.id}"):
             if alloc.own_mps_devices():
                 alloc = dataclasses.replace(alloc, mps=self._start_own_mps(alloc))
             try:
@@ -242,6 +259,7 @@ class Allocator:
                 self._timeslices([*others, alloc])
                 checkpoint.save(self.host, [*others, alloc])
             except BaseException:
+                self._remove_specs([alloc])
                 self._timeslices([*others, *replaced])
                 if alloc.mps:
                     claimmps.stop(self.host, alloc.mps, self._gpus(alloc.mps["devices"]))
@@ -393,7 +411,8 @@ class Allocator:
         """A commit (``Agent.commit``): the MIG devices made for them destroyed (a device in
         use refuses, and the allocations stay), then the checkpoint (the commit point), the
         specs (of those that have one), and the GPUs' time-slices."""
-        with node_lock(self.host, self._release_purpose(allocs)):
+        with _unwritable(self._release_purpose(allocs), self.host.state_dir), \
+                node_lock(self.host, self._release_purpose(allocs)):
             for a in allocs:
                 if a.mps:
                     claimmps.stop(self.host, a.mps, self._gpus(a.mps["devices"]))

@@ -372,13 +372,7 @@ def _append(writer: _Writer, current: dict[str, str]) -> None:
     drop = [alloc_id for alloc_id in writer.saved if alloc_id not in current]
     if put or drop:
         line = f'{{"put":[{",".join(put)}],"drop":{json.dumps(drop, separators=(",", ":"))}}}\n'.encode()
-        written = 0
-        if faults.armed("checkpoint:mid_line"):         # a kill half-way through the line (tests)
-            written = os.write(writer.fd, line[:len(line) // 2])
-            faults.point("checkpoint:mid_line")
-        written += os.write(writer.fd, line[written:])
-        if written != len(line):
-            raise OSError(f"short write to the allocations journal ({written} of {len(line)} bytes)")
+        _write_line(writer.fd, line)
         os.fdatasync(writer.fd)
         writer.lines += 1
         writer.bytes += len(line)
@@ -394,6 +388,22 @@ def _render(current: dict[str, str], token: str) -> str:
     return f'{{"version":{VERSION},"journal":"{token}","allocations":[\n{entries}\n]}}\n'
 
 
+def _write_line(fd: int, line: bytes) -> None:
+    """Append ``line`` whole, or leave the journal as it was: a write the file system cuts
+    short (a full disk) is taken back, so no part of a line stays on disk."""
+    written = 0
+    try:
+        if faults.armed("checkpoint:mid_line"):         # a kill half-way through the line (tests)
+            written = os.write(fd, line[:len(line) // 2])
+            faults.point("checkpoint:mid_line")
+        while written < len(line):
+            written += os.write(fd, line[written:])
+    except OSError:
+        if written:
+            os.ftruncate(fd, os.fstat(fd).st_size - written)
+        raise
+
+
 def _snapshot(host: HostRoot, writer: _Writer, current: dict[str, str]) -> None:
     """The whole set to allocations.json, naming a new journal; then the journal emptied
     and its first line naming it. The journal exists before the snapshot's durable write
@@ -405,9 +415,7 @@ def _snapshot(host: HostRoot, writer: _Writer, current: dict[str, str]) -> None:
     write_atomic(path(host), _render(current, token), mode=0o600)
     faults.point("checkpoint:after_snapshot")
     os.ftruncate(writer.fd, 0)
-    head = f'{{"journal":"{token}"}}\n'.encode()
-    if os.write(writer.fd, head) != len(head):
-        raise OSError("short write to the allocations journal")
+    _write_line(writer.fd, f'{{"journal":"{token}"}}\n'.encode())
     os.fdatasync(writer.fd)
     writer.saved, writer.lines, writer.bytes = current, 0, 0
 
