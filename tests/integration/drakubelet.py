@@ -134,7 +134,10 @@ class TestKubelet:
                     st = os.stat(entry.path)
                 except OSError:
                     continue
-                ident = (st.st_dev, st.st_ino)
+                # A socket made anew may get the inode number of the one it replaced (a plugin
+                # killed -9 leaves its socket, the next one binds the name again): its change
+                # time tells them apart, as the kubelet's watcher sees the new one's creation.
+                ident = (st.st_dev, st.st_ino, st.st_ctime_ns)
                 if self._seen.get(entry.path) != ident and entry.name.endswith(".sock"):
                     self._seen[entry.path] = ident
                     self._register(entry.path)

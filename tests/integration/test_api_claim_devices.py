@@ -141,6 +141,32 @@ def test_each_device_its_own_sharing_and_time_slices_set_and_restored(agent):
         assert not (agent.host.state_dir / "timeslices.json").read_text().strip("{}\n")
 
 
+def test_time_slices_come_back_to_the_earlier_one_across_agent_restarts(agent):
+    """Two claims time-slice GPU 5, the later's interval in force; the agent restarts; the
+    later claim goes and the earlier one's interval comes back; another restart; the last
+    claim goes and the GPU is back at the Default it had before them."""
+    short = {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Short"}}
+    long_ = {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}}
+    assert timeslices(agent)[5] == 0
+    with agent.client() as c:
+        c.allocate("claim-earlier", [{"device": "5", "sharing": short}])
+        c.allocate("claim-later", [{"device": "5", "sharing": long_}])
+        assert timeslices(agent)[5] == 3
+    agent.stop()
+    agent.start()
+    with agent.client() as c:
+        assert timeslices(agent)[5] == 3
+        c.release("claim-later")
+        assert timeslices(agent)[5] == 1                    # the earlier claim's Short
+    agent.kill()                                            # even without a clean stop
+    agent.start()
+    with agent.client() as c:
+        assert timeslices(agent)[5] == 1
+        c.release("claim-earlier")
+    assert timeslices(agent)[5] == 0
+    assert not (agent.host.state_dir / "timeslices.json").read_text().strip("{}\n")
+
+
 def committed_in_the_journal(agent, alloc_id: str) -> bool:
     from hostagent.daemon import checkpoint
     path = checkpoint.journal_path(agent.host)
