@@ -161,9 +161,20 @@ def test_an_allocation_of_an_earlier_run_in_the_way_is_released(node):
 
 
 def test_allocations_no_container_holds_are_released_after_the_grace_period(node):
+    """Kept through the reconciles of the grace period (the kubelet records a container's
+    devices only after Allocate returns), released by the first one past it."""
     node.admit("pod-c", GPU, uuids(node, 3))
+    started = time.monotonic()
     node.kubelet.allocate(GPU, uuids(node, 4))           # a container that never started
-    until(lambda: [a["devices"] for a in node.owned()] == [uuids(node, 3)], GRACE + 10.0, lambda: f"not released: {node.owned()}", interval=0.1)          # the next reconcile past the grace
+    asked = node.kubelet.listed
+
+    def released():
+        if [a["devices"] for a in node.owned()] == [uuids(node, 3)]:
+            return time.monotonic() - started, node.kubelet.listed - asked
+        return None
+    elapsed, reconciles = until(released, GRACE + 10.0, lambda: f"not released: {node.owned()}", interval=0.05)
+    assert elapsed >= GRACE, f"released {elapsed:.2f} s after its Allocate, within the {GRACE} s grace period"
+    assert reconciles >= 2, "released without a reconcile passing over it first"
     node.wait_released()
 
 
