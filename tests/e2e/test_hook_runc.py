@@ -21,6 +21,7 @@ import pytest
 
 from hostagent.sim.elf import write_shared_object
 from tests.integration.test_hook_security import assert_no_mount_leak, mount_table
+from tests.programs import installed
 from tests.readwatch import ReadWatch
 
 LIB = "/usr/lib/x86_64-linux-gnu"
@@ -107,12 +108,11 @@ def build(tmp: Path, runtime: str, builder: str) -> tuple[Path, Path]:
         f"include /proc/1/root{outside}/escape.conf\n/proc/1/root{outside}/libdir\n")
     markers = tmp / "markers"
     markers.mkdir()
-    cc = shutil.which("cc") or shutil.which("gcc")
-    if cc:                                   # image ENV LD_PRELOAD, the NVIDIAScape recipe
-        src = tmp / "evil.c"
-        src.write_text('#include <fcntl.h>\n#include <unistd.h>\n__attribute__((constructor)) static void run(void) '
-                       f'{{ close(open("{markers}/preload", O_CREAT | O_WRONLY, 0644)); }}\n')
-        subprocess.run([cc, "-shared", "-fPIC", "-o", str(root / "evil.so"), str(src)], check=True)
+    cc = installed("cc", "gcc")              # image ENV LD_PRELOAD, the NVIDIAScape recipe
+    src = tmp / "evil.c"
+    src.write_text('#include <fcntl.h>\n#include <unistd.h>\n__attribute__((constructor)) static void run(void) '
+                   f'{{ close(open("{markers}/preload", O_CREAT | O_WRONLY, 0644)); }}\n')
+    subprocess.run([cc, "-shared", "-fPIC", "-o", str(root / "evil.so"), str(src)], check=True)
 
     subprocess.run([runtime, "spec"], cwd=bundle, check=True, capture_output=True)
     config = json.loads((bundle / "config.json").read_text())

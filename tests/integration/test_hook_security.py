@@ -197,10 +197,9 @@ def test_image_python_environment_and_cwd_do_not_reach_the_hook(world, spec):
     assert (world.markers / "encodings").exists()
 
 
-def build_preload(world: World) -> Path | None:
-    cc = shutil.which("cc") or shutil.which("gcc")
-    if not cc:
-        return None
+def build_preload(world: World) -> Path:
+    from tests.programs import installed
+    cc = installed("cc", "gcc")
     src = world.tmp / "evil.c"
     src.write_text('#include <fcntl.h>\n#include <unistd.h>\n__attribute__((constructor)) static void run(void) '
                    f'{{ close(open("{world.markers}/preload", O_CREAT | O_WRONLY, 0644)); }}\n')
@@ -213,9 +212,7 @@ def test_a_leaked_loader_environment_is_refused(world):
     """LD_PRELOAD runs before any Python code, so only the spec's explicit env stops it (the
     e2e test shows the engine honouring it); if it leaks anyway, the hook refuses to do its
     work, and LD_LIBRARY_PATH is refused before any extension module (ctypes: libffi) loads."""
-    evil = build_preload(world)
-    if evil is None:
-        pytest.skip("no C compiler to build the preload library")
+    build_preload(world)
     world.seal()
     proc = world.run(*prepare_args(*LINKS), env={**ENV, "LD_PRELOAD": "/proc/self/cwd/evil.so"}, cwd=world.root)
     assert (world.markers / "preload").exists()            # the loader ran it, before Python
