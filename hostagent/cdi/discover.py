@@ -74,20 +74,19 @@ class Discovery:
         """The character device at ``container_path`` (e.g. /dev/nvidia0), read from the host."""
         host_path = self.host.dev(container_path.removeprefix("/dev/"))
         try:
-            st = os.stat(host_path)
+            found = self.host.platform.char_device(self.host, host_path)
         except FileNotFoundError:
             if required:
                 raise MissingDeviceNode(f"device node {container_path} does not exist",
                                         where=str(host_path)) from None
             return None
-        if not stat.S_ISCHR(st.st_mode):
+        if found is None:
             if required:
                 raise MissingDeviceNode(f"{container_path} is not a character device",
-                                        where=str(host_path),
-                                        hint="on a simulated node, create it as root") from None
+                                        where=str(host_path)) from None
             return None
-        return DeviceNode(path=container_path, host_path=self.host.on_host(host_path), major=os.major(st.st_rdev),
-                          minor=os.minor(st.st_rdev), file_mode=stat.S_IMODE(st.st_mode))
+        return DeviceNode(path=container_path, host_path=self.host.on_host(host_path), major=found.major,
+                          minor=found.minor, file_mode=found.mode)
 
     def control_nodes(self) -> Edits:
         nodes = (self.node(f"/dev/{name}", required=False) for name in CONTROL_NODES)

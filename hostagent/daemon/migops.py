@@ -22,7 +22,7 @@ from ..mig.quirks import mig_profiles
 from ..mig.planner import PLAN_SECONDS
 from ..mig.solver import Budget, Geometry, Infeasible, SearchAborted, solve
 
-__all__ = ["Placed", "place_instance", "remove_instance", "affected_devices", "refuse_allocated",
+__all__ = ["Placed", "place_instance", "remove_instance", "affected_devices", "busy_allocations", "refuse_allocated",
            "created_instance", "NoRoom"]
 
 
@@ -137,6 +137,14 @@ def remove_instance(inventory: Inventory, uuid: str) -> tuple[MigDevice, MigPlan
             after = Layout(before.enabled, before.pending, tuple(gis))
             return dev, MigPlan(config=f"destroy {uuid}", gpus=(diff(g, before, after, reset_needed=False),))
     raise UnknownName(f"no MIG device {uuid!r}", name=uuid, hint="GET /v1/devices?type=mig lists them")
+
+
+def busy_allocations(inventory: Inventory, plan: MigPlan, allocations) -> list[dict]:
+    """The allocations holding devices ``plan`` would take away: each one's ``id``,
+    ``labels`` and those ``devices`` (UUIDs), by id (what an apply would be refused for)."""
+    affected = affected_devices(inventory, plan)
+    return [{"id": a.id, "labels": dict(a.request.get("labels") or {}), "devices": sorted(affected.intersection(a.devices))}
+            for a in sorted(allocations, key=lambda a: a.id) if affected.intersection(a.devices)]
 
 
 def refuse_allocated(inventory: Inventory, plan: MigPlan, allocations, *,
