@@ -64,7 +64,7 @@ def _main(argv: list[str] | None) -> int:
             if not req.warnings:
                 warn("no verb given; nothing to do (see --help)")
             return 0
-        _run(req)
+        _run(req, whole_program=argv is None)
         return 0
     except HookError as e:
         # A flag used wrongly says where the flags are listed, as the other programs do.
@@ -95,7 +95,7 @@ def _check_environment() -> None:
                         "reached the hook. Give the hook an explicit env (PATH only) and run it as python3 -I")
 
 
-def _run(req: cli.Request) -> None:
+def _run(req: cli.Request, whole_program: bool = False) -> None:
     from . import ocistate
     from .budget import OWN_SECONDS, Budget
     from .inroot import Root
@@ -104,8 +104,9 @@ def _run(req: cli.Request) -> None:
     # with a margin. A call that blocks past it anyway (a file system that never answers) is
     # ended by SIGALRM, whose default action the interpreter leaves in place; _signal is
     # already loaded at start-up, where the signal module would cost an import.
-    import _signal
-    _signal.alarm(int(OWN_SECONDS + req.ldconfig_timeout) + 5)
+    if whole_program:                   # never in a process that called main(argv) for one call
+        import _signal
+        _signal.alarm(int(OWN_SECONDS + req.ldconfig_timeout) + 5)
     budget = Budget()
     state = ocistate.read_state(0)
     root_path, config = ocistate.read_bundle(state)
