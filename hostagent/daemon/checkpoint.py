@@ -372,7 +372,7 @@ def _append(writer: _Writer, current: dict[str, str]) -> None:
     drop = [alloc_id for alloc_id in writer.saved if alloc_id not in current]
     if put or drop:
         line = f'{{"put":[{",".join(put)}],"drop":{json.dumps(drop, separators=(",", ":"))}}}\n'.encode()
-        _write_line(writer.fd, line)
+        _write_line(writer.fd, line, "checkpoint:mid_line")
         os.fdatasync(writer.fd)
         writer.lines += 1
         writer.bytes += len(line)
@@ -388,14 +388,15 @@ def _render(current: dict[str, str], token: str) -> str:
     return f'{{"version":{VERSION},"journal":"{token}","allocations":[\n{entries}\n]}}\n'
 
 
-def _write_line(fd: int, line: bytes) -> None:
+def _write_line(fd: int, line: bytes, point: str | None = None) -> None:
     """Append ``line`` whole, or leave the journal as it was: a write the file system cuts
-    short (a full disk) is taken back, so no part of a line stays on disk."""
+    short (a full disk) is taken back, so no part of a line stays on disk. ``point``: the
+    crash point half-way through it (tests)."""
     written = 0
     try:
-        if faults.armed("checkpoint:mid_line"):         # a kill half-way through the line (tests)
+        if point is not None and faults.armed(point):
             written = os.write(fd, line[:len(line) // 2])
-            faults.point("checkpoint:mid_line")
+            faults.point(point)
         while written < len(line):
             written += os.write(fd, line[written:])
     except OSError:
