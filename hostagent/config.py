@@ -66,16 +66,29 @@ class Config(namedtuple("Config", "data source")):
         return HookConfig(**self.data["hook"])
 
 
+_PACKAGE_FILES: dict[str, bytes | None] = {}
+
+
+def package_file(path: str) -> bytes | None:
+    """The bytes of a file shipped in the package (a schema), read once a process: they
+    do not change while it runs. None when the package lacks it."""
+    if path not in _PACKAGE_FILES:
+        try:
+            with open(path, "rb") as f:
+                _PACKAGE_FILES[path] = f.read()
+        except FileNotFoundError:
+            _PACKAGE_FILES[path] = None
+    return _PACKAGE_FILES[path]
+
+
 def schema() -> dict:
     """The whole file's schema: ours plus every feature's sections."""
-    with open(SCHEMA_FILE, "rb") as f:
-        out = _json_loads(f.read())
+    out = _json_loads(package_file(SCHEMA_FILE))
     for rel in SECTION_SCHEMAS:
-        try:
-            with open(os.path.join(os.path.dirname(__file__), rel), "rb") as f:
-                extra = _json_loads(f.read())
-        except FileNotFoundError:
+        raw = package_file(os.path.join(os.path.dirname(__file__), rel))
+        if raw is None:
             continue                     # that feature is not installed
+        extra = _json_loads(raw)
         for name, sub in extra.get("properties", {}).items():
             out["properties"].setdefault(name, sub)
     return out

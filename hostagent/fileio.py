@@ -14,9 +14,12 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["write_atomic", "remove", "ensure_dir", "temp_path", "remove_stale_temporaries",
+__all__ = ["write_atomic", "write_point", "remove", "ensure_dir", "temp_path", "remove_stale_temporaries",
            "read_regular", "read_config_file", "pid_alive", "MAX_USER_FILE"]
 
+# Crash points in the middle of a write (hostagent.faults, ``write:FILE``): tests only. The
+# environment is read here so that a write costs no import of faults while none is armed.
+_WRITE_FAULTS = "write:" in os.environ.get("HOSTAGENT_FAULT", "")
 # Any configuration file a user names (MIG configs, hooks files, engine configs, CDI specs,
 # hostagent's own config) is far smaller; a bigger one is refused, not read.
 MAX_USER_FILE = 16 << 20
@@ -111,6 +114,7 @@ def write_atomic(path: str | os.PathLike, data: str | bytes, mode: int = 0o644, 
             os.fchmod(f.fileno(), mode)
             if durable:
                 os.fsync(f.fileno())
+        write_point(name)
         os.replace(tmp, path)
     except BaseException:
         try:
@@ -121,6 +125,13 @@ def write_atomic(path: str | os.PathLike, data: str | bytes, mode: int = 0o644, 
     remove_stale_temporaries(directory, name)
     if durable:
         _fsync_dir(directory)
+
+
+def write_point(name: str) -> None:
+    """The crash point in the middle of a write of a file named ``name`` (tests only)."""
+    if _WRITE_FAULTS:
+        from . import faults
+        faults.point(f"write:{name}")
 
 
 def remove(path: str | os.PathLike) -> None:

@@ -8,10 +8,12 @@ was reused names a process with another start time), through a pidfd where the k
 them (``pidfd_open``, Linux 5.3), which pins the process, so the check and the signal
 cannot name two different processes.
 
-``find`` looks for processes by what they are: their executable (an interpreted program's
-interpreter, with the script on its command line, as the kernel runs a ``#!`` file), their
-arguments and variables of their environment. The agent's own ``/proc`` is read: the
-processes it starts are in its PID namespace.
+A record is made of a process the agent started (``record``), never of one found by what it
+shows of itself: its executable, arguments and environment are whatever its starter chose,
+and any local user can start a process that looks like one of the agent's. ``program``
+says how a program's processes show their executable (to check that the process started
+runs what was meant). The agent's own ``/proc`` is read: the processes it starts are in its
+PID namespace.
 """
 
 from __future__ import annotations
@@ -21,8 +23,7 @@ import signal as signals
 import time
 from dataclasses import asdict, dataclass
 
-__all__ = ["ProcessRecord", "Program", "program", "record", "current", "find", "environment", "send", "wait_gone",
-           "systemd_run"]
+__all__ = ["ProcessRecord", "Program", "program", "record", "current", "send", "wait_gone", "systemd_run"]
 
 
 @dataclass(frozen=True)
@@ -96,43 +97,6 @@ def current(rec: ProcessRecord | None) -> bool:
         return False
     now = record(rec.pid)
     return now is not None and now.exe == rec.exe and abs(now.start - rec.start) < 0.05
-
-
-def _read(path: str) -> list[bytes] | None:
-    try:
-        with open(path, "rb") as f:
-            return f.read(1 << 20).split(b"\0")
-    except OSError:
-        return None
-
-
-def find(prog: Program, args: tuple[str, ...] = ()) -> list[ProcessRecord]:
-    """Live processes running ``prog`` whose command line ends with ``args``."""
-    out = []
-    want = [a.encode() for a in args]
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        pid = int(entry.name)
-        if _exe(pid) != prog.exe:
-            continue
-        argv = [a for a in (_read(f"/proc/{pid}/cmdline") or []) if a]
-        if not argv or (prog.script is not None and prog.script.encode() not in argv[1:]):
-            continue
-        if want and argv[-len(want):] != want:
-            continue
-        rec = record(pid)
-        if rec is not None and rec.exe == prog.exe:
-            out.append(rec)
-    return out
-
-
-def environment(rec: ProcessRecord) -> dict[str, str] | None:
-    """The environment ``rec``'s process was started with; None when it is not running."""
-    raw = _read(f"/proc/{rec.pid}/environ")
-    if raw is None or not current(rec):
-        return None
-    return dict(item.decode(errors="replace").split("=", 1) for item in raw if b"=" in item)
 
 
 def send(rec: ProcessRecord, sig: int) -> bool:

@@ -11,7 +11,7 @@ import sysconfig
 import tomllib
 from pathlib import Path
 
-__all__ = ["PROGRAMS", "require", "script"]
+__all__ = ["PROGRAMS", "require", "installed", "script"]
 
 REPO = Path(__file__).resolve().parents[1]
 PROGRAMS = tuple(tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"])
@@ -24,6 +24,16 @@ def script(name: str) -> str:
     assert path.is_file(), (f"{name} is not installed in {folder} (the scripts folder of {sys.executable}): "
                             "run pip install . (or -e .) with this interpreter again")
     return str(path)
+
+
+def installed(*tools: str) -> str:
+    """The first of ``tools`` on PATH; a skip saying what is missing when none is (.ci/run
+    installs every tool a test needs)."""
+    found = next((shutil.which(t) for t in tools if shutil.which(t)), None)
+    if found is None:
+        import pytest
+        pytest.skip(f"not installed: {' or '.join(tools)} (.ci/run installs it)")
+    return found
 
 
 def require(*tools: str, root_for: str) -> None:

@@ -74,6 +74,8 @@ class App:
         "/v1/allocations": (Route("GET", "list_allocations", "operator"),
                             Route("POST", "create_allocation", "operator")),
         "/v1/preferred-allocation": (Route("POST", "prefer_allocation", "operator"),),
+        "/v1/checkpoint/unreadable": (Route("GET", "get_unreadable", "operator"),
+                                      Route("DELETE", "dismiss_unreadable", "admin")),
         "/v1/inventory/refresh": (Route("POST", "refresh", "admin"),),
         "/v1/mig": (Route("GET", "get_mig", "operator"),),
         "/v1/mig/plan": (Route("POST", "plan_mig", "operator"),),
@@ -342,6 +344,16 @@ class App:
         from ..daemon.views import allocation_json
         alloc = await self.agent.allocator.release(alloc_id, uid)
         return Response(200, allocation_json(alloc) + b"\n")
+
+    def get_unreadable(self, request: Request) -> Response:
+        return Response(200, _dumps(self.agent.checkpoint_view()), (("Cache-Control", "no-store"),))
+
+    def dismiss_unreadable(self, request: Request):
+        return self._dismiss(request.caller.uid)
+
+    async def _dismiss(self, uid: int):
+        view = await self.agent.dismiss_unreadable(uid)
+        return Response(200, _dumps(view))
 
     def prefer_allocation(self, request: Request) -> Response:
         from ..daemon.preference import prefer

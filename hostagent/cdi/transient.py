@@ -1,9 +1,11 @@
 """Transient CDI specs: one file per allocation in ``/var/run/cdi``, gone when it is released.
 
 Named by CDI's own convention (``GenerateTransientSpecName``): ``<vendor>-<class>_<id>``,
-with ``/`` in the id replaced by ``_``. Device names are ``<id>-gpu<index>`` and
-``<id>-mig<gpu>:<mig>``, so a plugin only relays ``<vendor>/<class>=<id>-...`` names and two
-allocations can never define the same device.
+with ``/`` in the id replaced by ``_``. CDI replaces it alone, so ``a/b`` and ``a_b`` would
+share a file; here the mapping is one-to-one (``safe_id``): ``_`` and ``.`` are escaped
+first, so a name says which id it is and no id can take another's file or device names.
+Device names are ``<id>-gpu<index>`` and ``<id>-mig<gpu>:<mig>``, so a plugin only relays
+``<vendor>/<class>=<id>-...`` names and two allocations can never define the same device.
 """
 
 from __future__ import annotations
@@ -25,7 +27,11 @@ ALLOCATION_KIND = "hostagent.io/allocation"
 
 
 def safe_id(allocation_id: str) -> str:
-    return allocation_id.replace("/", "_")
+    """The id in a file and CDI device name (no ``/`` there), one-to-one: ``.`` -> ``..``,
+    ``_`` -> ``._``, then ``/`` -> ``_``. Read back left to right, ``..`` is a ``.``, ``._``
+    a ``_`` and a lone ``_`` a ``/``: two ids never share a name. The common ids (a claim's
+    ``k8s-dra/<uid>``) keep CDI's own form."""
+    return allocation_id.replace(".", "..").replace("_", "._").replace("/", "_")
 
 
 def spec_file_name(allocation_id: str, kind: str = ALLOCATION_KIND) -> str:

@@ -29,6 +29,16 @@ def register(sub) -> None:
                                      "its owner, or root, may release it.")
     v.add_argument("id", metavar="ID", help="the allocation's id (hostagent allocations list)")
     v.set_defaults(run=run_release)
+    v = verbs.add_parser("dismiss-unreadable", help="free the devices that unreadable checkpoint records hold",
+                         description="The daemon keeps every allocation record of its checkpoint it can read; "
+                                     "those it cannot are set aside (GET /v1/checkpoint/unreadable lists them and "
+                                     "the files that keep them), and the devices they name are refused to new "
+                                     "allocations until an admin decides. Once settled (the devices checked, "
+                                     "allocations made again by hand where needed), this dismisses the records "
+                                     "(as DELETE /v1/checkpoint/unreadable): the devices are allocatable again, "
+                                     "the files stay. Root only.")
+    add_output_flag(v)
+    v.set_defaults(run=run_dismiss)
 
 
 def _client(args):
@@ -88,4 +98,18 @@ def run_release(args) -> int:
     with _client(args) as client:
         released = client.release(args.id)
     print(f"released {released['id']}: {', '.join(released['devices'])} free again")
+    return 0
+
+
+def run_dismiss(args) -> int:
+    with _client(args) as client:
+        out = client.request("DELETE", "/v1/checkpoint/unreadable").json()
+
+    def text(o) -> None:
+        if not o["dismissed"]:
+            print("no unreadable checkpoint record to dismiss")
+        for r in o["dismissed"]:
+            print(f"dismissed: {r['reason']} (kept in {r['kept_as']}; held "
+                  f"{', '.join(r['devices']) if r['devices'] else 'every device'})")
+    emit(out, args.output, text)
     return 0

@@ -25,7 +25,8 @@ from ..errors import HostagentError, StateError
 from ..hostroot import HostRoot
 from ..lock import node_lock
 from . import allocations as alloc_rules
-from . import checkpoint, faults
+from .. import faults
+from . import checkpoint
 from .events import EventLog, RevisionClock
 from .health import Health, unmonitored
 from .liveness import DEFAULT
@@ -68,6 +69,7 @@ class Agent:
         self._pending_publish = None      # [events, allocations_only] of the queued publish_soon
         self._restore_pending = False     # checkpoint loaded, not yet checked against the inventory
         self.labels = None                # nodelabels.LabelResult of the last inventory read
+        self.checkpoint_damage: list = []  # checkpoint.Unreadable records not yet dismissed
         # Called on the loop's thread with each inventory that differs from the last (the
         # health monitor and the metrics sampler follow MIG changes), before it is published.
         self.inventory_listeners: list = []
@@ -306,6 +308,7 @@ class Agent:
             "inventory": {"state": "error" if err else ("ok" if inv else "starting"),
                           "code": err.code if err else None, "message": err.message if err else None},
             "driver": self.driver.summary(),
+            "checkpoint": self.checkpoint_view(),
             "cdi": {"kind": self.spec_options.kind if self.spec_options else None,
                     "spec": str(self._spec_path()) if self.spec_options else None,
                     "devices": len(self.spec.device_names) if self.spec else 0,
@@ -314,6 +317,31 @@ class Agent:
             "agent": {"version": __version__, "pid": os.getpid(), "api": "v1",
                       "started": round(self.started, 3), "config": self.settings.source}})
         return node
+
+    def set_checkpoint_damage(self, records: list) -> None:
+        """The unreadable checkpoint records in force (none: the checkpoint is whole)."""
+        self.checkpoint_damage = list(records)
+        self.metrics.checkpoint_damage(len(records))
+
+    async def dismiss_unreadable(self, uid: int) -> dict:
+        """An admin's decision on the unreadable checkpoint records: they no longer hold devices
+        (their files stay where they were kept). The records dismissed, as the view had them."""
+        async with self.mutex:
+            before = self.checkpoint_view()
+            records = await self.blocking(checkpoint.dismiss, self.host)
+            self.set_checkpoint_damage([])
+            for r in records:
+                log.warning("unreadable allocations checkpoint record dismissed by uid %d (%s; kept in %s)", uid,
+                            r.reason, r.kept_as, extra={"fields": {"checkpoint": r.kept_as}})
+            self.publish()
+        return {"dismissed": before["unreadable"]}
+
+    def checkpoint_view(self) -> dict:
+        records = self.checkpoint_damage
+        held = checkpoint.held_devices(records) if records else frozenset()
+        return {"state": "damaged" if records else "ok",
+                "unreadable": [{k: v for k, v in r.to_json().items() if k != "digest"} for r in records],
+                "held_devices": None if held is None else sorted(held)}
 
     def _spec_path(self):
         """The node spec's path, found again only when the spec's options change (resolving
@@ -393,6 +421,7 @@ class Agent:
             self.driver.clear_stale_marker()
             await self.driver.verify("start")
             saved = await self.blocking(checkpoint.load, self.host)
+            self.set_checkpoint_damage(await self.blocking(checkpoint.unreadable, self.host))
             # Loaded first so the MIG reconcile cannot take their devices away.
             self.allocations = {a.id: a for a in saved}
             self._restore_pending = True

@@ -30,7 +30,8 @@ from .connected import Unconnected, take
 
 __all__ = ["Allocation", "Candidate", "Selection", "normalize", "select", "NotOwner", "UnknownDevice", "DeviceBusy",
            "DeviceNotAllocatable", "InsufficientDevices", "AllocationConflict", "ShareLimitReached",
-           "AllocationLimitReached", "SharingMismatch", "ID_PATTERN", "replica_of"]
+           "AllocationLimitReached", "SharingMismatch", "AllocationTooLarge", "ReservedId", "RESERVED_PREFIXES", "ID_PATTERN", "replica_of",
+           "MAX_LABEL_BYTES", "MAX_ENTRY_BYTES", "check_size"]
 
 ID_PATTERN = r"^[A-Za-z0-9]([A-Za-z0-9_.:/-]{0,126}[A-Za-z0-9])?$"
 _ID_RE = re.compile(ID_PATTERN)
@@ -38,6 +39,11 @@ STRATEGIES = ("Exclusive", "TimeSlicing", "MPS")
 # The request's strategy names for the sharing configuration's ("mps", "time-slicing").
 REQUEST_STRATEGY = {"mps": "MPS", "time-slicing": "TimeSlicing"}
 _REPLICA = re.compile(r"(.+)::([0-9]+)")
+# What one allocation may carry, in bytes as its checkpoint entry holds it (JSON, escaped:
+# a 4-byte emoji is 12 bytes there). Far above what a plugin records (a pod's name and
+# namespace), and small enough that no caller's allocations outgrow the checkpoint.
+MAX_LABEL_BYTES = 16 << 10
+MAX_ENTRY_BYTES = 64 << 10
 
 
 def replica_of(name: str) -> tuple[str, int] | None:
@@ -80,6 +86,33 @@ class AllocationLimitReached(ConflictError):
 
 class SharingMismatch(ConflictError):
     code = "sharing_mismatch"
+
+
+class AllocationTooLarge(UsageError):
+    code = "allocation_too_large"
+
+
+class ReservedId(PermissionDenied):
+    code = "reserved_id"
+
+
+# The kubelet plugins' ids (hostagent.plugins.dra.prepare, hostagent.plugins.allocations):
+# only root and api.plugin_uids may make allocations under them.
+RESERVED_PREFIXES = ("k8s-dra/", "k8s-device-plugin/")
+
+
+def _escaped_size(value) -> int:
+    """Bytes of ``value`` as the checkpoint writes it."""
+    return len(json.dumps(value, sort_keys=True, separators=(",", ":")))
+
+
+def check_size(alloc: "Allocation") -> None:
+    """An allocation whose checkpoint entry is larger than ``MAX_ENTRY_BYTES`` is refused."""
+    size = len(alloc.checkpoint_json)
+    if size > MAX_ENTRY_BYTES:
+        raise AllocationTooLarge(f"allocation {alloc.id!r} would take {size} bytes in the checkpoint, more than "
+                                 f"{MAX_ENTRY_BYTES}", size=size, limit=MAX_ENTRY_BYTES,
+                                 hint="ask for fewer devices, or give shorter labels and device names")
 
 
 @dataclass(frozen=True)
@@ -229,6 +262,11 @@ def normalize(body: dict) -> dict:
         out["own_mps_daemon"] = True
     if body.get("labels"):
         out["labels"] = dict(sorted(body["labels"].items()))
+        size = _escaped_size(out["labels"])
+        if size > MAX_LABEL_BYTES:
+            raise AllocationTooLarge(f"the labels take {size} bytes as the checkpoint records them (JSON, non-ASCII "
+                                     f"characters escaped), more than {MAX_LABEL_BYTES}", size=size,
+                                     limit=MAX_LABEL_BYTES, hint="give shorter labels")
     return out
 
 

@@ -10,6 +10,7 @@ failed write never leaves memory ahead of the disk.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import os
@@ -19,13 +20,29 @@ from ..cdi import transient
 from ..errors import HostagentError, UnknownName
 from ..lock import node_lock
 from . import allocations as alloc_rules
-from . import checkpoint, claimmps, faults, madedevices, timeslices
+from .. import faults
+from . import checkpoint, claimmps, madedevices, timeslices
 from .events import Rendered
 from .views import allocation_json
 
 __all__ = ["Allocator"]
 
 log = logging.getLogger("hostagent.daemon")
+
+
+@contextlib.contextmanager
+def _unwritable(what: str, where):
+    """A write of the node's state the file system refused (no space, a read-only or failing
+    disk) is the caller's clear 503, with nothing changed: the commit's own undo has run."""
+    try:
+        yield
+    except OSError as e:
+        from ..errors import UnavailableError
+        reason = e.strerror or str(e)
+        raise UnavailableError(f"cannot {what}: {reason}" + (f" ({e.filename})" if e.filename else ""),
+                               where=str(where), errno=e.errno,
+                               hint="nothing was changed; free space on that file system (or fix what the error "
+                                    "names), then try again") from None
 
 
 def _refuse_others(allocs, uid: int) -> None:
@@ -66,9 +83,14 @@ class Allocator:
             return out
         shared = self.agent.sharing.devices()
 
+        held = checkpoint.held_devices(self.agent.checkpoint_damage) if self.agent.checkpoint_damage else frozenset()
+
         def why_not(uuid: str) -> str | None:
             if not self.agent.cdi_names.get(uuid):
                 return "not in the CDI spec"
+            if held is None or uuid in held:
+                return ("an allocation record the checkpoint could not read may hold it (GET /v1/node: checkpoint; "
+                        "an admin dismisses such records with hostagent allocations dismiss-unreadable)")
             daemon = (shared.get(uuid) or {}).get("mps")
             if daemon is not None and daemon["state"] != "ready":
                 return f"its MPS control daemon is {daemon['state']}" + (f" ({daemon['reason']})" if daemon["reason"] else "")
@@ -225,9 +247,10 @@ class Allocator:
     def _commit_new(self, alloc, records, others, replaced) -> alloc_rules.Allocation:
         """A commit (``Agent.commit``): its own MPS daemon (if it asks for one), the spec,
         the GPUs' time-slices, then the checkpoint (the commit point; the allocations it
-        replaces leave it in the same write), then the replaced ones' specs go. The daemon
-        and the time-slices are undone when the commit fails."""
-        with node_lock(self.host, f"allocate {alloc.id}"):
+        replaces leave it in the same write), then the replaced ones' specs go. The daemon,
+        the spec and the time-slices are undone when the commit fails."""
+        with _unwritable(f"record allocation {alloc.id}", self.host.state_dir), \
+                node_lock(self.host, f"allocate {alloc.id}"):
             if alloc.own_mps_devices():
                 alloc = dataclasses.replace(alloc, mps=self._start_own_mps(alloc))
             try:
@@ -236,6 +259,7 @@ class Allocator:
                 self._timeslices([*others, alloc])
                 checkpoint.save(self.host, [*others, alloc])
             except BaseException:
+                self._remove_specs([alloc])
                 self._timeslices([*others, *replaced])
                 if alloc.mps:
                     claimmps.stop(self.host, alloc.mps, self._gpus(alloc.mps["devices"]))
@@ -246,11 +270,45 @@ class Allocator:
             self._remove_specs(replaced)
         return alloc
 
+    def _privileged(self, uid: int) -> bool:
+        """Root, or a uid the configuration names for kubelet plugins (``api.plugin_uids``)."""
+        return uid == 0 or uid in self.agent.settings.api.plugin_uids
+
+    def _may_use_id(self, uid: int, alloc_id: str) -> None:
+        """The kubelet plugins' id prefixes are theirs: only root or a plugin uid may use them,
+        so no other caller can take a claim's or a container's id before its plugin does."""
+        prefix = next((p for p in alloc_rules.RESERVED_PREFIXES if alloc_id.startswith(p)), None)
+        if prefix is not None and not self._privileged(uid):
+            raise alloc_rules.ReservedId(
+                f"allocation ids starting with {prefix!r} are the kubelet plugins': only root or a uid of "
+                f"api.plugin_uids may use them", id=alloc_id, uid=uid, hint="use an id of another form")
+
+    def _within_caller_limits(self, alloc: alloc_rules.Allocation, leaving) -> None:
+        """A caller that is neither root nor a plugin may hold ``allocations.max_per_caller``
+        allocations, of ``allocations.max_bytes_per_caller`` bytes in the checkpoint."""
+        if self._privileged(alloc.owner):
+            return
+        limits = self.agent.settings.allocations
+        mine = [a for a in self.agent.allocations.values() if a.owner == alloc.owner and a.id not in leaving]
+        size = sum(len(a.checkpoint_json) for a in mine) + len(alloc.checkpoint_json)
+        if len(mine) >= limits.max_per_caller:
+            raise alloc_rules.AllocationLimitReached(
+                f"uid {alloc.owner} has {len(mine)} allocations, the most allocations.max_per_caller allows",
+                limit=limits.max_per_caller, uid=alloc.owner,
+                hint="release allocations no longer used, or raise allocations.max_per_caller")
+        if size > limits.max_bytes_per_caller:
+            raise alloc_rules.AllocationLimitReached(
+                f"uid {alloc.owner}'s allocations would take {size} bytes in the checkpoint, more than "
+                f"allocations.max_bytes_per_caller ({limits.max_bytes_per_caller})",
+                limit=limits.max_bytes_per_caller, uid=alloc.owner,
+                hint="release allocations no longer used, give shorter labels, or raise "
+                     "allocations.max_bytes_per_caller")
+
     def _may_change_the_node(self, uid: int, what: str) -> None:
         """Allocations that change the node for a claim (MIG devices made for them, an MPS
         daemon of their own): root, or a uid the configuration names (``api.plugin_uids``: a
         DRA plugin not running as root)."""
-        if uid != 0 and uid not in self.agent.settings.api.plugin_uids:
+        if not self._privileged(uid):
             from ..errors import PermissionDenied
             raise PermissionDenied(f"only root or a uid of api.plugin_uids may {what}", uid=uid,
                                    hint="run the DRA plugin as root, or add its uid to api.plugin_uids")
@@ -262,6 +320,7 @@ class Allocator:
         request releases none. Only an allocation's owner, or root, may replace it, and only
         its owner have it back (root, asking for another uid's, is told 409)."""
         request = alloc_rules.normalize(body)
+        self._may_use_id(owner, request["id"])
         if any("mig" in d for d in request["devices"]):
             self._may_change_the_node(owner, "make MIG devices for an allocation")
         async with self.agent.mutex:
@@ -283,12 +342,6 @@ class Allocator:
                 raise alloc_rules.AllocationConflict(
                     f"allocation {request['id']!r} exists with a different request",
                     hint="release it first, or use another id", id=request["id"])
-            sid = transient.safe_id(request["id"])
-            clash = next((a for a in self.agent.allocations if transient.safe_id(a) == sid), None)
-            if clash is not None:
-                raise alloc_rules.AllocationConflict(
-                    f"allocation id {request['id']!r} names the same spec file as {clash!r}",
-                    id=request["id"], clashes_with=clash)
             limits = self.agent.settings.allocations
             leaving = frozenset(a.id for a in replaced)
             if len(self.agent.allocations) - len(leaving) >= limits.max_total:
@@ -314,8 +367,12 @@ class Allocator:
                                                created=time.time(), replicas=tuple(chosen.replicas),
                                                shared_as=chosen.shared_as, owner=owner,
                                                device_sharing=chosen.sharing, made=tuple(made))
+                alloc_rules.check_size(alloc)
+                self._within_caller_limits(alloc, leaving)
                 if alloc.own_mps_devices():
                     self._may_change_the_node(owner, "start an MPS control daemon for an allocation")
+                    claimmps.check_limits(alloc, alloc.own_mps_devices(),
+                                          {r.uuid: r.memory_mib for r in self._records(uuids)})
                 others = [a for a in self.agent.allocations.values() if a.id not in leaving]
                 alloc = await self.agent.commit(self._commit_new, alloc, self._records(uuids), others, replaced,
                                                 purpose=f"allocate {alloc.id}",
@@ -354,7 +411,8 @@ class Allocator:
         """A commit (``Agent.commit``): the MIG devices made for them destroyed (a device in
         use refuses, and the allocations stay), then the checkpoint (the commit point), the
         specs (of those that have one), and the GPUs' time-slices."""
-        with node_lock(self.host, self._release_purpose(allocs)):
+        with _unwritable(self._release_purpose(allocs), self.host.state_dir), \
+                node_lock(self.host, self._release_purpose(allocs)):
             for a in allocs:
                 if a.mps:
                     claimmps.stop(self.host, a.mps, self._gpus(a.mps["devices"]))

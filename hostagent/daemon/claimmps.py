@@ -6,7 +6,10 @@ sharing configuration does not share gets a control daemon serving those devices
 is released.
 
 The daemon is the sharing package's (``sharing.mps``): known by its process record, never
-by a file in its pipe folder, and its clients get only its socket, read-only. Its GPUs are
+by a file in its pipe folder or by what another process shows of itself, and its clients
+get only its socket, read-only. What it serves is recorded in its own folder (``daemon.json``,
+root's, beside the pipe folder, never given to a container) before it starts, so a daemon a
+crash left without its allocation is stopped, and its GPUs set back, from that record. Its GPUs are
 set to ``EXCLUSIVE_PROCESS`` while it runs (only the MPS server then makes contexts there)
 and back to ``DEFAULT`` after, as NVIDIA's DRA driver does; a MIG device's GPU is left as it
 is (the mode is the GPU's, shared by its other MIG devices). Its defaults are the claim's
@@ -22,6 +25,7 @@ systemd unit names must be short and plain, an allocation id need not be).
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 
 from ..cdi.edits import IPC_MOUNT_OPTIONS, Edits, Mount
@@ -30,7 +34,7 @@ from ..sharing import mps
 from ..sharing.clients import CONTAINER_PIPE, SOCKET_MOUNT_OPTIONS
 from ..sharing.config import quantity_mib
 
-__all__ = ["key", "settings", "start", "stop", "stop_orphan", "client_edits", "orphans", "PREFIX"]
+__all__ = ["key", "settings", "check_limits", "start", "stop", "stop_orphan", "client_edits", "orphans", "PREFIX"]
 
 log = logging.getLogger("hostagent.daemon")
 
@@ -65,6 +69,19 @@ def settings(alloc, devices: list[str]) -> dict:
             "pinned_memory_limits_mib": limits}
 
 
+def check_limits(alloc, devices: list[str], memory_mib: dict[str, int]) -> None:
+    """Each device's pinned memory limit is at most its memory (``memory_mib``: uuid -> MiB),
+    as the node's sharing configuration bounds it; UsageError otherwise."""
+    limits = settings(alloc, devices)["pinned_memory_limits_mib"]
+    for i, uuid in enumerate(devices):
+        memory = memory_mib.get(uuid)
+        if memory is not None and limits.get(i, 0) > memory:
+            raise UsageError(f"sharing.mpsConfig: the pinned memory limit of device {uuid} ({limits[i]} MiB) is more "
+                             f"than its memory ({memory} MiB)", device=uuid, limit_mib=limits[i], memory_mib=memory,
+                             hint="give defaultPinnedDeviceMemoryLimit (or the device's "
+                                  "defaultPerDevicePinnedMemoryLimit) at most the device's memory")
+
+
 def _modes(host, gpus: list[str], mode: str) -> None:
     if not gpus:
         return
@@ -85,14 +102,16 @@ def start(host, alloc, devices: list[str], gpus: list[str], known=None, interpre
     from ..processes import ProcessRecord
     name = key(alloc.id)
     values = settings(alloc, devices)
+    _write_record(host, name, {"devices": list(devices), "gpus": list(gpus), "process": known})
     _modes(host, gpus, "EXCLUSIVE_PROCESS")
     try:
         record, notes = mps.start(host, name, values, interpreter or sys.executable, import_path,
                                   adopt=known is not None, known=ProcessRecord.from_dict(known), devices=devices)
     except BaseException:
-        mps.stop(host, name)
+        mps.stop(host, name, ProcessRecord.from_dict(known))
         _modes(host, gpus, "DEFAULT")
         raise
+    _write_record(host, name, {"devices": list(devices), "gpus": list(gpus), "process": record.to_dict()})
     for note in notes:
         log.info("MPS daemon of %s: %s", alloc.id, note.removeprefix("note: "))
     return {"key": name, "devices": list(devices), "process": record.to_dict()}
@@ -121,15 +140,27 @@ def client_edits(host, alloc, record: dict) -> dict[str, Edits]:
     return {u: edits for u in record["devices"]}
 
 
+def _record_path(host, name: str):
+    return mps.daemon_dir(host, name) / "daemon.json"
+
+
+def _write_record(host, name: str, record: dict) -> None:
+    from ..fileio import ensure_dir, write_atomic
+    ensure_dir(mps.daemon_dir(host, name), 0o755)
+    write_atomic(_record_path(host, name), json.dumps(record), mode=0o600, durable=False)
+
+
 def stop_orphan(host, name: str, gpus: set[str]) -> None:
-    """Worker: a daemon no allocation has, ended; the GPUs it served (its environment says
-    which: the kernel's record of it, not a file) back in DEFAULT."""
-    from .. import processes
-    served = set()
-    for rec in mps.find(host, name):
-        env = processes.environment(rec) or {}
-        served |= set(filter(None, env.get("CUDA_VISIBLE_DEVICES", "").split(",")))
-    mps.stop(host, name)
+    """Worker: a daemon no allocation has, ended (the process its record names; without
+    one, whatever answers on its pipe folder is asked to quit), and the GPUs its record says
+    it was given back in DEFAULT (of ``gpus``, those present)."""
+    from ..processes import ProcessRecord
+    try:
+        record = json.loads(_record_path(host, name).read_text())
+        known, served = ProcessRecord.from_dict(record.get("process")), set(record.get("gpus") or ())
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        known, served = None, set()
+    mps.stop(host, name, known)
     _modes(host, sorted(served & gpus), "DEFAULT")
 
 

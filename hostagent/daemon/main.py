@@ -345,7 +345,7 @@ def run(host: HostRoot, config_path=None, log_level: str | None = None) -> int:
         log.error("cannot start: %s", e.message)
         return 1
     log.info("configuration: %s", in_force(host, settings), extra={"fields": {"config": str(host.config_file)}})
-    from . import faults
+    from .. import faults
     faults.point("start:settings_read")
     from .logs import set_level
     set_level(log_level or settings.daemon.log_level)
@@ -367,8 +367,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_root_options(parser)
     parser.add_argument("--check", action="store_true",
                         help="do not start: ask the running daemon whether its work moves (GET /v1/live on "
-                             "api.socket) and exit 0 if it does, 1 if it does not answer or its work is stuck "
-                             "(a liveness probe)")
+                             "api.socket) and exit 0 if it does, 1 if it does not answer, its work is stuck "
+                             "(a liveness probe) or its allocations checkpoint was found damaged")
     return parser
 
 
@@ -406,7 +406,7 @@ def _ask_live(host: HostRoot, config_path):
     from .settings import load_settings
     socket_path = host.host(load_settings(host, config_path).api.socket)
     with Client(socket_path=socket_path, timeout=5.0) as client:
-        return socket_path, client.live()
+        return socket_path, client.live(), client.get("/v1/checkpoint/unreadable")
 
 
 def check(host: HostRoot, config_path=None, *, find_service_node=service_node) -> int:
@@ -417,17 +417,24 @@ def check(host: HostRoot, config_path=None, *, find_service_node=service_node) -
     which = ""
     try:
         try:
-            socket_path, live = _ask_live(host, config_path)
+            socket_path, live, damage = _ask_live(host, config_path)
         except DaemonNotRunning:
             node = None if host.simulated or host.mounted or config_path else find_service_node()
             if not node:
                 raise
             host = HostRoot.from_env(node, simulator=simulator)
             which = f" (the simulated node {node} of {SERVICE}; next time: hostagentd --check --simulate {node})"
-            socket_path, live = _ask_live(host, None)
+            socket_path, live, damage = _ask_live(host, None)
     except HostagentError as e:
         print(f"hostagentd: {'answers, but' if e.code == 'stuck' else 'not answering:'} {e.message}{which}",
               file=sys.stderr)
+        return 1
+    if damage.get("state") != "ok":
+        held = damage.get("held_devices")
+        print(f"hostagentd: answers, but its allocations checkpoint is damaged: {len(damage.get('unreadable', []))} "
+              f"unreadable record(s) set aside, {'every device' if held is None else ', '.join(held) or 'no device'} "
+              "held back from new allocations (see GET /v1/checkpoint/unreadable; when they are settled, "
+              "hostagent allocations dismiss-unreadable)", file=sys.stderr)
         return 1
     print(f"hostagentd {live.get('version', '?')} (pid {live.get('pid', '?')}) answers on {socket_path}, "
           f"its work moves{which}")

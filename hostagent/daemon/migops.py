@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from ..devices.records import Gpu, Inventory, MigDevice
 from ..errors import StateError, UnknownName, UsageError
 from ..mig.layout import GiLayout, Layout
-from ..mig.plan import DESTROY_CI, SET_MODE, MigPlan, diff
+from ..mig.plan import MigPlan, affected_devices, diff
 from ..mig.quirks import mig_profiles
 from ..mig.planner import PLAN_SECONDS
 from ..mig.solver import Budget, Geometry, Infeasible, SearchAborted, solve
@@ -137,22 +137,6 @@ def remove_instance(inventory: Inventory, uuid: str) -> tuple[MigDevice, MigPlan
             after = Layout(before.enabled, before.pending, tuple(gis))
             return dev, MigPlan(config=f"destroy {uuid}", gpus=(diff(g, before, after, reset_needed=False),))
     raise UnknownName(f"no MIG device {uuid!r}", name=uuid, hint="GET /v1/devices?type=mig lists them")
-
-
-def affected_devices(inventory: Inventory, plan: MigPlan) -> set[str]:
-    """UUIDs of devices a plan destroys or takes away: MIG devices whose compute instance it
-    destroys, and every device of a GPU whose mode it changes."""
-    out: set[str] = set()
-    by_index = {g.index: g for g in inventory.gpus}
-    for gp in plan.changed:
-        gpu = by_index[gp.index]
-        devices = gpu.mig.devices if gpu.mig else ()
-        if any(s.action == SET_MODE for s in gp.steps) or gp.reset:
-            out |= {gpu.uuid, *(d.uuid for d in devices)}
-        for s in gp.steps:
-            if s.action == DESTROY_CI:
-                out |= {d.uuid for d in devices if (d.gi, d.ci) == (s.gi_id, s.ci_id)}
-    return out
 
 
 def busy_allocations(inventory: Inventory, plan: MigPlan, allocations) -> list[dict]:

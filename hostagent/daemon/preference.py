@@ -78,9 +78,19 @@ def prefer(available: list[str], must_include: list[str], size: int, devices: di
     (None, or unknown for a GPU offered: NUMA first)."""
     if policy not in POLICIES:
         raise UsageError(f"unknown policy {policy!r}", hint=f"use one of {', '.join(POLICIES)}")
-    offered = list(dict.fromkeys([*available, *must_include]))
-    units = {i: _unit(i, devices, lookup) for i in offered}
+    units = {i: _unit(i, devices, lookup) for i in dict.fromkeys([*available, *must_include])}
+    offered_units = {(units[i].uuid, units[i].replica) for i in available}
+    outside = [i for i in dict.fromkeys(must_include) if (units[i].uuid, units[i].replica) not in offered_units]
+    if outside:
+        # The kubelet's must_include is a part of what it offers: a device it does not offer
+        # is no answer to give (go-gpuallocator answers no set either).
+        raise UsageError(f"must_include names device(s) not among the available ones: {', '.join(outside[:5])}"
+                         + (" ..." if len(outside) > 5 else ""), devices=outside,
+                         hint="must_include is part of available: offer those devices, or leave them out")
     must = list(dict.fromkeys(must_include))
+    musts = {(units[i].uuid, units[i].replica) for i in must}
+    offered = must + [i for i in dict.fromkeys(available) if (units[i].uuid, units[i].replica) not in musts]
+    units = {i: units[i] for i in offered}
     if size < len(must):
         raise UsageError(f"size {size} is smaller than the {len(must)} device(s) that must be included")
     if size > len(units):

@@ -65,6 +65,8 @@ class MigSettings:
 class AllocationSettings:
     max_per_device: int = 32
     max_total: int = 1024
+    max_per_caller: int = 128               # a uid's allocations (not root's, not api.plugin_uids')
+    max_bytes_per_caller: int = 1 << 20     # their checkpoint entries' bytes
 
 
 @dataclass(frozen=True)

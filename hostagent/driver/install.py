@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from ..daemon import faults
+from .. import faults
 from ..errors import HostagentError, StateError
 from ..hostroot import HostRoot
 from .journal import Journal, write_history

@@ -8,7 +8,9 @@ DT_STRTAB. The flags are those ldconfig gives the host's own kind of 64-bit libr
 caller leaves such a folder to ldconfig itself.
 
 The file is the image's: every read is bounded and positioned (``pread``), nothing is
-trusted to fit.
+trusted to fit, and a dynamic segment is read no further than its own size (at most 64 KiB:
+a real library's is a few hundred bytes, and ends with DT_NULL, where ldconfig stops). One
+without DT_NULL there is left to ldconfig (Unsupported), which would read on past it.
 """
 
 import posix
@@ -24,7 +26,7 @@ _DYN = struct.Struct("<qQ")
 _ET_DYN, _PT_LOAD, _PT_DYNAMIC = 3, 1, 2
 _DT_NULL, _DT_STRTAB, _DT_SONAME = 0, 5, 14
 _MAX_PHDRS = 4096
-_MAX_DYNAMIC = 1 << 20
+_MAX_DYNAMIC = 1 << 16
 _MAX_NAME = 4096
 
 
@@ -33,10 +35,11 @@ class Unsupported(Exception):
     order or machine)."""
 
 
-def read(fd: int, size: int) -> tuple[bytes | None, int] | None:
+def read(fd: int, size: int, budget=None) -> tuple[bytes | None, int] | None:
     """(SONAME or None, flags) of the regular file open at ``fd`` (``size`` bytes), or None
-    when ldconfig would not list it."""
-    file = _File(fd, size)
+    when ldconfig would not list it. ``budget`` (budget.Budget): the run's, charged with
+    every byte read."""
+    file = _File(fd, size, budget)
     head = file.at(0, _EHDR.size)
     if len(head) < _EHDR.size or head[:4] != b"\x7fELF":
         return None
@@ -56,9 +59,7 @@ def read(fd: int, size: int) -> tuple[bytes | None, int] | None:
             dynamic = (offset, filesz)                 # the last one, as ldconfig
     if dynamic is None or dynamic[1] == 0 or dynamic[0] >= size:
         return None
-    entries = _dynamic(file, dynamic[0], min(dynamic[1], size - dynamic[0]), size)
-    if entries is None:
-        return None
+    entries = _dynamic(file, dynamic[0], min(dynamic[1], size - dynamic[0]))
     strtab = next((value for tag, value in entries if tag == _DT_STRTAB), None)
     if strtab is None:
         return None
@@ -82,10 +83,13 @@ class _File:
     """Positioned reads, the first 4 KiB read once: a small library's headers, dynamic
     section and strings all lie there."""
 
-    __slots__ = ("fd", "size", "head")
+    __slots__ = ("fd", "size", "head", "budget")
 
-    def __init__(self, fd: int, size: int):
-        self.fd, self.size, self.head = fd, size, posix.pread(fd, 4096, 0)
+    def __init__(self, fd: int, size: int, budget=None):
+        self.fd, self.size, self.budget = fd, size, budget
+        if budget is not None:
+            budget.read(4096)
+        self.head = posix.pread(fd, 4096, 0)
 
     def at(self, offset: int, length: int) -> bytes:
         """At most ``length`` bytes from ``offset`` (fewer at the end of the file: the
@@ -94,20 +98,20 @@ class _File:
             return self.head[offset:offset + length]
         if offset >= self.size:
             return b""
-        return posix.pread(self.fd, min(length, self.size - offset), offset)
+        length = min(length, self.size - offset)
+        if self.budget is not None:
+            self.budget.read(length)
+        return posix.pread(self.fd, length, offset)
 
 
-def _dynamic(file: _File, offset: int, length: int, size: int) -> list[tuple[int, int]] | None:
-    """The dynamic entries before DT_NULL: first the segment's own bytes, then further up
-    to a bound (ldconfig reads on until DT_NULL); None without a DT_NULL in the file."""
-    length = min(max(length, _DYN.size), _MAX_DYNAMIC)
-    while True:
-        raw = file.at(offset, length - length % _DYN.size)
-        entries = []
-        for tag, value in _DYN.iter_unpack(raw[:len(raw) - len(raw) % _DYN.size]):
-            if tag == _DT_NULL:
-                return entries
-            entries.append((tag, value))
-        if length >= _MAX_DYNAMIC or offset + length >= size:
-            return None
-        length = min(length * 4, _MAX_DYNAMIC)
+def _dynamic(file: _File, offset: int, length: int) -> list[tuple[int, int]]:
+    """The dynamic entries before DT_NULL, read from the segment's own bytes only."""
+    if length > _MAX_DYNAMIC:
+        raise Unsupported(f"a dynamic segment of {length} bytes")
+    raw = file.at(offset, length - length % _DYN.size)
+    entries = []
+    for tag, value in _DYN.iter_unpack(raw[:len(raw) - len(raw) % _DYN.size]):
+        if tag == _DT_NULL:
+            return entries
+        entries.append((tag, value))
+    raise Unsupported("a dynamic segment without DT_NULL")

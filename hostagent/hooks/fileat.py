@@ -64,20 +64,37 @@ def read_at(dir_fd: int, name: str, limit: int) -> bytes | None:
 
 def open_regular(dir_fd: int, name: str) -> tuple[int, int] | None:
     """(a read-only descriptor, the size) of regular file ``name``, or None when it is
-    missing or not a regular file. The entry is first opened as a path only, so a device
-    node or a FIFO is never opened for reading, even one swapped in meanwhile; the file is
-    then reopened through that descriptor (/proc/self/fd), so it is the one checked."""
+    missing or not a regular file (``regular_at``, then ``reopen``)."""
+    found = regular_at(dir_fd, name)
+    if found is None:
+        return None
+    path_fd, st = found
+    try:
+        return reopen(path_fd), st.st_size
+    finally:
+        posix.close(path_fd)
+
+
+def regular_at(dir_fd: int, name: str):
+    """(a path-only descriptor, its stat) of regular file ``name``, or None when it is
+    missing or not a regular file. Opened as a path only, so a device node or a FIFO is
+    never opened for reading, even one swapped in meanwhile; its stat tells which file it
+    is (a reader that has seen that inode need not open it)."""
     try:
         path_fd = posix.open(name, posix.O_PATH | posix.O_NOFOLLOW | posix.O_CLOEXEC, dir_fd=dir_fd)
     except (FileNotFoundError, NotADirectoryError):
         return None
-    try:
-        st = posix.fstat(path_fd)
-        if (st.st_mode & _S_IFMT) != _S_IFREG:
-            return None
-        return posix.open(f"/proc/self/fd/{path_fd}", posix.O_RDONLY | posix.O_NONBLOCK | posix.O_CLOEXEC), st.st_size
-    finally:
+    st = posix.fstat(path_fd)
+    if (st.st_mode & _S_IFMT) != _S_IFREG:
         posix.close(path_fd)
+        return None
+    return path_fd, st
+
+
+def reopen(path_fd: int) -> int:
+    """A read-only descriptor of the file ``path_fd`` holds (through /proc/self/fd, so it is
+    the very file that was checked)."""
+    return posix.open(f"/proc/self/fd/{path_fd}", posix.O_RDONLY | posix.O_NONBLOCK | posix.O_CLOEXEC)
 
 
 def exists_at(dir_fd: int, name: str) -> bool:

@@ -16,14 +16,17 @@ in the folder, are not read again. So a container's second start reads no librar
 and its first reads the injected ones.
 
 Everything is reached through the root's descriptors (inroot, fileat): no symlink is
-followed out of the root, no device or FIFO is opened, every read is bounded (elfso).
+followed out of the root, no device or FIFO is opened, every read is bounded (elfso), and
+so is the run's whole reading (budget): a file is parsed once, by its inode, whatever
+names and links reach it.
 """
 
 import posix
 
 from . import elfso
+from .budget import Budget
 from .cachefile import Cache, Entry
-from .fileat import fsdecode, fsencode, open_regular
+from .fileat import fsdecode, fsencode, regular_at, reopen
 from .inroot import Root
 
 __all__ = ["folder_entries", "by_directory", "MAX_NAMES"]
@@ -43,10 +46,12 @@ def by_directory(image: Cache) -> dict[bytes, set[str]]:
     return dirs
 
 
-def folder_entries(root: Root, folder: str, cached: dict[bytes, set[str]], seen: set) -> list[Entry]:
+def folder_entries(root: Root, folder: str, cached: dict[bytes, set[str]], seen: set,
+                   budget: Budget) -> list[Entry]:
     """The entries ldconfig makes for ``folder`` (nothing when it does not exist, or is
     a directory ``seen`` already), without the libraries the image's cache lists for it
-    (``cached``: by_directory). Raises elfso.Unsupported where ldconfig has to decide."""
+    (``cached``: by_directory), within the run's ``budget``. Raises elfso.Unsupported
+    where ldconfig has to decide (budget.Exhausted among them)."""
     try:
         path_fd = root.opendir(folder)
     except OSError:
@@ -60,16 +65,16 @@ def folder_entries(root: Root, folder: str, cached: dict[bytes, set[str]], seen:
         if (st.st_dev, st.st_ino) in seen:
             return []
         seen.add((st.st_dev, st.st_ino))
-        return _Folder(root, folder, dir_fd).entries(_listed(root, folder, cached, st))
+        return _Folder(root, folder, dir_fd, budget).entries(_listed(root, folder, cached, st))
     finally:
         posix.close(dir_fd)
 
 
 class _Folder:
-    __slots__ = ("root", "folder", "fd", "sonames")
+    __slots__ = ("root", "folder", "fd", "sonames", "budget")
 
-    def __init__(self, root: Root, folder: str, fd: int):
-        self.root, self.folder, self.fd = root, folder, fd
+    def __init__(self, root: Root, folder: str, fd: int, budget: Budget):
+        self.root, self.folder, self.fd, self.budget = root, folder, fd, budget
         self.sonames: dict[str, tuple[bytes, int] | None] = {}    # file name -> (SONAME, flags)
 
     def entries(self, listed: set[str]) -> list[Entry]:
@@ -78,6 +83,7 @@ class _Folder:
             for count, entry in enumerate(names):
                 if count >= MAX_NAMES:
                     raise elfso.Unsupported(f"{self.folder} has more than {MAX_NAMES} entries")
+                self.budget.name()
                 name = entry.name
                 if not _looks_like_library(name):
                     continue
@@ -114,7 +120,7 @@ class _Folder:
         """(SONAME or None, flags) of regular file ``name`` in the folder, None when it is
         not a library."""
         if name not in self.sonames:
-            self.sonames[name] = _describe(open_regular(self.fd, name))
+            self.sonames[name] = self._describe(regular_at(self.fd, name))
         return self.sonames[name]
 
     def _through_link(self, name: str) -> tuple[bytes | None, int] | None:
@@ -132,17 +138,27 @@ class _Folder:
             name = target
         else:
             return None
-        return _describe(self.root.open_file(f"{self.folder.rstrip('/')}/{name}"))
+        return self._describe(self.root.find_file(f"{self.folder.rstrip('/')}/{name}"))
 
-
-def _describe(opened: tuple[int, int] | None) -> tuple[bytes | None, int] | None:
-    if opened is None:
-        return None
-    fd, size = opened
-    try:
-        return elfso.read(fd, size)
-    finally:
-        posix.close(fd)
+    def _describe(self, found) -> tuple[bytes | None, int] | None:
+        """What elfso reads of the file ``found`` (regular_at's), once per inode a run."""
+        if found is None:
+            return None
+        path_fd, st = found
+        key = (st.st_dev, st.st_ino)
+        try:
+            if key in self.budget.parsed:
+                return self.budget.parsed[key]
+            self.budget.file()
+            fd = reopen(path_fd)
+        finally:
+            posix.close(path_fd)
+        try:
+            described = elfso.read(fd, st.st_size, self.budget)
+        finally:
+            posix.close(fd)
+        self.budget.parsed[key] = described
+        return described
 
 
 def _listed(root: Root, folder: str, cached: dict[bytes, set[str]], st) -> set[str]:

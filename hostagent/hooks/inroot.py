@@ -24,7 +24,7 @@ import errno
 import posix
 
 from .errors import HookError
-from .fileat import fsencode, open_regular
+from .fileat import fsencode, regular_at
 
 MAX_HOPS = 40
 MAX_STEPS = 4096
@@ -113,10 +113,10 @@ class Root:
         way, even past a missing directory and back out of it with ``..``)."""
         return self._walk(path.split("/"), _PROBE)
 
-    def open_file(self, path: str) -> tuple[int, int] | None:
-        """(a read-only descriptor, the size) of the regular file at container path
-        ``path``, every symlink on the way followed inside the root, the last one too;
-        None when there is no such file (missing, a loop, a directory, a device)."""
+    def find_file(self, path: str):
+        """(a path-only descriptor, its stat) of the regular file at container path ``path``
+        (fileat.regular_at), every symlink on the way followed inside the root, the last one
+        too; None when there is no such file (missing, a loop, a directory, a device)."""
         for _ in range(MAX_HOPS + 1):
             parent, _, name = path.rpartition("/")
             if name in ("", ".", ".."):
@@ -127,8 +127,8 @@ class Root:
                 return None
             try:
                 target = posix.readlink(name, dir_fd=dir_fd)
-            except OSError as e:          # EINVAL: not a link (open_regular checks again)
-                return open_regular(dir_fd, name) if e.errno == errno.EINVAL else None
+            except OSError as e:          # EINVAL: not a link (regular_at checks again)
+                return regular_at(dir_fd, name) if e.errno == errno.EINVAL else None
             finally:
                 posix.close(dir_fd)
             path = target if target.startswith("/") else f"{parent}/{target}"

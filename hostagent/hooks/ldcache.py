@@ -89,28 +89,30 @@ def check(root: Root) -> None:
         posix.close(fd)
 
 
-def update(root: Root, folders: list[str], ldconfig_fd: int, timeout: float) -> None:
+def update(root: Root, folders: list[str], ldconfig_fd: int, timeout: float, budget=None) -> None:
     if folders:
         write_config(root, folders)
     old = _current(root)
-    cache = merged(root, folders, old) if folders else None
+    cache = merged(root, folders, old, budget) if folders else None
     if cache is None:
         cache = _rebuilt(root, folders, ldconfig_fd, timeout)
     install_cache(root, cache, old if old is not None else b"")
 
 
-def merged(root: Root, folders: list[str], old: bytes | None) -> bytes | None:
+def merged(root: Root, folders: list[str], old: bytes | None, budget=None) -> bytes | None:
     """The image's cache (``old``, None: there is none) with the folders' libraries, or
-    None when ldconfig has to build it."""
+    None when ldconfig has to build it (the image needs more reading than the run's
+    ``budget`` allows, among other reasons)."""
     if not elfso.HOST_FLAGS or sys.byteorder != "little":
         return None
     image = cachefile.parse(old) if old is not None else cachefile.Cache([], [])
     if image is None:
         return None
+    from .budget import Budget
     from .folderscan import by_directory, folder_entries
-    cached, seen = by_directory(image), set()
+    cached, seen, budget = by_directory(image), set(), budget or Budget()
     try:
-        added = [entry for folder in folders for entry in folder_entries(root, folder, cached, seen)]
+        added = [entry for folder in folders for entry in folder_entries(root, folder, cached, seen, budget)]
     except elfso.Unsupported:
         return None
     except OSError as e:

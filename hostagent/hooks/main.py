@@ -64,7 +64,7 @@ def _main(argv: list[str] | None) -> int:
             if not req.warnings:
                 warn("no verb given; nothing to do (see --help)")
             return 0
-        _run(req)
+        _run(req, whole_program=argv is None)
         return 0
     except HookError as e:
         # A flag used wrongly says where the flags are listed, as the other programs do.
@@ -95,10 +95,19 @@ def _check_environment() -> None:
                         "reached the hook. Give the hook an explicit env (PATH only) and run it as python3 -I")
 
 
-def _run(req: cli.Request) -> None:
+def _run(req: cli.Request, whole_program: bool = False) -> None:
     from . import ocistate
+    from .budget import OWN_SECONDS, Budget
     from .inroot import Root
 
+    # The whole call's deadline: its own work (checked as it reads) and ldconfig's bound,
+    # with a margin. A call that blocks past it anyway (a file system that never answers) is
+    # ended by SIGALRM, whose default action the interpreter leaves in place; _signal is
+    # already loaded at start-up, where the signal module would cost an import.
+    if whole_program:                   # never in a process that called main(argv) for one call
+        import _signal
+        _signal.alarm(int(OWN_SECONDS + req.ldconfig_timeout) + 5)
+    budget = Budget()
     state = ocistate.read_state(0)
     root_path, config = ocistate.read_bundle(state)
     links = list(req.links)
@@ -125,7 +134,7 @@ def _run(req: cli.Request) -> None:
                 create_links(root, links, warn)
             if wants_cache:
                 from .ldcache import update
-                update(root, req.folders, ldconfig, req.ldconfig_timeout)
+                update(root, req.folders, ldconfig, req.ldconfig_timeout, budget)
         finally:
             if ldconfig is not None:
                 posix.close(ldconfig)

@@ -104,6 +104,10 @@ class AgentMetrics:
         self.mps_restarts = Counter("hostagent_mps_daemon_restarts",
                                     "Restarts of the device's MPS control daemon after it died or stopped "
                                     "answering.", ["device"], registry=r)
+        self.checkpoint_unreadable = Gauge("hostagent_checkpoint_unreadable_records", "Records of the "
+                                           "allocations checkpoint that could not be read and are set aside, "
+                                           "not yet dismissed by an admin (0: the checkpoint is whole).",
+                                           registry=r)
         self.collector_success = Gauge("hostagent_scrape_collector_success", "1 when the collector's "
                                        "part of the page could be read (inventory: the node's devices; gpu: "
                                        "the last sample; gpm: profiling metrics of every GPU or GPU instance; "
@@ -129,6 +133,9 @@ class AgentMetrics:
     def cdi_refresh(self, result: str) -> None:
         """``result``: written, unchanged or failed."""
         self.cdi_refreshes.labels(result).inc()
+
+    def checkpoint_damage(self, records: int) -> None:
+        self.checkpoint_unreadable.set(records)
 
     def health_event(self, kind: str, ignored: bool) -> None:
         self.health_events.labels(kind, "true" if ignored else "false").inc()

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from ..devices.records import Gpu
+from ..devices.records import Gpu, Inventory
 from .layout import CiLayout, GiLayout, Layout
 from .profiles import ci_name
 
-__all__ = ["Step", "GpuPlan", "MigPlan", "diff", "DESTROY_CI", "DESTROY_GI", "SET_MODE",
+__all__ = ["Step", "GpuPlan", "MigPlan", "diff", "affected_devices", "DESTROY_CI", "DESTROY_GI", "SET_MODE",
            "CREATE_GI", "CREATE_CI"]
 
 DESTROY_CI, DESTROY_GI, SET_MODE = "destroy-ci", "destroy-gi", "set-mode"
@@ -211,3 +211,19 @@ def diff(gpu: Gpu, before: Layout, after: Layout, *, reset_needed: bool) -> GpuP
     return GpuPlan(index=gpu.index, uuid=gpu.uuid, name=gpu.name, pci_bus_id=gpu.pci_bus_id,
                    architecture=gpu.architecture, before=before, after=after,
                    mode_steps=tuple(mode), config_steps=tuple(config), reset=reset)
+
+
+def affected_devices(inventory: Inventory, plan: MigPlan) -> set[str]:
+    """UUIDs of devices a plan destroys or takes away: MIG devices whose compute instance it
+    destroys, and every device of a GPU whose mode it changes."""
+    out: set[str] = set()
+    by_index = {g.index: g for g in inventory.gpus}
+    for gp in plan.changed:
+        gpu = by_index[gp.index]
+        devices = gpu.mig.devices if gpu.mig else ()
+        if any(s.action == SET_MODE for s in gp.steps) or gp.reset:
+            out |= {gpu.uuid, *(d.uuid for d in devices)}
+        for s in gp.steps:
+            if s.action == DESTROY_CI:
+                out |= {d.uuid for d in devices if (d.gi, d.ci) == (s.gi_id, s.ci_id)}
+    return out

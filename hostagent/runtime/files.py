@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import ConfigError, HostagentError, NotFoundError, StateError
-from ..fileio import read_regular, remove_stale_temporaries, temp_path
+from ..fileio import read_regular, remove_stale_temporaries, temp_path, write_point
 
 __all__ = ["Snapshot", "Change", "Reader", "read_one", "changes", "check_directories", "diff", "write"]
 
@@ -213,6 +213,9 @@ def write(items: list[Change], *, before_rename=None) -> None:
                 temps[c.path] = _temp(c.snapshot.real, c.new, like, c.make_parent)
         if before_rename:
             before_rename()
+        for c in items:
+            if c.new is not None:
+                write_point(c.snapshot.real.name)
         for c in items:
             _check_unchanged(c.snapshot)
         done: list[Change] = []

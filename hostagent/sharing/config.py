@@ -81,8 +81,8 @@ EMPTY = SharingConfig({}, None, ())
 
 def _schema() -> dict:
     import json
-    with open(SCHEMA_FILE) as f:
-        return json.load(f)
+    from ..config import package_file
+    return json.loads(package_file(SCHEMA_FILE))
 
 
 def _problem(e, schema: dict) -> str:

@@ -16,7 +16,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from ..daemon import faults
+from .. import faults
 from ..errors import HostagentError, NotFoundError, StateError, permission_refused
 from ..hostroot import HostRoot
 from . import mps

@@ -8,9 +8,15 @@ daemon's container and in every client container. A daemon started by hostagent 
 host, so this launcher gives it the same view: it mounts the shared tmpfs once (at
 ``/run/hostagent/mps/shm``, where containers get it from), enters a mount namespace of its
 own whose mounts follow the host's (slave), binds the tmpfs over ``/dev/shm`` there, and
-executes ``nvidia-cuda-mps-control -d`` with exactly the environment named on its command line
+runs ``nvidia-cuda-mps-control -d`` with exactly the environment named on its command line
 (its own may hold what Python adds, such as a coerced LC_CTYPE). The servers the daemon starts
 inherit the namespace.
+
+The launcher is the subreaper of what it starts (``PR_SET_CHILD_SUBREAPER``): when ``-d``
+returns, the daemon it forked is the launcher's child, the one process left, and the
+launcher prints ``daemon PID START`` (its start time in clock ticks, as /proc says) on
+stdout. That is how the agent knows its daemon: from what it started, never from what a
+process shows of itself.
 
 Without the privilege to mount (not root), the daemon starts all the same and a ``note:``
 line on stderr says what clients in containers will miss. ``--unmount SHM_DIR`` takes the
@@ -25,9 +31,11 @@ from __future__ import annotations
 import os
 import sys
 
-__all__ = ["main", "command", "unmount_command"]
+__all__ = ["main", "command", "unmount_command", "settled", "start_ticks"]
 
 MS_SLAVE = 0x80000
+PR_SET_CHILD_SUBREAPER = 36
+SETTLE_SECONDS = 10.0       # from -d's return until the daemon's forks are done
 
 
 def command(interpreter: str, control: str, shm: os.PathLike, size: str, env: dict[str, str],
@@ -77,6 +85,85 @@ def _unmount(shm: str) -> int:
     return 0
 
 
+def _stat(pid: int) -> list[str] | None:
+    """The fields of /proc/PID/stat after the command's name (state first); None: gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].decode().split()
+    except (OSError, IndexError):
+        return None
+
+
+def start_ticks(pid: int) -> int | None:
+    """When the process started, in clock ticks after boot (field 22 of /proc/PID/stat)."""
+    fields = _stat(pid)
+    return int(fields[19]) if fields else None
+
+
+def _children(pids) -> dict[int, list[int]]:
+    """pid -> its live children, for each of ``pids``."""
+    out: dict[int, list[int]] = {p: [] for p in pids}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            fields = _stat(int(entry))
+            if fields and fields[0] != "Z" and int(fields[1]) in out:
+                out[int(fields[1])].append(int(entry))
+    return out
+
+
+def _exe(pid: int):
+    try:
+        st = os.stat(f"/proc/{pid}/exe")
+        return st.st_dev, st.st_ino
+    except OSError:
+        return None
+
+
+def settled(pids: list[int]) -> int | None:
+    """The daemon among ``pids`` (what ``-d`` left: the launcher's children, or a unit's
+    processes): the one process there, unless it still has a child running its own
+    executable (the middle of a double fork, about to exit); None until then."""
+    live = [p for p in pids if (_stat(p) or ["Z"])[0] != "Z"]
+    if len(live) != 1:
+        return None
+    [pid] = live
+    exe = _exe(pid)
+    return None if exe is None or any(_exe(c) == exe for c in _children([pid])[pid]) else pid
+
+
+def _run(control: str, env: dict[str, str]) -> int:
+    """``control -d`` as a child; once it returns, its daemon named on stdout."""
+    import time
+    from ..hooks import sysc
+    sysc.prctl(PR_SET_CHILD_SUBREAPER, 1)
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.execve(control, [control, "-d"], env)
+        except OSError as e:
+            print(f"cannot run {control}: {e.strerror}", file=sys.stderr, flush=True)
+        os._exit(127)
+    code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+    if code != 0:
+        return code
+    deadline = time.monotonic() + SETTLE_SECONDS
+    while True:
+        while True:                                    # what -d left that has exited already
+            try:
+                if os.waitpid(-1, os.WNOHANG)[0] == 0:
+                    break
+            except ChildProcessError:
+                break
+        daemon = settled(_children([os.getpid()])[os.getpid()])
+        if daemon is not None:
+            print(f"daemon {daemon} {start_ticks(daemon)}", flush=True)
+            return 0
+        if time.monotonic() > deadline:
+            print(f"{control} -d returned, but no one daemon process was left of it", file=sys.stderr)
+            return 1
+        time.sleep(0.01)
+
+
 def main(argv: list[str]) -> int:
     if len(argv) == 2 and argv[0] == "--unmount":
         return _unmount(argv[1])
@@ -91,9 +178,4 @@ def main(argv: list[str]) -> int:
     except OSError as e:
         print(f"note: MPS clients in containers cannot reach this daemon's servers: no shared /dev/shm "
               f"({e.strerror or e})", file=sys.stderr, flush=True)
-    try:
-        os.execve(control, [control, "-d"], env)
-    except OSError as e:
-        print(f"cannot run {control}: {e.strerror}", file=sys.stderr)
-        return 127
-    return 0      # not reached
+    return _run(control, env)

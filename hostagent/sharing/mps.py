@@ -21,11 +21,19 @@ read-only: connecting to a socket needs no write access to its file system, and 
 else there is a client's to open, lock, replace or write. After a restart of the daemon
 the link is replaced; containers mount the directory, so they see the new socket.
 
-Which process a daemon is comes from the kernel, never from the pid file in its pipe
-directory: after ``-d`` the daemon is found among the processes running the control
-binary with ``-d`` and this pipe directory in their environment, and recorded (pid, start
-time, executable: ``processes.ProcessRecord``) in the sharing state. Signals go to that
-recorded process only, checked again right before (``processes.send``).
+Which process a daemon is comes from what the agent started, never from what another
+process shows of itself (its executable, arguments and environment, which any local user,
+or a container given the host's binary, chooses) nor from the pid file in its pipe
+directory: the launcher is the subreaper of what ``-d`` forks, and names the one process
+left of it (``launch``); under systemd the daemon is the one left in its transient unit's
+cgroup. It must run as the agent's user and run the control binary; it is then recorded
+(pid, start time, executable: ``processes.ProcessRecord``) in the sharing state. Signals go
+to that recorded process only, checked again right before (``processes.send``). A daemon on
+the device's pipe directory that no record names (started by an agent killed before it
+recorded it) is asked to ``quit`` through that directory, root's alone, where only a daemon
+the agent started can listen: never signalled. A process of another user, or one outside
+the agent's launch, is not a daemon of the agent's: it blocks no start and is never
+signalled.
 
 Limits use the device index the daemon sees: with ``CUDA_VISIBLE_DEVICES`` set, "the
 devices will be remapped by the MPS server" (MPS documentation), so its one device is 0.
@@ -53,7 +61,7 @@ from ..hostroot import HostRoot
 from ..processes import ProcessRecord
 
 __all__ = ["MPS_ROOT", "PROBE", "MpsError", "daemon_dir", "pipe_dir", "log_dir", "client_dir", "shm_dir",
-           "environment", "control_tool", "ask", "probe", "find", "leftovers", "start", "configure", "stop",
+           "environment", "control_tool", "ask", "probe", "leftovers", "start", "configure", "stop",
            "find_daemons", "shm_size", "unmount_shm", "ANSWER_TIMEOUT", "SOCKET"]
 
 MPS_ROOT = "/run/hostagent/mps"
@@ -134,32 +142,15 @@ def probe(host: HostRoot, uuid: str, timeout: float = ANSWER_TIMEOUT) -> bool:
 
 
 def leftovers(host: HostRoot, uuids, known: dict[str, ProcessRecord | None]) -> set[str]:
-    """The devices of ``uuids`` on whose pipe directory a control daemon runs that is not
-    the one ``known`` records (one look at the processes for them all)."""
-    rest = {str(pipe_dir(host, u)): u for u in uuids if not processes.current(known.get(u))}
-    return set(_find(host, rest)) if rest else set()
-
-
-def find(host: HostRoot, uuid: str) -> list[ProcessRecord]:
-    """The processes running the control daemon on the device's pipe directory (by what the
-    kernel shows of them: the control binary, ``-d``, the pipe directory in their
-    environment)."""
-    return _find(host, {str(pipe_dir(host, uuid)): uuid}).get(uuid, [])
-
-
-def _find(host: HostRoot, pipes: dict[str, str]) -> dict[str, list[ProcessRecord]]:
-    """uuid -> the daemons running on its pipe directory (``pipes``: pipe directory -> uuid)."""
-    try:
-        program = processes.program(control_tool(host))
-    except (OSError, NotFoundError):
-        return {}
-    out: dict[str, list[ProcessRecord]] = {}
-    for rec in processes.find(program, ("-d",)):
-        env = processes.environment(rec) or {}
-        uuid = pipes.get(env.get("CUDA_MPS_PIPE_DIRECTORY", ""))
-        if uuid is not None:
-            out.setdefault(uuid, []).append(rec)
-    return out
+    """The devices of ``uuids`` whose pipe directory has a daemon answering that no record
+    of ``known`` names (the agent started it and was killed before it recorded it): a
+    daemon answers there only if the agent started it (the folder is root's)."""
+    from concurrent.futures import ThreadPoolExecutor
+    rest = [u for u in uuids if not processes.current(known.get(u)) and (pipe_dir(host, u) / SOCKET).exists()]
+    if not rest:
+        return set()
+    with ThreadPoolExecutor(min(8, len(rest))) as pool:
+        return {u for u, ok in zip(rest, pool.map(lambda u: probe(host, u), rest)) if ok}
 
 
 def find_daemons(host: HostRoot) -> list[str]:
@@ -170,18 +161,68 @@ def find_daemons(host: HostRoot) -> list[str]:
         return []
 
 
-def outside(host: HostRoot, cmd: list[str], uuid: str | None) -> list[str]:
-    """``cmd`` as it runs outside the agent's service: a transient unit of its own under
-    systemd (``uuid``: the daemon's device; None: wait for it, as for the unmount)."""
+def outside(host: HostRoot, cmd: list[str], uuid: str | None, unit: str | None = None) -> list[str]:
+    """``cmd`` as it runs outside the agent's service: under systemd, the transient unit
+    ``unit`` of the daemon of ``uuid`` (``uuid`` None: wait for it, as for the unmount)."""
     run = processes.systemd_run(host)
     if run is None:
         return cmd
     if uuid is None:
         return [run, "--quiet", "--collect", "--wait", "--description=hostagent: unmount the MPS /dev/shm",
                 "--", *cmd]
-    # A name of its own each time: the unit of a daemon just ended may not be collected yet.
-    return [run, "--quiet", "--collect", f"--unit=hostagent-mps-{uuid}-{os.urandom(3).hex()}",
-            f"--description=hostagent: MPS control daemon of {uuid}", "--service-type=forking", "--", *cmd]
+    return [run, "--quiet", "--collect", f"--unit={unit}", f"--description=hostagent: MPS control daemon of {uuid}",
+            "--service-type=forking", "--", *cmd]
+
+
+def _unit_daemon(unit: str) -> int | None:
+    """The daemon left in the transient unit's cgroup (only root puts processes there), once
+    the forks of ``-d`` are done."""
+    from .launch import SETTLE_SECONDS, settled
+    try:
+        group = subprocess.run(["systemctl", "show", "--property=ControlGroup", "--value", unit],
+                               capture_output=True, text=True, timeout=30).stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if not group:
+        return None
+    deadline = time.monotonic() + SETTLE_SECONDS
+    while time.monotonic() < deadline:
+        for hierarchy in ("/sys/fs/cgroup", "/sys/fs/cgroup/systemd"):
+            try:
+                with open(f"{hierarchy}{group}/cgroup.procs") as f:
+                    pid = settled([int(p) for p in f.read().split()])
+            except (OSError, ValueError):
+                continue
+            if pid is not None:
+                return pid
+        time.sleep(0.01)
+    return None
+
+
+def _launched(host: HostRoot, uuid: str, said: str, unit: str | None) -> ProcessRecord:
+    """The daemon the launch started: the process the launcher named (or, under systemd, the
+    one its unit holds), checked to be the same process, the control binary and the
+    agent's user's; MpsError otherwise."""
+    from .launch import start_ticks
+    pid, ticks = None, None
+    for line in said.splitlines():
+        if line.startswith("daemon "):
+            _, pid_text, ticks = line.split()
+            pid = int(pid_text)
+    if unit is not None:
+        pid, ticks = _unit_daemon(unit), None
+    rec = processes.record(pid) if pid else None
+    try:
+        ours = (rec is not None and os.stat(f"/proc/{pid}").st_uid == os.geteuid()
+                and rec.exe == processes.program(control_tool(host)).exe
+                and (ticks is None or start_ticks(pid) == int(ticks)))
+    except OSError:
+        ours = False
+    if not ours:
+        raise MpsError(f"the MPS control daemon of {uuid} started, but its process could not be told "
+                       f"({'no process' if rec is None else f'pid {pid} is not it'})", where=str(log_dir(host, uuid)),
+                       hint="see control.log there")
+    return rec
 
 
 def shm_size(host: HostRoot) -> str:
@@ -248,8 +289,10 @@ def start(host: HostRoot, uuid: str, settings: dict, interpreter: str = sys.exec
     _end(host, uuid, known)
     from .launch import command
     _fresh_dirs(host, uuid)
+    # A name of its own each time: the unit of a daemon just ended may not be collected yet.
+    unit = f"hostagent-mps-{uuid}-{os.urandom(3).hex()}.service" if _systemd(host) else None
     cmd = outside(host, command(interpreter, control_tool(host), shm_dir(host), shm_size(host),
-                                environment(host, uuid, devices), import_path), uuid)
+                                environment(host, uuid, devices), import_path), uuid, unit)
     # Output to a file, not a pipe: a daemon that keeps the descriptors it inherited would
     # otherwise hold the pipe open, and the run would wait for its end.
     with tempfile.TemporaryFile("w+") as out:
@@ -266,22 +309,19 @@ def start(host: HostRoot, uuid: str, settings: dict, interpreter: str = sys.exec
         detail = "; ".join(ln for ln in said.splitlines() if ln.strip()) or "no output"
         raise MpsError(f"the MPS control daemon of {uuid} did not start (exit {done.returncode}: {detail})",
                        where=str(log_dir(host, uuid)), hint="see control.log there")
+    daemon = _launched(host, uuid, said, unit)
     deadline = time.monotonic() + READY_TIMEOUT
     while True:
         answer = ask(host, uuid, [*_command(settings), PROBE])
         if _percentage(answer) is not None:
             break
         if time.monotonic() >= deadline:
+            _end(host, uuid, daemon)
             raise MpsError(f"the MPS control daemon of {uuid} started but does not answer",
                            where=str(log_dir(host, uuid)), hint="see control.log there")
         time.sleep(0.05)
-    found = find(host, uuid)
-    if len(found) != 1:
-        raise MpsError(f"the MPS control daemon of {uuid} answers, but {len(found)} processes run the control "
-                       f"daemon on its pipe directory", where=str(pipe_dir(host, uuid)),
-                       hint="stop them (echo quit | nvidia-cuda-mps-control with that CUDA_MPS_PIPE_DIRECTORY)")
     _link_client(host, uuid)
-    return found[0], notes
+    return daemon, notes
 
 
 def configure(host: HostRoot, uuid: str, settings: dict) -> None:
@@ -302,22 +342,19 @@ def stop(host: HostRoot, uuid: str, known: ProcessRecord | None = None, timeout:
 
 
 def _end(host: HostRoot, uuid: str, known: ProcessRecord | None, quit_timeout: float = 0.0) -> None:
-    """End the device's daemon, each process that is one: ``quit`` first when
-    ``quit_timeout``, then SIGTERM and SIGKILL, to the checked process only."""
-    if processes.current(known):
-        daemons = [known]
-    else:
-        daemons = find(host, uuid)
-    if not daemons:
+    """End the device's daemon: the recorded one (``quit`` first when ``quit_timeout``, then
+    SIGTERM and SIGKILL, to that checked process only); without one, whatever answers on
+    its pipe directory is asked to ``quit`` and nothing is signalled."""
+    if not processes.current(known):
+        if (pipe_dir(host, uuid) / SOCKET).exists():
+            ask(host, uuid, ["quit"], quit_timeout or ANSWER_TIMEOUT)
         return
     if quit_timeout:
         ask(host, uuid, ["quit"], quit_timeout)
-        for rec in daemons:
-            processes.wait_gone(rec, quit_timeout)
-    for rec in daemons:
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            if not processes.send(rec, sig) or processes.wait_gone(rec, 1.0):
-                break
+        processes.wait_gone(known, quit_timeout)
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        if not processes.send(known, sig) or processes.wait_gone(known, 1.0):
+            break
 
 
 def unmount_shm(host: HostRoot, interpreter: str = sys.executable) -> None:

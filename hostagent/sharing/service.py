@@ -255,7 +255,7 @@ def mig_guard(host: HostRoot, refuse, dry_run: bool, progress):
     reconcile, or ``resume``)."""
     def guard(inventory, plan) -> None:
         refuse(inventory, plan)
-        from ..daemon.migops import affected_devices
+        from ..mig.plan import affected_devices
         affected = affected_devices(inventory, plan)
         if dry_run:
             names = mps_devices(host, affected)

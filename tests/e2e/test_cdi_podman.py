@@ -162,10 +162,11 @@ def dynamic_image(tmp_path_factory):
     import shutil
     from hostagent.sim.elf import write_shared_object
     require("podman", "runc", "busybox")
-    cc = shutil.which("cc") or shutil.which("gcc")
+    from tests.programs import installed
+    cc = installed("cc", "gcc")
     loader = Path("/lib64/ld-linux-x86-64.so.2")
-    if not cc or not loader.exists():
-        pytest.skip("needs a C compiler and an x86_64 glibc host")
+    if not loader.exists():
+        pytest.skip("needs an x86_64 glibc host")
     work = tmp_path_factory.mktemp("dynamic")
     root = work / "rootfs"
     for d in ("bin", "lib64", "lib/x86_64-linux-gnu", "usr/lib/x86_64-linux-gnu", "dev", "proc", "sys", "etc"):

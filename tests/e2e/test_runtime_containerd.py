@@ -14,6 +14,7 @@ import os
 import shutil
 import signal
 import subprocess
+import tomllib
 import uuid
 from pathlib import Path
 
@@ -243,3 +244,51 @@ def test_missing_device_fails_naming_it(containerd, image, spec, shims):
     assert f"unresolvable CDI device {spec['kind']}=9" in proc.stderr
     assert f"{spec['kind']}=0" in proc.stderr                 # and the devices that exist
     assert not (record / f"after-{name}.json").exists()       # runc never saw it
+
+
+GOLDEN = Path(__file__).parents[1] / "integration" / "golden" / "runtime"
+
+
+def golden_containerd_cases() -> list[str]:
+    """The golden outputs containerd 1.6 reads: the configs of version 1 and 2 (it has no
+    version 3)."""
+    cases = []
+    for case in sorted(p.name for p in GOLDEN.iterdir() if p.name.startswith("containerd-")):
+        texts = [p.read_text() for p in (GOLDEN / case).iterdir()]
+        if not any("version = 3" in t for t in texts):
+            cases.append(case)
+    return cases
+
+
+def golden_etc(case: str, etc: Path, binary: str) -> Path:
+    """The case's golden files under ``etc`` (their /etc/... paths and the runtime's binary
+    moved there and to ``binary``); the main config's path (the case's --config)."""
+    for f in (GOLDEN / case).iterdir():
+        path = etc / f.name.replace("__", "/")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        text = f.read_text().replace('"/etc/', f'"{etc}/')
+        for shipped in ("/usr/local/sbin/hostagent-runtime", "/opt/hostagent/bin/shim"):
+            text = text.replace(f'"{shipped}"', f'"{binary}"')
+        path.write_text(text)
+    return etc / "containerd" / ("main.toml" if case == "containerd-custom-paths" else "config.toml")
+
+
+@pytest.mark.parametrize("case", golden_containerd_cases())
+def test_the_golden_configs_load_in_containerd_and_run_a_container(case, tmp_path, containerd, image, spec, shims):
+    """The checked-in outputs themselves (not the code that wrote them): containerd 1.6
+    loads each, sees the GPU runtime in its CRI section with the binary it names, and a
+    container started through that binary gets its GPU."""
+    fronts, record = shims
+    main_config = golden_etc(case, tmp_path / "etc", str(fronts["default"]))
+    dumped = subprocess.run(["containerd", "--config", str(main_config), "config", "dump"], capture_output=True,
+                            text=True, timeout=30)
+    assert dumped.returncode == 0, dumped.stderr
+    cri = tomllib.loads(dumped.stdout)["plugins"]["io.containerd.grpc.v1.cri"]["containerd"]
+    # runc v2's BinaryName, or the legacy linux shim's Runtime.
+    binaries = {name: (r.get("options") or {}).get("BinaryName") or (r.get("options") or {}).get("Runtime")
+                for name, r in cri["runtimes"].items()}
+    name = "gpu" if case == "containerd-custom-paths" else "hostagent"
+    assert binaries.get(name) == str(fronts["default"]), binaries
+    assert cri["runtimes"][name]["runtime_type"] in ("io.containerd.runc.v2", "io.containerd.runtime.v1.linux")
+    _, proc = ctr_run(containerd, image, binaries[name], "--annotation", f"cdi.k8s.io/gpu={spec['kind']}=0")
+    check_gpu(spec, proc.stdout)

@@ -134,10 +134,17 @@ class TestKubelet:
                     st = os.stat(entry.path)
                 except OSError:
                     continue
-                ident = (st.st_dev, st.st_ino)
+                # A socket made anew may get the inode number of the one it replaced (a plugin
+                # killed -9 leaves its socket, the next one binds the name again): its change
+                # time tells them apart, as the kubelet's watcher sees the new one's creation.
+                ident = (st.st_dev, st.st_ino, st.st_ctime_ns)
                 if self._seen.get(entry.path) != ident and entry.name.endswith(".sock"):
                     self._seen[entry.path] = ident
-                    self._register(entry.path)
+                    try:
+                        self._register(entry.path)
+                    except grpc.RpcError as e:         # a plugin going away mid-registration: not fatal
+                        with self.registered:
+                            self.registrations.append((entry.path, None, f"registration: {e.code().name}"))
             self._stop.wait(0.05)
 
     def _register(self, path: str) -> None:

@@ -101,6 +101,7 @@ class _PodResources(pr_grpc.PodResourcesListerServicer):
         self.kubelet = kubelet
 
     def List(self, request, context):
+        self.kubelet.listed += 1                 # how many times a plugin asked (its reconciles)
         reply = pr.ListPodResourcesResponse()
         for pod, containers in self.kubelet.pods.items():
             p = reply.pod_resources.add(name=pod, namespace="default")
@@ -120,6 +121,7 @@ class TestKubelet:
         self.endpoints: dict[str, Endpoint] = {}
         self.registered = threading.Condition()
         self.pods: dict[str, dict[str, tuple[str, list[str]]]] = {}    # pod -> container -> (resource, ids)
+        self.listed = 0                          # pod resources List calls answered
         self.refuse: str | None = None      # a reason to refuse Register with
         self._servers: list[grpc.Server] = []
 

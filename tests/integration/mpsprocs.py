@@ -1,5 +1,9 @@
 """MPS daemons are real processes in the tests: find what a simulated node still runs, and
-stop it, so that no test leaves one behind (or a shared /dev/shm mounted)."""
+stop it, so that no test leaves one behind (or a shared /dev/shm mounted).
+
+The tests look at processes from outside, as the agent must not: by their executable,
+arguments and environment (``on_pipe``). That is an oracle for what runs, of any user, to
+compare with what the agent recorded."""
 
 from __future__ import annotations
 
@@ -11,7 +15,7 @@ from pathlib import Path
 from hostagent.sharing import mps
 from hostagent.sim.platform import simulated_host
 
-__all__ = ["running", "stop_all", "alive", "daemon_pid"]
+__all__ = ["running", "stop_all", "alive", "daemon_pid", "on_pipe"]
 
 
 def alive(pid: int) -> bool:
@@ -23,12 +27,38 @@ def alive(pid: int) -> bool:
         return False
 
 
-def daemon_pid(host: HostRoot, uuid: str) -> int | None:
-    """The pid of the device's control daemon, found as the agent finds it (its binary, its
-    pipe directory in its environment); None when none runs."""
-    found = mps.find(host, uuid)
+def on_pipe(host, name: str) -> list[int]:
+    """Pids of the processes of any user running the node's control binary with ``-d`` and
+    the pipe directory of daemon ``name`` (a device's UUID, an allocation daemon's key) in
+    their environment."""
+    from hostagent.processes import program
+    prog = program(mps.control_tool(host))
+    want = f"CUDA_MPS_PIPE_DIRECTORY={mps.pipe_dir(host, name)}".encode()
+    out = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            st = os.stat(f"/proc/{entry}/exe")
+            argv = [a for a in Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0") if a]
+            env = Path(f"/proc/{entry}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if f"{st.st_dev}:{st.st_ino}" != prog.exe or argv[-1:] != [b"-d"] or want not in env:
+            continue
+        if prog.script is not None and prog.script.encode() not in argv[1:]:
+            continue
+        if alive(int(entry)):
+            out.append(int(entry))
+    return out
+
+
+def daemon_pid(host, uuid: str) -> int | None:
+    """The pid of the device's control daemon that root runs on its pipe directory (seen from
+    outside: ``on_pipe``); None when none runs."""
+    found = [p for p in on_pipe(host, uuid) if os.stat(f"/proc/{p}").st_uid == 0]
     assert len(found) <= 1, found
-    return found[0].pid if found else None
+    return found[0] if found else None
 
 
 def running(root: Path) -> list[int]:

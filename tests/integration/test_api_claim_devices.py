@@ -141,6 +141,32 @@ def test_each_device_its_own_sharing_and_time_slices_set_and_restored(agent):
         assert not (agent.host.state_dir / "timeslices.json").read_text().strip("{}\n")
 
 
+def test_time_slices_come_back_to_the_earlier_one_across_agent_restarts(agent):
+    """Two claims time-slice GPU 5, the later's interval in force; the agent restarts; the
+    later claim goes and the earlier one's interval comes back; another restart; the last
+    claim goes and the GPU is back at the Default it had before them."""
+    short = {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Short"}}
+    long_ = {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}}
+    assert timeslices(agent)[5] == 0
+    with agent.client() as c:
+        c.allocate("claim-earlier", [{"device": "5", "sharing": short}])
+        c.allocate("claim-later", [{"device": "5", "sharing": long_}])
+        assert timeslices(agent)[5] == 3
+    agent.stop()
+    agent.start()
+    with agent.client() as c:
+        assert timeslices(agent)[5] == 3
+        c.release("claim-later")
+        assert timeslices(agent)[5] == 1                    # the earlier claim's Short
+    agent.kill()                                            # even without a clean stop
+    agent.start()
+    with agent.client() as c:
+        assert timeslices(agent)[5] == 1
+        c.release("claim-earlier")
+    assert timeslices(agent)[5] == 0
+    assert not (agent.host.state_dir / "timeslices.json").read_text().strip("{}\n")
+
+
 def committed_in_the_journal(agent, alloc_id: str) -> bool:
     from hostagent.daemon import checkpoint
     path = checkpoint.journal_path(agent.host)
@@ -203,7 +229,7 @@ def test_an_allocation_gets_an_mps_daemon_of_its_own_for_the_devices_the_node_do
     from hostagent.processes import ProcessRecord, current
     from hostagent.sharing import mps
 
-    from .mpsprocs import running
+    from .mpsprocs import on_pipe, running
     with agent.client() as c:
         # Without asking for one, MPS needs the node's sharing configuration.
         with pytest.raises(ConflictError) as e:
@@ -215,7 +241,7 @@ def test_an_allocation_gets_an_mps_daemon_of_its_own_for_the_devices_the_node_do
         key = a["mps"]["key"]
         assert a["mps"]["devices"] == [gpus[6], gpus[7]] and key.startswith("alloc-")
         record = ProcessRecord.from_dict(a["mps"]["process"])
-        assert current(record) and [r.pid for r in mps.find(agent.host, key)] == [record.pid]
+        assert current(record) and on_pipe(agent.host, key) == [record.pid]
         # It serves those two GPUs alone, in EXCLUSIVE_PROCESS while it runs, with the claim's limits.
         log = (mps.log_dir(agent.host, key) / "control.log").read_text()
         assert f"CUDA_VISIBLE_DEVICES={gpus[6]},{gpus[7]}" in log
@@ -251,17 +277,38 @@ def test_an_allocation_gets_an_mps_daemon_of_its_own_for_the_devices_the_node_do
     with agent.client() as c:
         assert c.allocation("claim-mps")["mps"]["process"] == now
         c.release("claim-mps")
-    assert not mps.find(agent.host, key) and not mps.daemon_dir(agent.host, key).exists()
+    assert not on_pipe(agent.host, key) and not mps.daemon_dir(agent.host, key).exists()
     assert [g.compute_mode for g in SimStore(agent.root).read().gpus][5:8] == [0, 0, 0]
     assert running(agent.root) == []
+
+
+def test_an_own_daemons_pinned_limit_is_at_most_the_devices_memory(agent):
+    """A limit above the GPU's memory (a DRA claim's "1e400" became a 395-digit MiB limit in
+    the daemon and its clients' environment) is refused, and nothing is started."""
+    from hostagent.errors import UsageError
+    from hostagent.sharing import mps
+    with agent.client() as c:
+        memory = c.device("6")["memory_mib"]
+        for limit, words in ((f"{memory + 1}Mi", f"({memory + 1} MiB) is more than its memory ({memory} MiB)"),
+                             ("9" * 25, "body.devices[0]")):          # the schema: 24 characters at most
+            sharing = {"strategy": "MPS", "mpsConfig": {"defaultPinnedDeviceMemoryLimit": limit}}
+            with pytest.raises(UsageError) as e:
+                c.allocate("claim-big", [{"device": "6", "sharing": sharing}], own_mps_daemon=True)
+            assert e.value.code == "invalid_argument" and words in e.value.message, e.value.message
+        assert c.allocations() == [] and not list(mps.daemon_dir(agent.host, "x").parent.glob("alloc-*"))
+        sharing = {"strategy": "MPS", "mpsConfig": {"defaultPinnedDeviceMemoryLimit": f"{memory}Mi"}}
+        c.allocate("claim-all", [{"device": "6", "sharing": sharing}], own_mps_daemon=True)
+    assert SimStore(agent.root).read().gpus[6].compute_mode == 3
 
 
 def test_a_daemon_no_allocation_has_is_stopped_at_start(agent):
     from hostagent.daemon import checkpoint
     from hostagent.sharing import mps
+
+    from .mpsprocs import on_pipe
     with agent.client() as c:
         key = c.allocate("claim-left", [{"device": "4", "sharing": MPS_50}], own_mps_daemon=True)["mps"]["key"]
-    assert mps.find(agent.host, key)
+    assert on_pipe(agent.host, key)
     agent.stop()
     # What a crash between the daemon's start and the allocation's commit leaves: a daemon
     # the checkpoint does not name.
@@ -271,7 +318,7 @@ def test_a_daemon_no_allocation_has_is_stopped_at_start(agent):
     checkpoint.path(agent.host).write_text(json.dumps({"version": checkpoint.VERSION, "allocations": kept}))
     checkpoint.journal_path(agent.host).unlink(missing_ok=True)
     agent.start()
-    assert not mps.find(agent.host, key) and not mps.daemon_dir(agent.host, key).exists()
+    assert not on_pipe(agent.host, key) and not mps.daemon_dir(agent.host, key).exists()
     assert f"MPS daemon {key} stopped: no allocation has it" in agent.log()
     assert SimStore(agent.root).read().gpus[4].compute_mode == 0          # DEFAULT again
 
@@ -279,7 +326,7 @@ def test_a_daemon_no_allocation_has_is_stopped_at_start(agent):
 def test_an_allocations_own_mps_daemon_is_adopted_after_a_kill9_of_the_agent(agent):
     from hostagent.sharing import mps
 
-    from .mpsprocs import running
+    from .mpsprocs import on_pipe, running
     with agent.client() as c:
         c.allocate("warm", ["5"])
         a = c.allocate("claim-mps-k9", [{"device": "6", "sharing": MPS_50}], own_mps_daemon=True)
@@ -289,7 +336,7 @@ def test_an_allocations_own_mps_daemon_is_adopted_after_a_kill9_of_the_agent(age
     agent.start()
     with agent.client() as c:
         assert c.allocation("claim-mps-k9")["mps"] == a["mps"]         # the same daemon, adopted
-        assert [r.pid for r in mps.find(agent.host, a["mps"]["key"])] == [a["mps"]["process"]["pid"]]
+        assert on_pipe(agent.host, a["mps"]["key"]) == [a["mps"]["process"]["pid"]]
         c.release("claim-mps-k9")
-    assert not mps.find(agent.host, a["mps"]["key"]) and running(agent.root) == []
+    assert not on_pipe(agent.host, a["mps"]["key"]) and running(agent.root) == []
     assert SimStore(agent.root).read().gpus[6].compute_mode == 0

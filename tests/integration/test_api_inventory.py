@@ -257,15 +257,15 @@ def test_mig_change_behind_the_agents_back(own_agent):
 def test_sigterm_ends_watch_streams_cleanly():
     """A stop is not a crash: every watch ends with a 'stopping' line and the stream's
     zero-length chunk (curl exits 0, the client's iterator just ends)."""
-    import shutil
     import signal
+    from tests.programs import installed
+    curl_path = installed("curl")
     agent = AgentProcess(make_root()).start()
     curl = None
     try:
-        if shutil.which("curl"):
-            curl = subprocess.Popen(["curl", "-sN", "--unix-socket", str(agent.socket),
-                                     "http://localhost/v1/watch"], stdout=subprocess.PIPE)
-            assert json.loads(curl.stdout.readline())["type"] == "snapshot"
+        curl = subprocess.Popen([curl_path, "-sN", "--unix-socket", str(agent.socket),
+                                 "http://localhost/v1/watch"], stdout=subprocess.PIPE)
+        assert json.loads(curl.stdout.readline())["type"] == "snapshot"
         c = agent.client()
         stream = c.watch()
         snap = next(stream)
@@ -273,10 +273,9 @@ def test_sigterm_ends_watch_streams_cleanly():
         rest = list(stream)                 # ends without an error: the last chunk came
         assert rest[-1] == {"type": "stopping", "revision": snap["revision"]}
         assert agent.proc.wait(15) == 0
-        if curl is not None:
-            out, _ = curl.communicate(timeout=15)
-            assert curl.returncode == 0
-            assert json.loads(out.splitlines()[-1])["type"] == "stopping"
+        out, _ = curl.communicate(timeout=15)
+        assert curl.returncode == 0
+        assert json.loads(out.splitlines()[-1])["type"] == "stopping"
     finally:
         if curl is not None and curl.poll() is None:
             curl.kill()

@@ -45,7 +45,7 @@ SAMPLES = {
     "driver install": ["--version", "550.90.07", "--dry-run"], "driver rollback": ["--dry-run"],
     "driver create-nodes": ["--dry-run"],
     "sharing status": [], "sharing apply": ["-f", "ROOT/sharing.yaml"], "sharing off": [],
-    "allocations list": [], "allocations release": ["an-allocation"],
+    "allocations list": [], "allocations release": ["an-allocation"], "allocations dismiss-unreadable": [],
 }
 # These change the node: as another user they must be refused, saying how to run them.
 NEED_ROOT = {"labels", "serve", "device-plugin", "dra-plugin", "health clear", "cdi refresh", "mig apply",

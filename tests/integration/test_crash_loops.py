@@ -1,11 +1,14 @@
-"""kill -9 at random points of the commands that write host files, then the next run.
+"""kill -9 of the commands that write host files, in the middle of their writes and at random
+points, then the next run.
 
-Each loop runs a command as a process, kills it with SIGKILL at a random moment of its
-run (the delays span the command's own duration, measured first, so kills land before,
-inside and after its writes), and checks what the host holds: every file is its old or
-its new content, never a mix; after the next run (which completes) no temporary file is
-left and the content is the new one; a MIG apply is recovered to the old or the new
-layout. Loops are bounded in count and time; the seed is printed for a re-run.
+Each loop runs a command as a process and kills it with SIGKILL: in half the rounds inside
+the write of its file (held there by the ``write:FILE=stop`` crash point, its temporary
+file written and not yet renamed: the test checks that the kill landed inside), in the
+others at a random moment of its run (the delays span the command's own duration, measured
+first). It checks what the host holds: every file is its old or its new content, never a
+mix; after the next run (which completes) no temporary file is left and the content is the
+new one; a MIG apply is recovered to the old or the new layout. Loops are bounded in count
+and time; the seed is printed for a re-run.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from hostagent.devices import read_inventory
 from hostagent.mig.layout import Layout
 from hostagent.mig.spec import parse_spec
 from tests.rootneeds import GPU_CHANGES
+from tests.waiting import until
 
 INPUTS = Path(__file__).parent / "golden" / "runtime" / "inputs"
 ROUNDS = 4
@@ -54,31 +58,55 @@ def killed(cmd, delay: float) -> bool:
         return True
 
 
+def killed_inside(cmd, target: str, folder: Path) -> bool:
+    """Run ``cmd`` held in the middle of its write of ``target`` (in ``folder``), kill -9 it
+    there; whether the kill landed inside the write (its temporary file was there)."""
+    env = {**os.environ, "HOSTAGENT_FAULT": f"write:{target}=stop"}
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            stdin=subprocess.DEVNULL)
+    try:
+        until(lambda: proc.poll() is not None or _state(proc.pid) == "T", 60, f"{cmd[3:6]} held at {target}")
+        return proc.poll() is None and any(p.name.startswith(f".{target}.") and p.name.endswith(".tmp")
+                                           for p in folder.iterdir())
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def _state(pid: int) -> str:
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0]
+
+
 def temporaries(*folders) -> list[str]:
     return sorted(str(p) for f in folders if Path(f).is_dir() for p in Path(f).iterdir() if p.name.endswith(".tmp"))
 
 
-def loop(name: str, reset, command, check_killed, check_next):
-    """``reset()`` puts the old state back; ``command`` is killed at random points of its
-    run, ``check_killed()`` judges what a kill left, ``check_next()`` what the next run did."""
+def loop(name: str, reset, command, check_killed, check_next, target: str, folder: Path):
+    """``reset()`` puts the old state back; ``command`` is killed inside its write of
+    ``target`` (in ``folder``) and at random points of its run, ``check_killed()`` judges
+    what a kill left, ``check_next()`` what the next run did."""
     seed = random.randrange(1 << 30)
     rng = random.Random(seed)
     reset()
-    duration = run(command)                         # the whole run, once, to aim the kills
+    duration = run(command)                         # the whole run, once, to aim the random kills
     check_next()
     deadline = time.monotonic() + LOOP_SECONDS
-    outcomes = []
-    for _ in range(ROUNDS):
-        if time.monotonic() > deadline:
+    inside, outcomes = [], []
+    for round_ in range(ROUNDS):
+        if round_ >= 2 and time.monotonic() > deadline:
             break
         reset()
-        delay = duration * rng.uniform(0.4, 1.1)
-        outcomes.append(killed(command, delay))
+        if round_ % 2 == 0:
+            inside.append(killed_inside(command, target, folder))
+        else:
+            outcomes.append(killed(command, duration * rng.uniform(0.4, 1.1)))
         check_killed()
         run(command)                                # the next run cleans up and completes
         check_next()
-    print(f"{name}: seed {seed}, {len(outcomes)} rounds, {sum(outcomes)} killed, run {duration:.2f} s")
-    assert len(outcomes) >= 2
+    print(f"{name}: seed {seed}, {len(inside)} kills aimed at the write of {target}, {sum(inside)} inside it; "
+          f"{len(outcomes)} at random, {sum(outcomes)} before the end; run {duration:.2f} s")
+    assert len(inside) >= 1 and all(inside), f"a kill aimed at the write of {target} did not land inside it"
 
 
 def test_kill9_during_runtime_configure(tmp_path):
@@ -111,7 +139,7 @@ def test_kill9_during_runtime_configure(tmp_path):
         assert files() == new
         assert temporaries(etc, etc / "conf.d", backups) == []
 
-    loop("runtime configure", reset, command, check_killed, check_next)
+    loop("runtime configure", reset, command, check_killed, check_next, "config.toml", etc)
 
 
 def test_kill9_during_cdi_refresh(make_node):
@@ -135,7 +163,7 @@ def test_kill9_during_cdi_refresh(make_node):
         assert spec.read_text() == new
         assert temporaries(host.cdi_dir) == []
 
-    loop("cdi refresh", reset, command, check_killed, check_next)
+    loop("cdi refresh", reset, command, check_killed, check_next, spec.name, host.cdi_dir)
 
 
 CONFIG = """version: v1
@@ -192,4 +220,4 @@ def test_kill9_during_mig_apply(make_node, tmp_path):
         assert layouts() == new
         assert temporaries(state, host.cdi_dir) == []
 
-    loop("mig apply", reset, command, check_killed, check_next)
+    loop("mig apply", reset, command, check_killed, check_next, "journal.json", state)

@@ -161,9 +161,20 @@ def test_an_allocation_of_an_earlier_run_in_the_way_is_released(node):
 
 
 def test_allocations_no_container_holds_are_released_after_the_grace_period(node):
+    """Kept through the reconciles of the grace period (the kubelet records a container's
+    devices only after Allocate returns), released by the first one past it."""
     node.admit("pod-c", GPU, uuids(node, 3))
+    started = time.monotonic()
     node.kubelet.allocate(GPU, uuids(node, 4))           # a container that never started
-    until(lambda: [a["devices"] for a in node.owned()] == [uuids(node, 3)], GRACE + 10.0, lambda: f"not released: {node.owned()}", interval=0.1)          # the next reconcile past the grace
+    asked = node.kubelet.listed
+
+    def released():
+        if [a["devices"] for a in node.owned()] == [uuids(node, 3)]:
+            return time.monotonic() - started, node.kubelet.listed - asked
+        return None
+    elapsed, reconciles = until(released, GRACE + 10.0, lambda: f"not released: {node.owned()}", interval=0.05)
+    assert elapsed >= GRACE, f"released {elapsed:.2f} s after its Allocate, within the {GRACE} s grace period"
+    assert reconciles >= 2, "released without a reconcile passing over it first"
     node.wait_released()
 
 
@@ -181,6 +192,12 @@ def test_preferred_allocation_best_connected_then_numa_then_the_tightest_fit(nod
     assert node.kubelet.prefer(GPU, uuids(node, 0, 1, 4, 5, 6), 2, must_include=uuids(node, 5)) == uuids(node, 5, 4)
     # Three: the pair, with the fullest NUMA node first.
     assert node.kubelet.prefer(GPU, uuids(node, 0, 4, 5), 3) == uuids(node, 4, 5, 0)
+    # A device that must be included but is not offered: no set (go-gpuallocator's "Must
+    # include with unavailable device"), a bad request.
+    with pytest.raises(grpc.RpcError) as e:
+        node.kubelet.prefer(GPU, uuids(node, 0, 1, 4), 2, must_include=uuids(node, 5))
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "must_include names device(s) not among the available ones" in e.value.details()
 
 
 def test_bad_requests_are_grpc_errors_and_the_plugin_keeps_serving(node):

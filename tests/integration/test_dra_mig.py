@@ -6,7 +6,9 @@ a GPU holds; partitions made at their placements, kept across an agent restart, 
 left by a claim that fails.
 """
 
-import time
+import os
+import signal
+import threading
 
 import pytest
 
@@ -27,6 +29,13 @@ LAYOUT = {"version": "v1", "mig-configs": {
     "modes": [{"devices": [0, 1, 2, 3], "mig-enabled": True, "mig-devices": {}},
               {"devices": [4, 5, 6, 7], "mig-enabled": False}],
     "whole": [{"devices": "all", "mig-enabled": False}]}}
+
+
+def slice_comparisons(cluster, since: int) -> int:
+    """The plugin's comparisons of its slices with the API server's since request ``since``
+    (each a list of the slices, not a watch)."""
+    return sum(1 for m, path, q in cluster.api.requests[since:]
+               if m == "GET" and path.endswith("/resourceslices") and q.get("watch") != "true")
 
 
 def apply(cluster, config):
@@ -150,7 +159,8 @@ def test_dynamic_mig_offers_partitions_the_scheduler_cannot_overcommit():
             assert c.devices(type="mig")["mig_devices"] == []
         assert cluster.allocations() == []
         cluster.api.delete_claim("default", "two-mps-configs")
-        time.sleep(2.5)          # past the plugin's next comparison of the slices (--resync 2)
+        lists = len(cluster.api.requests)
+        until(lambda: slice_comparisons(cluster, lists) >= 2, what="two comparisons of the slices")
         assert cluster.api.writes == writes
         assert not cluster.api.rejected
     except BaseException:
@@ -158,3 +168,103 @@ def test_dynamic_mig_offers_partitions_the_scheduler_cannot_overcommit():
         raise
     finally:
         cluster.close()
+
+
+def mps_partition_claim(cluster, devices, gpu_uuid, name):
+    """A claim of one 1g.5gb partition of the GPU, shared with MPS (a daemon of its own)."""
+    [part] = sorted(n for n, d in devices.items() if d.get("consumesCounters")
+                    and d["attributes"]["parentUUID"]["string"] == gpu_uuid
+                    and d["attributes"]["profile"]["string"] == "1g.5gb")[:1]
+    config = [{"source": "FromClaim", "requests": ["p"], "opaque": {"driver": DRIVER, "parameters": {
+        "apiVersion": "resource.nvidia.com/v1beta1", "kind": "MigDeviceConfig",
+        "sharing": {"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 50}}}}}]
+    return cluster.api.put_claim({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+        "metadata": {"namespace": "default", "name": name}, "spec": {},
+        "status": {"allocation": {"devices": {"config": config, "results": [
+            {"request": "p", "driver": DRIVER, "pool": NODE, "device": part}]}}}})
+
+
+def made_and_daemons(cluster) -> tuple[list[str], list[int]]:
+    """The node's MIG devices and the MPS control daemons that run on it."""
+    from .mpsprocs import running
+    with cluster.agent.client() as c:
+        return sorted(m["uuid"] for m in c.devices(type="mig")["mig_devices"]), running(cluster.root)
+
+
+def test_a_kill9_mid_prepare_of_a_partition_with_mps_orphans_nothing():
+    """kill -9 of the DRA plugin, then of the agent, while a claim of a MIG partition shared
+    with MPS is prepared (its MIG device made, its MPS daemon started, its spec written, its
+    allocation not yet committed). The kubelet's retry gets the same device, and no MIG
+    device or MPS daemon is left that no allocation has."""
+    cluster = Cluster(version=(1, 35), plugin_args=["--dynamic-mig"])
+    try:
+        cluster.start()
+        cluster.kubelet.plugin()
+        gpus = apply(cluster, "modes")["gpus"]
+        until(lambda: any("-mig-" in n for n in cluster.devices()), what="partitions published")
+        devices = cluster.devices()
+
+        # The plugin killed while the agent is held at the commit; the agent then goes on.
+        claim = mps_partition_claim(cluster, devices, gpus[0]["uuid"], "plugin-killed")
+        cluster.agent.stop()
+        cluster.agent.env = {"HOSTAGENT_FAULT": "allocate:after_spec=stop"}
+        cluster.agent.start()
+        before = cluster.kubelet.plugin().number
+        asking = threading.Thread(target=lambda: _quietly(lambda: cluster.kubelet.prepare(claim, timeout=60)))
+        asking.start()
+        until(lambda: _stopped(cluster.agent.proc.pid), what="the agent held before the commit")
+        cluster.proc.kill()
+        cluster.proc.wait()
+        os.kill(cluster.agent.proc.pid, signal.SIGCONT)
+        asking.join(60)
+        cluster.start_plugin()
+        cluster.kubelet.plugin(after=before + 1)
+        [(prepared, error)] = cluster.kubelet.prepare(claim).values()
+        assert not error and [d for _, _, d, _ in prepared] == [claim["status"]["allocation"]["devices"]["results"][0]
+                                                                ["device"]]
+        assert cluster.kubelet.prepare(claim) == {claim["metadata"]["uid"]: (prepared, "")}     # and again
+        [alloc] = cluster.allocations()
+        migs, daemons = made_and_daemons(cluster)
+        assert migs == [m["uuid"] for m in alloc["made"]] and len(daemons) == 1
+        cluster.forget([claim])
+        assert made_and_daemons(cluster) == ([], [])
+
+        # The agent killed at the same point: the next start undoes what it made; the retry makes it again.
+        claim = mps_partition_claim(cluster, devices, gpus[1]["uuid"], "agent-killed")
+        cluster.agent.stop()
+        cluster.agent.env = {"HOSTAGENT_FAULT": "allocate:after_spec"}
+        cluster.agent.start()
+        [(prepared, error)] = cluster.kubelet.prepare(claim).values()
+        assert not prepared and error
+        assert cluster.agent.proc.wait(10) == -9
+        cluster.agent.env = {}
+        cluster.agent.start()
+        assert made_and_daemons(cluster) == ([], [])      # the made device destroyed, the daemon stopped
+        assert "stopped: no allocation has it" in cluster.agent.log()
+        [(prepared, error)] = cluster.kubelet.prepare(claim).values()
+        assert not error and [d for _, _, d, _ in prepared] == [claim["status"]["allocation"]["devices"]["results"][0]
+                                                                ["device"]]
+        [alloc] = cluster.allocations()
+        migs, daemons = made_and_daemons(cluster)
+        assert migs == [m["uuid"] for m in alloc["made"]] and len(daemons) == 1
+        cluster.forget([claim])
+        assert made_and_daemons(cluster) == ([], [])
+        cluster.api.delete_claim("default", "plugin-killed")
+    except BaseException:
+        print(cluster.plugin_log()[-6000:])
+        raise
+    finally:
+        cluster.close()
+
+
+def _stopped(pid: int) -> bool:
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0] == "T"
+
+
+def _quietly(fn) -> None:
+    try:
+        fn()
+    except Exception:            # the plugin killed mid-call: the kubelet's call fails, as it should
+        pass

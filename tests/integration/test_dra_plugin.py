@@ -285,6 +285,46 @@ def test_a_plugin_started_with_the_api_server_away_publishes_once_it_is_back(clu
     assert slice_["metadata"]["ownerReferences"][0]["uid"] == cluster.api.nodes[NODE]["metadata"]["uid"]
 
 
+def test_claims_of_the_wrong_shape_get_an_error_of_their_own_and_the_others_are_prepared(cluster):
+    """Opaque parameters are any JSON a claim's author writes: a kind that is a list,
+    parameters that are a string, requests that are a number, a pinned limit of 1e999999999
+    bytes or above the GPU's memory. Each fails its own claim, naming the field, in the same
+    NodePrepareResources call that prepares a good claim (it was INTERNAL for the call)."""
+    good, *bad = cluster.allocate(cluster.claims(DEMOS["gpu-test1"], 7))
+
+    def params(kind="GpuConfig", sharing=None):
+        return {"apiVersion": "resource.nvidia.com/v1beta1", "kind": kind, **({"sharing": sharing} if sharing else {})}
+    mps = {"strategy": "MPS", "mpsConfig": {"defaultPinnedDeviceMemoryLimit": "1e999999999"}}
+    cases = [({"source": "FromClaim", "opaque": {"driver": DRIVER, "parameters": params(["GpuConfig"])}},
+              'parameters.kind: ["GpuConfig"] is not GpuConfig or MigDeviceConfig'),
+             ({"source": "FromClaim", "opaque": {"driver": DRIVER, "parameters": "GpuConfig"}},
+              "cannot be read: Expected `object`, got `str` - at `$.status.allocation.devices.config[0].opaque"
+              ".parameters`"),
+             ({"source": "FromClaim", "requests": 5, "opaque": {"driver": DRIVER, "parameters": params()}},
+              "cannot be read: Expected `array | null`, got `int` - at `$.status.allocation.devices.config[0]"
+              ".requests`"),
+             ({"source": "FromClaim", "opaque": {"driver": DRIVER, "parameters": params(sharing=mps)}},
+              "defaultPinnedDeviceMemoryLimit: '1e999999999' is too large"),
+             ({"source": "FromClaim", "opaque": {"driver": DRIVER, "parameters": params(sharing={
+                 "strategy": "MPS", "mpsConfig": {"defaultPinnedDeviceMemoryLimit": "1e400"}})}},
+              "defaultPinnedDeviceMemoryLimit: '1e400' is too large"),
+             ({"source": "FromClaim", "opaque": {"driver": DRIVER, "parameters": params(sharing={
+                 "strategy": "MPS", "mpsConfig": {"defaultPinnedDeviceMemoryLimit": "41Gi"}})}},
+              "defaultPinnedDeviceMemoryLimit: 41984Mi is more than the 40960Mi of device gpu-")]
+    try:
+        for claim, (config, _) in zip(bad, cases):
+            cluster.api.put_claim({**claim, "status": {"allocation": {**claim["status"]["allocation"], "devices": {
+                "results": claim["status"]["allocation"]["devices"]["results"], "config": [config]}}}})
+        answers = cluster.kubelet.prepare(good, *bad)
+        assert answers[good["metadata"]["uid"]][1] == "" and len(answers[good["metadata"]["uid"]][0]) == 1
+        for claim, (_, words) in zip(bad, cases):
+            devices, error = answers[claim["metadata"]["uid"]]
+            assert not devices and words in error, error
+        assert [a["id"] for a in cluster.allocations()] == [f"k8s-dra/{good['metadata']['uid']}"]
+    finally:
+        cluster.forget([good, *bad])
+
+
 def test_the_services_answer_errors_not_crashes(cluster):
     p = cluster.kubelet.plugin()
     # An empty request is a valid one (the kubelet's liveness check sends it).

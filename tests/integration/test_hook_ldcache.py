@@ -214,8 +214,8 @@ def test_a_second_start_reads_no_library_the_cache_lists_and_writes_nothing(tmp_
     image.run_hook(LIB)
     before = os.stat(image.at("/etc/ld.so.cache"))
     opened = []
-    real = folderscan.open_regular
-    monkeypatch.setattr(folderscan, "open_regular", lambda fd, name: opened.append(name) or real(fd, name))
+    real = folderscan.regular_at
+    monkeypatch.setattr(folderscan, "regular_at", lambda fd, name: opened.append(name) or real(fd, name))
     exe = hostbin.open_ldconfig(LDCONFIG)
     try:
         with Root(str(image.root)) as root:

@@ -4,8 +4,9 @@ Every test builds a hostile container root next to an "outside" tree that stands
 host, runs the hook the way an engine does (the generated spec's own command line,
 ``python3 -I -S -c ...``, or ``python3 -I -m hostagent.hooks``; the OCI state on stdin,
 an explicit PATH-only environment), and asserts that nothing outside was
-created, changed or read (a metadata snapshot plus canaries whose access time is armed)
-and that no attacker code ran (planted code creates marker files). Where it matters, a
+created, changed or read (a metadata snapshot, and every read of it as the kernel reports it:
+``tests/readwatch.py``, whatever the file system does with access times) and that no
+attacker code ran (planted code creates marker files). Where it matters, a
 control run without the defence shows that the attack and its detection are real.
 """
 
@@ -24,6 +25,7 @@ from pathlib import Path
 import pytest
 
 from hostagent.sim.elf import shared_object_bytes, write_shared_object
+from tests.readwatch import ReadWatch
 
 LIB = "/usr/lib/x86_64-linux-gnu"
 ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
@@ -58,6 +60,7 @@ class World:
             write_shared_object(self.root / LIB.lstrip("/") / name, soname)
         (self.bundle / "config.json").write_text(json.dumps({"ociVersion": "1.0.2", "root": {"path": "rootfs"}}))
         self._snapshot = None
+        self.watch: ReadWatch | None = None
 
     def at(self, container_path: str) -> Path:
         return self.root / container_path.lstrip("/")
@@ -80,12 +83,12 @@ class World:
     # What "nothing outside changed or was read" means.
     def seal(self) -> None:
         self._snapshot = snapshot(self.outside)
-        self.canaries = [p for p in self.outside.rglob("*") if not p.is_symlink()] + [self.outside]
-        for p in self.canaries:
-            os.utime(p, ns=(10**9, p.stat().st_mtime_ns))   # relatime updates such an atime on any read
+        if self.watch is not None:
+            self.watch.close()
+        self.watch = ReadWatch(self.outside)
 
     def assert_untouched(self) -> None:
-        read = [str(p) for p in self.canaries if p.stat().st_atime_ns != 10**9]
+        read = self.watch.reads()          # first: the snapshot below lists the tree itself
         assert not read, f"read outside the container root: {read}"
         assert snapshot(self.outside) == self._snapshot, "the outside tree changed"
         assert not list(self.markers.iterdir()), f"attacker code ran: {list(self.markers.iterdir())}"
@@ -108,13 +111,25 @@ def snapshot(top: Path) -> dict:
 @pytest.fixture
 def world(tmp_path):
     w = World(tmp_path)
-    probe = tmp_path / "atime-probe"
-    probe.write_text("x")
-    os.utime(probe, ns=(10**9, probe.stat().st_mtime_ns))
-    probe.read_text()
-    if probe.stat().st_atime_ns == 10**9:
-        pytest.skip("this filesystem does not update access times; the read canaries would see nothing")
-    return w
+    yield w
+    if w.watch is not None:
+        w.watch.close()
+
+
+def test_the_read_watch_sees_what_a_reader_does(world):
+    """The detection's own control: a read, a listing and an open of the outside tree are
+    seen (on any file system, access times or not); a stat and a path-only open are not."""
+    world.seal()
+    os.stat(world.outside / "canary")
+    os.close(os.open(world.outside / "canary", os.O_PATH))
+    assert world.watch.reads() == []
+    (world.outside / "canary").read_bytes()
+    os.listdir(world.outside / "confd")
+    os.close(os.open(world.outside / "libdir" / "libescape.so.1", os.O_RDONLY))
+    assert world.watch.reads() == [str(world.outside / "canary"), str(world.outside / "confd"),
+                                   str(world.outside / "libdir" / "libescape.so.1")]
+    with pytest.raises(AssertionError, match="read outside the container root"):
+        world.assert_untouched()
 
 
 # The two ways the cache is built: in the hook from the image's cache and the folders'
@@ -182,10 +197,9 @@ def test_image_python_environment_and_cwd_do_not_reach_the_hook(world, spec):
     assert (world.markers / "encodings").exists()
 
 
-def build_preload(world: World) -> Path | None:
-    cc = shutil.which("cc") or shutil.which("gcc")
-    if not cc:
-        return None
+def build_preload(world: World) -> Path:
+    from tests.programs import installed
+    cc = installed("cc", "gcc")
     src = world.tmp / "evil.c"
     src.write_text('#include <fcntl.h>\n#include <unistd.h>\n__attribute__((constructor)) static void run(void) '
                    f'{{ close(open("{world.markers}/preload", O_CREAT | O_WRONLY, 0644)); }}\n')
@@ -198,9 +212,7 @@ def test_a_leaked_loader_environment_is_refused(world):
     """LD_PRELOAD runs before any Python code, so only the spec's explicit env stops it (the
     e2e test shows the engine honouring it); if it leaks anyway, the hook refuses to do its
     work, and LD_LIBRARY_PATH is refused before any extension module (ctypes: libffi) loads."""
-    evil = build_preload(world)
-    if evil is None:
-        pytest.skip("no C compiler to build the preload library")
+    build_preload(world)
     world.seal()
     proc = world.run(*prepare_args(*LINKS), env={**ENV, "LD_PRELOAD": "/proc/self/cwd/evil.so"}, cwd=world.root)
     assert (world.markers / "preload").exists()            # the loader ran it, before Python
@@ -637,3 +649,72 @@ def test_a_second_start_rewrites_nothing(world):
     assert [(s.st_ino, s.st_mtime_ns) for s in map(os.lstat, paths)] == [(s.st_ino, s.st_mtime_ns) for s in before]
     assert world.at("/etc/ld.so.conf").read_text() == "include /etc/ld.so.conf.d/*.conf\n"
     assert sorted(os.listdir(world.at("/etc"))) == ["ld.so.cache", "ld.so.conf", "ld.so.conf.d"]
+
+
+# -- The hook's total work is bounded ----------------------------------------------------
+
+def bomb_library(size: int = 1 << 20, *, null: bool) -> bytes:
+    """A 64-bit ELF shared object of ``size`` bytes with a dynamic segment of 64 KiB from
+    offset 4 KiB: DT_STRTAB and DT_SONAME (libbomb.so.1) first, then DT_DEBUG entries, and a
+    DT_NULL at its end (``null``: the longest dynamic segment a reader accepts) or none at
+    all (it runs on to the end of the file: what a reader that stops only at DT_NULL walks)."""
+    import struct
+    ehdr, phdr, dyn = struct.Struct("<4sBBBBB7xHHIQQQIHHHHHH"), struct.Struct("<IIQQQQQQ"), struct.Struct("<qQ")
+    start, length = 4096, (1 << 16 if null else size - 4096)
+    strings = start + length
+    head = ehdr.pack(b"\x7fELF", 2, 1, 1, 0, 0, 3, 62, 1, 0, ehdr.size, 0, 0, ehdr.size, phdr.size, 2, 64, 0, 0)
+    head += phdr.pack(1, 4, 0, 0, 0, size, size, 4096) + phdr.pack(2, 6, start, start, start, length, length, 8)
+    entries = [(5, strings), (14, 1)] + [(21, 0)] * (length // 16 - 3) + [(0, 0) if null else (21, 0)]
+    body = head.ljust(start, b"\0") + b"".join(dyn.pack(*e) for e in entries)
+    return (body + b"\0libbomb.so.1\0").ljust(size, b"\0")
+
+
+@needs_root
+@pytest.mark.parametrize("library", ["endless-dynamic", "longest-dynamic"])
+def test_a_hostile_image_cannot_keep_the_hook_busy(world, library):
+    """One 1 MiB library hard-linked 4000 times as libbombN.so.1 in the injected folder, and
+    500 links ./bomb to it: each name was read whole (20 ms a name, 82 s for the names and
+    12 s for the links). A file is read once per run, by its inode (read under each name,
+    the longest dynamic segment accepted would take the run past its byte budget, and the
+    cache to ldconfig), its dynamic segment no further than itself; one without DT_NULL
+    there is ldconfig's to judge (it skips it, never having found DT_STRTAB's end)."""
+    bomb = world.at(f"{LIB}/bomb")
+    bomb.write_bytes(bomb_library(null=library == "longest-dynamic"))
+    for i in range(4000):
+        os.link(bomb, world.at(f"{LIB}/libbomb{i}.so.1"))
+    for i in range(500):
+        world.at(f"{LIB}/libsym{i}.so.1").symlink_to("./bomb")
+    world.seal()
+    started = time.monotonic()
+    ok(world.run(*prepare_args(*LINKS)))
+    elapsed = time.monotonic() - started
+    world.assert_untouched()
+    assert elapsed < 10, f"the hook took {elapsed:.1f} s"
+    cache = world.cache()
+    assert f"libcuda.so.1 (libc6,x86-64) => {LIB}/libcuda.so.1" in cache
+    if library == "endless-dynamic":
+        built_by(world, "ldconfig")
+    else:
+        built_by(world, "in-hook")
+        assert f"libbomb.so.1 (libc6,x86-64) => {LIB}/libbomb.so.1" in cache
+
+
+def test_the_runs_reading_is_bounded_and_its_own_work_has_a_deadline(world, monkeypatch):
+    """Past the run's budget of names, files or bytes the hook reads nothing more and leaves
+    the cache to ldconfig (``merged`` says None); past its deadline it fails."""
+    from hostagent.hooks import budget, ldcache
+    from hostagent.hooks.errors import HookError
+    from hostagent.hooks.inroot import Root
+    for i in range(40):
+        write_shared_object(world.at(f"{LIB}/libmany{i}.so.1"), f"libmany{i}.so.1")
+    world.seal()
+    with Root(str(world.root)) as root:
+        assert ldcache.merged(root, [LIB], None) is not None             # within the budget: the hook builds it
+        for limit, value in (("MAX_NAMES", 20), ("MAX_FILES", 20), ("MAX_BYTES", 20 * 4096)):
+            monkeypatch.setattr(budget, limit, value)
+            run = budget.Budget()
+            assert ldcache.merged(root, [LIB], None, run) is None, limit
+            monkeypatch.undo()
+        with pytest.raises(HookError, match="own work did not finish within"):
+            ldcache.merged(root, [LIB], None, budget.Budget(seconds=-1))
+    world.assert_untouched()

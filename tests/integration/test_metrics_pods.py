@@ -193,3 +193,51 @@ def test_the_daemon_attributes_its_allocations():
                     if x.labels["collector"] == "kubernetes"] == [1]
         finally:
             kubelet.server.stop(0).wait()
+
+
+@DEVICE_NODES
+def test_a_kubelet_socket_that_accepts_and_never_answers_stops_nothing():
+    """Through the real daemon: the pod resources socket accepts connections and never says
+    a byte (a kubelet hung mid-start). Scrapes answer, the agent's loop answers and
+    allocates, and collector="kubernetes" reads 0."""
+    import socket
+    with running_agent(make_root("dgx-a100"), {"metrics": {"interval": 1, "kubernetes": True}},
+                       start=False) as agent:
+        path = agent.host.host(SOCKET)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        listener = socket.socket(socket.AF_UNIX)
+        listener.bind(str(path))
+        listener.listen(16)
+        held = []
+        stop = threading.Event()
+
+        def accept():
+            listener.settimeout(0.2)
+            while not stop.is_set():
+                try:
+                    held.append(listener.accept()[0])          # kept open, never read, never written
+                except OSError:
+                    continue
+        acceptor = threading.Thread(target=accept, daemon=True)
+        acceptor.start()
+        try:
+            agent.start()
+            until(lambda: held, 15, "the daemon connecting to the pod resources socket")
+            with agent.client(timeout=5) as c:
+                until(lambda: [s.value for s in parse(c.metrics())["hostagent_scrape_collector_success"].samples
+                               if s.labels["collector"] == "kubernetes"] == [0], 20,
+                      "collector kubernetes at 0", interval=0.2)
+                for _ in range(3):
+                    fams = parse(c.metrics())
+                    assert len(fams["DCGM_FI_DEV_GPU_TEMP"].samples) == 8
+                    assert not any("pod" in s.labels for s in fams["DCGM_FI_DEV_GPU_TEMP"].samples)
+                c.allocate("while-hung", ["0"])
+                c.node()
+                c.release("while-hung")
+                assert c.live()["live"] is True
+        finally:
+            stop.set()
+            acceptor.join(5)
+            for conn in held:
+                conn.close()
+            listener.close()

@@ -4,6 +4,9 @@ Each case copies inputs into a host root, checks that --dry-run writes nothing, 
 compares every resulting file under etc/ with golden/runtime/<case>/, checks that a second
 run changes nothing and that revert restores the inputs byte for byte.
 Regenerate after an intended change: HOSTAGENT_UPDATE_GOLDEN=1 python3 -m pytest tests/integration/test_runtime_golden.py
+(the rewritten cases are skipped, not passed: review the diff, then run again without it).
+containerd 1.6 loads the containerd outputs of version 1 and 2, and starts a container
+through the runtime they name, in tests/e2e/test_runtime_containerd.py.
 """
 
 import os
@@ -113,6 +116,9 @@ def test_golden(case, tmp_path, capsys):
         golden.mkdir(parents=True)
         for name, data in after.items():
             (golden / name.replace("/", "__")).write_bytes(data)
+        # Compared with itself it would pass whatever it holds: say it was rewritten, not checked.
+        pytest.skip(f"golden files rewritten, not compared: review them (git diff {golden}), then run again "
+                    "without HOSTAGENT_UPDATE_GOLDEN; tests/e2e/test_runtime_containerd.py loads them in containerd")
     expected = {p.name.replace("__", "/"): p.read_bytes() for p in sorted(golden.iterdir())}
     assert after == expected
     for name, data in after.items():      # every result parses

@@ -26,7 +26,9 @@ from pathlib import Path
 import pynvml as N
 import pytest
 
+from hostagent import config
 from hostagent.cli.main import main as cli_main
+from hostagent.sharing import config as sharing_config
 from hostagent.devices import read_inventory
 from hostagent.sim import control, fakenvml
 from hostagent.sim.driverroot import create_node
@@ -34,19 +36,20 @@ from hostagent.sim.files import create_cap_nodes
 from hostagent.sim.node import MIG_ENABLE
 from hostagent.sim.platform import simulated_host
 from hostagent.sim.tools import nvidia_smi
-from tests.runfolder import others_can_read
+from tests.integration.nonroot import import_everything
 from tests.waiting import until
 
-pytestmark = [
-    pytest.mark.skipif(os.geteuid() != 0, reason="needs root to start processes as another user"),
-    pytest.mark.skipif(not all(map(others_can_read, (fakenvml.__file__, N.__file__))),
-                       reason="nobody may not read this checkout or its venv (a private folder): the forked "
-                              "children import from them; clone into a folder others may read to run these")]
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to start processes as another user")
 
-# Imported here for the children: nobody may not read the standard library (under /root).
-for _module in ("queue", "threading", "logging", "hostagent.health", "hostagent.devices.events",
-                "hostagent.labels", "hostagent.cdi.refresh", "hostagent.cli.health"):
+# The children are forks of this process, as nobody: whatever they import or read later
+# must be in memory first, since nobody may not read this checkout, its venv or the
+# standard library (a private folder, /root). Every module of hostagent and the standard
+# modules it imports late are imported here (as nonroot.py does for its children).
+import_everything()
+for _module in ("queue", "threading", "logging"):
     __import__(_module)
+config.schema()                   # and the schemas the commands validate with, read once
+sharing_config._schema()
 
 NOBODY = 65534
 MONITOR = "dev/nvidia-caps/nvidia-cap2"

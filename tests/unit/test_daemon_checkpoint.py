@@ -5,6 +5,7 @@ journal's emptying), and rewritten whole when another writer came between."""
 import dataclasses
 import json
 import os
+from pathlib import Path
 
 import pytest
 
@@ -32,7 +33,9 @@ def ids(host) -> list[str]:
 
 
 def journal_lines(host) -> list[bytes]:
-    return checkpoint.journal_path(host).read_bytes().splitlines(keepends=True)
+    """The journal's changes (not its first line, which names it)."""
+    lines = checkpoint.journal_path(host).read_bytes().splitlines(keepends=True)
+    return lines[1:] if lines and lines[0].startswith(b'{"journal":') else lines
 
 
 def test_changes_are_journal_lines_read_back_over_the_snapshot(host):
@@ -64,11 +67,9 @@ def test_a_line_a_crash_cut_is_not_applied_and_the_next_writer_starts_over(host)
     checkpoint.save(host, [alloc("a"), alloc("b")])
     with open(checkpoint.journal_path(host), "ab") as f:
         f.write(b'{"put":[],"drop":["a"]')                             # no newline: not committed
-    assert ids(host) == ["a", "b"]
-    with open(checkpoint.journal_path(host), "ab") as f:
-        f.write(b'\n{"put":[],"drop":["b"]}\n')                       # after a cut line: not applied
-    assert ids(host) == ["a", "b"]
+    assert ids(host) == ["a", "b"]                                    # and not damage either
     checkpoint._writers.clear()                                       # the daemon starts again
+    assert [a.id for a in checkpoint.load(host)] == ["a", "b"] and checkpoint.unreadable(host) == []
     checkpoint.save(host, [alloc("a"), alloc("b"), alloc("c")])
     assert journal_lines(host) == [] and ids(host) == ["a", "b", "c"]
 
@@ -107,15 +108,121 @@ def test_a_failed_append_leaves_the_last_durable_set_and_the_next_save_a_snapsho
     assert journal_lines(host) == [] and ids(host) == ["c"]
 
 
-def test_an_unreadable_checkpoint_is_set_aside_with_its_journal(host):
-    checkpoint.save(host, [alloc("a")])
-    checkpoint.save(host, [alloc("a"), alloc("b")])
-    checkpoint.path(host).write_text("{broken")
-    assert checkpoint.load(host) == []
-    names = sorted(p.name.rsplit("-", 1)[0] for p in host.state_dir.iterdir())
-    assert names == ["allocations.journal.unreadable", "allocations.json.unreadable"]
-    checkpoint.save(host, [alloc("c")])
-    assert ids(host) == ["c"]
+GPU = ["GPU-00000000-0000-0000-0000-00000000000%d" % i for i in range(4)]
+
+
+def test_a_damaged_journal_line_is_set_aside_and_the_rest_kept(host):
+    """A whole line that is not a change (damage, not a crash: a crash cuts only the last
+    line) is set aside with the devices its text names; the lines after it still apply."""
+    checkpoint.save(host, [alloc("a", GPU[0])])
+    checkpoint.save(host, [alloc("a", GPU[0]), alloc("b", GPU[1])])
+    with open(checkpoint.journal_path(host), "ab") as f:
+        f.write(b'{"put":[{"id":"c","devices":["' + GPU[2].encode() + b'"]\x00garbage\n')
+        f.write(b'{"put":[],"drop":["a"]}\n')
+    with pytest.raises(ValueError, match="journal line 3 is not JSON"):
+        checkpoint.read(host)                            # the CLI refuses to guess
+    before = checkpoint.journal_path(host).read_bytes()
+    checkpoint._writers.clear()
+    assert [a.id for a in checkpoint.load(host)] == ["b"]
+    [record] = checkpoint.unreadable(host)
+    assert record.devices == (GPU[2],) and record.reason == "journal line 3 is not JSON"
+    assert Path(record.kept_as).read_bytes() == before and Path(record.kept_as).parent == host.state_dir
+    assert checkpoint.held_devices([record]) == {GPU[2]}
+    # Rewritten whole: the next start reads it clean, and the record stays until dismissed.
+    assert ids_after_restart(host) == ["b"] and checkpoint.unreadable(host) == [record]
+    with pytest.raises(ValueError, match="1 unreadable record"):
+        checkpoint.read(host)
+    assert checkpoint.dismiss(host) == [record] and checkpoint.unreadable(host) == [] and ids(host) == ["b"]
+
+
+def ids_after_restart(host) -> list[str]:
+    checkpoint._writers.clear()
+    return [a.id for a in checkpoint.load(host)]
+
+
+def test_a_damaged_snapshot_keeps_each_entry_it_can_read(host):
+    checkpoint.save(host, [alloc("a", GPU[0]), alloc("b", GPU[1]), alloc("c", GPU[2])])
+    text = checkpoint.path(host).read_bytes()
+    lines = text.split(b"\n")
+    lines[2] = lines[2][:25] + b"\xff\xfe" + lines[2][27:]            # entry b damaged on disk
+    checkpoint.path(host).write_bytes(b"\n".join(lines))
+    assert ids_after_restart(host) == ["a", "c"]
+    [record] = checkpoint.unreadable(host)
+    assert record.devices == (GPU[1],) and "line 3 is not an allocation" in record.reason
+    assert Path(record.kept_as).read_bytes() == b"\n".join(lines)
+    assert json.loads(checkpoint.path(host).read_text())["version"] == checkpoint.VERSION
+
+
+def test_an_entry_that_is_no_allocation_holds_what_it_names(host):
+    checkpoint.save(host, [alloc("a", GPU[0])])
+    with open(checkpoint.journal_path(host), "ab") as f:
+        f.write(b'{"put":[{"id":"odd","devices":["' + GPU[3].encode() + b'"]}],"drop":[]}\n')   # no request
+    assert ids_after_restart(host) == ["a"]
+    [record] = checkpoint.unreadable(host)
+    assert record.devices == (GPU[3],) and "allocation 'odd' cannot be read" in record.reason
+
+
+def test_a_record_that_names_no_device_may_hold_any(host):
+    checkpoint.save(host, [alloc("a", GPU[0])])
+    checkpoint.path(host).write_bytes(b'{"version":1,"allocations":[\n\x00\x01\x02\n]}\n')
+    assert ids_after_restart(host) == []
+    [record] = checkpoint.unreadable(host)
+    assert record.devices is None and checkpoint.held_devices([record]) is None
+
+
+def test_a_checkpoint_of_another_version_is_kept_whole(host):
+    newer = {"version": 2, "allocations": [{"id": "x", "devices": [GPU[1]]}]}
+    ensure = host.state_dir
+    ensure.mkdir(parents=True, exist_ok=True)
+    checkpoint.path(host).write_text(json.dumps(newer))
+    assert ids_after_restart(host) == []
+    [record] = checkpoint.unreadable(host)
+    assert "unknown checkpoint version 2" in record.reason and record.devices == (GPU[1],)
+    assert json.loads(Path(record.kept_as).read_text()) == newer
+
+
+def test_a_crash_in_the_set_aside_records_it_once(host, monkeypatch):
+    """Killed after the record, before the rewrite: the next start finds the same damage
+    again, and records it once."""
+    checkpoint.save(host, [alloc("a", GPU[0])])
+    with open(checkpoint.journal_path(host), "ab") as f:
+        f.write(b'not a change ' + GPU[1].encode() + b'\n')
+    checkpoint._writers.clear()
+
+    def killed(*args, **kwargs):
+        raise KeyboardInterrupt("killed")
+    real = checkpoint.write_atomic
+    monkeypatch.setattr(checkpoint, "write_atomic", lambda p, *a, **k: killed() if p == checkpoint.path(host)
+                        else real(p, *a, **k))
+    with pytest.raises(KeyboardInterrupt):
+        checkpoint.load(host)
+    monkeypatch.setattr(checkpoint, "write_atomic", real)
+    assert len(checkpoint.unreadable(host)) == 1
+    assert ids_after_restart(host) == ["a"] and len(checkpoint.unreadable(host)) == 1
+
+
+def test_nothing_is_refused_for_its_size_and_the_journal_is_compacted_by_size(host, monkeypatch):
+    """What a flood of large allocations made: a journal past what any bound would allow is
+    read whole; and a writer snapshots once its journal holds COMPACT_BYTES."""
+    big = {"labels": {"k": "x" * 60000}}
+    entry = lambda i: Allocation(f"f{i}", (GPU[1],), {"id": f"f{i}", "devices": [], **big}, 1.0)
+    checkpoint.save(host, [alloc("root", GPU[0])])
+    with open(checkpoint.journal_path(host), "ab") as f:            # as an earlier version let it grow
+        for i in range(160):
+            f.write(b'{"put":[' + entry(i).checkpoint_json.encode() + b'],"drop":[]}\n')
+            f.write(b'{"put":[],"drop":["f%d"]}\n' % i)
+    assert checkpoint.journal_path(host).stat().st_size > 9 << 20
+    assert ids_after_restart(host) == ["root"] and checkpoint.unreadable(host) == []
+    monkeypatch.setattr(checkpoint, "COMPACT_BYTES", 200_000)
+    checkpoint._writers.clear()
+    checkpoint.save(host, [alloc("root", GPU[0])])                   # a snapshot, the journal emptied
+    sizes = []
+    for i in range(8):
+        checkpoint.save(host, [alloc("root", GPU[0]), entry(i)])
+        checkpoint.save(host, [alloc("root", GPU[0])])
+        sizes.append(checkpoint.journal_path(host).stat().st_size)
+    assert max(sizes) < 200_000 + 70_000 and min(sizes) < 100, sizes   # 4 lines of 60 KB, then a snapshot
+    assert ids(host) == ["root"]
 
 
 def test_a_claims_allocation_reads_back_whole_from_a_journal_line(host):
@@ -138,3 +245,19 @@ def test_a_claims_allocation_reads_back_whole_from_a_journal_line(host):
     restarted = dataclasses.replace(claim, mps={**daemon, "process": {**daemon["process"], "pid": 4343}})
     checkpoint.save(host, [alloc("a"), restarted])
     assert len(journal_lines(host)) == 2 and checkpoint.read(host)[1].mps["process"]["pid"] == 4343
+
+
+def test_a_crash_between_a_compaction_and_its_journals_emptying_loses_nothing(host, monkeypatch):
+    """The journal's lines are older than the snapshot written after them: one that dropped
+    an allocation made again since (held by the snapshot) must not drop it."""
+    checkpoint.save(host, [alloc("a", GPU[0])])
+    checkpoint.save(host, [alloc("a", GPU[0]), alloc("x", GPU[1])])
+    checkpoint.save(host, [alloc("a", GPU[0])])                               # x dropped: a line
+    checkpoint._writers.clear()                                            # the daemon starts again
+    monkeypatch.setattr(checkpoint.faults, "point", lambda name: (_ for _ in ()).throw(KeyboardInterrupt(name))
+                        if name == "checkpoint:after_snapshot" else None)
+    with pytest.raises(KeyboardInterrupt):                                  # killed after the snapshot
+        checkpoint.save(host, [alloc("a", GPU[0]), alloc("x", GPU[2], created=9.0)])
+    assert len(journal_lines(host)) == 2                                   # the old lines are still there
+    assert [(a.id, a.devices, a.created) for a in checkpoint.read(host)] == [
+        ("a", (GPU[0],), 1.0), ("x", (GPU[2],), 9.0)]

@@ -74,6 +74,20 @@ def test_nvidias_demo_configs_decode_to_the_agents_sharing():
     ({**gpu_config(), "kind": "VfioDeviceConfig"}, "p.kind"),
     ({**gpu_config(), "extra": 1}, "p.extra: unknown field"),
     ("not an object", "p: must be an object"),
+    ({**gpu_config(), "kind": ["GpuConfig"]}, 'p.kind: ["GpuConfig"] is not GpuConfig or MigDeviceConfig'),
+    ({**gpu_config(), "kind": {"GpuConfig": 1}}, "p.kind"),
+    (gpu_config({"strategy": ["MPS"]}), 'p.sharing.strategy: ["MPS"] is not one of'),
+    (gpu_config({"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": {"x": 1}}}),
+     "p.sharing.timeSlicingConfig.interval"),
+    (gpu_config({"strategy": "TimeSlicing", "timeSlicingConfig": "Long"}),
+     'p.sharing.timeSlicingConfig: must be an object, not "Long"'),
+    (gpu_config({"strategy": "MPS", "mpsConfig": ["x"]}), "p.sharing.mpsConfig: must be an object"),
+    (gpu_config({"strategy": "MPS", "mpsConfig": {"defaultPinnedDeviceMemoryLimit": "1e999999999"}}),
+     "p.sharing.mpsConfig.defaultPinnedDeviceMemoryLimit: '1e999999999' is too large"),
+    (gpu_config({"strategy": "MPS", "mpsConfig": {"defaultPinnedDeviceMemoryLimit": "9Ei"}}),
+     "p.sharing.mpsConfig.defaultPinnedDeviceMemoryLimit: '9Ei' is too large"),
+    (gpu_config({"strategy": "MPS", "mpsConfig": {"defaultPinnedDeviceMemoryLimit": ["1Gi"]}}),
+     "p.sharing.mpsConfig.defaultPinnedDeviceMemoryLimit: ['1Gi'] is not a quantity"),
 ])
 def test_bad_parameters_are_errors_naming_the_field(params, field):
     with pytest.raises(ClaimError) as e:
@@ -140,3 +154,58 @@ def test_what_does_not_fit_the_node_is_an_error_naming_the_field(change, field):
     with pytest.raises(ClaimError) as e:
         claim_results(c, DRIVER, POOL, DEVICES)
     assert str(e.value).startswith(field), str(e.value)
+
+
+def big(name):
+    return Published(name, "gpu", "GPU-x", "GPU-x", {}, {"memory": {"value": "40Gi"}}, {"device": name})
+
+
+@pytest.mark.parametrize("change, field", [
+    (lambda c: c.update(status="allocated"), 'status: must be an object, not "allocated"'),
+    (lambda c: c["status"].update(allocation=["x"]), "status.allocation: must be an object"),
+    (lambda c: c["status"]["allocation"].update(devices=[]), "status.allocation.devices: must be an object"),
+    (lambda c: c["status"]["allocation"]["devices"].update(results=5),
+     "status.allocation.devices.results: must be an array, not 5"),
+    (lambda c: c["status"]["allocation"]["devices"]["results"].append("gpu-1"),
+     'status.allocation.devices.results[1]: must be an object, not "gpu-1"'),
+    (lambda c: c["status"]["allocation"]["devices"]["results"][0].update(request=["a"]),
+     'status.allocation.devices.results[0].request: must be a string, not ["a"]'),
+    (lambda c: c["status"]["allocation"]["devices"].update(config={"x": 1}),
+     "status.allocation.devices.config: must be an array"),
+    (lambda c: c["status"]["allocation"]["devices"]["config"].append("GpuConfig"),
+     'status.allocation.devices.config[0]: must be an object, not "GpuConfig"'),
+    (lambda c: c["status"]["allocation"]["devices"]["config"].append({"opaque": "GpuConfig"}),
+     'status.allocation.devices.config[0] (FromClaim).opaque: must be an object'),
+    (lambda c: c["status"]["allocation"]["devices"]["config"].append(
+        {"requests": 5, "opaque": {"driver": DRIVER, "parameters": gpu_config()}}),
+     "status.allocation.devices.config[0] (FromClaim).requests: must be an array, not 5"),
+    (lambda c: c["status"]["allocation"]["devices"]["config"].append(
+        {"requests": [5], "opaque": {"driver": DRIVER, "parameters": gpu_config()}}),
+     "status.allocation.devices.config[0] (FromClaim).requests[0]: must be a string, not 5"),
+    (lambda c: c["status"]["allocation"]["devices"]["config"].append(
+        {"opaque": {"driver": DRIVER, "parameters": "GpuConfig"}}),
+     'status.allocation.devices.config[0] (FromClaim).opaque.parameters: must be an object, not "GpuConfig"'),
+])
+def test_a_claim_of_the_wrong_shape_is_an_error_naming_the_field(change, field):
+    """Whatever JSON a claim holds: an error naming the field, never an exception that
+    fails the kubelet's whole call."""
+    c = claim([("a", "gpu-0")])
+    change(c)
+    with pytest.raises(ClaimError) as e:
+        claim_results(c, DRIVER, POOL, DEVICES)
+    assert str(e.value).startswith(field), str(e.value)
+
+
+def test_a_pinned_limit_is_at_most_the_devices_memory():
+    devices = {"gpu-0": big("gpu-0")}
+    within = gpu_config({"strategy": "MPS", "mpsConfig": {"defaultPinnedDeviceMemoryLimit": "40Gi"}})
+    assert claim_results(claim([("a", "gpu-0")], [("FromClaim", [], DRIVER, within)]), DRIVER, POOL, devices)
+    for mps, field in (({"defaultPinnedDeviceMemoryLimit": "1e400"}, "'1e400' is too large"),
+                       ({"defaultPinnedDeviceMemoryLimit": "41Gi"},
+                        "defaultPinnedDeviceMemoryLimit: 41984Mi is more than the 40960Mi of device gpu-0"),
+                       ({"defaultPerDevicePinnedMemoryLimit": {"0": "64Gi"}},
+                        "defaultPerDevicePinnedMemoryLimit[0]: 65536Mi is more than the 40960Mi")):
+        config = gpu_config({"strategy": "MPS", "mpsConfig": mps})
+        with pytest.raises(ClaimError) as e:
+            claim_results(claim([("a", "gpu-0")], [("FromClaim", [], DRIVER, config)]), DRIVER, POOL, devices)
+        assert field in str(e.value), str(e.value)

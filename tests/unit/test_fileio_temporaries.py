@@ -3,13 +3,13 @@ that exact name pattern, owned by the writing user, whose writer pid no longer r
 
 import os
 import subprocess
-import time
 import sys
 
 import pytest
 
 from hostagent.fileio import remove_stale_temporaries, temp_path, write_atomic
 from tests.rootneeds import DEVICE_NODES
+from tests.waiting import until
 
 
 def dead_pid() -> int:
@@ -92,11 +92,12 @@ def test_a_killed_writer_not_yet_reaped_counts_as_gone(tmp_path):
             f"fileio.write_atomic({str(tmp_path / 'spec.json')!r}, 'new')\n")
     writer = subprocess.Popen([sys.executable, "-c", code])
     try:
-        for _ in range(500):                     # a zombie once its temporary is there and it died
+        def dead_with_its_temporary():           # a zombie, its temporary left
             left = [n for n in os.listdir(tmp_path) if n.endswith(".tmp")]
-            if left and open(f"/proc/{writer.pid}/stat").read().rsplit(")", 1)[1].split()[0] == "Z":
-                break
-            time.sleep(0.02)
+            with open(f"/proc/{writer.pid}/stat") as f:
+                return left if f.read().rsplit(")", 1)[1].split()[0] == "Z" else None
+        [left] = until(dead_with_its_temporary, 20, "the writer killed, not reaped, its temporary left")
+        assert left.startswith(f".spec.json.{writer.pid}-") and not (tmp_path / "spec.json").exists()
         write_atomic(tmp_path / "spec.json", "newer")
         assert os.listdir(tmp_path) == ["spec.json"]
     finally:

@@ -129,3 +129,19 @@ def test_the_kubelet_plugins_read_the_node_only_through_the_agents_api():
                    "hostagent.plugins.deviceplugin"):
         assert plugin in MODULES, plugin
         assert sorted(_reached(plugin) & nvml) == [], f"{plugin} reaches NVML"
+
+
+# The actors the daemon composes: they sit below it, and what they share with it lives below
+# them all (hostagent.faults, hostagent.mig.plan), never in the daemon's package.
+ACTORS = ("driver", "sharing", "mig", "cdi", "runtime", "health", "labels", "metrics", "topology")
+
+
+def _in(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+def test_the_actors_never_reach_up_into_the_daemon():
+    reaching = sorted(f"{m} -> {t}" for m, targets in GRAPH.items()
+                      if any(_in(m, f"hostagent.{a}") for a in ACTORS)
+                      for t in targets if _in(t, "hostagent.daemon"))
+    assert reaching == [], "an actor imports the daemon's package: move what they share below both"

@@ -115,3 +115,14 @@ def test_mig_devices_prefer_one_parent_then_the_best_connected_parents():
 def test_replicas_are_spread_as_before_whatever_the_links():
     offered = [f"GPU-{g}::{r}" for g in (0, 1) for r in range(3)]
     assert with_links(offered, 2) == ["GPU-0::0", "GPU-1::0"]
+
+
+def test_must_include_is_part_of_what_is_offered():
+    """go-gpuallocator's "Must include with unavailable device": no set. A device that must be
+    included but is not offered is a bad request, however it is spelled."""
+    with pytest.raises(UsageError) as e:
+        run(gpus(0, 1, 2), 2, must=gpus(5))
+    assert "must_include names device(s) not among the available ones: GPU-5" in e.value.message
+    with pytest.raises(UsageError):
+        run(["GPU-0::0", "GPU-0::1"], 1, must=["GPU-0::2"])               # another replica of the device
+    assert run(gpus(0, 1, 4), 2, must=["1"]) == ["1", "GPU-0"]            # offered, spelt another way

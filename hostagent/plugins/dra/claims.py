@@ -16,7 +16,11 @@ claim's: ``sharing.strategy`` is ``Exclusive``, ``TimeSlicing`` (``timeSlicingCo
 ``Default``, ``Short``, ``Medium`` or ``Long``; GpuConfig only) or ``MPS`` (``mpsConfig``:
 ``defaultActiveThreadPercentage`` 0-100, ``defaultPinnedDeviceMemoryLimit``, and
 ``defaultPerDevicePinnedMemoryLimit`` by UUID or by index among the claim's devices of that
-config, each at least 1Mi).
+config, each at least 1Mi and at most the memory of the device it applies to).
+
+Everything is the claim's, read as JSON of any shape: a field of the wrong type (a kind that
+is a list, parameters that are a string, ``requests: 5``) is an error naming it, for that
+claim alone, never an exception that fails the kubelet's whole call.
 """
 
 from __future__ import annotations
@@ -46,9 +50,33 @@ class Result:
     sharing: dict                 # the agent's ``sharing`` for it
 
 
+def _shown(value) -> str:
+    return json.dumps(value)[:40]
+
+
+def _object(value, where: str) -> dict:
+    if not isinstance(value, dict):
+        raise ClaimError(f"{where}: must be an object, not {_shown(value)}")
+    return value
+
+
+def _array(value, where: str) -> list:
+    """A list field (absent: empty)."""
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise ClaimError(f"{where}: must be an array, not {_shown(value)}")
+    return value
+
+
+def _string(value, where: str) -> str:
+    if not isinstance(value, str):
+        raise ClaimError(f"{where}: must be a string, not {_shown(value)}")
+    return value
+
+
 def _fields(obj: dict, allowed: set[str], where: str) -> None:
-    if not isinstance(obj, dict):
-        raise ClaimError(f"{where}: must be an object, not {json.dumps(obj)[:40]}")
+    _object(obj, where)
     unknown = sorted(set(obj) - allowed)
     if unknown:
         raise ClaimError(f"{where}.{unknown[0]}: unknown field (known: {', '.join(sorted(allowed))})")
@@ -94,7 +122,7 @@ def parse_config(parameters, where: str) -> tuple[str, dict]:
     if parameters.get("apiVersion") != API_VERSION:
         raise ClaimError(f"{where}.apiVersion: {json.dumps(parameters.get('apiVersion'))} is not {API_VERSION}")
     kind = parameters.get("kind")
-    if kind not in KINDS:
+    if not isinstance(kind, str) or kind not in KINDS:
         raise ClaimError(f"{where}.kind: {json.dumps(kind)} is not GpuConfig or MigDeviceConfig")
     sharing = parameters.get("sharing")
     if sharing is None:
@@ -103,7 +131,7 @@ def parse_config(parameters, where: str) -> tuple[str, dict]:
     _fields(sharing, {"strategy", "timeSlicingConfig", "mpsConfig"} - ({"timeSlicingConfig"}
                                                                       if kind == "MigDeviceConfig" else set()), at)
     strategy = sharing.get("strategy")
-    if strategy not in STRATEGIES:
+    if not isinstance(strategy, str) or strategy not in STRATEGIES:
         raise ClaimError(f"{at}.strategy: {json.dumps(strategy)} is not one of {', '.join(STRATEGIES)}")
     out = {"strategy": strategy}
     if "timeSlicingConfig" in sharing:
@@ -112,7 +140,7 @@ def parse_config(parameters, where: str) -> tuple[str, dict]:
         ts = sharing["timeSlicingConfig"] or {}
         _fields(ts, {"interval"}, f"{at}.timeSlicingConfig")
         interval = ts.get("interval", "Default")
-        if interval not in INTERVALS:
+        if not isinstance(interval, str) or interval not in INTERVALS:
             raise ClaimError(f"{at}.timeSlicingConfig.interval: {json.dumps(interval)} is not one of "
                              f"{', '.join(INTERVALS)}")
         out["timeSlicingConfig"] = {"interval": interval}
@@ -127,7 +155,9 @@ def parse_config(parameters, where: str) -> tuple[str, dict]:
 
 def _configs(allocation: dict, driver: str) -> list[tuple[str, str, tuple[str, ...], dict]]:
     """(where, kind, requests, sharing) of the configs for this driver, lowest precedence first."""
-    entries = list(enumerate((allocation.get("devices") or {}).get("config") or []))
+    entries = list(enumerate(_array(_devices(allocation).get("config"), "status.allocation.devices.config")))
+    for i, c in entries:
+        _object(c, f"status.allocation.devices.config[{i}]")
     entries.sort(key=lambda e: 0 if e[1].get("source") == "FromClass" else 1)     # stable: order kept within
     out = []
     for i, c in entries:
@@ -135,11 +165,35 @@ def _configs(allocation: dict, driver: str) -> list[tuple[str, str, tuple[str, .
         opaque = c.get("opaque")
         if opaque is None:
             raise ClaimError(f"{where}: only opaque parameters are supported")
-        if opaque.get("driver") != driver:
+        if _object(opaque, f"{where}.opaque").get("driver") != driver:
             continue
         kind, sharing = parse_config(opaque.get("parameters"), f"{where}.opaque.parameters")
-        out.append((where, kind, tuple(c.get("requests") or ()), sharing))
+        requests = tuple(_string(r, f"{where}.requests[{n}]")
+                         for n, r in enumerate(_array(c.get("requests"), f"{where}.requests")))
+        out.append((where, kind, requests, sharing))
     return out
+
+
+def _devices(allocation: dict) -> dict:
+    devices = allocation.get("devices")
+    return {} if devices is None else _object(devices, "status.allocation.devices")
+
+
+def _within_memory(sharing: dict, device: Published, where: str) -> None:
+    """A pinned memory limit is at most the device's memory (as the node's sharing
+    configuration bounds it), where the device says its memory."""
+    mps = sharing.get("mpsConfig") or {}
+    memory = (device.capacity.get("memory") or {}).get("value")
+    if not mps or memory is None:
+        return
+    total = parse_quantity(memory)
+    limits = [("defaultPinnedDeviceMemoryLimit", mps.get("defaultPinnedDeviceMemoryLimit"))]
+    limits += [(f"defaultPerDevicePinnedMemoryLimit[{k}]", v)
+               for k, v in (mps.get("defaultPerDevicePinnedMemoryLimit") or {}).items()]
+    for field, value in limits:
+        if value is not None and parse_quantity(value) > total:
+            raise ClaimError(f"{where}.sharing.mpsConfig.{field}: {value} is more than the {total // 2 ** 20}Mi of "
+                             f"device {device.name}")
 
 
 def _applies(requests: tuple[str, ...], request: str) -> bool:
@@ -148,24 +202,29 @@ def _applies(requests: tuple[str, ...], request: str) -> bool:
 
 def claim_results(claim: dict, driver: str, pool: str, devices: dict[str, Published]) -> list[Result]:
     """This driver's results of an allocated claim, each with its device and sharing."""
-    allocation = (claim.get("status") or {}).get("allocation")
+    status = claim.get("status")
+    allocation = _object(status, "status").get("allocation") if status is not None else None
     if not allocation:
         raise ClaimError("status.allocation: the claim is not allocated")
-    results = [(i, r) for i, r in enumerate((allocation.get("devices") or {}).get("results") or [])
-               if r.get("driver") == driver]
+    _object(allocation, "status.allocation")
+    every = _array(_devices(allocation).get("results"), "status.allocation.devices.results")
+    for i, r in enumerate(every):
+        _object(r, f"status.allocation.devices.results[{i}]")
+    results = [(i, r) for i, r in enumerate(every) if r.get("driver") == driver]
     if not results:
         # The kubelet asks a driver only about claims with results of its own: this claim's
         # devices are another driver's (or it was allocated again meanwhile).
-        drivers = sorted({r.get("driver") or "?" for r in (allocation.get("devices") or {}).get("results") or []})
+        drivers = sorted({str(r.get("driver") or "?") for r in every})
         raise ClaimError(f"status.allocation.devices.results: no device of driver {driver} (only of "
                          f"{', '.join(drivers) or 'no driver'})")
     configs = _configs(allocation, driver)
     out = []
     for i, r in results:
         where = f"status.allocation.devices.results[{i}]"
+        _string(r.get("request"), f"{where}.request")
         if r.get("pool") != pool:
             raise ClaimError(f"{where}.pool: {r.get('pool')!r} is not this node's pool {pool!r}")
-        device = devices.get(r.get("device"))
+        device = devices.get(r.get("device")) if isinstance(r.get("device"), str) else None
         if device is None:
             raise ClaimError(f"{where}.device: {r.get('device')!r} is not published in pool {pool!r}")
         if r.get("adminAccess"):
@@ -179,6 +238,7 @@ def claim_results(claim: dict, driver: str, pool: str, devices: dict[str, Publis
                     raise ClaimError(f"{cwhere}: a {kind} cannot apply to {device.kind} device {device.name} "
                                      f"(request {r['request']})")
                 continue
+            _within_memory(candidate, device, cwhere)
             sharing = candidate
             break
         out.append(Result(r["request"], device, sharing))

@@ -59,6 +59,11 @@ class Preparer:
                 message = e.message if isinstance(e, HostagentError) else str(e)
                 log.warning("claim %s (%s) not prepared: %s", claim, claim.uid, message)
                 out[claim.uid] = Prepared(error=f"claim {claim}: {message}")
+            except KubeError:
+                raise                       # the API server, not the claim: the kubelet's call fails
+            except Exception as e:          # a claim this code did not foresee: its own error, not the call's
+                log.exception("claim %s (%s) not prepared", claim, claim.uid)
+                out[claim.uid] = Prepared(error=f"claim {claim}: cannot be prepared ({type(e).__name__}: {e})")
         return out
 
     def _claim(self, claim) -> dict:
@@ -68,6 +73,8 @@ class Preparer:
             if e.status == 404:
                 raise ClaimError(f"ResourceClaim {claim} does not exist") from None
             raise
+        except ValueError as e:         # the claim does not decode as a ResourceClaim: its message names where
+            raise ClaimError(f"ResourceClaim {claim} cannot be read: {e}") from None
         uid = (obj.get("metadata") or {}).get("uid")
         if uid != claim.uid:
             raise ClaimError(f"ResourceClaim {claim} has uid {uid}, not {claim.uid} (deleted and made again?)")

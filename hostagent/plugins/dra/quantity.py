@@ -6,7 +6,9 @@ from __future__ import annotations
 import re
 from decimal import Decimal, InvalidOperation
 
-__all__ = ["parse_quantity", "format_quantity"]
+__all__ = ["parse_quantity", "format_quantity", "MAX"]
+
+MAX = 2 ** 63 - 1          # Kubernetes' int64 of a quantity's value
 
 _SUFFIXES = {"Ki": 2 ** 10, "Mi": 2 ** 20, "Gi": 2 ** 30, "Ti": 2 ** 40, "Pi": 2 ** 50, "Ei": 2 ** 60,
              "m": Decimal("0.001"), "k": 10 ** 3, "M": 10 ** 6, "G": 10 ** 9, "T": 10 ** 12, "P": 10 ** 15,
@@ -30,6 +32,9 @@ def parse_quantity(value) -> int:
         number = Decimal(m.group(1) + (m.group(2) or ""))
     except InvalidOperation:
         raise ValueError(f"{value!r} is not a quantity") from None
+    # Bounded before it is multiplied out: "1e999999999" is a billion digits as an integer.
+    if number.adjusted() > 19 or number * _SUFFIXES[m.group(3) or ""] > MAX:
+        raise ValueError(f"{value!r} is too large (at most {MAX}, as Kubernetes holds a quantity's value)")
     total = number * _SUFFIXES[m.group(3) or ""]
     whole = int(total)
     return whole + (1 if total > whole else 0)
