@@ -290,7 +290,7 @@ def start(host: HostRoot, uuid: str, settings: dict, interpreter: str = sys.exec
     from .launch import command
     _fresh_dirs(host, uuid)
     # A name of its own each time: the unit of a daemon just ended may not be collected yet.
-    unit = f"hostagent-mps-{uuid}-{os.urandom(3).hex()}.service" if _systemd(host) else None
+    unit = f"hostagent-mps-{uuid}-{os.urandom(3).hex()}.service" if processes.systemd_run(host) else None
     cmd = outside(host, command(interpreter, control_tool(host), shm_dir(host), shm_size(host),
                                 environment(host, uuid, devices), import_path), uuid, unit)
     # Output to a file, not a pipe: a daemon that keeps the descriptors it inherited would
