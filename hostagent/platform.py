@@ -11,6 +11,10 @@ treats every host alike:
   engine (a simulated node runs none); None: restart it.
 - ``is_node(host)``, ``require_node(host)``: whether the root is a node, or refuse one that
   is not (a folder never made one by ``sim create``), before anything is written into it.
+- ``write_attribute(host, path, value)``: write a kernel attribute (sysfs, procfs: a driver's
+  ``bind``, a device's ``driver_override``), whose write is an action of the kernel's; a real
+  host writes the file in place (never through a temporary file: the kernel acts on the
+  write), the simulator applies what its kernel would do. OSError as the write fails.
 
 ``HOST`` is a real host's: it changes nothing. The composition roots (``cli/main.py``,
 ``daemon/main.py``) give a node named by ``--simulate`` the simulator's (``platform`` in the
@@ -18,6 +22,8 @@ simulator's package); no other production module imports the simulator.
 """
 
 from __future__ import annotations
+
+import os
 
 __all__ = ["Platform", "HOST"]
 
@@ -42,6 +48,14 @@ class Platform:
 
     def require_node(self, host) -> None:
         """Refuse a root that is not a node of this platform's, saying how to make one."""
+
+    def write_attribute(self, host, path: str, value: str) -> None:
+        """Write ``value`` to the kernel attribute ``path`` (a host path) in one write."""
+        fd = os.open(host.host(path), os.O_WRONLY | os.O_CLOEXEC)
+        try:
+            os.write(fd, value.encode())
+        finally:
+            os.close(fd)
 
 
 HOST = Platform()

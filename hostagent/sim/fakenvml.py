@@ -199,6 +199,9 @@ class FakeNvmlLibrary:
         """(state, gpu, mig) for a device handle; mig is (gi, ci) or None."""
         state = state or self._state()
         key = self._key(handle)
+        if key[0] in ("gpu", "mig") and not state.gpu(key[1]).on_nvidia:
+            # The nvidia driver let the GPU go (sim/pcibus.py): its handles name nothing now.
+            raise SimNvmlError(N.NVML_ERROR_INVALID_ARGUMENT, "the GPU is no longer the nvidia driver's")
         if key[0] == "gpu":
             return state, state.live_gpu(key[1]), None
         if key[0] == "mig":
@@ -299,20 +302,28 @@ class FakeNvmlLibrary:
 
     # ---- device handles ------------------------------------------------------------
 
+    # NVML numbers the GPUs the nvidia driver holds, 0 to count-1 in PCI order
+    # (NodeState.nvml_gpus): a GPU bound to vfio-pci is not counted, and those after it
+    # move down, until it is bound back.
+
     @nvml(P)
     def nvmlDeviceGetCount_v2(self, ptr):
-        put(ptr, c_uint, len(self._state().gpus))
+        put(ptr, c_uint, len(self._state().nvml_gpus()))
 
     @nvml(c_uint, P)
     def nvmlDeviceGetHandleByIndex_v2(self, index, ptr):
-        self._state().live_gpu(index)
-        self._put_handle(ptr, "gpu", index)
+        state = self._state()
+        visible = state.nvml_gpus()
+        if index >= len(visible):
+            raise SimNvmlError(N.NVML_ERROR_INVALID_ARGUMENT, f"no GPU {index}")
+        state.live_gpu(visible[index].index)
+        self._put_handle(ptr, "gpu", visible[index].index)
 
     @nvml(c_char_p, P)
     def nvmlDeviceGetHandleByUUID(self, uuid, ptr):
         uuid = (uuid or b"").decode()
         state = self._state()
-        for gpu in state.gpus:
+        for gpu in state.nvml_gpus():
             if gpu.uuid == uuid:
                 state.live_gpu(gpu.index)
                 return self._put_handle(ptr, "gpu", gpu.index)
@@ -325,7 +336,7 @@ class FakeNvmlLibrary:
     @nvml(c_char_p, P)
     def nvmlDeviceGetHandleByPciBusId_v2(self, bus_id, ptr):
         want = normal_bus_id((bus_id or b"").decode())
-        for gpu in self._state().gpus:
+        for gpu in self._state().nvml_gpus():
             if normal_bus_id(gpu.pci_bus_id) == want:
                 self._state().live_gpu(gpu.index)
                 return self._put_handle(ptr, "gpu", gpu.index)
@@ -453,13 +464,26 @@ class FakeNvmlLibrary:
 
     @nvml(P, P)
     def nvmlDeviceGetPersistenceMode(self, handle, ptr):
-        # On while nvidia-persistenced runs (its stand-in keeps no mode in the state).
-        self._gpu_only(handle)
-        from ..fileio import pid_alive
-        from .tools import read_pid
-        from .tools.persistenced import PID_FILE
-        pid = read_pid(self.store.root / PID_FILE)
-        put(ptr, c_uint, N.NVML_FEATURE_ENABLED if pid and pid_alive(pid) else N.NVML_FEATURE_DISABLED)
+        # On while nvidia-persistenced holds the GPU (from its start, until nvidia-smi -pm 0
+        # lets it go or the GPU leaves the driver), or while the driver's own (legacy) flag is set.
+        state, gpu = self._gpu_only(handle)
+        from .pcibus import persistenced_holds
+        on = gpu.persistence or persistenced_holds(self.store.root, gpu)
+        put(ptr, c_uint, N.NVML_FEATURE_ENABLED if on else N.NVML_FEATURE_DISABLED)
+
+    @nvml(P, c_uint)
+    def nvmlDeviceSetPersistenceMode(self, handle, mode):
+        # The driver's legacy flag (nvml.h: "Requires root/admin permissions"); what NVIDIA's
+        # DRA driver sets on a GPU bound back, which nvidia-persistenced does not take again.
+        _, gpu = self._gpu_only(handle)
+        if not privilege.sys_admin():
+            raise SimNvmlError(N.NVML_ERROR_NO_PERMISSION, "persistence mode needs root")
+        if mode not in (N.NVML_FEATURE_DISABLED, N.NVML_FEATURE_ENABLED):
+            raise SimNvmlError(N.NVML_ERROR_INVALID_ARGUMENT, f"bad persistence mode {mode}")
+
+        def change(state):
+            state.gpu(gpu.index).persistence = mode == N.NVML_FEATURE_ENABLED
+        self._mutate(change)
 
     @nvml(P, P)
     def nvmlDeviceGetGpuFabricInfo(self, handle, ptr):
@@ -528,7 +552,7 @@ class FakeNvmlLibrary:
         # nvml.h: on a MIG device handle, the index nvmlDeviceGetMigDeviceHandleByIndex takes.
         state, gpu, mig = self._device(handle)
         if mig is None:
-            return put(ptr, c_uint, gpu.index)
+            return put(ptr, c_uint, state.nvml_gpus().index(gpu))
         put(ptr, c_uint, next(i for i, (gi, ci) in state.mig_devices(gpu.index).items()
                                if (gi.id, ci.id) == (mig[0].id, mig[1].id)))
 

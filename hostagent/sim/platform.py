@@ -62,6 +62,12 @@ class SimulatedNode(Platform):
         return f"simulated node: no {engine} to restart (a real node's {service} would be restarted here)"
 
 
+    def write_attribute(self, host, path: str, value: str) -> None:
+        """The simulated kernel acts on the write (sim/pcibus.py)."""
+        from . import pcibus
+        from .store import SimStore
+        pcibus.write(SimStore(host.root), str(path).lstrip("/"), value)
+
     def is_node(self, host) -> bool:
         from .store import SimStore
         return SimStore(host.root).exists()
