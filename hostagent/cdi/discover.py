@@ -16,7 +16,7 @@ from ..errors import HostagentError, NotFoundError
 from ..hostroot import LIBRARY_DIRS, HostRoot
 from .edits import IPC_MOUNT_OPTIONS, LIBRARY_MOUNT_OPTIONS, DeviceNode, Edits, Mount
 
-__all__ = ["Discovery", "MissingDeviceNode"]
+__all__ = ["Discovery", "MissingDeviceNode", "device_node"]
 
 BINARY_DIRS = ("usr/bin", "usr/sbin", "usr/local/bin", "usr/local/sbin", "bin", "sbin")
 BINARIES = ("nvidia-smi", "nvidia-debugdump", "nvidia-persistenced", "nvidia-cuda-mps-control",
@@ -61,6 +61,26 @@ class DriverFilesMissing(NotFoundError):
     code = "driver_files_missing"
 
 
+def device_node(host: HostRoot, container_path: str, *, required: bool = True) -> DeviceNode | None:
+    """The character device at ``container_path`` (``/dev/...``), read from the host's dev root."""
+    host_path = host.dev(container_path.removeprefix("/dev/"))
+    try:
+        st = os.stat(host_path)
+    except FileNotFoundError:
+        if required:
+            raise MissingDeviceNode(f"device node {container_path} does not exist",
+                                    where=str(host_path)) from None
+        return None
+    if not stat.S_ISCHR(st.st_mode):
+        if required:
+            raise MissingDeviceNode(f"{container_path} is not a character device",
+                                    where=str(host_path),
+                                    hint="on a simulated node, create it as root") from None
+        return None
+    return DeviceNode(path=container_path, host_path=host.on_host(host_path), major=os.major(st.st_rdev),
+                      minor=os.minor(st.st_rdev), file_mode=stat.S_IMODE(st.st_mode))
+
+
 @dataclass
 class Discovery:
     """One generation's view of the host; caches the driver's tables it reads."""
@@ -72,22 +92,7 @@ class Discovery:
 
     def node(self, container_path: str, *, required: bool = True) -> DeviceNode | None:
         """The character device at ``container_path`` (e.g. /dev/nvidia0), read from the host."""
-        host_path = self.host.dev(container_path.removeprefix("/dev/"))
-        try:
-            st = os.stat(host_path)
-        except FileNotFoundError:
-            if required:
-                raise MissingDeviceNode(f"device node {container_path} does not exist",
-                                        where=str(host_path)) from None
-            return None
-        if not stat.S_ISCHR(st.st_mode):
-            if required:
-                raise MissingDeviceNode(f"{container_path} is not a character device",
-                                        where=str(host_path),
-                                        hint="on a simulated node, create it as root") from None
-            return None
-        return DeviceNode(path=container_path, host_path=self.host.on_host(host_path), major=os.major(st.st_rdev),
-                          minor=os.minor(st.st_rdev), file_mode=stat.S_IMODE(st.st_mode))
+        return device_node(self.host, container_path, required=required)
 
     def control_nodes(self) -> Edits:
         nodes = (self.node(f"/dev/{name}", required=False) for name in CONTROL_NODES)

@@ -82,8 +82,10 @@ class Agent:
         self.metrics_link = None          # made and started by the daemon after the reconcile
         from .allocator import Allocator
         from .mig import MigOps
+        from .passthrough import PassthroughOps
         from .sharing import SharingOps
         self.allocator = Allocator(self)
+        self.passthrough = PassthroughOps(self)
         self.mig = MigOps(self)
         self.sharing = SharingOps(self)
         from .liveness import TimedLock, WorkClock
@@ -391,6 +393,8 @@ class Agent:
             self.driver.clear_stale_marker()
             await self.driver.verify("start")
             saved = await self.blocking(checkpoint.load, self.host)
+            # A GPU a crash left half passed through goes forward or back before NVML is read.
+            saved = await self.blocking(self.passthrough.settle, saved)
             # Loaded first so the MIG reconcile cannot take their devices away.
             self.allocations = {a.id: a for a in saved}
             self._restore_pending = True
