@@ -68,6 +68,7 @@ class Agent:
         self._pending_publish = None      # [events, allocations_only] of the queued publish_soon
         self._restore_pending = False     # checkpoint loaded, not yet checked against the inventory
         self.labels = None                # nodelabels.LabelResult of the last inventory read
+        self.vfio = None                  # the PCI bus's GPUs and VFIO facts (passthrough.read_bus)
         # Called on the loop's thread with each inventory that differs from the last (the
         # health monitor and the metrics sampler follow MIG changes), before it is published.
         self.inventory_listeners: list = []
@@ -151,7 +152,7 @@ class Agent:
         # which also restores a spec (or a labels file) someone deleted.
         options, change, generated = self.refresh_cdi(inventory)
         labels = compute_and_write(self.host, inventory, LabelSettings.from_sections(self.settings.sections))
-        return inventory, generated, options, change, labels, self._links_for(inventory)
+        return inventory, generated, options, change, labels, self._links_for(inventory), self.passthrough.read_bus()
 
     def _links_for(self, inventory):
         """Worker: how the inventory's GPUs are connected, for allocations: the one in use
@@ -217,7 +218,7 @@ class Agent:
         if self.driver.maintenance is not None:
             return                 # a driver install runs: NVML is left alone
         try:
-            inventory, generated, options, change, labels, links = await self.blocking(self._read)
+            inventory, generated, options, change, labels, links, vfio = await self.blocking(self._read)
         except HostagentError as e:
             if self.inventory_error is None or self.inventory_error.message != e.message:
                 log.error("cannot read the inventory (%s): %s", reason, e.message,
@@ -239,6 +240,7 @@ class Agent:
             before.append(("labels_changed", {"labels": labels.labels}))
         self.labels = labels
         previous, self.inventory, self.spec, self.spec_options = self.inventory, inventory, generated, options
+        self.vfio = vfio
         if links is not self.links:
             unknown = links.why_unknown(links.numa)
             if unknown:
@@ -311,6 +313,7 @@ class Agent:
                     "devices": len(self.spec.device_names) if self.spec else 0,
                     "problems": [p.message for p in self.spec.problems] if self.spec else [],
                     "allocation_kind": transient.ALLOCATION_KIND},
+            "vfio": self.passthrough.view(),
             "agent": {"version": __version__, "pid": os.getpid(), "api": "v1",
                       "started": round(self.started, 3), "config": self.settings.source}})
         return node

@@ -44,6 +44,13 @@ def spec_for(host, alloc) -> tuple[dict, dict]:
     return spec, {"env": env, "deviceNodes": nodes, "mounts": []}
 
 
+def _pcie_root(host, bdf: str) -> str | None:
+    """The PCIe root a function sits under (``pci0000:16``), from its sysfs folder."""
+    import os
+    path = os.path.realpath(host.host(f"/sys/bus/pci/devices/{bdf}"))
+    return next((p for p in path.split(os.sep) if p.startswith("pci")), None)
+
+
 class PassthroughOps:
     def __init__(self, agent):
         self.agent = agent
@@ -68,6 +75,7 @@ class PassthroughOps:
             raise UnknownDevice(f"no GPU {name!r} on this node",
                                 hint="name a GPU by index or UUID, as GET /v1/devices lists it, or by PCI bus id",
                                 device=name)
+        record = next((g for g in (inv.gpus if inv else ()) if g.sysfs_bus_id == found.bdf), None)
         return found, record
 
     def _busy(self, record, leaving: frozenset) -> str | None:
@@ -173,6 +181,33 @@ class PassthroughOps:
                      extra={"fields": {"allocation_id": alloc.id}})
         await self.agent.refresh_locked("GPU passed through")
         return alloc
+
+    # ---- the bus -----------------------------------------------------------------------
+
+    def read_bus(self) -> tuple:
+        """Worker: (VfioFacts, the PCI GPUs), read with the inventory."""
+        return pci.read_facts(self.host), pci.read_gpus(self.host)
+
+    def view(self) -> dict | None:
+        """The node view's ``vfio``: the kernel's VFIO facts and every NVIDIA GPU on the bus
+        with its driver, IOMMU group and, passed through, its allocation (loop thread)."""
+        if self.agent.vfio is None:
+            return None
+        facts, gpus = self.agent.vfio
+        held = {rec["gpu"]: (a.id, rec.get("uuid")) for a in self.agent.allocations.values() for rec in a.passthrough}
+        inv = {g.sysfs_bus_id: g for g in (self.agent.inventory.gpus if self.agent.inventory else ())}
+        out = []
+        for g in gpus:
+            record = inv.get(g.bdf)
+            alloc, uuid = held.get(g.bdf, (None, None))
+            out.append({"index": g.index, "pci_bus_id": g.bdf, "vendor_id": g.function.vendor,
+                        "device_id": g.device_id, "product": g.product, "driver": g.driver or None,
+                        "uuid": record.uuid if record else uuid, "numa_node": g.numa_node,
+                        "pcie_root": record.pcie_root if record else _pcie_root(self.host, g.bdf),
+                        "iommu_group": g.iommu_group, "group": [f.bdf for f in g.group],
+                        "addressable_memory": g.addressable_memory, "vfio_cdev": g.vfio_cdev,
+                        "allocation": alloc})
+        return {"iommu": facts.iommu, "iommufd": facts.iommufd, "vfio_pci": facts.vfio_pci, "gpus": out}
 
     # ---- release, start ---------------------------------------------------------------
 

@@ -47,6 +47,7 @@ class Options:
     agent_socket: Path
     driver: str = "gpu.nvidia.com"
     dynamic_mig: bool = False
+    passthrough: bool = False         # each GPU also as NVIDIA's vfio device
     resync: float = 60.0                 # seconds between comparisons of the slices
     backoff: tuple[float, float] = (0.5, 30.0)
     poll: float = 0.5                    # how often the sockets are looked at
@@ -107,7 +108,8 @@ class DraPlugin:
             # MIG devices made for this plugin's claims stand as the partitions they were made from.
             made = {u: (d["parent_uuid"], d["profile"], d["placement"]["start"]) for u, d in view.devices.items()
                     if d["kind"] == "mig" and owned(d.get("made_for") or "")}
-            pool = build_pool(view.devices, self._profiles(view.devices), node, self.options.dynamic_mig, made)
+            pool = build_pool(view.devices, self._profiles(view.devices), node, self.options.dynamic_mig, made,
+                              self.options.passthrough)
             if pool.problems != (before.problems if before else ()):
                 for problem in pool.problems:
                     log.warning("%s", problem)

@@ -37,11 +37,16 @@ def layout(pool: Pool, driver: str, pool_name: str, node: str, version: tuple[in
     """The specs of the pool's slices, in the order they are named (first fit follows it):
     counter sets (1.35+), then devices that consume nothing, then each GPU's partitions.
     Always at least one slice: an empty one says the driver is there with no devices."""
-    plain = [d.resource() for d in pool.devices if d.consumes is None]
+    plain = [d.resource() for d in pool.devices if not d.counter_sets]
+    # Devices that draw on counters, by the first set they draw on (a GPU's whole-GPU set,
+    # else its MIG set); the sets each group draws on.
     by_set: dict[str, list[dict]] = {}
+    drawn: dict[str, list[str]] = {}
     for d in pool.devices:
-        if d.consumes is not None:
-            by_set.setdefault(d.consumes["counterSet"], []).append(d.resource())
+        if d.counter_sets:
+            by_set.setdefault(d.counter_sets[0], []).append(d.resource())
+            names = drawn.setdefault(d.counter_sets[0], [])
+            names += [n for n in d.counter_sets if n not in names]
     sets = {s.name: s.resource() for s in pool.counter_sets}
     base = {"driver": driver, "pool": {"name": pool_name}, "nodeName": node}
     specs: list[dict] = []
@@ -54,5 +59,6 @@ def layout(pool: Pool, driver: str, pool_name: str, node: str, version: tuple[in
         specs += [{**base, "devices": chunk} for chunk in _chunks(plain, MAX_DEVICES)]
         for name, devices in by_set.items():
             # One slice for the set and all that draw on it (1.34 resolves a set in its slice).
-            specs.append({**base, "sharedCounters": [sets[name]], "devices": devices[:MAX_DEVICES]})
+            specs.append({**base, "sharedCounters": [sets[n] for n in drawn[name] if n in sets],
+                          "devices": devices[:MAX_DEVICES]})
     return specs or [{**base, "devices": []}]
