@@ -18,12 +18,13 @@ from pathlib import Path
 
 from ..errors import StateError
 from ..fileio import ensure_dir
-from .files import NodeFiles, mig_minors
+from .files import KERNEL_RELEASE, NodeFiles, mig_minors, release
+from . import pcibus
+from .pcibus import gpu_information
 
 __all__ = ["KERNEL_RELEASE", "MODULES", "flavour_for", "module_bytes", "write_module_files",
            "module_file", "release", "log", "write_loaded", "remove_loaded", "banner"]
 
-KERNEL_RELEASE = "6.1.0-28-amd64"           # Debian 12's kernel
 MODULES = ("nvidia", "nvidia-uvm", "nvidia-modeset")
 MODULE_DIR = "updates/dkms"                  # where DKMS installs the modules it builds
 _LICENSES = {"open": "Dual MIT/GPL", "proprietary": "NVIDIA"}
@@ -56,13 +57,6 @@ def module_bytes(fields: dict, *, signed: bool = False) -> bytes:
     body = header + modinfo + shstrtab
     data = body + b"\0" * (shoff - len(body)) + sections
     return data + b"\0" * 16 + b"~Module signature appended~\n" if signed else data
-
-
-def release(root: Path) -> str:
-    try:
-        return (root / "proc/sys/kernel/osrelease").read_text().strip() or KERNEL_RELEASE
-    except OSError:
-        return KERNEL_RELEASE
 
 
 def module_file(root: Path, name: str = "nvidia") -> Path:
@@ -122,16 +116,6 @@ def write_loaded(w: NodeFiles, facts, state, version: str, flavour: str) -> None
                "DeviceFileModify: 1\n", mode=0o444)
     w.file("proc/driver/nvidia-caps/mig-minors",
            "".join(f"{k} {v}\n" for k, v in mig_minors().items()), mode=0o444)
-
-
-def gpu_information(facts, gpu, version: str) -> str:
-    """/proc/driver/nvidia/gpus/<bdf>/information of a GPU the driver holds."""
-    from .catalog import skus
-    return (f"Model: \t\t {skus()[gpu.sku].name}\nIRQ:   \t\t {120 + gpu.index}\nGPU UUID: \t {gpu.uuid}\n"
-            "Video BIOS: \t 92.00.45.00.06\nBus Type: \t PCIe\nDMA Size: \t 47 bits\n"
-            "DMA Mask: \t 0x7fffffffffff\n"
-            f"Bus Location: \t {gpu.pci_bus_id}\nDevice Minor: \t {gpu.minor}\n"
-            f"GPU Firmware: \t {version}\nGPU Excluded:\t No\n")
 
 
 def _bind(root: Path, bus_id: str, driver: str | None) -> None:
@@ -246,7 +230,6 @@ def load(store) -> str | None:
         if state.driver_loaded:
             return loaded_version(store.facts, state)
         version = bring_up(store.root, store.facts, state)
-    from . import pcibus
     pcibus.sync(store.root, store.facts, store.read())
     return version
 
@@ -264,7 +247,6 @@ def unload(store) -> None:
                              "is in use)", hint="release them first with 'hostagent sim release'") from None
         remove_loaded(store.root, state)
         log(store.root, "nvidia-uvm: Unloaded the UVM driver.", "nvidia-modeset: Unloading")
-    from . import pcibus
     pcibus.sync(store.root, store.facts, store.read())
 
 

@@ -43,9 +43,9 @@ import shutil
 from pathlib import Path
 
 from ..fileio import ensure_dir
-from .files import NodeFiles
+from .files import NodeFiles, release
 
-__all__ = ["write", "sync", "VFIO_DRIVER", "AUDIO_DRIVER", "GPU_DRIVER", "load_vfio", "unload_vfio",
+__all__ = ["write", "sync", "gpu_information", "VFIO_DRIVER", "AUDIO_DRIVER", "GPU_DRIVER", "load_vfio", "unload_vfio",
            "vfio_module_file", "set_iommu", "in_use", "persistenced_holds"]
 
 GPU_DRIVER, VFIO_DRIVER, AUDIO_DRIVER = "nvidia", "vfio-pci", "snd_hda_intel"
@@ -58,8 +58,17 @@ def _fail(code: int, what: str) -> OSError:
 
 
 def vfio_module_file(root: Path) -> Path:
-    from .kmod import release
     return root / "lib/modules" / release(root) / VFIO_MODULE
+
+
+def gpu_information(facts, gpu, version: str) -> str:
+    """/proc/driver/nvidia/gpus/<bdf>/information of a GPU the driver holds."""
+    from .catalog import skus
+    return (f"Model: \t\t {skus()[gpu.sku].name}\nIRQ:   \t\t {120 + gpu.index}\nGPU UUID: \t {gpu.uuid}\n"
+            "Video BIOS: \t 92.00.45.00.06\nBus Type: \t PCIe\nDMA Size: \t 47 bits\n"
+            "DMA Mask: \t 0x7fffffffffff\n"
+            f"Bus Location: \t {gpu.pci_bus_id}\nDevice Minor: \t {gpu.minor}\n"
+            f"GPU Firmware: \t {version}\nGPU Excluded:\t No\n")
 
 
 def _persistenced_running(root: Path) -> bool:
@@ -250,7 +259,6 @@ def write(store, rel: str, value: str) -> None:
 def load_vfio(store) -> None:
     """modprobe vfio_pci: StateError as modprobe fails without the module on disk."""
     from ..errors import StateError
-    from .kmod import release
     if not vfio_module_file(store.root).is_file():
         raise StateError(f"modprobe: FATAL: Module vfio_pci not found in directory /lib/modules/"
                          f"{release(store.root)}")
@@ -321,7 +329,6 @@ def _attribute(path: Path, text: str, mode: int = 0o644) -> None:
 
 def sync(root: Path, facts, state) -> None:
     """Make the bus's files say what the state says."""
-    from .kmod import gpu_information, loaded_version
     w = NodeFiles(root, facts.real_device_nodes)
     kernel = state.kernel
     majors = facts.majors
@@ -349,7 +356,7 @@ def sync(root: Path, facts, state) -> None:
         shutil.rmtree(root / "sys/module/vfio_pci", ignore_errors=True)
     # The nvidia driver's per-GPU folder, for the GPUs it holds.
     if _loaded(state, GPU_DRIVER):
-        version = loaded_version(facts, state)
+        version = state.driver.get("module_version") or facts.driver_version
         for gpu in state.gpus:
             folder = root / f"proc/driver/nvidia/gpus/{gpu.pci_bus_id}"
             if gpu.on_nvidia:
