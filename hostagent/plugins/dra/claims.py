@@ -190,4 +190,23 @@ def claim_results(claim: dict, driver: str, pool: str, devices: dict[str, Publis
             sharing = candidate
             break
         out.append(Result(r["request"], device, sharing))
+    _check_pinned_keys(out, configs)
     return out
+
+
+def _check_pinned_keys(results: list[Result], configs: list) -> None:
+    """Each ``defaultPerDevicePinnedMemoryLimit`` key names a device its config applies to:
+    its UUID, or its index among them (NVIDIA's ``MpsPerDevicePinnedMemoryLimit.Normalize``
+    fails a claim otherwise: "invalid UUID", "invalid index")."""
+    for cwhere, _kind, _requests, candidate in configs:
+        keys = ((candidate.get("mpsConfig") or {}).get("defaultPerDevicePinnedMemoryLimit") or {})
+        if not keys:
+            continue
+        uuids = [r.device.uuid for r in results if r.sharing is candidate]
+        for key in keys:
+            if key in uuids or (key.isdigit() and int(key) < len(uuids)):
+                continue
+            which = (f"a UUID of one, or an index 0 to {len(uuids) - 1}" if uuids else
+                     "no device of the claim is under this config")
+            raise ClaimError(f"{cwhere}.opaque.parameters.sharing.mpsConfig.defaultPerDevicePinnedMemoryLimit[{key}]: "
+                             f"names no device of the claim's {len(uuids)} under this config ({which})")

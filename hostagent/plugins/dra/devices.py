@@ -225,9 +225,13 @@ def _existing_mig(mig: dict, gpu: dict, node: dict) -> Published:
     partial = _gi_profile(mig["profile"]) != mig["profile"]
     name = mig_name(gpu["minor"], mig["profile"], mig["gi_profile_id"], mig["placement"]["start"],
                     mig["ci_placement"]["start"] if partial else None)
+    capacity = _mig_capacity(mig["memory_mib"], mig["multiprocessors"], mig.get("engines") or {})
+    # One memorySlice<i> capacity for each memory slice of its GPU instance's placement, as
+    # NVIDIA's MigDeviceInfo.GetDevice publishes beside the engines.
+    start, size = mig["placement"]["start"], mig["placement"]["size"]
+    capacity.update({f"memorySlice{i}": {"value": "1"} for i in range(start, start + size)})
     return Published(name, "mig", gpu["uuid"], mig["uuid"], _mig_attributes(gpu, node, mig["profile"], mig["uuid"]),
-                     _mig_capacity(mig["memory_mib"], mig["multiprocessors"], mig.get("engines") or {}),
-                     {"device": mig["uuid"]}, uuid=mig["uuid"])
+                     capacity, {"device": mig["uuid"]}, uuid=mig["uuid"])
 
 
 # The counters a partition draws on, as NVIDIA's driver names them (its capacities, in DNS
