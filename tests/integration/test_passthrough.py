@@ -15,6 +15,7 @@ import pytest
 from hostagent.errors import HostagentError
 from hostagent.sim.store import SimStore
 
+from tests.programs import script
 from tests.rootneeds import DEVICE_NODES, GPU_CHANGES
 
 from .agentd import AgentProcess, make_root, running_agent
@@ -64,6 +65,13 @@ def test_the_gpu_and_its_audio_function_go_to_vfio_pci_and_back(node):
         # NVML counts the GPUs the nvidia driver holds: the other is index 0 now, its minor its own.
         after = c.devices()["gpus"]
         assert [(g["index"], g["minor"], g["uuid"]) for g in after] == [(0, 1, before[1]["uuid"])]
+        # The command line lists it as passed through, with its allocation, not as a usable GPU.
+        listing = subprocess.run([script("hostagent"), "--simulate", str(root), "devices"], capture_output=True,
+                                 text=True, check=True).stdout.splitlines()
+        assert listing[0].split()[-2:] == ["DRIVER", "HEALTH"] and len(listing) == 3
+        assert listing[1].split()[0] == "0" and listing[1].split()[-2:] == ["nvidia", "healthy"]
+        assert listing[2].split()[:3] == ["-", "-", before[0]["uuid"]]
+        assert listing[2].endswith(f"{GPU}      -    -       -    vfio-pci  passed through (vm)")
         vfio = c.node()["vfio"]
         assert vfio["iommu"] and vfio["vfio_pci"]
         assert [(g["pci_bus_id"], g["driver"], g["allocation"]) for g in vfio["gpus"]] == [
