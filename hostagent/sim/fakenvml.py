@@ -14,6 +14,7 @@ import ctypes
 import logging
 import os
 import signal
+import threading
 import time
 import traceback
 from collections import Counter
@@ -25,7 +26,7 @@ import pynvml as N
 
 from ..errors import HostagentError
 from . import faketopology, gpm, vgpu  # noqa: F401  (their NVML functions register)
-from . import privilege, telemetry
+from . import nvmlopen, privilege, telemetry
 from .catalog import ARCHITECTURES, BRANDS
 from .cfuncs import FUNCS, P, normal_bus_id, nvml, put, put_str, sized, struct
 from .clients import driver_clients
@@ -105,6 +106,9 @@ class FakeNvmlLibrary:
         self._next_event_set = 1
         self._energy: dict[int, tuple[float, float, float]] = {}   # gpu -> (boot, t, mJ)
         self._initialised = 0
+        self._opened: set[str] = set()      # bus ids of the GPUs this process has open (_open)
+        self._opener = os.getpid()
+        self._open_lock = threading.RLock()
         self._error_strings: dict[int, ctypes.Array] = {}
         self.modules: dict = {}      # what the simulator's other modules keep in this process
         # Queued faults; in memory, so they belong to this process (a child started with
@@ -270,7 +274,8 @@ class FakeNvmlLibrary:
             return N.NVML_ERROR_LIBRARY_NOT_FOUND
         if library != module_version(self.store.root, library):
             return N.NVML_ERROR_LIB_RM_VERSION_MISMATCH
-        self._initialised += 1
+        with self._open_lock:
+            self._initialised += 1
 
     def _driver_version(self, state=None) -> str:
         """The loaded kernel module's version (sim/kmod.py)."""
@@ -282,7 +287,29 @@ class FakeNvmlLibrary:
 
     @nvml()
     def nvmlShutdown(self):
-        self._initialised = max(0, self._initialised - 1)
+        with self._open_lock:
+            self._initialised = max(0, self._initialised - 1)
+            if not self._initialised:
+                self.close_gpus()
+
+    def _open(self, gpu: SimGpu) -> None:
+        """A handle taken "causes NVML to initialize the target GPU" (nvml.h): its device
+        node stays open, counted by the driver, until the process's last nvmlShutdown
+        (sim/nvmlopen.py)."""
+        with self._open_lock:
+            if self._opener != os.getpid():          # a forked child holds nothing of its own yet
+                self._opener, self._opened = os.getpid(), set()
+            if gpu.pci_bus_id not in self._opened:
+                self._opened.add(gpu.pci_bus_id)
+                nvmlopen.attach(self.store, self._opened)
+
+    def close_gpus(self) -> None:
+        """The GPUs this process opened are closed (its last nvmlShutdown, or this library
+        no longer beneath pynvml)."""
+        with self._open_lock:
+            if self._opened and self._opener == os.getpid():
+                nvmlopen.detach(self.store)
+            self._opened = set()
 
     @nvml(P, c_uint)
     def nvmlSystemGetDriverVersion(self, buf, length):
@@ -316,7 +343,7 @@ class FakeNvmlLibrary:
         visible = state.nvml_gpus()
         if index >= len(visible):
             raise SimNvmlError(N.NVML_ERROR_INVALID_ARGUMENT, f"no GPU {index}")
-        state.live_gpu(visible[index].index)
+        self._open(state.live_gpu(visible[index].index))
         self._put_handle(ptr, "gpu", visible[index].index)
 
     @nvml(c_char_p, P)
@@ -325,11 +352,12 @@ class FakeNvmlLibrary:
         state = self._state()
         for gpu in state.nvml_gpus():
             if gpu.uuid == uuid:
-                state.live_gpu(gpu.index)
+                self._open(state.live_gpu(gpu.index))
                 return self._put_handle(ptr, "gpu", gpu.index)
             for gi in gpu.gis:
                 for ci in gi.cis:
                     if ci.uuid == uuid:
+                        self._open(gpu)          # a MIG device is reached through its GPU's node
                         return self._put_handle(ptr, "mig", gpu.index, gi.id, ci.id)
         raise SimNvmlError(N.NVML_ERROR_NOT_FOUND, f"no device {uuid}")
 
@@ -338,7 +366,7 @@ class FakeNvmlLibrary:
         want = normal_bus_id((bus_id or b"").decode())
         for gpu in self._state().nvml_gpus():
             if normal_bus_id(gpu.pci_bus_id) == want:
-                self._state().live_gpu(gpu.index)
+                self._open(self._state().live_gpu(gpu.index))
                 return self._put_handle(ptr, "gpu", gpu.index)
         raise SimNvmlError(N.NVML_ERROR_NOT_FOUND, f"no device at {want}")
 
@@ -1039,14 +1067,24 @@ class FakeNvmlLibrary:
 def install(root) -> FakeNvmlLibrary:
     """Put a fake library for the node at ``root`` beneath pynvml."""
     with N.libLoadLock:
+        _close_previous()
         lib = FakeNvmlLibrary(SimStore(root))
         N.nvmlLib = lib
         N._nvmlGetFunctionPointer_cache.clear()
     return lib
 
 
+def _close_previous() -> None:
+    """The library being replaced lets go of its node's GPUs: this process no longer talks
+    to that node through it."""
+    previous = N.nvmlLib
+    if isinstance(previous, FakeNvmlLibrary):
+        previous.close_gpus()
+
+
 def uninstall() -> None:
     with N.libLoadLock:
+        _close_previous()
         N.nvmlLib = None
         N._nvmlGetFunctionPointer_cache.clear()
 

@@ -16,7 +16,8 @@ Documentation/driver-api/vfio.rst, NVIDIA's open kernel modules):
   function without an IOMMU group (the IOMMU off).
 * The nvidia driver's ``/proc/driver/nvidia/gpus/<bdf>/unbindLock``: writing 1 takes it only
   while nothing has the GPU open (``usage_count`` 0 in ``nv-procfs.c``; here a process
-  holding the GPU, or nvidia-persistenced not having let it go), reading says ``1`` or
+  holding the GPU, nvidia-persistenced not having let it go, or a process whose NVML
+  attached the GPU and has not shut down: ``nvmlopen``), reading says ``1`` or
   ``0``. The GPU's ``/proc/driver/nvidia/gpus/<bdf>`` folder goes when the driver lets the
   GPU go and comes back when it binds it again, with the lowest free device minor
   (``nv_linux_assign_minor_locked``: ``find_first_zero_bit``), so a GPU usually gets its
@@ -43,6 +44,7 @@ import shutil
 from pathlib import Path
 
 from ..fileio import ensure_dir
+from . import nvmlopen
 from .files import NodeFiles, release
 
 __all__ = ["write", "sync", "gpu_information", "VFIO_DRIVER", "AUDIO_DRIVER", "GPU_DRIVER", "load_vfio", "unload_vfio",
@@ -84,11 +86,15 @@ def persistenced_holds(root: Path, gpu) -> bool:
 
 
 def in_use(root: Path, state, gpu) -> str | None:
-    """What keeps the GPU's device open (the nvidia driver's usage count), or None."""
+    """What keeps the GPU's device open (the nvidia driver's usage count), or None: a
+    process on it, nvidia-persistenced, a process with NVML attached to it (sim/nvmlopen.py)."""
     if state.processes_on(gpu.index):
         return "a process holds it"
     if persistenced_holds(root, gpu):
         return "nvidia-persistenced holds it"
+    opened = nvmlopen.holders(root, gpu.pci_bus_id)
+    if opened:
+        return f"NVML holds it open in pid {', '.join(map(str, opened))}"
     return None
 
 
