@@ -81,6 +81,7 @@ class Agent:
         self.driver = DriverGate(self)    # the driver readiness gate (daemon/driver.py)
         self.health_link = None           # healthlink.HealthLink, metricslink.MetricsLink:
         self.metrics_link = None          # made and started by the daemon after the reconcile
+        self.features = None              # features.Features: their lifecycle (set by the daemon)
         from .allocator import Allocator
         from .mig import MigOps
         from .passthrough import PassthroughOps
@@ -127,6 +128,14 @@ class Agent:
                             log.info("a commit took %.0f ms: commits run on the worker for %g s", took * 1e3,
                                      SLOW_PAUSE)
         return await self.blocking(fn, *args)
+
+    def let_go_of_gpus(self, why: str):
+        """An async context in which the agent holds no GPU open through NVML (the monitor
+        and the sampler paused: ``Features.let_go``), for a GPU leaving the nvidia driver or
+        coming back to it. Nothing to let go before they start."""
+        if self.features is None:
+            return contextlib.nullcontext()
+        return self.features.let_go(why)
 
     def stuck(self) -> str | None:
         """Why the agent's work does not move (None: it does): the liveness probe's answer."""

@@ -10,6 +10,7 @@ failed write never leaves memory ahead of the disk.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import os
@@ -386,14 +387,19 @@ class Allocator:
     async def _release_locked(self, allocs, reason: str) -> None:
         gone = {a.id for a in allocs}
         others = [a for a in self.agent.allocations.values() if a.id not in gone]
-        try:
-            await self.agent.commit(self._commit_release, allocs, others, purpose=self._release_purpose(allocs),
-                                    on_loop=self._release_checkpoint_only(allocs, others))
-        finally:
-            if any(a.made for a in allocs):
-                await self.agent.refresh_locked("MIG devices destroyed")
-            elif any(a.passthrough for a in allocs):
-                await self.agent.refresh_locked("GPU bound back")
+        back = [rec["gpu"] for a in allocs for rec in a.passthrough]
+        # A GPU coming back to the nvidia driver changes NVML's indices and handles: the
+        # monitor and the sampler start again on the inventory read after it.
+        async with (self.agent.let_go_of_gpus(f"GPU {', '.join(back)} back to nvidia") if back
+                    else contextlib.nullcontext()):
+            try:
+                await self.agent.commit(self._commit_release, allocs, others, purpose=self._release_purpose(allocs),
+                                        on_loop=self._release_checkpoint_only(allocs, others))
+            finally:
+                if any(a.made for a in allocs):
+                    await self.agent.refresh_locked("MIG devices destroyed")
+                elif back:
+                    await self.agent.refresh_locked("GPU bound back")
         for alloc in allocs:
             self.agent.remove_allocation(alloc.id)
             log.info("allocation %s released%s", alloc.id, "" if reason == "released" else f": {reason}",

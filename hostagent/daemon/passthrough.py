@@ -173,13 +173,19 @@ class PassthroughOps:
         uuids = tuple(record.uuid if record else gpu.bdf for gpu, record in found)
         alloc = Allocation(id=request["id"], devices=uuids, request=request, created=time.time(), owner=owner)
         others = [a for a in self.agent.allocations.values() if a.id not in leaving]
-        alloc = await self.agent.commit(self._commit, alloc, others, replaced, checked,
-                                        purpose=f"pass through for {alloc.id}", on_loop=False)
+        # The agent's own NVML holds the GPU open: the driver would refuse its unbind lock.
+        async with self.agent.let_go_of_gpus(f"GPU {', '.join(bdfs)} to vfio-pci for {alloc.id}"):
+            try:
+                alloc = await self.agent.commit(self._commit, alloc, others, replaced, checked,
+                                                purpose=f"pass through for {alloc.id}", on_loop=False)
+            finally:
+                # NVML lists the GPUs left to it (or all again): the monitor and the sampler
+                # start on what it says now.
+                await self.agent.refresh_locked("GPU passed through")
         for rec in alloc.passthrough:
             log.info("GPU %s (group %s: %s) passed through for %s", rec["gpu"], rec["group"],
                      ", ".join(f["bdf"] for f in rec["functions"]), alloc.id,
                      extra={"fields": {"allocation_id": alloc.id}})
-        await self.agent.refresh_locked("GPU passed through")
         return alloc
 
     # ---- the bus -----------------------------------------------------------------------

@@ -13,16 +13,19 @@ from pathlib import Path
 import pytest
 
 from hostagent.errors import HostagentError
+from hostagent.sim.control import inject_xid
+from hostagent.sim.nvmlopen import holders
 from hostagent.sim.store import SimStore
 
 from tests.programs import script
 from tests.rootneeds import DEVICE_NODES, GPU_CHANGES
+from tests.waiting import until
 
 from .agentd import AgentProcess, make_root, running_agent
 
 pytestmark = DEVICE_NODES              # the CDI spec's /dev/vfio nodes are real character devices
 DOC = (Path(__file__).resolve().parents[2] / "docs/troubleshooting.md").read_text()
-GPU, AUDIO = "0000:17:00.0", "0000:17:00.1"
+GPU, AUDIO, OTHER = "0000:17:00.0", "0000:17:00.1", "0000:65:00.0"
 
 
 def driver(root, bdf: str) -> str:
@@ -205,3 +208,23 @@ def test_a_crash_while_releasing_finishes_the_release_and_a_live_one_stays_on_vf
             assert os.path.exists(alloc["spec_path"])
             c.release("stays")
             assert driver(root, "0000:65:00.0") == "nvidia"
+
+
+def test_the_agent_lets_go_of_its_own_nvml_around_the_move_and_watches_again_after(node):
+    root, agent = node
+    store = SimStore(root)
+    with agent.client() as c:
+        moved, other = (g["uuid"] for g in c.devices()["gpus"])
+        # The monitor and the sampler hold both GPUs open through NVML while they run.
+        assert holders(root, GPU) == [agent.proc.pid]
+        c.pass_through("vm", [GPU])
+        assert f"health monitor and metrics sampler paused: GPU {GPU} to vfio-pci for vm" in agent.log()
+        # Before the answer they run again, on the GPU NVML still lists.
+        assert holders(root, OTHER) == [agent.proc.pid] and holders(root, GPU) == []
+        until(lambda: f'UUID="{other}"' in c.metrics(), what="the sampler back")
+        assert f'UUID="{moved}"' not in c.metrics()
+        inject_xid(store, 1, 48)
+        until(lambda: c.devices()["gpus"][0]["health"]["state"] == "unhealthy", what="the XID seen")
+        c.release("vm")
+        assert f"health monitor and metrics sampler paused: GPU {GPU} back to nvidia" in agent.log()
+        assert holders(root, GPU) == [agent.proc.pid]
