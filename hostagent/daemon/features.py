@@ -61,7 +61,7 @@ class Features:
         else:
             agent.default_health = Health("unmonitored", "unmonitored",
                                           "health monitoring is disabled (health.enabled: false)",
-                                          agent.started)
+                                          agent.started, monitored=False)
             agent.health = {}
 
     @property
