@@ -53,6 +53,7 @@ class Published:
     # With passthrough: what it takes of its GPU's whole-GPU counter set, which the GPU, its
     # partitions and its vfio device share (so the scheduler never gives the GPU both ways).
     shares: dict | None = None
+    taints: tuple = ()                    # its DeviceTaints from the agent's health (taints.py)
 
     def resource(self) -> dict:
         """As a ResourceSlice lists it."""
@@ -62,6 +63,8 @@ class Published:
         consumed = [c for c in (self.consumes, self.shares) if c]
         if consumed:
             out["consumesCounters"] = consumed
+        if self.taints:
+            out["taints"] = [dict(t) for t in self.taints]
         return out
 
     @property
