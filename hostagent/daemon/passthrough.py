@@ -114,22 +114,29 @@ class PassthroughOps:
     def _commit(self, alloc, others, replaced, items):
         """Worker, a commit: vfio-pci loaded, each GPU's plan (refused when busy), its move
         journaled and made, the spec, the checkpoint (the commit point), the journal gone.
-        Nothing is left moved when it fails."""
-        moved = []
+        Nothing is left moved when it fails. A GPU an allocation it replaces passes through
+        stays on vfio-pci, taken over with the drivers it goes back to; the replaced
+        allocations' other GPUs go back once it is committed."""
+        moved, records = [], []
+        carried = {rec["gpu"]: rec for a in replaced for rec in a.passthrough}
         with node_lock(self.host, f"pass through for {alloc.id}"):
             try:
                 executor.ensure_vfio_pci(self.host)
                 facts = pci.read_facts(self.host)
                 for item, busy in items:
                     gpu, record = self._find(item["gpu"])
+                    if gpu.bdf in carried:
+                        records.append({**carried.pop(gpu.bdf), "id": alloc.id, "iommufd": bool(item.get("iommufd"))})
+                        continue
                     busy = busy or (self._processes(record) if record is not None else None)
                     plan = plan_bind(gpu, facts, busy)
                     rec = executor.bind(self.host, plan, alloc.id, record.uuid if record else None, faults.point)
                     rec["iommufd"] = bool(item.get("iommufd"))
                     moved.append(rec)
+                    records.append(rec)
                     if len(items) > 1:
                         executor.done(self.host)
-                alloc = dataclasses.replace(alloc, passthrough=tuple(moved))
+                alloc = dataclasses.replace(alloc, passthrough=tuple(records))
                 spec, plain = spec_for(self.host, alloc)
                 path = self._write_spec(alloc, spec)
                 checkpoint.save(self.host, [*others, alloc])
@@ -143,6 +150,13 @@ class PassthroughOps:
                 transient.spec_file(self.host, alloc.id).unlink(missing_ok=True)
                 raise
             executor.done(self.host)
+            for rec in carried.values():       # released with their allocations: back, journaled
+                try:
+                    executor.release(self.host, rec)
+                except HostagentError as e:    # its journal stays: the next start tries again
+                    log.error("%s", e.message)
+                    continue
+                executor.done(self.host)
         return dataclasses.replace(alloc, cdi_devices=tuple(f"{spec['kind']}={d['name']}" for d in spec["devices"]),
                                    container_edits=plain, spec_path=str(path))
 
@@ -194,9 +208,15 @@ class PassthroughOps:
         """Worker: (VfioFacts, the PCI GPUs), read with the inventory."""
         return pci.read_facts(self.host), pci.read_gpus(self.host)
 
+    def for_vms(self, bdf: str) -> bool:
+        """Whether the admin keeps the GPU at ``bdf`` for VMs (``passthrough.vm_gpus``)."""
+        marked = (self.agent.settings.sections.get("passthrough") or {}).get("vm_gpus") or []
+        return marked == "all" or any(bdf == m.lower() or bdf.endswith(":" + m.lower()) for m in marked)
+
     def view(self) -> dict | None:
         """The node view's ``vfio``: the kernel's VFIO facts and every NVIDIA GPU on the bus
-        with its driver, IOMMU group and, passed through, its allocation (loop thread)."""
+        with its driver, IOMMU group, whether it is kept for VMs and, passed through, its
+        allocation (loop thread)."""
         if self.agent.vfio is None:
             return None
         facts, gpus = self.agent.vfio
@@ -212,7 +232,7 @@ class PassthroughOps:
                         "pcie_root": record.pcie_root if record else _pcie_root(self.host, g.bdf),
                         "iommu_group": g.iommu_group, "group": [f.bdf for f in g.group],
                         "addressable_memory": g.addressable_memory, "vfio_cdev": g.vfio_cdev,
-                        "allocation": alloc})
+                        "for_vms": self.for_vms(g.bdf), "allocation": alloc})
         return {"iommu": facts.iommu, "iommufd": facts.iommufd, "vfio_pci": facts.vfio_pci, "gpus": out}
 
     # ---- release, start ---------------------------------------------------------------
