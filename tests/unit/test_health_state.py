@@ -94,7 +94,8 @@ def test_an_ignored_xid_is_a_notice_for_the_quiet_period():
     st, _ = S.apply_event(st, event(g=0, xid=48, at=120.0), quiet_period=60, now=120.0)
     assert st.get("GPU-0").notice.xid == 13 and not st.get("GPU-0").healthy
     st, changed = S.recover_due(st, 160.0)
-    assert all(d.notice is None and d.notice_until is None for d in changed)
+    assert {d.key for d in changed} == set(ALL0)
+    assert all(d.notice is None and d.notice_until is None for d in st.devices.values())
     assert {d.key for d in st.unhealthy} == set(ALL0)          # 48 recovers at 180
     # a new MIG device of the GPU takes its GPU-wide notice; a clear drops it
     st, _ = S.apply_event(st, event(xid=43, at=200.0), quiet_period=60, now=200.0)
