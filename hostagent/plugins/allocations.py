@@ -168,43 +168,35 @@ class Allocations:
         agent's device UUID, in the order the agent should list them (the same for every
         spelling of one request, so a retry is the same request). The agent is asked for the
         ids themselves: UUIDs, and replica ids of shared devices."""
-        devices = list(physical)
-        aid = allocation_id(resource, ids)
-        # The answer's container edits (most of it) only when the response is made from them.
         views = self.link.view.devices
+        # The answer's container edits (most of it) only when the response is made from them.
         edits = needs_edits(self.strategies, any(_mps_view(views.get(u)) for u in physical.values()))
-        labels = {"owner": OWNER, "resource": resource}
-        with self._lock:
-            in_way = [other for other, entry in self._ledger.items()
-                      if other != aid and entry.resource == resource and entry.ids & set(ids)]
-            try:
-                alloc, replaced = self._create(aid, devices, set(ids), labels, in_way, edits)
-            except HostagentError as e:
-                raise grpc_error(e) from None
-            for other in replaced:
-                self._ledger.pop(other, None)
-                log.info("released allocation %s: the kubelet allocated its devices again", other)
-            self._ledger[aid] = _Entry(resource, frozenset(ids), time.monotonic())
+        alloc = self._kept(resource, ids, list(physical), edits)
         return container_response(alloc, self.link.view.devices, self.strategies, self.cdi_names)
 
     def pass_through(self, resource: str, ids: list[str]) -> api.ContainerAllocateResponse:
         """A VM's GPUs (``ids``: PCI bus ids of a resource served to KubeVirt) passed through
         by the agent, answered as NVIDIA's kubevirt-gpu-device-plugin answers."""
         from .kubevirt import vm_response
+        return vm_response(self._kept(resource, ids, list(ids), True, vm=True), resource, ids)
+
+    def _kept(self, resource: str, ids: list[str], devices: list[str], edits: bool, vm: bool = False) -> dict:
+        """The agent's allocation of the kubelet's ``ids`` (made, or the same one again),
+        kept in the ledger; the plugin's allocations in its way released with it."""
         aid = allocation_id(resource, ids)
         labels = {"owner": OWNER, "resource": resource}
         with self._lock:
             in_way = [other for other, entry in self._ledger.items()
                       if other != aid and entry.resource == resource and entry.ids & set(ids)]
             try:
-                alloc, replaced = self._create(aid, list(ids), set(ids), labels, in_way, True, vm=True)
+                alloc, replaced = self._create(aid, devices, set(ids), labels, in_way, edits, vm=vm)
             except HostagentError as e:
                 raise grpc_error(e) from None
             for other in replaced:
                 self._ledger.pop(other, None)
-                log.info("released allocation %s: the kubelet allocated its GPUs again", other)
+                log.info("released allocation %s: the kubelet allocated its devices again", other)
             self._ledger[aid] = _Entry(resource, frozenset(ids), time.monotonic())
-        return vm_response(alloc, resource, ids)
+        return alloc
 
     def _create(self, aid: str, devices: list[str], ids: set, labels: dict, in_way: list[str],
                 edits: bool, vm: bool = False) -> tuple[dict, list]:

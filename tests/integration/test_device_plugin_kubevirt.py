@@ -6,6 +6,7 @@ PCI_RESOURCE_NVIDIA_COM_<NAME>, the GPU back on nvidia once no pod holds it, a G
 again to the next pod kept on vfio-pci, and the mark followed on reload.
 """
 
+import contextlib
 import os
 import shutil
 import signal
@@ -14,6 +15,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+import grpc
 import pytest
 
 from hostagent.sim import pcibus
@@ -26,7 +28,7 @@ from .kubelet import TestKubelet
 
 pytestmark = DEVICE_NODES             # the VFIO nodes and the GPUs' CDI spec are the node's character devices
 
-GPU, AUDIO, OTHER = "0000:17:00.0", "0000:17:00.1", "0000:65:00.0"
+GPU, AUDIO, OTHER, OTHER_AUDIO = "0000:17:00.0", "0000:17:00.1", "0000:65:00.0", "0000:65:00.1"
 VM = "nvidia.com/GA102GL_RTX_A6000"
 ENV = "PCI_RESOURCE_NVIDIA_COM_GA102GL_RTX_A6000"
 CONFIG = {"api": {"watch_heartbeat": 2}, "daemon": {"resync_interval": 0},
@@ -79,9 +81,11 @@ class Node:
             shutil.rmtree(self.dir, ignore_errors=True)
 
 
-@pytest.fixture
-def node():
-    n = Node([GPU]).start()
+@contextlib.contextmanager
+def running(vm_gpus, iommufd=False):
+    """A node with its agent, test kubelet and device plugin for the block; the plugin's log
+    printed when the block fails; all stopped and removed after."""
+    n = Node(vm_gpus, iommufd).start()
     try:
         yield n
     except BaseException:
@@ -91,14 +95,19 @@ def node():
         n.close()
 
 
+@pytest.fixture
+def node():
+    with running([GPU]) as n:
+        yield n
+
+
 def test_a_gpu_kept_for_vms_is_kubevirts_passed_through_for_a_pod_and_back_when_it_is_gone(node):
     root = node.root
-    vm = node.kubelet.endpoint(VM).wait(lambda d: d == [(GPU, "Healthy", [0])])
-    assert vm and node.kubelet.endpoint("nvidia.com/gpu").wait(lambda d: [i for i, *_ in d] != [])
-    gpus = node.kubelet.endpoint("nvidia.com/gpu").lists[-1]
+    node.kubelet.endpoint(VM).wait(lambda d: d == [(GPU, "Healthy", [0])])
     with node.agent.client() as c:
         other = next(g["uuid"] for g in c.devices()["gpus"] if g["pci_bus_id"].lower().endswith(OTHER[5:]))
-    assert [i for i, *_ in gpus] == [other]                  # not as nvidia.com/gpu any more
+    # Not nvidia.com/gpu any more: only the other GPU is.
+    node.kubelet.endpoint("nvidia.com/gpu").wait(lambda d: [i for i, *_ in d] == [other])
     response = node.kubelet.allocate(VM, [GPU]).container_responses[0]
     node.kubelet.pods["virt-launcher"] = {"compute": (VM, [GPU])}
     group = os.path.basename(os.readlink(root / f"sys/bus/pci/devices/{GPU}/iommu_group"))
@@ -121,8 +130,7 @@ def test_a_gpu_kept_for_vms_is_kubevirts_passed_through_for_a_pod_and_back_when_
 
 
 def test_the_next_pod_given_a_gpu_keeps_it_on_vfio_and_the_rest_go_back():
-    n = Node("all").start()
-    try:
+    with running("all") as n:
         root = n.root
         n.kubelet.endpoint(VM).wait(lambda d: len(d) == 2)
         n.kubelet.allocate(VM, [GPU, OTHER])
@@ -140,11 +148,6 @@ def test_the_next_pod_given_a_gpu_keeps_it_on_vfio_and_the_rest_go_back():
         n.kubelet.pods.clear()
         until(lambda: not n.owned(), timeout=15, what="the release")
         assert (driver(root, GPU), driver(root, AUDIO)) == ("nvidia", "snd_hda_intel")
-    except BaseException:
-        print(n.log.read_text()[-5000:] if n.log.exists() else "")
-        raise
-    finally:
-        n.close()
 
 
 def test_a_gpu_in_use_is_unhealthy_and_refused(node):
@@ -153,7 +156,6 @@ def test_a_gpu_in_use_is_unhealthy_and_refused(node):
         c.allocate("api-job", ["0"])                      # GPU 0000:17:00.0 is index 0
     try:
         node.kubelet.endpoint(VM).wait(lambda d: d[0][1] == "Unhealthy")
-        import grpc
         with pytest.raises(grpc.RpcError) as e:
             node.kubelet.allocate(VM, [GPU])
         assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION and "api-job" in e.value.details()
@@ -165,15 +167,14 @@ def test_a_gpu_in_use_is_unhealthy_and_refused(node):
 
 
 def test_iommufd_nodes_and_the_mark_followed_on_reload():
-    n = Node("all", iommufd=True).start()
-    try:
+    with running("all", iommufd=True) as n:
         n.kubelet.endpoint(VM).wait(lambda d: [i for i, *_ in d] == [GPU, OTHER])
         assert "nvidia.com/gpu" not in n.kubelet.endpoints              # no GPU left for it
         response = n.kubelet.allocate(VM, [OTHER]).container_responses[0]
         paths = sorted(d.container_path for d in response.devices)
-        cdevs = sorted(f"/dev/vfio/devices/{p.name}" for p in (n.root / f"sys/bus/pci/devices/{OTHER}/vfio-dev").iterdir()
-                       ) + sorted(f"/dev/vfio/devices/{p.name}"
-                                  for p in (n.root / f"sys/bus/pci/devices/{OTHER[:-1]}1/vfio-dev").iterdir())
+        # Each function of the group has its VFIO cdev (the GPU's and its audio function's).
+        cdevs = [f"/dev/vfio/devices/{p.name}" for bdf in (OTHER, OTHER_AUDIO)
+                 for p in (n.root / f"sys/bus/pci/devices/{bdf}/vfio-dev").iterdir()]
         assert "/dev/iommu" in paths and set(cdevs) <= set(paths) and len(cdevs) == 2
         n.kubelet.pods["vm"] = {"compute": (VM, [OTHER])}
         # Only GPU 0000:17:00.0 kept for VMs now: the other one stays KubeVirt's while its pod runs.
@@ -185,8 +186,3 @@ def test_iommufd_nodes_and_the_mark_followed_on_reload():
         until(lambda: not n.owned(), timeout=15, what="the release")
         assert driver(n.root, OTHER) == "nvidia"
         n.kubelet.endpoint("nvidia.com/gpu").wait(lambda d: len(d) == 1)
-    except BaseException:
-        print(n.log.read_text()[-5000:] if n.log.exists() else "")
-        raise
-    finally:
-        n.close()

@@ -15,7 +15,7 @@ import yaml
 from tests.rootneeds import DEVICE_NODES
 from tests.waiting import until
 
-from .dracluster import DRIVER, NODE, Cluster, quickstart
+from .dracluster import DRIVER, NODE, Cluster, quickstart, running
 from .drasched import Unschedulable
 
 pytest.importorskip("celpy", reason="cel-python is in the [test] extra")
@@ -28,17 +28,10 @@ VFIO_ATTRIBUTES = {"type", "uuid", "deviceID", "vendorID", "numa", "productName"
 
 @pytest.fixture(scope="module")
 def cluster():
-    c = Cluster(version=(1, 35), plugin_args=["--passthrough"])
-    try:
-        c.start()
-        c.kubelet.plugin()
-        until(lambda: any(n.startswith("gpu-vfio-") for n in c.devices()), timeout=15, what="vfio devices")
+    vfio = lambda c: until(lambda: any(n.startswith("gpu-vfio-") for n in c.devices()), timeout=15,  # noqa: E731
+                           what="vfio devices")
+    with running(Cluster(version=(1, 35), plugin_args=["--passthrough"]), vfio) as c:
         yield c
-    except BaseException:
-        print(c.plugin_log()[-6000:])
-        raise
-    finally:
-        c.close()
 
 
 @pytest.fixture(autouse=True)
@@ -70,12 +63,7 @@ def got(claim) -> str:
 
 def gpu_claim_at(cluster, bdf: str) -> dict:
     """A gpu.nvidia.com claim for exactly the GPU at ``bdf``."""
-    expression = f"device.attributes['resource.kubernetes.io'].pciBusID == '{bdf}'"
-    spec = {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com",
-                                                                   "selectors": [{"cel": {"expression": expression}}]}}]}}
-    return cluster.api.put_claim({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-                                  "metadata": {"namespace": "default", "name": f"gpu-at-{bdf.replace(':', '-')}"},
-                                  "spec": spec})
+    return cluster.claim_at(bdf, name=f"gpu-at-{bdf.replace(':', '-')}")
 
 
 def spec_edits(cluster, cdi_id: str) -> dict:
@@ -164,7 +152,8 @@ def test_the_vfio_config_demo_is_prepared_with_its_iommu_settings(cluster):
             [alloc] = [a for a in c.allocations() if a["id"] == f"k8s-dra/{claim['metadata']['uid']}"]
         # enableAPIDevice asks for iommufd's nodes too; this node has none (a 6.1 kernel without
         # iommufd), so the legacy ones are what the VM gets.
-        assert alloc["request"]["devices"] == [{"passthrough": {"gpu": alloc["passthrough"][0]["gpu"], "iommufd": True}}]
+        gpu = alloc["passthrough"][0]["gpu"]
+        assert alloc["request"]["devices"] == [{"passthrough": {"gpu": gpu, "iommufd": True}}]
         paths = [n["path"] for n in spec_edits(cluster, devices[0][3][0])["device"]["deviceNodes"]]
         assert paths[1:] == ["/dev/vfio/vfio"] and paths[0].startswith("/dev/vfio/")
     finally:

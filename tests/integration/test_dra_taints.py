@@ -17,7 +17,7 @@ from hostagent.sim.store import SimStore
 from tests.rootneeds import DEVICE_NODES, GPU_CHANGES
 from tests.waiting import until
 
-from .dracluster import AGENT, DRIVER, NODE, Cluster, quickstart
+from .dracluster import AGENT, DRIVER, NODE, Cluster, quickstart, running
 from .drasched import Unschedulable
 
 pytest.importorskip("celpy", reason="cel-python is in the [test] extra")
@@ -27,21 +27,18 @@ XID, LOST, UNMONITORED = "gpu.nvidia.com/xid", "gpu.nvidia.com/gpu-lost", "gpu.n
 DEMOS = quickstart()
 
 
-def start(version, *, taints=None, plugin_args=(), agent=None) -> Cluster:
+def started(version, *, taints=None, plugin_args=(), agent=None):
+    """A cluster of ``version`` (``taints``: its DRADeviceTaints gate, else the version's
+    default) running for the block, its GPUs in ``gpus``."""
     c = Cluster(version=version, plugin_args=plugin_args, agent_config=agent)
     if taints is not None:
         c.api.device_taints = taints
-    try:
-        c.start()
-        c.kubelet.plugin()
+
+    def ready(c):
         c.devices()
         with c.agent.client() as client:
             c.gpus = client.devices()["gpus"]
-        return c
-    except BaseException:
-        print(c.plugin_log()[-6000:])
-        c.close()
-        raise
+    return running(c, ready)
 
 
 def taints(cluster) -> dict[str, list[tuple]]:
@@ -72,14 +69,7 @@ def restart_plugin(cluster, args) -> None:
 
 def claim_at(cluster, index: int, tolerations=None) -> dict:
     """A gpu.nvidia.com claim for exactly GPU ``index``."""
-    bdf = cluster.gpus[index]["pci_bus_id"].lower()[4:]
-    exactly = {"deviceClassName": "gpu.nvidia.com",
-               "selectors": [{"cel": {"expression": f"device.attributes['resource.kubernetes.io'].pciBusID == '{bdf}'"}}],
-               **({"tolerations": tolerations} if tolerations else {})}
-    cluster._claims += 1
-    return cluster.api.put_claim({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-                                  "metadata": {"namespace": "default", "name": f"at-{index}-{cluster._claims}"},
-                                  "spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}}})
+    return cluster.claim_at(cluster.gpus[index]["pci_bus_id"].lower()[4:], tolerations)
 
 
 def many(cluster, count: int) -> dict:
@@ -92,14 +82,8 @@ def many(cluster, count: int) -> dict:
 
 @pytest.fixture(scope="module")
 def cluster():
-    c = start((1, 36))                 # DRADeviceTaints beta: on by default
-    try:
+    with started((1, 36)) as c:        # DRADeviceTaints beta: on by default
         yield c
-    except BaseException:
-        print(c.plugin_log()[-6000:])
-        raise
-    finally:
-        c.close()
 
 
 @pytest.fixture(autouse=True)
@@ -183,32 +167,26 @@ def test_a_lost_gpu_stays_published_tainted_and_no_execute_is_opt_in(cluster):
 
 
 def test_a_quiet_period_recovers_and_1_35_takes_the_none_effect():
-    c = start((1, 35), taints=True, agent={**AGENT, "health": {"quiet_period": 5, "wait_timeout_ms": 200}})
-    try:
+    quiet = {**AGENT, "health": {"quiet_period": 5, "wait_timeout_ms": 200}}
+    with started((1, 35), taints=True, agent=quiet) as c:
         inject_xid(SimStore(c.root), 0, 48)
         inject_xid(SimStore(c.root), 5, 31)             # ignored: None, taken from 1.35
         want = {name(c, 0): [(XID, "48", "NoSchedule")], name(c, 5): [(XID, "31", "None")]}
         until(lambda: tainted(c) == want, what=lambda: f"taints {tainted(c)}")
         until(lambda: not tainted(c), timeout=20, what=lambda: f"taints {tainted(c)} after the quiet period")
         assert not c.api.rejected, c.api.rejected
-    finally:
-        c.close()
 
 
 def test_1_34_takes_no_none_effect():
-    c = start((1, 34), taints=True)
-    try:
+    with started((1, 34), taints=True) as c:
         inject_xid(SimStore(c.root), 0, 48)
         inject_xid(SimStore(c.root), 5, 31)
         until(lambda: tainted(c) == {name(c, 0): [(XID, "48", "NoSchedule")]}, what=lambda: f"taints {tainted(c)}")
         assert not c.api.rejected, c.api.rejected
-    finally:
-        c.close()
 
 
 def test_a_server_without_device_taints_drops_them_and_the_log_says_so_once():
-    c = start((1, 35))                                   # DRADeviceTaints alpha: off by default
-    try:
+    with started((1, 35)) as c:                          # DRADeviceTaints alpha: off by default
         inject_xid(SimStore(c.root), 0, 48)
         says = "its DRADeviceTaints feature gate is off"
         until(lambda: says in c.plugin_log(), what="the log line")
@@ -220,15 +198,12 @@ def test_a_server_without_device_taints_drops_them_and_the_log_says_so_once():
         until(lambda: c.plugin_log().count("unchanged") >= seen + 2, what="the pool compared again")
         assert c.api.writes == writes and not tainted(c) and c.plugin_log().count(says) == 1
         assert not c.api.rejected, c.api.rejected
-    finally:
-        c.close()
 
 
 @GPU_CHANGES
 def test_taints_beside_dynamic_mig_in_a_pool_of_many_slices():
     from .test_dra_mig import apply
-    c = start((1, 36), plugin_args=["--dynamic-mig"])
-    try:
+    with started((1, 36), plugin_args=["--dynamic-mig"]) as c:
         apply(c, "modes")                               # GPUs 0-3 in MIG mode, 4-7 whole
         until(lambda: any("-mig-" in n for n in c.devices()), what="partitions published")
         assert len(c.api.pool(DRIVER, NODE)) > 2
@@ -254,5 +229,3 @@ def test_taints_beside_dynamic_mig_in_a_pool_of_many_slices():
         until(lambda: set(tainted(c)) == {name(c, 5)}, what=lambda: f"taints {tainted(c)}")
         assert times(c)[(name(c, 5), XID)] == whole
         assert not c.api.rejected, c.api.rejected
-    finally:
-        c.close()

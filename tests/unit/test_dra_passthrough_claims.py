@@ -46,7 +46,8 @@ def test_a_pinned_limit_key_naming_the_device_overrides_the_default(key):
     ({}, {"backendPolicy": "LegacyOnly", "enableAPIDevice": False}),
     ({"backendPolicy": ""}, {"backendPolicy": "LegacyOnly", "enableAPIDevice": False}),
     ({"backendPolicy": "PreferIommuFD"}, {"backendPolicy": "PreferIommuFD", "enableAPIDevice": False}),
-    ({"backendPolicy": "LegacyOnly", "enableAPIDevice": True}, {"backendPolicy": "LegacyOnly", "enableAPIDevice": True}),
+    ({"backendPolicy": "LegacyOnly", "enableAPIDevice": True},
+     {"backendPolicy": "LegacyOnly", "enableAPIDevice": True}),
 ])
 def test_vfio_configs_normalise_as_nvidias(iommu, normal):
     params = {"apiVersion": API, "kind": "VfioDeviceConfig", **({} if iommu is None else {"iommu": iommu})}

@@ -34,7 +34,8 @@ def plain(taints) -> list[tuple]:
     (health("unhealthy", ("xid", 79, False), ("gpu_lost", None, False), monitored=False),
      [(XID, "79", "NoSchedule"), (LOST, None, "NoSchedule")]),
     (health("unmonitored", monitored=False), [(UNMONITORED, None, "None")]),
-    (health("unhealthy", ("xid", 48, False), monitored=False), [(XID, "48", "NoSchedule"), (UNMONITORED, None, "None")]),
+    (health("unhealthy", ("xid", 48, False), monitored=False),
+     [(XID, "48", "NoSchedule"), (UNMONITORED, None, "None")]),
 ])
 def test_nvidias_keys_values_and_effects(h, want):
     assert plain(device_taints(h)) == want

@@ -27,8 +27,8 @@ from dataclasses import replace
 
 from .devices import Pool
 
-__all__ = ["device_taints", "tainted", "for_server", "XID_KEY", "LOST_KEY", "UNMONITORED_KEY", "UNRECOVERABLE_XIDS", "ECC_DBE_XID",
-           "NONE", "NO_SCHEDULE", "NO_EXECUTE"]
+__all__ = ["device_taints", "tainted", "for_server", "XID_KEY", "LOST_KEY", "UNMONITORED_KEY",
+           "UNRECOVERABLE_XIDS", "ECC_DBE_XID", "NONE", "NO_SCHEDULE", "NO_EXECUTE"]
 
 XID_KEY, LOST_KEY, UNMONITORED_KEY = "gpu.nvidia.com/xid", "gpu.nvidia.com/gpu-lost", "gpu.nvidia.com/unmonitored"
 NONE, NO_SCHEDULE, NO_EXECUTE = "None", "NoSchedule", "NoExecute"

@@ -644,7 +644,8 @@ def _summary(store, state, targets, opts) -> int:
         used = sum(p.used_mib for p in state.processes_on(i))
         mig = "N/A" if sku.mig is None else ("Enabled" if gpu.mig_current == MIG_ENABLE else "Disabled")
         memory = "N/A" if _hidden(store, gpu) else f"{used:>8}MiB / {sku.memory_mib:>6}MiB"
-        out += [_row((f"{state.nvml_gpus().index(gpu):>4}  {sku.name:<29}{pm:>4}  ", 41), (f"{bus_id(gpu):>19} Off ", 24),
+        index = state.nvml_gpus().index(gpu)
+        out += [_row((f"{index:>4}  {sku.name:<29}{pm:>4}  ", 41), (f"{bus_id(gpu):>19} Off ", 24),
                      (f"{'0':>21} ", 22)),
                 _row((f" N/A   32C    P0{'54W':>16} / {sku.power_limit_w:>4}W ", 41),
                      (f"{memory:>23} ", 24),
