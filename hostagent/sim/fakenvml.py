@@ -301,7 +301,7 @@ class FakeNvmlLibrary:
                 self._opener, self._opened = os.getpid(), set()
             if gpu.pci_bus_id not in self._opened:
                 self._opened.add(gpu.pci_bus_id)
-                nvmlopen.attach(self.store, self._opened)
+                nvmlopen.attach(self.store, gpu.pci_bus_id)
 
     def close_gpus(self) -> None:
         """The GPUs this process opened are closed (its last nvmlShutdown, or this library

@@ -11,16 +11,16 @@ refuses the GPU's unbind lock (``nv-procfs.c``) and a removal waits for it (``nv
 nvml.h's ``nvmlDeviceRemoveGpu_v2`` names the same rule ("as long as no other processes are
 attached").
 
-Each process with GPUs attached keeps one file, ``.sim/nvml/<pid>.json``: its identity
-(pid, start time, executable, so a reused pid names nobody) and the PCI bus ids it
-attached. The kernel closes a dead process's files, so a file whose process is gone holds
-nothing (and is removed when seen). A process that cannot write the folder (another user's
-node) is not recorded.
+Each GPU a process holds is an empty file ``.sim/nvml/<pid>-<start>-<bus id>``: made when
+its handle is first taken (one ``open``, no content to be seen half-written), removed at
+the process's last ``nvmlShutdown``. The process's start time in the name makes a reused
+pid name nobody; the kernel closes a dead process's files, so a file whose process is gone
+holds nothing (and is removed when seen). A process that cannot write the folder (another
+user's node) is not recorded.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from pathlib import Path
@@ -30,62 +30,78 @@ __all__ = ["attach", "detach", "holders"]
 log = logging.getLogger(__name__)
 
 FOLDER = "nvml"
-_me: dict = {}           # pid -> this process's ProcessRecord (taken once)
+_me: dict = {}           # pid -> this process's start time (taken once)
 
 
-def _folder(store) -> Path:
-    return store.dir / FOLDER
+def _folder(root) -> Path:
+    from .store import SIM_DIR
+    return Path(root) / SIM_DIR / FOLDER
 
 
-def _record():
+def _start(pid: int) -> int | None:
+    """The process's start time (centiseconds since the epoch), None when it is gone."""
     from ..processes import record
+    rec = record(pid)
+    return None if rec is None else round(rec.start * 100)
+
+
+def _prefix() -> str | None:
     pid = os.getpid()
     if pid not in _me:
         _me.clear()
-        _me[pid] = record(pid)
-    return _me[pid]
+        _me[pid] = _start(pid)
+    return None if _me[pid] is None else f"{pid}-{_me[pid]}-"
 
 
-def attach(store, bdfs) -> None:
-    """This process holds ``bdfs`` open (all it holds, replacing what was recorded)."""
-    from ..fileio import ensure_dir, write_atomic
-    me = _record()
-    if me is None:
+def attach(store, bdf: str) -> None:
+    """This process holds the GPU at ``bdf`` open."""
+    prefix = _prefix()
+    if prefix is None:
         return
+    folder = _folder(store.root)
     try:
-        ensure_dir(_folder(store), 0o755)
-        write_atomic(_folder(store) / f"{me.pid}.json",
-                     json.dumps({"process": me.to_dict(), "gpus": sorted(bdfs)}), mode=0o644, durable=False)
+        folder.mkdir(mode=0o755, exist_ok=True)
+        os.close(os.open(folder / f"{prefix}{bdf}", os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644))
     except OSError as e:
-        log.debug("simulated NVML: attachment not recorded: %s", e)
+        log.debug("simulated NVML: %s held open, not recorded: %s", bdf, e)
 
 
 def detach(store) -> None:
     """This process holds nothing open any more (its last nvmlShutdown)."""
+    prefix = _prefix()
+    folder = _folder(store.root)
     try:
-        os.unlink(_folder(store) / f"{os.getpid()}.json")
+        names = [n for n in os.listdir(folder) if prefix and n.startswith(prefix)]
     except OSError:
-        pass
+        return
+    for name in names:
+        try:
+            os.unlink(folder / name)
+        except OSError:
+            pass
 
 
 def holders(root, bdf: str) -> list[int]:
     """The live processes holding the GPU at ``bdf`` open through NVML."""
-    from ..processes import ProcessRecord, current
-    from .store import SIM_DIR
-    folder = Path(root) / SIM_DIR / FOLDER
-    out = []
-    for path in (folder.iterdir() if folder.is_dir() else ()):
-        try:
-            raw = json.loads(path.read_text())
-            proc = ProcessRecord.from_dict(raw["process"])
-        except (OSError, ValueError, KeyError, TypeError):
+    folder = _folder(root)
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return []
+    out, starts = set(), {}
+    for name in names:
+        pid, _, rest = name.partition("-")
+        start, _, held = rest.partition("-")
+        if not (pid.isdigit() and start.isdigit()):
             continue
-        if not current(proc):
+        if int(pid) not in starts:
+            starts[int(pid)] = _start(int(pid))
+        if starts[int(pid)] != int(start):
             try:
-                path.unlink()             # the kernel closed its files when it ended
+                os.unlink(folder / name)      # the kernel closed its files when it ended
             except OSError:
                 pass
             continue
-        if bdf in raw.get("gpus", ()):
-            out.append(proc.pid)
+        if held == bdf:
+            out.add(int(pid))
     return sorted(out)

@@ -61,7 +61,6 @@ class SimulatedNode(Platform):
         # No engine runs on a simulated node, and the host's own must not be touched.
         return f"simulated node: no {engine} to restart (a real node's {service} would be restarted here)"
 
-
     def write_attribute(self, host, path: str, value: str) -> None:
         """The simulated kernel acts on the write (sim/pcibus.py)."""
         from . import pcibus
