@@ -2,8 +2,8 @@
 
 - **The agent** (through ``AgentLink``): each new view recomputes the published devices
   (``devices.build_pool``), their taints (``taints``: NVIDIA's keys, from the agent's
-  health, gone when it recovers) and their health. While the agent cannot be reached, or verifies
-  its driver, the pool stays as it was (an agent restart changes nothing in the cluster);
+  health, gone when it recovers) and their health. While the agent cannot be reached, or
+  verifies its driver, the pool stays as it was (an agent restart changes nothing in the cluster);
   a driver that does not verify empties it (no device can be prepared then), and every
   device is Unknown or Unhealthy to the kubelet.
 - **The API server** (a publishing thread): the pool's slices follow the devices; a failed
