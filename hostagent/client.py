@@ -431,8 +431,10 @@ class Client:
         return body
 
     def mig_plan(self, config: str | None = None, spec: dict | None = None, mode_only: bool = False) -> dict:
-        """What applying ``config`` would change: ``{"plan": {...}, "notes": [...]}``.
-        ``spec``: an inline mig-parted v1 document (default: the bundled config)."""
+        """What applying ``config`` would change: ``{"plan": {...}, "notes": [...], "busy":
+        [...]}``, ``busy`` the allocations holding devices it would take away (``id``,
+        ``labels``, ``devices``). ``spec``: an inline mig-parted v1 document (default: the
+        bundled config)."""
         return self.request("POST", "/v1/mig/plan", self._layout_body(config, spec, mode_only=mode_only)).json()
 
     def mig_apply(self, config: str | None = None, spec: dict | None = None, hooks: dict | None = None,

@@ -11,6 +11,9 @@ treats every host alike:
   engine (a simulated node runs none); None: restart it.
 - ``is_node(host)``, ``require_node(host)``: whether the root is a node, or refuse one that
   is not (a folder never made one by ``sim create``), before anything is written into it.
+- ``char_device(host, path)``: the device numbers of the character device at ``path`` (a
+  real host's from ``stat``; a simulated node made by a user who may not create device
+  nodes has regular files there, and the simulator's records say which device each is).
 - ``write_attribute(host, path, value)``: write a kernel attribute (sysfs, procfs: a driver's
   ``bind``, a device's ``driver_override``), whose write is an action of the kernel's; a real
   host writes the file in place (never through a temporary file: the kernel acts on the
@@ -24,8 +27,16 @@ simulator's package); no other production module imports the simulator.
 from __future__ import annotations
 
 import os
+import stat
+from typing import NamedTuple
 
-__all__ = ["Platform", "HOST"]
+__all__ = ["Platform", "HOST", "CharDevice"]
+
+
+class CharDevice(NamedTuple):
+    major: int
+    minor: int
+    mode: int           # the file's permission bits
 
 
 class Platform:
@@ -48,6 +59,14 @@ class Platform:
 
     def require_node(self, host) -> None:
         """Refuse a root that is not a node of this platform's, saying how to make one."""
+
+    def char_device(self, host, path) -> CharDevice | None:
+        """The character device at ``path`` (on this machine), or None when the file there
+        is something else; OSError (FileNotFoundError) when there is nothing."""
+        st = os.stat(path)
+        if not stat.S_ISCHR(st.st_mode):
+            return None
+        return CharDevice(os.major(st.st_rdev), os.minor(st.st_rdev), stat.S_IMODE(st.st_mode))
 
     def write_attribute(self, host, path: str, value: str) -> None:
         """Write ``value`` to the kernel attribute ``path`` (a host path) in one write."""

@@ -55,7 +55,8 @@ def source_date_epoch() -> str:
 
 
 # The Debian package each tool comes from.
-TOOL_PACKAGES = {"dpkg-buildpackage": "dpkg-dev", "dh": "debhelper", "rpmbuild": "rpm"}
+TOOL_PACKAGES = {"dpkg-buildpackage": "dpkg-dev", "dpkg-checkbuilddeps": "dpkg-dev", "dh": "debhelper",
+                 "rpmbuild": "rpm"}
 
 
 def need(*tools: str) -> None:
@@ -63,6 +64,25 @@ def need(*tools: str) -> None:
     if missing:
         packages = " ".join(dict.fromkeys(TOOL_PACKAGES.get(t, t) for t in missing))
         sys.exit(f"build.py: not installed: {', '.join(missing)} (on Debian: apt-get install {packages})")
+
+
+def unmet_build_depends(control: Path) -> list[str]:
+    """The Debian packages the deb's build needs and this machine lacks: its Build-Depends
+    and build-essential, as dpkg-buildpackage checks them (dpkg-checkbuilddeps), but before
+    anything is built. ``DPKG_ADMINDIR`` names another dpkg database, as for dpkg itself."""
+    admindir = os.environ.get("DPKG_ADMINDIR")
+    done = subprocess.run(["dpkg-checkbuilddeps", *([f"--admindir={admindir}"] if admindir else []), str(control)],
+                          capture_output=True, text=True)
+    if done.returncode == 0:
+        return []
+    unmet = re.search(r"Unmet build dependencies: (.*)", done.stderr)
+    if not unmet:
+        sys.exit(f"build.py: dpkg-checkbuilddeps failed: {done.stderr.strip() or done.returncode}")
+    # "build-essential:native python3-pip (>= 20) a | b [amd64]": the first of each
+    # alternative, by name.
+    text = re.sub(r"\([^)]*\)|\[[^]]*\]|<[^>]*>", " ", unmet.group(1))
+    names = [alternatives.split("|")[0].split(":")[0] for alternatives in re.sub(r"\s*\|\s*", "|", text).split()]
+    return list(dict.fromkeys(names))
 
 
 def snippets(text: str) -> str:
@@ -91,7 +111,11 @@ def copy_source(work: Path) -> Path:
 
 
 def build_deb(output: Path, work: Path, stage: Path | None = None) -> Path:
-    need("dpkg-buildpackage", "dh")
+    need("dpkg-buildpackage", "dh", "dpkg-checkbuilddeps")
+    unmet = unmet_build_depends(PACKAGING / "deb/control")
+    if unmet:
+        sys.exit(f"build.py: the deb's build dependencies are not installed: {', '.join(unmet)} "
+                 f"(on Debian: apt-get install {' '.join(unmet)})")
     tree = copy_source(work)
     debian = tree / "debian"
     shutil.copytree(PACKAGING / "deb", debian)
@@ -205,4 +229,8 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except subprocess.CalledProcessError as e:      # its own output, above, says why
+        cmd = " ".join(map(str, e.cmd))
+        sys.exit(f"build.py: {cmd[:200]} failed (exit {e.returncode}): its output above says why")

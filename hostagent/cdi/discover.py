@@ -62,23 +62,24 @@ class DriverFilesMissing(NotFoundError):
 
 
 def device_node(host: HostRoot, container_path: str, *, required: bool = True) -> DeviceNode | None:
-    """The character device at ``container_path`` (``/dev/...``), read from the host's dev root."""
+    """The character device at ``container_path`` (``/dev/...``), read from the host's dev
+    root (its numbers as the host's platform gives them: a simulated node's records where a
+    normal user made it)."""
     host_path = host.dev(container_path.removeprefix("/dev/"))
     try:
-        st = os.stat(host_path)
+        found = host.platform.char_device(host, host_path)
     except FileNotFoundError:
         if required:
             raise MissingDeviceNode(f"device node {container_path} does not exist",
                                     where=str(host_path)) from None
         return None
-    if not stat.S_ISCHR(st.st_mode):
+    if found is None:
         if required:
             raise MissingDeviceNode(f"{container_path} is not a character device",
-                                    where=str(host_path),
-                                    hint="on a simulated node, create it as root") from None
+                                    where=str(host_path)) from None
         return None
-    return DeviceNode(path=container_path, host_path=host.on_host(host_path), major=os.major(st.st_rdev),
-                      minor=os.minor(st.st_rdev), file_mode=stat.S_IMODE(st.st_mode))
+    return DeviceNode(path=container_path, host_path=host.on_host(host_path), major=found.major,
+                      minor=found.minor, file_mode=found.mode)
 
 
 @dataclass

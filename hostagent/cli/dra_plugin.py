@@ -76,8 +76,18 @@ def options_from_args(args, environ=None):
         resync=args.resync)
 
 
+# What the unit's ProtectSystem=strict and its ReadWritePaths= (folders that exist when it starts) allow.
+SANDBOX_HINT = ("hostagent-dra-plugin.service may write only in /var/lib/kubelet/plugins_registry and "
+                "/var/lib/kubelet/plugins, and only if they exist when it starts (ProtectSystem=strict with "
+                "ReadWritePaths=): the kubelet makes them; on a node without them yet, mkdir -p both, then "
+                "systemctl restart hostagent-dra-plugin; in a container, mount them read-write")
+
+
 def run(args) -> int:
+    import errno
     import signal
+    from ..errors import StateError
+    from .errors import os_error
     from ..daemon.logs import setup_logging
     from ..daemon.notify import Notifier
     options = options_from_args(args)
@@ -98,5 +108,9 @@ def run(args) -> int:
     gc.freeze()
     try:
         return plugin.run()
+    except OSError as e:
+        if e.errno == errno.EROFS:          # its sockets' folders, read-only in the unit's sandbox
+            raise StateError(f"cannot serve the kubelet: {os_error(e)}", hint=SANDBOX_HINT) from None
+        raise
     finally:
         api.close()

@@ -25,7 +25,7 @@ __all__ = ["main", "build_parser"]
 # Each command is the module of the same name in this package ('-' spelled '_'), registered
 # in this order; the simulator's is its own.
 COMMANDS = ("devices", "topo", "health", "node", "driver", "cdi", "labels", "mig", "sharing", "allocations",
-            "runtime", "sim", "serve", "device-plugin", "dra-plugin")
+            "runtime", "sim", "serve", "device-plugin", "dra-plugin", "dra-webhook", "node-controller")
 MODULES = {"sim": "hostagent.sim.cli"}
 
 

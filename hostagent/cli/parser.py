@@ -7,9 +7,10 @@
   repeated after.
 - ``-o``/``--output`` before the command is moved behind it (``hoist_output``), so the
   command's own option takes it, with the command's own choices and error.
-- A mistake is reported by the parser of the command it was made in, with that command's
-  usage (argparse leaves an unknown option to the top level's), and a mistyped command,
-  verb, choice or option gets a suggestion.
+- A mistake is reported by the parser of the command it was made in (argparse leaves an
+  unknown option to the top level's) as one line, like every other error: the command, the
+  option and what was wrong with it, and where the options are listed (``--help``); a
+  mistyped command, verb, choice or option gets a suggestion.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import re
 
 from ..suggest import closest, did_you_mean
 
-__all__ = ["Parser", "CommandParser", "add_global_options", "command_word", "hoist_output"]
+__all__ = ["Parser", "CommandParser", "OneLineErrors", "add_global_options", "command_word", "hoist_output"]
 
 # Top-level options that take a value, with the prefixes argparse accepts for them.
 _VALUED = ("--simulate", "--host-root", "--driver-root", "--output")
@@ -45,9 +46,16 @@ def add_global_options(parser, *, top: bool) -> None:
                        help="log debug detail to stderr, and say more about an error", **kw)
 
 
-class Parser(argparse.ArgumentParser):
+class OneLineErrors:
+    """A mistake on the command line in one line, with no usage block:
+    ``PROG: error: argument --sm: ... (see PROG --help)``; exit 2."""
+
     def error(self, message: str):
-        super().error(message + _suggestion(self, message))
+        self.exit(2, f"{self.prog}: error: {message}{_suggestion(self, message)} (see {self.prog} --help)\n")
+
+
+class Parser(OneLineErrors, argparse.ArgumentParser):
+    pass
 
 
 class CommandParser(Parser):

@@ -17,8 +17,10 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from ..daemon.main import run as run_daemon, start_failure
-    from ..errors import StateError
+    from ..daemon.main import missing_config, run as run_daemon, start_failure
+    from ..errors import StateError, UsageError
+    if missing_config(args.config):
+        raise UsageError(missing_config(args.config))
     host = host_from_args(args)
     try:
         return run_daemon(host, args.config, args.log_level)

@@ -380,9 +380,15 @@ def select(request: dict, candidates: list[Candidate], users: dict[str, list[tup
         room.sort(key=lambda c: (len(users.get(c.uuid, [])), c.memory_mib, c.order))
         if len(room) < item["count"]:
             at_limit = len(shareable) - len(room)
+            reasons: dict[str, int] = {}
+            for c in matching:
+                why = usable(c)
+                if why:
+                    reasons[why] = reasons.get(why, 0) + 1
             raise InsufficientDevices(
                 f"{item['count']} device(s) matching {item['constraints']} wanted, "
                 f"{len(room)} available ({len(matching)} match"
+                + "".join(f", {n} {why}" for why, n in reasons.items())
                 + (f", {at_limit} shared by allocations.max_per_device allocations or with every replica "
                    f"taken already" if at_limit else "")
                 + ")",

@@ -295,7 +295,8 @@ class Daemon:
         old, self.settings = self.settings, new
         self.agent.settings = new
         self.agent.work.budget = new.daemon.work_timeout
-        log.info("configuration reloaded from %s", new.source or "defaults (no file)")
+        log.info("configuration reloaded: %s", in_force(self.host, new),
+                 extra={"fields": {"config": str(self.host.config_file)}})
         self.agent.driver.reconfigure(new.sections)
         await self.agent.driver.verify("reload")
         if new.mig != old.mig and new.mig.config is not None:
@@ -307,17 +308,44 @@ class Daemon:
         self._ready()
 
 
+def in_force(host: HostRoot, settings) -> str:
+    """Which configuration is in force, for the log: the file, or the defaults and the file
+    that would be read (on a simulated node, the node's etc/hostagent/config.yaml)."""
+    if settings.source:
+        return f"from {settings.source}"
+    return f"the defaults: there is no {host.config_file}"
+
+
+def with_config(host: HostRoot, config_path) -> HostRoot:
+    """``host`` whose ``config_file`` is ``config_path`` when one is given (``--config``):
+    every hint that names the configuration then names the file in force."""
+    import dataclasses
+    from pathlib import Path
+    return dataclasses.replace(host, config=Path(config_path).absolute()) if config_path else host
+
+
+def missing_config(config_path) -> str | None:
+    """Why a ``--config`` file cannot be the configuration: it does not exist. (Without
+    ``--config`` a missing file means every default.)"""
+    if config_path is None or os.path.lexists(config_path):
+        return None
+    return (f"--config {config_path}: no such file (give an existing file, or leave --config out for "
+            "the default)")
+
+
 def run(host: HostRoot, config_path=None, log_level: str | None = None) -> int:
     hold_hangups()
     from .listen import instance_lock
     from .logs import setup_logging
     from .settings import load_settings
     setup_logging(log_level or "info")
+    host = with_config(host, config_path)
     try:
         settings = load_settings(host, config_path)
     except ConfigError as e:
         log.error("cannot start: %s", e.message)
         return 1
+    log.info("configuration: %s", in_force(host, settings), extra={"fields": {"config": str(host.config_file)}})
     from . import faults
     faults.point("start:settings_read")
     from .logs import set_level
@@ -332,9 +360,9 @@ def run(host: HostRoot, config_path=None, log_level: str | None = None) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     from .. import __version__
-    from ..cli.parser import add_root_options
+    from ..cli.parser import Parser, add_root_options
     from .args import add_arguments
-    parser = argparse.ArgumentParser(prog="hostagentd", description="The hostagent daemon.")
+    parser = Parser(prog="hostagentd", description="The hostagent daemon.")
     parser.add_argument("--version", action="version", version=f"hostagentd {__version__}")
     add_arguments(parser)
     add_root_options(parser)
@@ -352,21 +380,58 @@ def simulator():
     return SIMULATOR
 
 
-def check(host: HostRoot, config_path=None) -> int:
-    """``hostagentd --check``: one line saying whether the node's daemon answers and its
-    work moves."""
+SERVICE = "hostagent.service"
+
+
+def service_node(run=None) -> str | None:
+    """The simulated node systemd's hostagent.service runs on (its ``HOSTAGENT_SIMULATE``,
+    set by a drop-in as docs/install.md shows) while the service is active; None otherwise,
+    or without systemctl."""
+    import shlex
+    import subprocess
+    try:
+        done = (run or subprocess.run)(["systemctl", "show", SERVICE, "--property=ActiveState",
+                                        "--property=Environment"],
+                                       capture_output=True, text=True, timeout=10, stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    props = dict(line.partition("=")[::2] for line in done.stdout.splitlines())
+    if done.returncode != 0 or props.get("ActiveState") not in ("active", "reloading", "activating"):
+        return None
+    env = dict(word.partition("=")[::2] for word in shlex.split(props.get("Environment", "")))
+    return env.get("HOSTAGENT_SIMULATE") or None
+
+
+def _ask_live(host: HostRoot, config_path):
     from ..client import Client
     from .settings import load_settings
+    socket_path = host.host(load_settings(host, config_path).api.socket)
+    with Client(socket_path=socket_path, timeout=5.0) as client:
+        return socket_path, client.live()
+
+
+def check(host: HostRoot, config_path=None, *, find_service_node=service_node) -> int:
+    """``hostagentd --check``: one line saying whether the node's daemon answers and its
+    work moves. Asked on the host without --simulate while systemd's service runs on a
+    simulated node, it asks that node's daemon, and says so."""
+    from ..client import DaemonNotRunning
+    which = ""
     try:
-        socket_path = host.host(load_settings(host, config_path).api.socket)
-        with Client(socket_path=socket_path, timeout=5.0) as client:
-            live = client.live()
+        try:
+            socket_path, live = _ask_live(host, config_path)
+        except DaemonNotRunning:
+            node = None if host.simulated or host.mounted or config_path else find_service_node()
+            if not node:
+                raise
+            host = HostRoot.from_env(node, simulator=simulator)
+            which = f" (the simulated node {node} of {SERVICE}; next time: hostagentd --check --simulate {node})"
+            socket_path, live = _ask_live(host, None)
     except HostagentError as e:
-        print(f"hostagentd: {'answers, but' if e.code == 'stuck' else 'not answering:'} {e.message}",
+        print(f"hostagentd: {'answers, but' if e.code == 'stuck' else 'not answering:'} {e.message}{which}",
               file=sys.stderr)
         return 1
     print(f"hostagentd {live.get('version', '?')} (pid {live.get('pid', '?')}) answers on {socket_path}, "
-          "its work moves")
+          f"its work moves{which}")
     return 0
 
 
@@ -384,6 +449,9 @@ def main(argv: list[str] | None = None) -> int:
     except HostagentError as e:
         print(f"hostagentd: error: {e.message}", file=sys.stderr)
         return 1
+    if missing_config(args.config):
+        print(f"hostagentd: error: {missing_config(args.config)}", file=sys.stderr)
+        return 2
     if args.check:
         return check(host, args.config)
     try:

@@ -102,7 +102,8 @@ class MetricsLink:
         from ..metrics import MetricsServer
         if self.options.port is None or self.server is not None:
             return
-        server = MetricsServer(_Page(self), self.options.address, self.options.port)
+        server = MetricsServer(_Page(self), self.options.address, self.options.port,
+                               config_file=str(self.agent.host.config_file))
         try:
             await asyncio.to_thread(server.start)
         except UnavailableError as e:

@@ -17,7 +17,7 @@ from ..errors import DriverNotLoaded, HostagentError, NvmlLibraryMissing
 from ..lock import node_lock
 from ..mig.planner import PLAN_SECONDS
 from ..mig.solver import Budget
-from .migops import created_instance, place_instance, refuse_allocated, remove_instance
+from .migops import busy_allocations, created_instance, place_instance, refuse_allocated, remove_instance
 
 __all__ = ["MigOps"]
 
@@ -109,18 +109,18 @@ class MigOps:
 
     def _plan_work(self, body: dict):
         from ..mig import service
-        plan, notes = service.plan(self.host, _spec(body), body.get("config"),
-                                   mode_only=body.get("mode_only", False),
-                                   on_layout_changed=self._refresh_spec,
-                                   stop_requested=self.agent.stop_requested.is_set)
-        return plan, notes
+        return service.plan_with_inventory(self.host, _spec(body), body.get("config"),
+                                           mode_only=body.get("mode_only", False),
+                                           on_layout_changed=self._refresh_spec,
+                                           stop_requested=self.agent.stop_requested.is_set)
 
     async def plan(self, body: dict) -> dict:
-        plan, notes = await self.agent.blocking(self._plan_work, body)
+        plan, notes, inventory = await self.agent.blocking(self._plan_work, body)
         if notes:                   # an interrupted apply was recovered: publish the layout
             async with self.agent.mutex:
                 await self._after("mig recovery")
-        return {"plan": plan.to_dict(), "notes": notes}
+        return {"plan": plan.to_dict(), "notes": notes,
+                "busy": busy_allocations(inventory, plan, self.agent.allocations.values())}
 
     def _apply_work(self, body: dict, started: list, progress: list):
         from ..mig import service

@@ -22,7 +22,7 @@ from ..mig.quirks import mig_profiles
 from ..mig.planner import PLAN_SECONDS
 from ..mig.solver import Budget, Geometry, Infeasible, SearchAborted, solve
 
-__all__ = ["Placed", "place_instance", "remove_instance", "affected_devices", "refuse_allocated",
+__all__ = ["Placed", "place_instance", "remove_instance", "affected_devices", "busy_allocations", "refuse_allocated",
            "created_instance", "NoRoom"]
 
 
@@ -153,6 +153,14 @@ def affected_devices(inventory: Inventory, plan: MigPlan) -> set[str]:
             if s.action == DESTROY_CI:
                 out |= {d.uuid for d in devices if (d.gi, d.ci) == (s.gi_id, s.ci_id)}
     return out
+
+
+def busy_allocations(inventory: Inventory, plan: MigPlan, allocations) -> list[dict]:
+    """The allocations holding devices ``plan`` would take away: each one's ``id``,
+    ``labels`` and those ``devices`` (UUIDs), by id (what an apply would be refused for)."""
+    affected = affected_devices(inventory, plan)
+    return [{"id": a.id, "labels": dict(a.request.get("labels") or {}), "devices": sorted(affected.intersection(a.devices))}
+            for a in sorted(allocations, key=lambda a: a.id) if affected.intersection(a.devices)]
 
 
 def refuse_allocated(inventory: Inventory, plan: MigPlan, allocations, *,

@@ -11,7 +11,7 @@ import posix
 import sys
 
 from . import cli
-from .errors import HookError
+from .errors import HookError, UsageError
 
 # Variables the dynamic loader (or libc) acts on. They are read when the interpreter
 # starts, so they cannot be cleaned up from here; but extension modules this program loads
@@ -67,7 +67,9 @@ def _main(argv: list[str] | None) -> int:
         _run(req)
         return 0
     except HookError as e:
-        print(f"{cli.PROG}: error: {e}", file=sys.stderr)
+        # A flag used wrongly says where the flags are listed, as the other programs do.
+        usage = f" (see {cli.PROG} --help)" if isinstance(e, UsageError) else ""
+        print(f"{cli.PROG}: error: {e}{usage}", file=sys.stderr)
         return e.code
     except OSError as e:                 # anything not foreseen above: still one line, no traceback
         print(f"{cli.PROG}: error: {e}", file=sys.stderr)

@@ -17,8 +17,10 @@ log = logging.getLogger("hostagent.metrics")
 
 
 class MetricsServer:
-    def __init__(self, exporter, address: str = "127.0.0.1", port: int = 9400):
+    def __init__(self, exporter, address: str = "127.0.0.1", port: int = 9400,
+                 config_file: str = "/etc/hostagent/config.yaml"):
         self.exporter = exporter
+        self.config_file = config_file         # where metrics.port is set: named by the busy-port hint
         self.address = address
         self.requested_port = port
         self._server = None
@@ -58,7 +60,7 @@ class MetricsServer:
             self._server = ThreadingHTTPServer((self.address, self.requested_port), Handler)
         except OSError as e:
             raise UnavailableError(f"cannot listen on {self.address}:{self.requested_port}: {e.strerror}",
-                                   hint="choose another metrics.port in /etc/hostagent/config.yaml, "
+                                   hint=f"choose another metrics.port in {self.config_file}, "
                                         "or stop what holds it (dcgm-exporter uses 9400 too)") from None
         self._server.daemon_threads = True
         self._thread = threading.Thread(target=self._server.serve_forever, name="hostagent-metrics-http",

@@ -27,6 +27,7 @@ class MetricsService:
                  pod_resolver=None):
         from .agent import AgentMetrics
         self.options = options or MetricsOptions()
+        self.host = host
         self.agent = agent if agent is not None else AgentMetrics()
         self.sampler = MetricsSampler(host, inventory, self.options.interval, agent=self.agent)
         self._inventory = inventory
@@ -66,7 +67,8 @@ class MetricsService:
         taken port is retried. Raises UnavailableError when the port cannot be bound."""
         if self.options.port is None or self.server is not None:
             return
-        server = MetricsServer(self, self.options.address, self.options.port)
+        server = MetricsServer(self, self.options.address, self.options.port,
+                               config_file=str(self.host.config_file))
         server.start()
         self.server = server
 

@@ -31,8 +31,14 @@ PLAN_SECONDS = 10.0
 
 
 class PlanError(ConfigError):
-    """The selected config cannot be applied to this node; nothing was changed."""
+    """The selected config cannot be applied to this node; nothing was changed. Exit 2 when
+    it names a MIG profile the GPUs do not have (an unknown name, as the CLI's other usage
+    errors), 1 when what it asks does not fit them."""
     code = "mig_plan_error"
+
+
+class _UnknownProfile(ValueError):
+    """A profile name the GPU's own table does not have."""
 
 
 def needs_reset(gpu: Gpu) -> bool:
@@ -54,7 +60,7 @@ def resolve(gpu: Gpu, entry: ConfigEntry) -> tuple[dict[int, list[int]], dict[st
         pn = parse_profile(name)
         prof = profiles.get(pn.gi_name)
         if prof is None:
-            raise ValueError(f"no MIG profile '{name}'; the profiles are {', '.join(profiles)} "
+            raise _UnknownProfile(f"no MIG profile '{name}'; the profiles are {', '.join(profiles)} "
                              "(and <C>c.<profile> compute-instance forms)")
         sizes = [s.slices for s in ci_shapes(prof.slices)]
         if pn.c not in sizes:
@@ -151,6 +157,7 @@ def plan(inventory: Inventory, spec: MigSpec, config: str | None = None, *,
     name, entries = spec.select(config)
     budget = budget or Budget(PLAN_SECONDS)
     problems: dict[str, list[Gpu]] = {}
+    unknown_profile = False
     gpus = []
     warnings = [f"GPU {u.index} cannot be read ({u.error}); it is left alone" for u in inventory.unreadable]
     # Its PCI id is unknown too, so a device-filter cannot rule it out: selected by index.
@@ -172,10 +179,14 @@ def plan(inventory: Inventory, spec: MigSpec, config: str | None = None, *,
             gpus.append(replace(planned, deferred=True) if after is DEFERRED else planned)
         except ValueError as e:
             problems.setdefault(str(e), []).append(gpu)
+            unknown_profile |= isinstance(e, _UnknownProfile)
     found = _missing_indices(inventory, entries) + _grouped(problems)
     if found:
-        raise PlanError(f"config '{name}' cannot be applied: " + "; ".join(found),
-                        where=spec.source, hint="nothing was changed")
+        error = PlanError(f"config '{name}' cannot be applied: " + "; ".join(found),
+                          where=spec.source, hint="nothing was changed")
+        if unknown_profile:
+            error.exit_code = 2
+        raise error
     return MigPlan(config=name, gpus=tuple(gpus), mode_only=mode_only, warnings=tuple(warnings),
                    unreadable=unreadable)
 

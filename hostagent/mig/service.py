@@ -167,10 +167,19 @@ def _replan(inventory: Inventory, spec: MigSpec | None, config: str | None, skip
 def plan(host: HostRoot, spec: MigSpec | None, config: str | None, *, mode_only: bool = False,
          on_layout_changed: Callable[[HostRoot], None] = _no_hook,
          stop_requested: Callable[[], bool] | None = None) -> tuple[MigPlan, list[str]]:
+    result, notes, _ = plan_with_inventory(host, spec, config, mode_only=mode_only,
+                                           on_layout_changed=on_layout_changed, stop_requested=stop_requested)
+    return result, notes
+
+
+def plan_with_inventory(host: HostRoot, spec: MigSpec | None, config: str | None, *, mode_only: bool = False,
+                        on_layout_changed: Callable[[HostRoot], None] = _no_hook,
+                        stop_requested: Callable[[], bool] | None = None):
+    """``plan``, with the inventory it was made from (to tell which devices it takes away)."""
     note = recover_pending(host, on_layout_changed=on_layout_changed)
     inventory = read_inventory(host)
     return (_first_plan(inventory, spec, config, mode_only=mode_only,
-                        budget=Budget(PLAN_SECONDS, stop_requested)), [note] if note else [])
+                        budget=Budget(PLAN_SECONDS, stop_requested)), [note] if note else [], inventory)
 
 
 def check(host: HostRoot, spec: MigSpec | None, config: str | None, *, mode_only: bool = False) -> MigPlan:

@@ -75,6 +75,8 @@ class AgentLink:
         # changes only in them (``?own=``), so the devices' allocations lists may lack them.
         self.own_prefix: str | None = None
         self.connects = 0                   # successful (re)connections, for tests and status
+        self.types = WATCHED                # the event types asked for (a user may want more)
+        self.event_listeners: list = []     # called with each event as it comes, on the link's thread
         self._local = threading.local()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -139,7 +141,7 @@ class AgentLink:
                     raise
                 labels = {}                 # the agent has not read the inventory yet
             first = True
-            for event in c.watch(since=self.view.revision, types=WATCHED, own=self.own_prefix):
+            for event in c.watch(since=self.view.revision, types=self.types, own=self.own_prefix):
                 if self._stop.is_set():
                     return "stopped"
                 view = self.view
@@ -150,6 +152,11 @@ class AgentLink:
                     view = replace(view, connected=True, error=None, labels=labels)
                     first = False
                 self._take(view, event)
+                for listener in list(self.event_listeners):
+                    try:
+                        listener(event)
+                    except Exception:   # one listener's bug never stops the link
+                        log.exception("agent event listener %r failed", listener)
                 if event.get("type") == "stopping":
                     return "the agent is stopping"
         return "the agent's stream ended"

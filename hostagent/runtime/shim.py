@@ -114,8 +114,12 @@ def _options(argv: list[str]) -> tuple[dict, list[str]]:
     i = 0
     while i < len(argv) and argv[i] != "--":
         key = argv[i].lstrip("-").replace("-", "_")
-        if key not in opts or i + 1 >= len(argv):
-            break
+        if key not in opts or not argv[i].startswith("--"):
+            break                   # the low-level runtime's own arguments from here
+        if i + 1 >= len(argv):
+            print(f"hostagent-runtime: error: {argv[i]} needs a value (see hostagent-runtime --help)",
+                  file=sys.stderr)
+            sys.exit(2)
         opts[key] = argv[i + 1]
         i += 2
     if i < len(argv) and argv[i] == "--":

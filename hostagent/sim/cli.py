@@ -58,7 +58,7 @@ def register(sub) -> None:
                        ("occupancy", "warps resident, of what the SMs hold"), ("tensor", "tensor pipes busy"),
                        ("fp64", "FP64 pipes busy"), ("fp32", "FP32 pipes busy"), ("fp16", "FP16 pipes busy"),
                        ("dram", "DRAM bandwidth used (a MIG device: of its GPU instance's)")):
-        v.add_argument(f"--{name}", type=float, metavar="PCT", help=f"percent of time: {what}")
+        v.add_argument(f"--{name}", type=_percentage, metavar="PCT", help=f"percent of time: {what}")
     for name, what in (("pcie-tx", "out of the GPU over PCIe"), ("pcie-rx", "into the GPU over PCIe"),
                        ("nvlink-tx", "sent over all NVLinks"), ("nvlink-rx", "received over all NVLinks")):
         v.add_argument(f"--{name}", type=float, default=0.0, metavar="MIB_S", help=f"MiB/s {what}")
@@ -207,6 +207,19 @@ def demo(args) -> int:
     print(f"\nTo keep a node and use the other commands on it: hostagent sim create --profile "
           f"{args.profile} --root DIR, then hostagent --simulate DIR devices")
     return 0
+
+
+def _percentage(text: str) -> float:
+    """An argparse type: a percentage, 0 to 100 (the option that got it names itself)."""
+    import argparse
+    import math
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 <= value <= 100:          # also refuses nan
+        raise argparse.ArgumentTypeError(f"{text} is not a percentage (0-100)")
+    return value
 
 
 def hold(args) -> int:

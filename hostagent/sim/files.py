@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 import stat
 from pathlib import Path
 
@@ -11,8 +12,8 @@ from ..errors import PermissionDenied
 from ..fileio import ensure_dir, write_atomic
 from .node import NodeFacts, NodeState
 
-__all__ = ["NodeFiles", "can_create_device_nodes", "mig_minors", "mig_cap_names", "sync_mig_caps",
-           "create_cap_nodes", "remove_cap_nodes", "add_drm_nodes", "FIXED_CAP_MINORS"]
+__all__ = ["NodeFiles", "can_create_device_nodes", "recorded_char_device", "mig_minors", "mig_cap_names",
+           "sync_mig_caps", "create_cap_nodes", "remove_cap_nodes", "add_drm_nodes", "FIXED_CAP_MINORS"]
 
 KERNEL_RELEASE = "6.1.0-28-amd64"           # Debian 12's kernel
 
@@ -29,6 +30,10 @@ def release(root: Path) -> str:
 # instances: minor -> mode of the /dev node.
 FIXED_CAP_MINORS = {1: 0o400, 2: 0o444}
 DRM_MAJOR = 226
+# What stands in for a character device on a node made by a user who may not create device
+# nodes: a regular file recording the device's numbers (recorded_char_device reads them).
+_RECORD = "simulated character device {major}:{minor}\n"
+_RECORDED = re.compile(r"simulated character device (\d+):(\d+)\n")
 
 
 def can_create_device_nodes(directory: Path) -> bool:
@@ -97,8 +102,25 @@ class NodeFiles:
                     "files") from None
             os.chmod(path, mode)
         else:
-            write_atomic(path, f"simulated character device {major}:{minor}\n", mode=mode,
-                         durable=False)
+            write_atomic(path, _RECORD.format(major=major, minor=minor), mode=mode, durable=False)
+
+
+def recorded_char_device(path):
+    """The device a regular file the simulator wrote in place of a device node stands for
+    (``hostagent.platform.CharDevice``), or None when the file is no such record."""
+    from ..platform import CharDevice
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return None
+        found = _RECORDED.fullmatch(os.read(fd, 64).decode("ascii", "replace"))
+    finally:
+        os.close(fd)
+    return CharDevice(int(found[1]), int(found[2]), stat.S_IMODE(st.st_mode)) if found else None
 
 
 def mig_cap_names(state: NodeState) -> dict[str, int]:

@@ -67,6 +67,16 @@ class SimulatedNode(Platform):
         from .store import SimStore
         pcibus.write(SimStore(host.root), str(path).lstrip("/"), value)
 
+    def char_device(self, host, path):
+        """A real device node as the host's; a regular file the simulator wrote in its place
+        (the node was made by a user who may not create device nodes) as the device it
+        records, so such a node's CDI spec and allocations are root's."""
+        found = super().char_device(host, path)
+        if found is not None:
+            return found
+        from .files import recorded_char_device
+        return recorded_char_device(path)
+
     def is_node(self, host) -> bool:
         from .store import SimStore
         return SimStore(host.root).exists()

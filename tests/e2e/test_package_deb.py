@@ -102,7 +102,8 @@ def test_apt_installs_it_and_starts_the_service_on_a_node_without_a_gpu(box, deb
     for path in ("/usr/bin/hostagent-hook", "/usr/bin/hostagent-runtime", "/etc/hostagent/config.yaml",
                  "/lib/systemd/system/hostagent.service", "/usr/share/doc/hostagent/daemon.md",
                  "/usr/share/man/man1/hostagent.1.gz", "/usr/share/man/man8/hostagentd.8.gz",
-                 "/usr/share/bash-completion/completions/hostagent"):
+                 "/usr/share/bash-completion/completions/hostagent",
+                 "/usr/share/doc/hostagent/hostagent-dashboard.json"):      # as the rpm ships it
         box.run("test", "-e", path)
     assert "/etc/hostagent/config.yaml" in box.run("cat", "/var/lib/dpkg/info/hostagent.conffiles").stdout
     # The hook's program runs isolated from PATH (it refuses otherwise).

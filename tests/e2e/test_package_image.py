@@ -86,7 +86,7 @@ def test_image_is_tagged_with_the_version_and_runs_the_agent_on_a_simulated_node
         podman("rm", "-f", "-t", "0", name, check=False)
 
 
-DAEMONSET = Path(__file__).resolve().parents[2] / "packaging/kubernetes/daemonset.yaml"
+DAEMONSET = Path(__file__).resolve().parents[2] / "packaging/kubernetes/base/daemonset.yaml"
 CONFIGMAP = DAEMONSET.with_name("configmap.yaml")
 
 
@@ -164,3 +164,54 @@ def test_the_daemonset_agent_serves_a_host_mounted_at_host_with_specs_of_host_pa
                          "ldconfig -p | grep -c libnvidia-ml.so.1", devices=[f"{vendor}/gpu=0"]).stdout
     version = json.loads((tree / ".sim/node.json").read_text())["driver_version"]
     assert out.splitlines() == ["character special file c3:0", f"libcuda.so.{version}", "1"], out
+
+
+def test_the_simulated_overlays_agent_makes_its_node_and_answers(image, tmp_path):
+    """The agent's pod of packaging/kubernetes/simulated as kustomize renders it (its init
+    container, then the agent with its environment and mounts), each host path a folder
+    of ``tmp_path``: the node is made, the agent serves it unprivileged, and a client on the
+    host's side of the /run/hostagent mount (where the device plugin looks) gets its 8 GPUs."""
+    import yaml
+    rendered = subprocess.run([script("kubectl"), "kustomize", str(DAEMONSET.parents[1] / "simulated")],
+                              capture_output=True, text=True, check=True, timeout=120).stdout
+    docs = [d for d in yaml.safe_load_all(rendered) if d]
+    pod = next(d for d in docs if d["kind"] == "DaemonSet")["spec"]["template"]["spec"]
+    config = next(d for d in docs if d["kind"] == "ConfigMap")["data"]["config.yaml"]
+    host = {v["name"]: tmp_path / v["hostPath"]["path"].strip("/") for v in pod["volumes"] if "hostPath" in v}
+    for folder in host.values():
+        folder.mkdir(parents=True, exist_ok=True)
+    (tmp_path / "config").mkdir()
+    # The port is the pod's own in the cluster; here it shares this machine's network.
+    (tmp_path / "config/config.yaml").write_text(config.replace("port: 9400", "port: null"))
+    host["config"] = tmp_path / "config"
+
+    def flags(container):
+        out = []
+        for m in container["volumeMounts"]:
+            out += ["-v", f"{host[m['name']]}:{m['mountPath']}" + (":ro" if m.get("readOnly") else "")]
+        return out + [a for e in container.get("env", ()) for a in ("-e", f"{e['name']}={e['value']}")]
+
+    [init] = pod["initContainers"]
+    podman("run", "--rm", *PODMAN_FLAGS, *flags(init), image, *init["command"])
+    assert (host["simulated-node"] / ".sim/node.json").exists()
+    agent = pod["containers"][0]
+    assert "command" not in agent and agent["securityContext"]["privileged"] is False
+    name = f"hostagent-simulated-{uuid.uuid4().hex[:8]}"
+    podman("run", "-d", "--name", name, *PODMAN_FLAGS, *flags(agent), image)
+    try:
+        socket = wait_for(host["run-hostagent"] / "hostagent.sock", name)
+        with Client(socket_path=socket, timeout=10) as client:
+            node = client.node()
+        assert node["gpus"] == 8 and node["agent"]["version"] == __version__
+        # The probes' command, as the kubelet runs it in the container.
+        check = podman("exec", name, *agent["livenessProbe"]["exec"]["command"], check=False)
+        assert check.returncode == 0, check.stderr
+        # The node's labels, where NFD's worker reads them.
+        labels = (host["nfd-features"] / "hostagent").read_text()
+        assert "nvidia.com/gpu.count=8" in labels and "nvidia.com/gpu.product=NVIDIA-A100-SXM4-40GB" in labels
+        # A second start (the pod restarted) keeps the node it made.
+        podman("run", "--rm", *PODMAN_FLAGS, *flags(init), image, *init["command"])
+        with Client(socket_path=socket, timeout=10) as client:
+            assert client.node()["gpus"] == 8
+    finally:
+        podman("rm", "-f", "-t", "10", name, check=False)

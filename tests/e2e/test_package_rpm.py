@@ -42,7 +42,8 @@ def test_rpm_installs_the_programs_units_config_and_docs(rpm):
     assert units <= {Path(f).name for f in files if f.startswith("/usr/lib/systemd/system/")}
     assert "/usr/lib/systemd/system-preset/90-hostagent.preset" in files
     assert {"/usr/share/containers/oci/hooks.d/50-hostagent.json", "/usr/share/man/man1/hostagent.1.gz",
-            "/usr/share/bash-completion/completions/hostagent", "/usr/share/doc/hostagent/daemon.md"} <= files
+            "/usr/share/bash-completion/completions/hostagent", "/usr/share/doc/hostagent/daemon.md",
+            "/usr/share/doc/hostagent/hostagent-dashboard.json"} <= files
     assert rpm_query(rpm, "-c").split() == ["/etc/hostagent/config.yaml"]
     # The bundled libraries need nothing from the system but the interpreter.
     requires = rpm_query(rpm, "-R")

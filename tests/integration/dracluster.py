@@ -1,7 +1,8 @@
-"""A one-node test cluster for the DRA plugin: the test API server, the real agent on a
-simulated node, the test kubelet, ``hostagent dra-plugin`` as a child process, and the test
-scheduler; plus NVIDIA's quickstart claims made into ResourceClaims the way a pod's
-templates make them."""
+"""A one-node test cluster for the DRA plugin and the node controller: the test API server,
+the real agent on a simulated node, the test kubelet, ``hostagent dra-plugin`` (unless
+``dra_plugin`` is false) and ``hostagent node-controller`` (``start_controller``) as child
+processes, and the test scheduler; plus NVIDIA's quickstart claims made into ResourceClaims
+the way a pod's templates make them."""
 
 from __future__ import annotations
 
@@ -36,7 +37,8 @@ def quickstart() -> dict[str, dict]:
 
 
 class Cluster:
-    def __init__(self, profile: str = "dgx-a100", version=(1, 34), plugin_args=(), agent_config=None):
+    def __init__(self, profile: str = "dgx-a100", version=(1, 34), plugin_args=(), agent_config=None,
+                 dra_plugin: bool = True, namespace: str = "hostagent"):
         self.root = make_root(profile)
         self._agent = contextlib.ExitStack()
         self.agent = self._agent.enter_context(running_agent(self.root, agent_config or AGENT, start=False))
@@ -47,18 +49,48 @@ class Cluster:
         self.plugin_args = list(plugin_args)
         self.proc: subprocess.Popen | None = None
         self.log = self.work / "dra-plugin.log"
+        self.dra_plugin = dra_plugin
+        self.namespace = namespace
+        self.controller: subprocess.Popen | None = None
+        self.controller_log_path = self.work / "node-controller.log"
         self._claims = 0
 
     # ---- life -----------------------------------------------------------------------
 
-    def start(self) -> "Cluster":
-        self.api.start()
-        self.api.add_node(NODE)
+    def start(self, api: bool = True) -> "Cluster":
+        """The API server (unless ``api`` is false: started later, ``start_api``), the agent,
+        the kubelet, the DRA plugin when it is one of the cluster's."""
         self.kubeconfig = self.api.kubeconfig(self.work / "kubeconfig")
+        if api:
+            self.start_api()
         self.agent.start()
         self.kubelet.start()
-        self.start_plugin()
+        if self.dra_plugin:
+            self.start_plugin()
         return self
+
+    def start_api(self) -> None:
+        self.api.start()
+        if NODE not in self.api.nodes:
+            self.api.add_node(NODE)
+        self.kubeconfig = self.api.kubeconfig(self.work / "kubeconfig")
+
+    def start_controller(self, *args: str) -> subprocess.Popen:
+        """``hostagent --simulate ROOT node-controller`` for the node, with ``args``."""
+        cmd = [sys.executable, "-m", "hostagent.cli.main", "--simulate", str(self.root), "node-controller",
+               "--kubeconfig", str(self.kubeconfig), "--node-name", NODE, "--namespace", self.namespace,
+               "--log-level", "debug", *args]
+        with open(self.controller_log_path, "ab") as log:
+            self.controller = subprocess.Popen(cmd, stdout=log, stderr=log, stdin=subprocess.DEVNULL)
+        return self.controller
+
+    def stop_controller(self) -> int:
+        self.controller.send_signal(signal.SIGTERM)
+        return self.controller.wait(15)
+
+    def controller_log(self) -> str:
+        path = self.controller_log_path
+        return path.read_text(errors="replace") if path.exists() else ""
 
     def start_plugin(self) -> None:
         cmd = [sys.executable, "-m", "hostagent.cli.main", "--simulate", str(self.root), "dra-plugin",
@@ -74,9 +106,10 @@ class Cluster:
 
     def close(self) -> None:
         try:
-            if self.proc is not None and self.proc.poll() is None:
-                self.proc.kill()
-                self.proc.wait()
+            for proc in (self.proc, self.controller):
+                if proc is not None and proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
             self.kubelet.stop()
             self.api.stop()
         finally:

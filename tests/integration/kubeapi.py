@@ -1,5 +1,5 @@
-"""A test Kubernetes API server: the part of ``resource.k8s.io/v1`` a DRA plugin uses, over
-HTTP on 127.0.0.1, for a real client (lightkube) to talk to.
+"""A test Kubernetes API server: the parts of the API hostagent's plugins use (the DRA plugin,
+the node controller), over HTTP on 127.0.0.1, for a real client (lightkube) to talk to.
 
 - ResourceSlices: list and watch (field selectors ``spec.driver``, ``spec.nodeName``,
   ``spec.pool.name``), get, create (``generateName`` too), replace (``resourceVersion``
@@ -7,7 +7,13 @@ HTTP on 127.0.0.1, for a real client (lightkube) to talk to.
   ``version`` checks it: against Kubernetes' OpenAPI schema (``kubernetes-validate``,
   strict) and the limits of its validation code (``slice_problems``); a bad one is refused
   with 422 and kept in ``rejected``.
-- ResourceClaims: get (tests put them in ``claims``); Nodes: get; ``/version``.
+- ResourceClaims: get (tests put them in ``claims``); ``/version``.
+- Nodes (and ``nodes/status``), Pods (and ``pods/eviction``), ConfigMaps, Events and Leases
+  (``kubeobjects``): list and watch with label and field selectors, get, create, replace,
+  merge and strategic merge patches, resourceVersions with 409 on a stale write, each object
+  written checked against the schema of ``version``.
+- Watches resume from a ``resourceVersion``; one older than ``compact()`` left is answered
+  with 410 Gone (the ERROR event a real API server sends), as after an etcd compaction.
 - ``partitionable=False``: the API server of a cluster whose DRAPartitionableDevices gate is
   off drops ``sharedCounters`` and ``consumesCounters`` from what it stores, as a real one does;
   ``device_taints`` (the DRADeviceTaints gate; by default on from 1.36, as Kubernetes has
@@ -28,7 +34,12 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import parse_qs, urlparse
 
-import kubernetes_validate
+try:
+    import kubernetes_validate
+except ImportError:              # tests/kubelet_demo.py from the README's install: no schemas to check
+    kubernetes_validate = None   # against (the test suite has them: [test])
+
+from .kubeobjects import RESOURCES, Objects, field_selected, label_selected, now
 
 __all__ = ["TestApiServer", "slice_problems", "kubeconfig"]
 
@@ -38,7 +49,8 @@ DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]
 SEMVER = re.compile(r"^(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)(?:-[0-9A-Za-z.-]+)?(?:\+[0-9A-Za-z.-]+)?$")
 SLICES = "/apis/resource.k8s.io/v1/resourceslices"
 CLAIM = re.compile(r"^/apis/resource\.k8s\.io/v1/namespaces/([^/]+)/resourceclaims/([^/]+)$")
-NODE = re.compile(r"^/api/v1/nodes/([^/]+)$")
+# /api/v1[/namespaces/NS]/RESOURCE[/NAME[/SUBRESOURCE]] and the same under /apis/GROUP/VERSION
+OBJECT = re.compile(r"^/(?:api/v1|apis/[^/]+/[^/]+)(?:/namespaces/([^/]+))?/([a-z]+)(?:/([^/]+))?(?:/([a-z]+))?$")
 
 
 def _qualified(name: str) -> str | None:
@@ -157,14 +169,7 @@ def _status(code: int, reason: str, message: str) -> dict:
 
 
 def _selected(obj: dict, selector: str | None) -> bool:
-    for term in filter(None, (selector or "").split(",")):
-        key, _, want = term.partition("=")
-        value = obj
-        for part in key.split("."):
-            value = value.get(part) if isinstance(value, dict) else None
-        if str(value if value is not None else "") != want:
-            return False
-    return True
+    return field_selected(obj, selector)
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -198,11 +203,16 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(code, _status(code, "InternalError", "injected failure"))
             return
         try:
-            code, body = api.answer(method, url.path, query, self._body() if method in ("POST", "PUT") else None, self)
+            body = self._body() if method in ("POST", "PUT", "PATCH") else None
+            self.content_type = self.headers.get("Content-Type") or ""
+            code, body = api.answer(method, url.path, query, body, self)
         except Exception as e:       # a bug in the test server: say so to the client
             code, body = 500, _status(500, "InternalError", f"test API server: {type(e).__name__}: {e}")
         if code:
-            self._send(code, body)
+            try:
+                self._send(code, body)
+            except OSError:          # the client went away (a killed process): nothing to answer
+                self.close_connection = True
 
     def do_GET(self):
         self._route("GET")
@@ -215,6 +225,9 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_DELETE(self):
         self._route("DELETE")
+
+    def do_PATCH(self):
+        self._route("PATCH")
 
 
 class _Server(ThreadingHTTPServer):
@@ -256,7 +269,10 @@ class TestApiServer:
         self.failing: list[int] = []           # statuses the next requests get
         self.writes = 0                        # slices created, replaced or deleted
         self._rv = 0
-        self._events: list[tuple[int, str, dict]] = []
+        self._events: list[tuple[int, str, str, dict]] = []      # (resourceVersion, resource, type, object)
+        self.compacted = 0                     # watches from before this resourceVersion get 410 Gone
+        self.objects = Objects(self._stamp, self._event, self._validate, self.nodes)
+        self.objects.rejected = self.rejected
         self._cond = threading.Condition()
         self._server: _Server | None = None
         self._thread = None
@@ -299,7 +315,7 @@ class TestApiServer:
 
     # ---- state ----------------------------------------------------------------------
 
-    def _stamp(self, obj: dict, kind: str) -> dict:
+    def _stamp(self, obj: dict, kind: str | None = None) -> dict:
         self._rv += 1
         meta = obj.setdefault("metadata", {})
         meta["resourceVersion"] = str(self._rv)
@@ -307,15 +323,73 @@ class TestApiServer:
         meta.setdefault("creationTimestamp", time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
         return obj
 
-    def _event(self, kind: str, obj: dict) -> None:
-        self._events.append((self._rv, kind, json.loads(json.dumps(obj))))
+    def _event(self, kind: str, obj: dict, resource: str = "resourceslices") -> None:
+        self._events.append((self._rv, resource, kind, json.loads(json.dumps(obj))))
         self._cond.notify_all()
 
-    def add_node(self, name: str) -> dict:
+    def compact(self) -> None:
+        """Forget the changes so far, as etcd's compaction does: a watch resumed from before
+        now is answered 410 Gone."""
         with self._cond:
-            node = self._stamp({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}}, "Node")
+            self.compacted = self._rv
+            self._events = []
+
+    def add_node(self, name: str, labels: dict | None = None) -> dict:
+        with self._cond:
+            meta = {"name": name, **({"labels": dict(labels)} if labels else {})}
+            node = self._stamp({"apiVersion": "v1", "kind": "Node", "metadata": meta,
+                                "spec": {}, "status": {"conditions": []}}, "Node")
             self.nodes[name] = node
+            self._event("ADDED", node, "nodes")
             return node
+
+    # ---- what tests and other clients do ------------------------------------------------
+
+    def label_node(self, name: str, labels: dict) -> dict:
+        """``kubectl label node``: each key set, or removed where its value is None."""
+        with self._cond:
+            code, obj = self.objects.patch("nodes", "", name, {"metadata": {"labels": labels}},
+                                           "application/merge-patch+json")
+            assert code == 200, obj
+            return obj
+
+    def patch(self, resource: str, name: str, patch: dict, namespace: str = "") -> dict:
+        """A merge patch, as another client (an admin's kubectl) makes it."""
+        with self._cond:
+            code, obj = self.objects.patch(resource, namespace, name, patch, "application/merge-patch+json")
+            assert code == 200, obj
+            return obj
+
+    def get(self, resource: str, name: str, namespace: str = "") -> dict | None:
+        with self._cond:
+            obj = self.objects.get(resource, namespace, name)
+            return json.loads(json.dumps(obj)) if obj is not None else None
+
+    def create(self, obj: dict) -> dict:
+        """Create ``obj`` as a client would (checked, stamped, watched)."""
+        resource = next(r for r, (_, kind, _) in RESOURCES.items() if kind == obj["kind"])
+        with self._cond:
+            code, out = self.objects.create(resource, obj["metadata"].get("namespace", ""), json.loads(json.dumps(obj)))
+            assert code == 201, out
+            return out
+
+    def delete(self, resource: str, name: str, namespace: str = "") -> None:
+        with self._cond:
+            self.objects.delete(resource, namespace, name)
+
+    def list(self, resource: str, namespace: str | None = None, labels: str | None = None,
+             fields: str | None = None) -> list[dict]:
+        with self._cond:
+            return json.loads(json.dumps(self.objects.list(resource, namespace, labels, fields)))
+
+    def events(self, node: str | None = None) -> list[dict]:
+        """The Events recorded, about ``node`` when one is named."""
+        fields = f"involvedObject.kind=Node,involvedObject.name={node}" if node else None
+        return self.list("events", fields=fields)
+
+    def condition(self, node: str, kind: str) -> dict | None:
+        found = self.get("nodes", node) or {}
+        return next((c for c in (found.get("status") or {}).get("conditions") or [] if c.get("type") == kind), None)
 
     def put_claim(self, claim: dict) -> dict:
         with self._cond:
@@ -352,12 +426,18 @@ class TestApiServer:
 
     # ---- requests ---------------------------------------------------------------------
 
-    def _check(self, obj: dict) -> list[str]:
+    def _validate(self, obj: dict) -> list[str]:
+        """What the OpenAPI schema of this server's version says of ``obj`` (strict)."""
+        if kubernetes_validate is None:
+            return []
         try:
             kubernetes_validate.validate(obj, f"{self.version[0]}.{self.version[1]}", strict=True)
-            problems = []
+            return []
         except kubernetes_validate.ValidationError as e:
-            problems = [f"schema: {e.message} at {'.'.join(str(p) for p in e.path)}"]
+            return [f"schema: {e.message} at {'.'.join(str(p) for p in e.path)}"]
+
+    def _check(self, obj: dict) -> list[str]:
+        problems = self._validate(obj)
         problems += slice_problems(obj.get("spec") or {}, self.version)
         name = (obj.get("metadata") or {}).get("name") or ""
         if name and (len(name) > 253 or not DNS_SUBDOMAIN.match(name)):
@@ -386,10 +466,6 @@ class TestApiServer:
         if path == "/version":
             major, minor = self.version
             return 200, {"major": str(major), "minor": str(minor), "gitVersion": f"v{major}.{minor}.0"}
-        m = NODE.match(path)
-        if m and method == "GET":
-            node = self.nodes.get(m.group(1))
-            return (200, node) if node else (404, _status(404, "NotFound", f'nodes "{m.group(1)}" not found'))
         m = CLAIM.match(path)
         if m and method == "GET":
             claim = self.claims.get((m.group(1), m.group(2)))
@@ -423,7 +499,52 @@ class TestApiServer:
                     return 200, _status(200, "", "deleted") | {"status": "Success"}
                 if method == "PUT":
                     return self._replace(name, body)
+        m = OBJECT.match(path)
+        if m and m.group(2) in RESOURCES:
+            with self._cond:
+                return self._object(method, m.group(1), m.group(2), m.group(3), m.group(4), query, body, handler)
         return 404, _status(404, "NotFound", f"the test API server has no {method} {path}")
+
+    def _object(self, method, namespace, resource, name, subresource, query, body, handler):
+        """Requests for the objects of ``kubeobjects`` (under the lock)."""
+        objects = self.objects
+        ns = namespace or ""
+        if RESOURCES[resource][2] != bool(namespace) and name is not None:
+            return 404, _status(404, "NotFound", f"{resource}: the namespace is {'missing' if namespace else 'extra'}")
+        if name is None:
+            if method == "GET" and query.get("watch") in ("true", "1"):
+                self._cond.release()
+                try:
+                    self._watch(query, handler, resource, namespace)
+                finally:
+                    self._cond.acquire()
+                return None, None
+            if method == "GET":
+                try:
+                    items = objects.list(resource, namespace, query.get("labelSelector"), query.get("fieldSelector"))
+                except ValueError as e:
+                    return 400, _status(400, "BadRequest", str(e))
+                api_version, kind, _ = RESOURCES[resource]
+                return 200, {"apiVersion": api_version, "kind": f"{kind}List",
+                             "metadata": {"resourceVersion": str(self._rv)}, "items": items}
+            if method == "POST" and namespace or method == "POST" and not RESOURCES[resource][2]:
+                return objects.create(resource, ns, body)
+            return 405, _status(405, "MethodNotAllowed", f"{method} on the {resource} collection")
+        allowed = {None: ("GET", "PUT", "PATCH", "DELETE"), "status": ("GET", "PUT", "PATCH"),
+                   "eviction": ("POST",)}
+        if subresource not in allowed or (subresource == "status" and resource not in ("nodes", "pods")) \
+                or (subresource == "eviction" and resource != "pods") or method not in allowed[subresource]:
+            return 405, _status(405, "MethodNotAllowed", f"{method} on {resource}/{subresource or ''}")
+        if subresource == "eviction":
+            return objects.evict(ns, name, body)
+        if method == "GET":
+            obj = objects.get(resource, ns, name)
+            return (200, obj) if obj else (404, _status(404, "NotFound", f'{resource} "{name}" not found'))
+        if method == "PUT":
+            return objects.replace(resource, ns, name, body, subresource)
+        if method == "PATCH":
+            return objects.patch(resource, ns, name, body, handler.content_type, subresource)
+        return objects.delete(resource, ns, name)
 
     def _create(self, body: dict):
         meta = body.setdefault("metadata", {})
@@ -466,8 +587,13 @@ class TestApiServer:
         self._event("MODIFIED", obj)
         return 200, obj
 
-    def _watch(self, query: dict, handler) -> None:
+    def _watch(self, query: dict, handler, resource: str = "resourceslices", namespace: str | None = None) -> None:
         selector = query.get("fieldSelector")
+        labels = query.get("labelSelector")
+
+        def selected(obj: dict) -> bool:
+            return (_selected(obj, selector) and label_selected(obj, labels)
+                    and (namespace is None or (obj.get("metadata") or {}).get("namespace") == namespace))
         deadline = time.monotonic() + float(query.get("timeoutSeconds") or 300)
         handler.send_response(200)
         handler.send_header("Content-Type", "application/json")
@@ -481,22 +607,27 @@ class TestApiServer:
         try:
             with self._cond:
                 since = query.get("resourceVersion")
-                if since:
+                if since and since != "0" and int(since) < self.compacted:
+                    send("ERROR", _status(410, "Expired", f"too old resource version: {since} ({self.compacted})"))
+                    pending, position, deadline = [], self._rv, 0.0
+                elif since and since != "0":
                     position = int(since)
-                    pending = [(k, o) for rv, k, o in self._events if rv > position and _selected(o, selector)]
+                    pending = [(k, o) for rv, r, k, o in self._events if rv > position and r == resource and selected(o)]
                 else:
                     position = self._rv
-                    pending = [("ADDED", s) for s in self.slices.values() if _selected(s, selector)]
+                    current = self.slices.values() if resource == "resourceslices" else \
+                        self.objects.list(resource, namespace, None, None)
+                    pending = [("ADDED", s) for s in current if selected(s)]
             for kind, obj in pending:
                 send(kind, obj)
             while self.up and time.monotonic() < deadline:
                 with self._cond:
                     self._cond.wait(0.2)
-                    fresh = [(rv, k, o) for rv, k, o in self._events if rv > position]
+                    fresh = [(rv, r, k, o) for rv, r, k, o in self._events if rv > position]
                     if fresh:
                         position = fresh[-1][0]
-                for _, kind, obj in fresh:
-                    if _selected(obj, selector):
+                for _, r, kind, obj in fresh:
+                    if r == resource and selected(obj):
                         send(kind, obj)
             handler.wfile.write(b"0\r\n\r\n")
         except OSError:

@@ -25,7 +25,8 @@ STDLIB = ("argparse", "asyncio", "base64", "collections", "concurrent.futures", 
           "statistics", "string", "struct", "subprocess", "tempfile", "textwrap", "threading", "time",
           "tomllib", "traceback", "typing", "urllib.parse", "uuid", "weakref", "zlib",
           "encodings.idna",    # the DRA plugin's HTTP client resolves the API server's name
-          "jsonschema")        # and its own standard modules (pprint, ...): sharing validates with it
+          "jsonschema",        # and its own standard modules (pprint, ...): sharing validates with it
+          "http.server", "prometheus_client")   # a daemon's metrics
 
 
 def import_everything() -> None:

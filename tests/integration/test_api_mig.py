@@ -131,8 +131,13 @@ def test_on_demand_create_best_fit_and_destroy(agent):
 def test_allocated_devices_are_not_taken_away(agent):
     with agent.client() as c:
         post(c, "/v1/mig/apply", {"config": "two", "spec": SPEC})
-        alloc = c.allocate("mig-user", [{"constraints": {"profile": "3g.20gb"}}])
+        assert c.mig_plan("none", SPEC)["busy"] == []
+        alloc = c.allocate("mig-user", [{"constraints": {"profile": "3g.20gb"}}], labels={"pod": "a/b"})
         uuid = alloc["devices"][0]
+        # The plan names what is in the way before an apply is refused for it; a plan that
+        # leaves the device alone names nothing.
+        assert c.mig_plan("none", SPEC)["busy"] == [{"id": "mig-user", "labels": {"pod": "a/b"}, "devices": [uuid]}]
+        assert c.mig_plan("two", SPEC)["busy"] == []
         with pytest.raises(ConflictError) as e:
             c.request("DELETE", f"/v1/mig/instances/{uuid}")
         assert e.value.code == "device_busy"

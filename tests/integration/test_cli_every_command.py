@@ -26,6 +26,8 @@ from tests.runfolder import readable_copy
 SAMPLES = {
     "devices": [], "topo": [], "node": [], "labels": ["--write"], "serve": [], "device-plugin": [],
     "dra-plugin": ["--node-name", "node-1", "--kubeconfig", "ROOT/kubeconfig"],
+    "dra-webhook": ["--tls-cert", "ROOT/tls.crt", "--tls-key", "ROOT/tls.key"],
+    "node-controller": ["--node-name", "node-1", "--kubeconfig", "ROOT/kubeconfig", "--dry-run"],
     "health status": [], "health watch": [], "health clear": ["--all"],
     "cdi generate": ["--output", "ROOT/spec.json"], "cdi refresh": [], "cdi list": [],
     "cdi validate": ["ROOT/var/run/cdi/nvidia.com-gpu.json"],
@@ -84,12 +86,12 @@ def test_help_usage_and_global_options(command, capsys):
     code, out, err = run([*words, "--help"], capsys)
     assert (code, err) == (0, "") and out.startswith(f"usage: hostagent {command} ")
     assert "global options (before or after the command):" in out and "--simulate DIR" in out
-    # A mistake is reported with this command's usage, not the top level's.
+    # A mistake is one line from this command's parser (not the top level's), naming the
+    # option and where the options are listed, with no usage block.
     code, out, err = run([*words, *SAMPLES[command], "--simulte=/x"], capsys)
     assert code == 2 and out == ""
-    assert err.startswith(f"usage: hostagent {command} ")
-    assert err.splitlines()[-1].startswith(f"hostagent {command}: error: ")
-    assert "did you mean '--simulate'?" in err
+    assert err == (f"hostagent {command}: error: unrecognized arguments: --simulte=/x "
+                   f"(did you mean '--simulate'?) (see hostagent {command} --help)\n")
     # The global options parse after the command's words, and win there.
     parser = COMMANDS[command]
     ns, _ = parser.parse_known_args(["--simulate", "/after", "-v", *SAMPLES[command]])
@@ -120,6 +122,35 @@ def test_usage_errors_exit_2_with_a_suggestion(argv, message, capsys, tmp_path, 
     code, out, err = run(argv, capsys)
     assert code == 2 and out == "" and message in err, err
     assert not os.listdir(tmp_path)
+
+
+@pytest.mark.parametrize("argv, line", [
+    (["sim", "load", "0", "--sm", "120"],
+     "hostagent sim load: error: argument --sm: 120 is not a percentage (0-100) (see hostagent sim load --help)"),
+    (["sim", "load", "0", "--gr", "nan"],
+     "hostagent sim load: error: argument --gr: nan is not a percentage (0-100) (see hostagent sim load --help)"),
+    (["devices", "-o", "xml"], "hostagent devices: error: argument -o/--output: invalid choice: 'xml' "),
+    (["sim", "xid", "--gpu", "0"], "hostagent sim xid: error: the following arguments are required: --xid "),
+    (["mig", "apply", "--lock-timeout"], "hostagent mig apply: error: argument --lock-timeout: expected one argument "),
+])
+def test_an_option_error_is_one_line_naming_the_option_and_help(argv, line, capsys):
+    code, out, err = run(argv, capsys)
+    assert code == 2 and out == ""
+    assert len(err.splitlines()) == 1 and err.startswith(line), err
+    assert err.rstrip().endswith(" --help)"), err
+
+
+@pytest.mark.parametrize("program, args, line", [
+    ("hostagentd", ["--bogus"], "hostagentd: error: unrecognized arguments: --bogus (see hostagentd --help)"),
+    ("hostagentd", ["--log-level", "loud"], "hostagentd: error: argument --log-level: invalid choice: 'loud' "),
+    ("hostagent-runtime", ["--config"],
+     "hostagent-runtime: error: --config needs a value (see hostagent-runtime --help)"),
+])
+def test_the_other_programs_say_an_option_error_in_one_line(program, args, line):
+    done = subprocess.run([script(program), *args], capture_output=True, text=True, timeout=60,
+                          stdin=subprocess.DEVNULL)
+    assert done.returncode == 2 and done.stdout == ""
+    assert len(done.stderr.splitlines()) == 1 and done.stderr.startswith(line), done.stderr
 
 
 @pytest.mark.parametrize("program", PROGRAMS)
@@ -165,7 +196,9 @@ def test_every_command_run_by_another_user_says_how_to_run_it_as_root(shared_nod
     results = dict(zip([*SAMPLES, "hostagentd"], (json.loads(line) for line in done.stdout.splitlines())))
     assert len(results) == len(SAMPLES) + 1
     code, out = results.pop("hostagentd")[1:]
-    assert code == 1 and out.startswith("hostagentd: error: cannot start: ") and "Traceback" not in out
+    # The log's line naming the configuration in force, then the error.
+    assert code == 1 and out.splitlines()[0].startswith("hostagentd: info: configuration: ")
+    assert out.splitlines()[-1].startswith("hostagentd: error: cannot start: ") and "Traceback" not in out
     assert out.rstrip().endswith("the daemon runs as root: systemctl start hostagent, or sudo hostagentd"), out
     for command, (argv, code, out) in results.items():
         assert "Traceback" not in out, f"{command}:\n{out}"

@@ -9,7 +9,8 @@ from pathlib import Path
 from prometheus_client.parser import text_string_to_metric_families
 
 from hostagent.devices import read_inventory
-from hostagent.metrics import MetricsOptions, MetricsService
+from hostagent.health import HealthMonitor, HealthOptions
+from hostagent.metrics import AgentMetrics, MetricsOptions, MetricsService
 from hostagent.sim import workload
 from hostagent.sim.node import MIG_ENABLE
 from hostagent.sim.workload import Load
@@ -60,13 +61,19 @@ def test_every_query_finds_its_metrics_and_labels(make_node):
     kubelet = PodResources(host.host(SOCKET))
     inv = read_inventory(host)
     kubelet.pods = [("train", "ml", "main", [inv.gpus[0].uuid], [])]
-    svc = MetricsService(host, inv, MetricsOptions(port=None, interval=3600, kubernetes=True))
+    agent = AgentMetrics()
+    # The health monitor, as the daemon runs it: device health and XIDs.
+    monitor = HealthMonitor(host, inv, HealthOptions(wait_timeout_ms=200, state_file=False), metrics=agent)
+    svc = MetricsService(host, inv, MetricsOptions(port=None, interval=3600, kubernetes=True),
+                         health_monitor=monitor, agent=agent)
     try:
+        monitor.start()
         svc.start()
         svc.pods.refresh()
         page = {f.name: f for f in text_string_to_metric_families(svc.render().decode())}
     finally:
         svc.stop()
+        monitor.stop()
         kubelet.server.stop(0).wait()
     labels = {name: {k for s in fam.samples for k in s.labels} for name, fam in page.items()}
     missing = [f"{metric} (in {expr!r})" for expr in queries(dashboard) for metric, _ in uses(expr)
@@ -76,3 +83,19 @@ def test_every_query_finds_its_metrics_and_labels(make_node):
                   for metric, needed in uses(expr) for label in needed - SCRAPE_LABELS
                   if label not in labels[metric]]
     assert not unlabelled, "; ".join(unlabelled)
+
+
+def test_health_xid_and_mig_instance_panels():
+    """Beside NVIDIA's panels: device health, the last XIDs, and each MIG instance's use."""
+    dashboard = json.loads(DASHBOARD.read_text())
+    exprs = queries(dashboard)
+    assert any(e.startswith("count(hostagent_device_healthy{") and "== 0" in e for e in exprs)
+    assert any(e.startswith("hostagent_device_healthy{") for e in exprs)
+    assert any(e.startswith("DCGM_FI_DEV_XID_ERRORS{") for e in exprs)
+    per_instance = [e for e in exprs if 'GPU_I_ID!=""' in e]
+    assert {m for e in per_instance for m, _ in uses(e)} >= {"DCGM_FI_DEV_FB_USED", "DCGM_FI_PROF_GR_ENGINE_ACTIVE"}
+    # Panels do not overlap: each grid cell is one panel's.
+    cells = [(x, y) for p in dashboard["panels"] for x in range(p["gridPos"]["x"], p["gridPos"]["x"] + p["gridPos"]["w"])
+             for y in range(p["gridPos"]["y"], p["gridPos"]["y"] + p["gridPos"]["h"])]
+    assert len(cells) == len(set(cells))
+    assert len({p["id"] for p in dashboard["panels"]}) == len(dashboard["panels"])

@@ -110,10 +110,17 @@ def test_dry_run_changes_nothing(capsys, node):
 
 def test_errors_are_one_line_with_exit_codes(capsys, node, tmp_path):
     host, _, cfg = node
+    # A profile these GPUs do not have is an unknown name: a usage error, as the README says.
     code, _, err = run(capsys, host, "apply", "-f", cfg, "-c", "wrong-sku")
-    assert code == 1 and err.count("\n") == 1
+    assert code == 2 and err.count("\n") == 1
     assert "GPU 0, 1 (NVIDIA A100-SXM4-80GB): no MIG profile '2g.10gb'; the profiles are " in err
     assert err.count("no MIG profile") == 1 and "nothing was changed" in err
+    # A config that does not fit the GPUs is a failure.
+    toomany = tmp_path / "toomany.yaml"
+    toomany.write_text("version: v1\nmig-configs:\n  x:\n    - devices: [0]\n      mig-enabled: true\n"
+                       "      mig-devices: {\"1g.10gb\": 8}\n")
+    code, _, err = run(capsys, host, "apply", "-f", toomany, "-c", "x")
+    assert code == 1 and "8x 1g.10gb need more than the 7 1g.10gb GPU instances the GPU allows" in err
     code, _, err = run(capsys, host, "apply", "-f", cfg, "-c", "nope")
     assert code == 2 and "no MIG config named 'nope'" in err and "mixed, off, wrong-sku" in err
     code, _, err = run(capsys, host, "apply", "-f", cfg)
@@ -320,7 +327,7 @@ def run_cli(host, *args):
                            *args], capture_output=True, text=True)
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="the CDI spec reads major/minor from real character devices (root)")
+@GPU_CHANGES
 def test_apply_refreshes_the_cdi_spec(capsys, node):
     host, _, cfg = node
     code, _, err = run(capsys, host, "apply", "-f", cfg, "-c", "mixed")

@@ -189,3 +189,18 @@ def test_configured_sharing_wins_and_limits_requests():
     with pytest.raises(InsufficientDevices) as e:       # G1 is MPS's, G2's replicas are taken
         take(group, taken={"G2": {"G2::0", "G2::1", "G2::2"}})
     assert e.value.details["at_share_limit"] == 1
+
+
+def test_too_few_devices_says_why_the_matching_ones_are_not_available():
+    """A node whose spec describes no device (a user's simulated node before its CDI spec
+    could be written) says so, not only how many match."""
+    node = [cand(f"G{i}", str(i), why="not in the CDI spec", order=i) for i in range(8)]
+    with pytest.raises(InsufficientDevices) as e:
+        select(normalize({"id": "x", "devices": [{"constraints": {"type": "gpu"}}]}), node, {},
+               lambda n: n, lambda u: u != "G7")
+    assert "0 available (8 match, 8 not in the CDI spec)" in e.value.message
+    node[7] = cand("G7", "7", order=7)
+    with pytest.raises(InsufficientDevices) as e:
+        select(normalize({"id": "x", "devices": [{"constraints": {"type": "gpu"}}]}), node, {},
+               lambda n: n, lambda u: u != "G7")
+    assert "0 available (8 match, 7 not in the CDI spec, 1 unhealthy)" in e.value.message

@@ -1,6 +1,7 @@
 """packaging/kubernetes: every manifest is valid against the Kubernetes OpenAPI schemas
 (strict: an unknown or misplaced field fails), and the DaemonSet asks for what the agent
-needs and no more."""
+needs and no more. The base's files are checked as written; the overlays (dra, simulated,
+monitoring) as kustomize renders them for 'kubectl apply -k' (tests/kubernetes_overlays.py)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from hostagent.config import validate_data
 
 kv = pytest.importorskip("kubernetes_validate", reason="kubernetes-validate is in the [test] extra")
 
-MANIFESTS = Path(__file__).resolve().parents[2] / "packaging" / "kubernetes"
+MANIFESTS = Path(__file__).resolve().parents[2] / "packaging" / "kubernetes" / "base"
 # The oldest Kubernetes release still in wide use, and the newest the schemas know.
 VERSIONS = ("1.27.0", str(kv.latest_version()))
 # The image's own hostagentd, asking the agent for GET /v1/node on its socket.
@@ -60,7 +61,8 @@ def test_a_manifest_that_breaks_the_schema_is_caught():
 
 def test_kustomization_lists_every_manifest_and_tags_the_image_with_the_version():
     kustomization = yaml.safe_load((MANIFESTS / "kustomization.yaml").read_text())
-    assert sorted(kustomization["resources"]) == sorted({name for name, _ in documents()})
+    # Eviction's permissions are applied by those who use it (--on-busy evict).
+    assert sorted(kustomization["resources"]) == sorted({name for name, _ in documents()} - {OPT_IN})
     for container in kind("DaemonSet")["spec"]["template"]["spec"]["containers"]:
         assert container["image"] == f"localhost/hostagent:{__version__}"
     assert kustomization["images"] == [{"name": "localhost/hostagent", "newTag": __version__}]
@@ -75,14 +77,14 @@ def test_daemonset_runs_on_gpu_nodes_first_and_asks_only_for_what_the_agent_uses
                                                                 "nvidia.com/gpu.present"}
     assert not spec.get("hostNetwork") and not spec.get("hostPID") and not spec.get("hostIPC")
     host_paths = {v["name"]: v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v}
-    agent, plugin = spec["containers"]
+    agent, plugin = spec["containers"][0], container("device-plugin")
 
     def mounts(container):
         return {host_paths[m["name"]]: m.get("readOnly", False) for m in container["volumeMounts"]
                 if m["name"] in host_paths}
     assert set(mounts(agent)) == AGENT_PATHS and mounts(plugin) == PLUGIN_PATHS
     assert set(host_paths.values()) == AGENT_PATHS | set(PLUGIN_PATHS)
-    assert {m["name"] for c in (agent, plugin) for m in c["volumeMounts"]} == {v["name"] for v in spec["volumes"]}
+    assert {m["name"] for c in spec["containers"] for m in c["volumeMounts"]} == {v["name"] for v in spec["volumes"]}
     # Under /host, each at its host path (resolved: /var/run is a link to /run on hosts).
     env = {e["name"]: e.get("value") for e in agent["env"]}
     assert env["HOSTAGENT_HOST_ROOT"] == "/host"
@@ -104,11 +106,63 @@ def test_daemonset_runs_on_gpu_nodes_first_and_asks_only_for_what_the_agent_uses
     assert spec["terminationGracePeriodSeconds"] >= 120
 
 
-def test_no_kubernetes_api_access_is_granted():
-    kinds = {doc["kind"] for _, doc in documents()}
-    assert not kinds & {"Role", "ClusterRole", "RoleBinding", "ClusterRoleBinding"}
+def container(name: str) -> dict:
+    return next(c for c in kind("DaemonSet")["spec"]["template"]["spec"]["containers"] if c["name"] == name)
+
+
+OPT_IN = "node-controller-evict-rbac.yaml"
+# The node controller's least privilege, feature by feature (docs/node-controller.md).
+CONTROLLER_RULES = {
+    "node-controller-rbac.yaml": {("ClusterRole", "nodes"): ["get", "watch", "patch"],
+                                  ("ClusterRole", "nodes/status"): ["patch"],
+                                  ("Role", "events"): ["create", "patch"]},
+    OPT_IN: {("ClusterRole", "pods"): ["list"], ("ClusterRole", "pods/eviction"): ["create"]}}
+
+
+def test_only_the_node_controller_may_use_the_kubernetes_api_and_only_for_what_it_does():
+    rules: dict = {}
+    for name, doc in documents():
+        if doc["kind"] in ("Role", "ClusterRole"):
+            for rule in doc["rules"]:
+                assert rule["apiGroups"] == [""]
+                for resource in rule["resources"]:
+                    rules.setdefault(name, {})[(doc["kind"], resource)] = rule["verbs"]
+        if doc["kind"] in ("RoleBinding", "ClusterRoleBinding"):
+            assert name in CONTROLLER_RULES
+            assert doc["subjects"] == [{"kind": "ServiceAccount", "name": "hostagent", "namespace": "hostagent"}]
+    assert rules == CONTROLLER_RULES
     assert kind("ServiceAccount")["automountServiceAccountToken"] is False
-    assert kind("DaemonSet")["spec"]["template"]["spec"]["serviceAccountName"] == "hostagent"
+    spec = kind("DaemonSet")["spec"]["template"]["spec"]
+    assert spec["serviceAccountName"] == "hostagent" and spec["automountServiceAccountToken"] is False
+    token = [c["name"] for c in spec["containers"] for m in c["volumeMounts"] if m["name"] == "node-controller-token"]
+    assert token == ["node-controller"]
+
+
+def test_the_node_controller_reads_the_configmaps_its_flags_name_and_the_agents_socket():
+    c = container("node-controller")
+    assert tuple(c["command"][:2]) == ("hostagent", "node-controller") and c["image"] == container("hostagent")["image"]
+    assert c["securityContext"] == {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+                                    "capabilities": {"drop": ["ALL"]}}
+    volumes = {v["name"]: v for v in kind("DaemonSet")["spec"]["template"]["spec"]["volumes"]}
+    mounts = {m["mountPath"]: volumes[m["name"]] for m in c["volumeMounts"]}
+    flags = dict(zip(c["command"][2::2], c["command"][3::2]))
+    maps = {doc["metadata"]["name"]: doc for _, doc in documents() if doc["kind"] == "ConfigMap"}
+    mig = mounts[str(Path(flags["--mig-config"]).parent)]["configMap"]["name"]
+    from hostagent.mig.spec import parse_spec
+    assert {"all-disabled", "all-1g.5gb"} <= set(parse_spec(maps[mig]["data"]["config.yaml"]).configs)
+    sharing = maps[mounts[flags["--sharing-configs"]]["configMap"]["name"]]["data"]
+    from hostagent.sharing.config import load_text
+    assert {"default", "slice-4"} <= set(sharing) and all(load_text(text, k) for k, text in sharing.items())
+    assert mounts["/run/hostagent"]["hostPath"]["path"] == "/run/hostagent"
+    env = {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in c["env"]}
+    assert env == {"NODE_NAME": "spec.nodeName", "POD_NAMESPACE": "metadata.namespace"}
+
+
+@pytest.mark.parametrize("version", [f"1.{minor}.0" for minor in range(30, 36)])
+def test_the_node_controllers_manifests_are_valid_for_kubernetes_1_30_to_1_35(version):
+    for name, doc in documents():
+        if name.startswith("node-controller") or doc["kind"] == "DaemonSet":
+            kv.validate(doc, version, strict=True)
 
 
 def test_configmap_is_a_valid_hostagent_configuration():
@@ -118,7 +172,7 @@ def test_configmap_is_a_valid_hostagent_configuration():
 
 # ---- the DRA plugin's overlay (packaging/kubernetes/dra) ----------------------------------
 
-DRA = MANIFESTS / "dra"
+DRA = MANIFESTS.parent / "dra"
 # resource.k8s.io/v1 is GA from 1.34.
 DRA_VERSIONS = ("1.34.0", str(kv.latest_version()))
 # NVIDIA's DeviceClasses (its Helm chart's selectors, word for word): claims written for
@@ -132,9 +186,12 @@ DRA_PATHS = {"/run/hostagent": True, "/var/lib/kubelet/plugins_registry": False,
              "/var/lib/kubelet/plugins/gpu.nvidia.com": False}
 
 
+# The overlay's own files (its patch of the agent's DaemonSet is checked as rendered).
+DRA_FILES = ("deviceclasses.yaml", "rbac.yaml", "daemonset.yaml", "webhook.yaml")
+
+
 def dra_documents() -> list[tuple[str, dict]]:
-    return [(p.name, doc) for p in sorted(DRA.glob("*.yaml")) if p.name != "kustomization.yaml"
-            for doc in yaml.safe_load_all(p.read_text()) if doc]
+    return [(name, doc) for name in DRA_FILES for doc in yaml.safe_load_all((DRA / name).read_text()) if doc]
 
 
 def dra_kind(name: str) -> list[dict]:
@@ -149,7 +206,9 @@ def test_dra_manifest_is_valid_for_kubernetes(name, doc, version):
 
 def test_dra_overlay_lists_its_manifests_and_the_same_image():
     kustomization = yaml.safe_load((DRA / "kustomization.yaml").read_text())
-    assert sorted(kustomization["resources"]) == sorted({name for name, _ in dra_documents()})
+    assert sorted(kustomization["resources"]) == sorted({"../base", *DRA_FILES})
+    assert sorted(p.name for p in DRA.glob("*.yaml")) == sorted(
+        {*DRA_FILES, "kustomization.yaml", *(p["path"] for p in kustomization["patches"])})
     assert kustomization["images"] == [{"name": "localhost/hostagent", "newTag": __version__}]
     [container] = dra_kind("DaemonSet")[0]["spec"]["template"]["spec"]["containers"]
     assert container["image"] == kind("DaemonSet")["spec"]["template"]["spec"]["containers"][0]["image"]

@@ -1,85 +1,24 @@
 """The DRA plugin's Kubernetes API calls, through lightkube, with plain dicts in and out.
 
-The one place that imports the client: its errors become ``KubeError`` (an API status, or
-the server unreachable) at this edge, and its configuration is found as kubectl finds it
-for a node agent: ``--kubeconfig``, else ``$KUBECONFIG``, else the pod's service account.
-Imported only by ``hostagent dra-plugin``: the agent and the CLI never load the client.
+Its errors become ``KubeError`` at this edge, and its configuration is found as kubectl
+finds it for a node agent (``plugins.kube``). Imported only by ``hostagent dra-plugin``:
+the agent and the CLI never load the client.
 """
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
 import httpx2
-import yaml
-from lightkube import ApiError, Client, KubeConfig, codecs
+from lightkube import ApiError, Client, codecs
 from lightkube.config.client_adapter import Client as HttpClient
 from lightkube.config.client_adapter import ConnectionParams
-from lightkube.core.exceptions import ConfigError
 from lightkube.resources.core_v1 import Node
 from lightkube.resources.resource_v1 import ResourceClaim, ResourceSlice
 
-from ...errors import ConfigError as HostagentConfigError
-from .errors import KubeError
+from ..kube import FAILURES as _FAILURES
+from ..kube import SERVICE_ACCOUNT, KubeError, load_config
+from ..kube import api_error as _error
 
 __all__ = ["KubeError", "KubeApi", "load_config", "SERVICE_ACCOUNT"]
-
-SERVICE_ACCOUNT = "/var/run/secrets/kubernetes.io/serviceaccount"
-
-
-def load_config(kubeconfig: str | None = None, environ=os.environ):
-    """The configuration of ``kubeconfig``, else ``$KUBECONFIG``'s first file, else the
-    in-cluster service account; a ``ConfigError`` saying what to give when none works."""
-    path = kubeconfig or next((p for p in (environ.get("KUBECONFIG") or "").split(os.pathsep) if p), None)
-    try:
-        if path:
-            if not Path(path).is_file():
-                raise HostagentConfigError(f"no kubeconfig file {path}", where=path,
-                                           hint="give --kubeconfig FILE or set KUBECONFIG to an existing file")
-            config = KubeConfig.from_file(path).get()
-            if config is None:
-                raise HostagentConfigError(f"kubeconfig {path} has no current context", where=path,
-                                           hint="set current-context in it (kubectl config use-context)")
-            return config
-        account = Path(SERVICE_ACCOUNT)
-        if not (account / "token").is_file():
-            raise HostagentConfigError("no Kubernetes configuration: no --kubeconfig, no KUBECONFIG, and no service "
-                                       f"account token in {account} (not in a pod)",
-                                       hint="give --kubeconfig FILE or set KUBECONFIG")
-        return KubeConfig.from_service_account(account).get()
-    except ConfigError as e:
-        where = path or SERVICE_ACCOUNT
-        raise HostagentConfigError(f"no usable Kubernetes configuration: {e}", where=where,
-                                   hint="give --kubeconfig FILE, set KUBECONFIG, or run in a pod with a "
-                                        "service account") from None
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(e, "problem", None) or e
-        raise HostagentConfigError(f"kubeconfig {path} is not YAML: {problem}{at}", where=path,
-                                   hint="give --kubeconfig a kubeconfig file, as kubectl config view --raw writes "
-                                        "one") from None
-    except (KeyError, TypeError, AttributeError) as e:
-        # lightkube reads the document's keys without checking them first.
-        what = f"no {e.args[0]!r}" if isinstance(e, KeyError) else "not a kubeconfig's shape"
-        raise HostagentConfigError(f"kubeconfig {path or SERVICE_ACCOUNT} is not a kubeconfig: {what}",
-                                   where=path or SERVICE_ACCOUNT,
-                                   hint="it needs clusters, users, contexts and a current-context, as kubectl "
-                                        "config view --raw writes them") from None
-    except (OSError, ValueError) as e:
-        raise HostagentConfigError(f"cannot read the Kubernetes configuration: {e}", where=path or "") from None
-
-
-def _error(e: Exception, what: str) -> KubeError:
-    if isinstance(e, ApiError):
-        status = getattr(e.status, "code", None) or e.response.status_code
-        message = getattr(e.status, "message", None) or str(e)
-        return KubeError(f"{what}: {message}", status=status, reason=getattr(e.status, "reason", None))
-    return KubeError(f"{what}: the API server is not reachable ({type(e).__name__}: {e})")
-
-
-_FAILURES = (ApiError, httpx2.HTTPError, OSError)
 
 
 class KubeApi:
