@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import grpc
 
-from ..errors import ConflictError, HostagentError, NotFoundError, UnavailableError, UsageError
+from ..errors import ConflictError, HostagentError, NotFoundError, PermissionDenied, UnavailableError, UsageError
 from .kubelet import deviceplugin_pb2 as api
 from .server import PluginError
 
@@ -70,6 +70,8 @@ def grpc_error(e: HostagentError) -> PluginError:
         code = grpc.StatusCode.INVALID_ARGUMENT
     elif isinstance(e, (ConflictError, NotFoundError)):
         code = grpc.StatusCode.FAILED_PRECONDITION
+    elif isinstance(e, PermissionDenied):       # the plugin's uid may not (api.plugin_uids)
+        code = grpc.StatusCode.PERMISSION_DENIED
     else:
         code = grpc.StatusCode.INTERNAL
     return PluginError(code, f"the agent refused: {e.message}")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import os
 import shutil
 import signal
 import subprocess
@@ -28,8 +29,10 @@ __all__ = ["Cluster", "DRIVER", "NODE", "quickstart", "running"]
 
 DRIVER, NODE = "gpu.nvidia.com", "node-1"
 DEMOS = Path(__file__).resolve().parents[1] / "data/dra/quickstart-claims.yaml"
-AGENT = {"api": {"watch_heartbeat": 2}, "daemon": {"resync_interval": 0},
-         "health": {"quiet_period": None, "wait_timeout_ms": 200}}
+# The plugin runs as root; run by another user here, it is that user, named one of the uids
+# that may change the node for a claim (api.plugin_uids: MIG devices, a GPU passed through).
+AGENT = {"api": {"watch_heartbeat": 2, "plugin_uids": [os.getuid()] if os.getuid() else []},
+         "daemon": {"resync_interval": 0}, "health": {"quiet_period": None, "wait_timeout_ms": 200}}
 
 
 def quickstart() -> dict[str, dict]:

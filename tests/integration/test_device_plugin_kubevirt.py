@@ -20,19 +20,19 @@ import pytest
 
 from hostagent.sim import pcibus
 from hostagent.sim.store import SimStore
-from tests.rootneeds import DEVICE_NODES
 from tests.waiting import until
 
 from .agentd import AgentProcess, make_root
 from .kubelet import TestKubelet
 
-pytestmark = DEVICE_NODES             # the VFIO nodes and the GPUs' CDI spec are the node's character devices
 
 GPU, AUDIO, OTHER, OTHER_AUDIO = "0000:17:00.0", "0000:17:00.1", "0000:65:00.0", "0000:65:00.1"
 VM = "nvidia.com/GA102GL_RTX_A6000"
 ENV = "PCI_RESOURCE_NVIDIA_COM_GA102GL_RTX_A6000"
-CONFIG = {"api": {"watch_heartbeat": 2}, "daemon": {"resync_interval": 0},
-          "health": {"quiet_period": None, "wait_timeout_ms": 200}}
+# The device plugin runs as root; run by another user here, it is that user, named one of
+# the uids that may pass GPUs through (api.plugin_uids).
+CONFIG = {"api": {"watch_heartbeat": 2, "plugin_uids": [os.getuid()] if os.getuid() else []},
+          "daemon": {"resync_interval": 0}, "health": {"quiet_period": None, "wait_timeout_ms": 200}}
 
 
 def driver(root, bdf: str) -> str:

@@ -12,14 +12,12 @@ import os
 import pytest
 import yaml
 
-from tests.rootneeds import DEVICE_NODES
 from tests.waiting import until
 
 from .dracluster import DRIVER, NODE, Cluster, quickstart, running
 from .drasched import Unschedulable
 
 pytest.importorskip("celpy", reason="cel-python is in the [test] extra")
-pytestmark = DEVICE_NODES              # the CDI spec's /dev/vfio nodes are the node's character devices
 
 DEMOS = quickstart()
 VFIO_ATTRIBUTES = {"type", "uuid", "deviceID", "vendorID", "numa", "productName", "iommuFDEnabled",

@@ -14,14 +14,13 @@ from hostagent.sim import faults
 from hostagent.sim.control import inject_xid
 from hostagent.sim.store import SimStore
 
-from tests.rootneeds import DEVICE_NODES, GPU_CHANGES
+from tests.rootneeds import GPU_CHANGES
 from tests.waiting import until
 
 from .dracluster import AGENT, DRIVER, NODE, Cluster, quickstart, running
 from .drasched import Unschedulable
 
 pytest.importorskip("celpy", reason="cel-python is in the [test] extra")
-pytestmark = DEVICE_NODES              # the GPUs are published from the node's CDI spec
 
 XID, LOST, UNMONITORED = "gpu.nvidia.com/xid", "gpu.nvidia.com/gpu-lost", "gpu.nvidia.com/unmonitored"
 DEMOS = quickstart()

@@ -18,12 +18,11 @@ from hostagent.sim.nvmlopen import holders
 from hostagent.sim.store import SimStore
 
 from tests.programs import script
-from tests.rootneeds import DEVICE_NODES, GPU_CHANGES
+from tests.rootneeds import GPU_CHANGES
 from tests.waiting import until
 
-from .agentd import AgentProcess, make_root, running_agent
+from .agentd import FAST, AgentProcess, make_root, running_agent
 
-pytestmark = DEVICE_NODES              # the CDI spec's /dev/vfio nodes are real character devices
 DOC = (Path(__file__).resolve().parents[2] / "docs/troubleshooting.md").read_text()
 GPU, AUDIO, OTHER = "0000:17:00.0", "0000:17:00.1", "0000:65:00.0"
 
@@ -44,10 +43,15 @@ def refused(action, says: str, row: str | None = None) -> str:
     return e.value.message
 
 
+# Run by another user, the test is that user, named one of the uids that may pass GPUs
+# through (api.plugin_uids); root may anyway.
+CONFIG = {**FAST, "api": {"plugin_uids": [os.getuid()] if os.getuid() else []}}
+
+
 @pytest.fixture
 def node():
     root = make_root("rtx-a6000x2")
-    with running_agent(root) as agent:
+    with running_agent(root, CONFIG) as agent:
         yield root, agent
 
 
@@ -87,6 +91,7 @@ def test_the_gpu_and_its_audio_function_go_to_vfio_pci_and_back(node):
         assert not os.path.exists(a["spec_path"])
 
 
+@GPU_CHANGES                            # persistence mode: root's, as nvidia-smi -pm and NVML say
 def test_persistence_mode_goes_off_first_and_comes_back(node):
     root, agent = node
     persistenced = subprocess.run([str(root / "usr/bin/nvidia-persistenced")], capture_output=True, text=True)
@@ -159,10 +164,9 @@ def test_a_group_holding_a_bridge_cannot_move(node):
     assert driver(root, GPU) == "nvidia"
 
 
-@GPU_CHANGES
 def test_a_crash_half_way_is_rolled_back_at_start():
     root = make_root("rtx-a6000x2")
-    agent = AgentProcess(root)
+    agent = AgentProcess(root, CONFIG)
     agent.env = {"HOSTAGENT_FAULT": "passthrough:bound_one"}
     agent.start()
     try:
@@ -184,10 +188,9 @@ def test_a_crash_half_way_is_rolled_back_at_start():
         agent.cleanup()
 
 
-@GPU_CHANGES
 def test_a_crash_while_releasing_finishes_the_release_and_a_live_one_stays_on_vfio():
     root = make_root("rtx-a6000x2")
-    with running_agent(root) as agent:
+    with running_agent(root, CONFIG) as agent:
         with agent.client() as c:
             c.pass_through("stays", ["1"])
             c.pass_through("goes", ["0"])

@@ -81,3 +81,11 @@ def test_preference_keeps_a_vm_on_one_numa_node():
     assert prefer(devices, ["b0", "b2", "b3", "b4"], [], 2) == ["b2", "b3"]           # one node holds both
     assert prefer(devices, ["b0", "b1", "b2", "b3"], ["b3"], 2) == ["b3", "b2"]        # the included one's node
     assert prefer(devices, ["b0", "b2", "b4"], [], 2)[:1] == ["b0"]
+
+
+def test_a_plugin_the_agent_does_not_let_pass_gpus_through_hears_permission_denied():
+    import grpc
+    from hostagent.errors import PermissionDenied
+    from hostagent.plugins.allocations import grpc_error
+    e = grpc_error(PermissionDenied("only root or a uid of api.plugin_uids may pass a GPU through"))
+    assert e.code == grpc.StatusCode.PERMISSION_DENIED and "api.plugin_uids" in e.message
