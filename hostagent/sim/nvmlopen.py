@@ -39,10 +39,16 @@ def _folder(root) -> Path:
 
 
 def _start(pid: int) -> int | None:
-    """The process's start time (centiseconds since the epoch), None when it is gone."""
-    from ..processes import record
-    rec = record(pid)
-    return None if rec is None else round(rec.start * 100)
+    """The process's start time (clock ticks after boot: ``/proc/<pid>/stat``'s 22nd
+    field), None when it is gone or a zombie. Read from the file, importing nothing: a
+    process that dropped its privileges may not be able to import any more."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+        fields = data[data.rindex(b")") + 2:].split()
+        return None if fields[0] == b"Z" else int(fields[19])
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def _prefix() -> str | None:
