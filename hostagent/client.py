@@ -383,6 +383,16 @@ class Client:
         return self.request("POST", "/v1/allocations", body,
                             headers=None if edits else {"Prefer": "return=minimal"}).json()
 
+    def pass_through(self, alloc_id: str, gpus: list[str], iommufd: bool = False,
+                     labels: dict | None = None, replaces=()) -> dict:
+        """An allocation passing ``gpus`` (index, UUID or PCI bus id) through to a VM: each
+        GPU and its IOMMU group on vfio-pci until it is released; its CDI names give the
+        group's /dev/vfio nodes (``iommufd``: and /dev/iommu with the VFIO cdevs, where the
+        node has them); ``replaces``: allocations released in the same commit (a GPU one of
+        them passes through stays on vfio-pci). Root, or a uid of ``api.plugin_uids``."""
+        items = [{"passthrough": {"gpu": str(g), **({"iommufd": True} if iommufd else {})}} for g in gpus]
+        return self.allocate(alloc_id, items, labels=labels, replaces=replaces)
+
     def release(self, alloc_id: str, missing_ok: bool = False) -> dict | None:
         """The released allocation. An unknown id is NotFoundError (code not_found), or
         None with ``missing_ok``: a retried release (kubelet retries unprepare) is done."""

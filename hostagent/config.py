@@ -37,6 +37,7 @@ SECTION_SCHEMAS = ("daemon/settings.schema.json", "health/settings.schema.json",
 _SECTION_DOCS = {"runtime": "docs/runtime.md", "hook": "docs/runtime.md", "daemon": "docs/daemon.md",
                  "api": "docs/daemon.md", "mig": "docs/daemon.md", "allocations": "docs/daemon.md",
                  "labels": "docs/labels.md", "health": "docs/health.md", "metrics": "docs/metrics.md",
+                 "passthrough": "docs/device-plugin.md",
                  "driver": "docs/driver.md", "sharing": "docs/sharing.md"}
 _TOP_DOC = "docs/daemon.md"      # its Configuration section lists every section
 

@@ -207,4 +207,6 @@ def allocation(a) -> dict:
             "device_sharing": dict(a.device_sharing), "made": list(a.made), "mps": a.mps,
             "labels": a.request.get("labels", {}), "request": a.request,
             "created": round(a.created, 3), "owner": a.owner, "container_edits": a.container_edits,
-            "visible_devices": ",".join(a.devices)}
+            "visible_devices": ",".join(a.devices),
+            **({"passthrough": [{k: v for k, v in r.items() if k != "id"} for r in a.passthrough]}
+               if a.passthrough else {})}

@@ -14,6 +14,10 @@ treats every host alike:
 - ``char_device(host, path)``: the device numbers of the character device at ``path`` (a
   real host's from ``stat``; a simulated node made by a user who may not create device
   nodes has regular files there, and the simulator's records say which device each is).
+- ``write_attribute(host, path, value)``: write a kernel attribute (sysfs, procfs: a driver's
+  ``bind``, a device's ``driver_override``), whose write is an action of the kernel's; a real
+  host writes the file in place (never through a temporary file: the kernel acts on the
+  write), the simulator applies what its kernel would do. OSError as the write fails.
 
 ``HOST`` is a real host's: it changes nothing. The composition roots (``cli/main.py``,
 ``daemon/main.py``) give a node named by ``--simulate`` the simulator's (``platform`` in the
@@ -63,6 +67,14 @@ class Platform:
         if not stat.S_ISCHR(st.st_mode):
             return None
         return CharDevice(os.major(st.st_rdev), os.minor(st.st_rdev), stat.S_IMODE(st.st_mode))
+
+    def write_attribute(self, host, path: str, value: str) -> None:
+        """Write ``value`` to the kernel attribute ``path`` (a host path) in one write."""
+        fd = os.open(host.host(path), os.O_WRONLY | os.O_CLOEXEC)
+        try:
+            os.write(fd, value.encode())
+        finally:
+            os.close(fd)
 
 
 HOST = Platform()

@@ -16,7 +16,7 @@ from ..errors import HostagentError, NotFoundError
 from ..hostroot import LIBRARY_DIRS, HostRoot
 from .edits import IPC_MOUNT_OPTIONS, LIBRARY_MOUNT_OPTIONS, DeviceNode, Edits, Mount
 
-__all__ = ["Discovery", "MissingDeviceNode"]
+__all__ = ["Discovery", "MissingDeviceNode", "device_node"]
 
 BINARY_DIRS = ("usr/bin", "usr/sbin", "usr/local/bin", "usr/local/sbin", "bin", "sbin")
 BINARIES = ("nvidia-smi", "nvidia-debugdump", "nvidia-persistenced", "nvidia-cuda-mps-control",
@@ -61,6 +61,27 @@ class DriverFilesMissing(NotFoundError):
     code = "driver_files_missing"
 
 
+def device_node(host: HostRoot, container_path: str, *, required: bool = True) -> DeviceNode | None:
+    """The character device at ``container_path`` (``/dev/...``), read from the host's dev
+    root (its numbers as the host's platform gives them: a simulated node's records where a
+    normal user made it)."""
+    host_path = host.dev(container_path.removeprefix("/dev/"))
+    try:
+        found = host.platform.char_device(host, host_path)
+    except FileNotFoundError:
+        if required:
+            raise MissingDeviceNode(f"device node {container_path} does not exist",
+                                    where=str(host_path)) from None
+        return None
+    if found is None:
+        if required:
+            raise MissingDeviceNode(f"{container_path} is not a character device",
+                                    where=str(host_path)) from None
+        return None
+    return DeviceNode(path=container_path, host_path=host.on_host(host_path), major=found.major,
+                      minor=found.minor, file_mode=found.mode)
+
+
 @dataclass
 class Discovery:
     """One generation's view of the host; caches the driver's tables it reads."""
@@ -72,21 +93,7 @@ class Discovery:
 
     def node(self, container_path: str, *, required: bool = True) -> DeviceNode | None:
         """The character device at ``container_path`` (e.g. /dev/nvidia0), read from the host."""
-        host_path = self.host.dev(container_path.removeprefix("/dev/"))
-        try:
-            found = self.host.platform.char_device(self.host, host_path)
-        except FileNotFoundError:
-            if required:
-                raise MissingDeviceNode(f"device node {container_path} does not exist",
-                                        where=str(host_path)) from None
-            return None
-        if found is None:
-            if required:
-                raise MissingDeviceNode(f"{container_path} is not a character device",
-                                        where=str(host_path)) from None
-            return None
-        return DeviceNode(path=container_path, host_path=self.host.on_host(host_path), major=found.major,
-                          minor=found.minor, file_mode=found.mode)
+        return device_node(self.host, container_path, required=required)
 
     def control_nodes(self) -> Edits:
         nodes = (self.node(f"/dev/{name}", required=False) for name in CONTROL_NODES)

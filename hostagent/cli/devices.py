@@ -33,7 +33,9 @@ def run(args) -> int:
     if args.output != "table":
         emit(document(inv, health, profiles=args.profiles), args.output, None)
         return 0
-    print(render(inv, profiles=args.profiles, health=health))
+    from ..vfio.pci import read_gpus
+    elsewhere = _elsewhere_rows(read_gpus(host), passthrough_holders(host))
+    print(render(inv, profiles=args.profiles, health=health, elsewhere=elsewhere))
     return 0
 
 
@@ -125,20 +127,50 @@ def _gpu_rows(inv, health: DaemonHealth) -> list[list]:
     """The GPU table's rows by index: each GPU read, and each unreadable one the daemon holds
     as lost (it knows its UUID and health; NVML here knows nothing more of it)."""
     rows = {g.index: [g.index, g.minor, g.uuid, g.name, _mib(g.memory_mib), g.pci_bus_id,
-                      g.compute_capability, g.architecture, _mig_mode(g), _state(health, g.uuid)]
+                      g.compute_capability, g.architecture, _mig_mode(g), "nvidia", _state(health, g.uuid)]
             for g in inv.gpus}
     for bad in inv.unreadable:
         key = health.lost.get(bad.index)
         if key is not None:
-            rows[bad.index] = [bad.index, "-", _uuid(key) or "-", "lost", "-", "-", "-", "-", "-",
+            rows[bad.index] = [bad.index, "-", _uuid(key) or "-", "lost", "-", "-", "-", "-", "-", "nvidia",
                                _state(health, key)]
     return [rows[i] for i in sorted(rows)]
 
 
-def render(inv, *, profiles: bool = False, health: DaemonHealth | None = None) -> str:
+def _elsewhere_rows(gpus: list, holders: dict[str, tuple[str, str | None]]) -> list[list]:
+    """GPUs on the PCI bus that the nvidia driver does not hold (NVML does not see them):
+    passed through to a VM (with the allocation, from the daemon), or on another driver."""
+    rows = []
+    for g in gpus:
+        if g.driver == "nvidia":
+            continue
+        alloc, uuid = holders.get(g.bdf, (None, None))
+        state = f"passed through ({alloc})" if alloc else ("passed through" if g.driver in ("vfio-pci",
+                                                           "nvgrace_gpu_vfio_pci") else "not usable")
+        rows.append(["-", "-", uuid or "-", g.product, "-", g.bdf, "-", "-", "-", g.driver or "none", state])
+    return rows
+
+
+def passthrough_holders(host) -> dict[str, tuple[str, str | None]]:
+    """bus id -> (allocation, GPU uuid) of the GPUs the daemon passed through; empty without it."""
+    client = daemon_client(host, timeout=5.0)
+    if client is None:
+        return {}
+    from ..client import DaemonNotRunning
+    from ..errors import PermissionDenied, UnavailableError
+    try:
+        with client:
+            allocations = client.allocations()
+    except (DaemonNotRunning, PermissionDenied, UnavailableError):
+        return {}
+    return {rec["gpu"]: (a["id"], rec.get("uuid")) for a in allocations for rec in a.get("passthrough") or ()}
+
+
+def render(inv, *, profiles: bool = False, health: DaemonHealth | None = None, elsewhere: list | None = None) -> str:
+    """``elsewhere``: rows of the GPUs NVML does not see (``_elsewhere_rows``)."""
     health = health or DaemonHealth()
-    out = [table(["GPU", "MINOR", "UUID", "PRODUCT", "MEMORY", "PCI BUS ID", "CC", "ARCH", "MIG", "HEALTH"],
-                 _gpu_rows(inv, health))]
+    out = [table(["GPU", "MINOR", "UUID", "PRODUCT", "MEMORY", "PCI BUS ID", "CC", "ARCH", "MIG", "DRIVER",
+                  "HEALTH"], _gpu_rows(inv, health) + (elsewhere or []))]
     for bad in inv.unreadable:
         known = health.by_key.get(health.key_for(bad.index))
         out.append(f"GPU {bad.index}: unreadable: {bad.error}" + (f"; health: {known['state']}" if known else ""))

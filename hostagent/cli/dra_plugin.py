@@ -41,6 +41,14 @@ def register(sub) -> None:
     p.add_argument("--dynamic-mig", action="store_true",
                    help="offer every MIG profile at every free placement of the GPUs in MIG mode, made when a "
                         "claim is prepared (needs the DRAPartitionableDevices feature gate)")
+    p.add_argument("--passthrough", action="store_true",
+                   help="also offer each GPU as NVIDIA's vfio device (class vfio.gpu.nvidia.com): a claim on it "
+                        "passes the GPU through to a VM, bound to vfio-pci while it is prepared (needs the IOMMU "
+                        "on; the GPU and its vfio device share a counter, with DRAPartitionableDevices)")
+    p.add_argument("--taint-no-execute", action="store_true",
+                   help="taint devices that cannot recover (XID 79, a lost GPU) NoExecute instead of NoSchedule, "
+                        "so Kubernetes evicts the pods using them (needs the DRADeviceTaints feature gate, on "
+                        "from 1.36); other unhealthy devices are tainted NoSchedule either way")
     p.add_argument("--resync", type=positive_seconds, default=60.0, metavar="SECONDS",
                    help="how often the published slices are compared with the API server's (default 60)")
     p.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info")
@@ -64,7 +72,8 @@ def options_from_args(args, environ=None):
         registry_dir=Path(args.plugin_registry or host.host(REGISTRY)),
         plugin_dir=Path(args.plugin_dir or host.host(f"{PLUGINS}/{args.driver_name}")),
         agent_socket=Path(args.agent_socket or host.host(DEFAULT_SOCKET)),
-        dynamic_mig=args.dynamic_mig, resync=args.resync)
+        dynamic_mig=args.dynamic_mig, passthrough=args.passthrough, no_execute=args.taint_no_execute,
+        resync=args.resync)
 
 
 # What the unit's ProtectSystem=strict and its ReadWritePaths= (folders that exist when it starts) allow.

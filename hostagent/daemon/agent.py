@@ -70,6 +70,7 @@ class Agent:
         self._restore_pending = False     # checkpoint loaded, not yet checked against the inventory
         self.labels = None                # nodelabels.LabelResult of the last inventory read
         self.checkpoint_damage: list = []  # checkpoint.Unreadable records not yet dismissed
+        self.vfio = None                  # the PCI bus's GPUs and VFIO facts (passthrough.read_bus)
         # Called on the loop's thread with each inventory that differs from the last (the
         # health monitor and the metrics sampler follow MIG changes), before it is published.
         self.inventory_listeners: list = []
@@ -84,10 +85,13 @@ class Agent:
         self.driver_installs = DriverInstalls(self)     # installs asked through the API
         self.health_link = None           # healthlink.HealthLink, metricslink.MetricsLink:
         self.metrics_link = None          # made and started by the daemon after the reconcile
+        self.features = None              # features.Features: their lifecycle (set by the daemon)
         from .allocator import Allocator
         from .mig import MigOps
+        from .passthrough import PassthroughOps
         from .sharing import SharingOps
         self.allocator = Allocator(self)
+        self.passthrough = PassthroughOps(self)
         self.mig = MigOps(self)
         self.sharing = SharingOps(self)
         from .liveness import TimedLock, WorkClock
@@ -129,6 +133,14 @@ class Agent:
                                      SLOW_PAUSE)
         return await self.blocking(fn, *args)
 
+    def let_go_of_gpus(self, why: str):
+        """An async context in which the agent holds no GPU open through NVML (the monitor
+        and the sampler paused: ``Features.let_go``), for a GPU leaving the nvidia driver or
+        coming back to it. Nothing to let go before they start."""
+        if self.features is None:
+            return contextlib.nullcontext()
+        return self.features.let_go(why)
+
     def stuck(self) -> str | None:
         """Why the agent's work does not move (None: it does): the liveness probe's answer."""
         return self.work.stuck(self.mutex)
@@ -153,7 +165,7 @@ class Agent:
         # which also restores a spec (or a labels file) someone deleted.
         options, change, generated = self.refresh_cdi(inventory)
         labels = compute_and_write(self.host, inventory, LabelSettings.from_sections(self.settings.sections))
-        return inventory, generated, options, change, labels, self._links_for(inventory)
+        return inventory, generated, options, change, labels, self._links_for(inventory), self.passthrough.read_bus()
 
     def _links_for(self, inventory):
         """Worker: how the inventory's GPUs are connected, for allocations: the one in use
@@ -219,7 +231,7 @@ class Agent:
         if self.driver.maintenance is not None:
             return                 # a driver install runs: NVML is left alone
         try:
-            inventory, generated, options, change, labels, links = await self.blocking(self._read)
+            inventory, generated, options, change, labels, links, vfio = await self.blocking(self._read)
         except HostagentError as e:
             if self.inventory_error is None or self.inventory_error.message != e.message:
                 log.error("cannot read the inventory (%s): %s", reason, e.message,
@@ -241,6 +253,7 @@ class Agent:
             before.append(("labels_changed", {"labels": labels.labels}))
         self.labels = labels
         previous, self.inventory, self.spec, self.spec_options = self.inventory, inventory, generated, options
+        self.vfio = vfio
         if links is not self.links:
             unknown = links.why_unknown(links.numa)
             if unknown:
@@ -314,6 +327,7 @@ class Agent:
                     "devices": len(self.spec.device_names) if self.spec else 0,
                     "problems": [p.message for p in self.spec.problems] if self.spec else [],
                     "allocation_kind": transient.ALLOCATION_KIND},
+            "vfio": self.passthrough.view(),
             "agent": {"version": __version__, "pid": os.getpid(), "api": "v1",
                       "started": round(self.started, 3), "config": self.settings.source}})
         return node
@@ -422,6 +436,8 @@ class Agent:
             await self.driver.verify("start")
             saved = await self.blocking(checkpoint.load, self.host)
             self.set_checkpoint_damage(await self.blocking(checkpoint.unreadable, self.host))
+            # A GPU a crash left half passed through goes forward or back before NVML is read.
+            saved = await self.blocking(self.passthrough.settle, saved)
             # Loaded first so the MIG reconcile cannot take their devices away.
             self.allocations = {a.id: a for a in saved}
             self._restore_pending = True

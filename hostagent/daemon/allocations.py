@@ -127,6 +127,7 @@ class Allocation:
     device_sharing: dict = field(default_factory=dict)   # uuid -> its own sharing, where a named item gave one
     made: tuple[dict, ...] = ()      # MIG devices made for it: {uuid, gpu, profile, start}, destroyed with it
     mps: dict | None = None          # its own MPS control daemon: {key, devices, process}
+    passthrough: tuple[dict, ...] = ()   # GPUs passed through: {gpu, uuid, group, functions, persistence, iommufd}
     # Derived from the host when the spec is written; not part of the checkpoint.
     cdi_devices: tuple[str, ...] = field(default=(), compare=False)
     container_edits: dict = field(default_factory=dict, compare=False)
@@ -143,7 +144,8 @@ class Allocation:
         """Whether it gets a transient CDI spec of its own: when asked for (the default), and
         always for an MPS client, whose pipe, shared memory and limits no node spec holds.
         Otherwise its names are the node spec's, and nothing is written but the checkpoint."""
-        return self.request.get("cdi_names") != "node" or self.shared_as == "mps" or self.mps is not None
+        return (self.request.get("cdi_names") != "node" or self.shared_as == "mps" or self.mps is not None
+                or bool(self.passthrough))
 
     @property
     def sharing(self) -> dict:
@@ -170,6 +172,8 @@ class Allocation:
             out["made"] = list(self.made)
         if self.mps:
             out["mps"] = self.mps
+        if self.passthrough:
+            out["passthrough"] = list(self.passthrough)
         return out
 
     @functools.cached_property
@@ -185,7 +189,7 @@ class Allocation:
                    created=float(data["created"]), replicas=tuple(data.get("replicas", ())),
                    shared_as=data.get("shared_as"), owner=int(data.get("owner", 0)),
                    device_sharing=dict(data.get("device_sharing") or {}), made=tuple(data.get("made") or ()),
-                   mps=data.get("mps"))
+                   mps=data.get("mps"), passthrough=tuple(data.get("passthrough") or ()))
 
     def own_mps_devices(self) -> list[str]:
         """The devices its own MPS daemon serves: those it shares with MPS that the sharing
@@ -240,7 +244,18 @@ def normalize(body: dict) -> dict:
     if not _ID_RE.fullmatch(body["id"]):
         raise UsageError(f"allocation id {body['id']!r} is not valid", hint=f"it must match {ID_PATTERN}")
     devices = []
+    passthrough = [i for i, item in enumerate(body["devices"]) if "passthrough" in item]
+    if passthrough and len(passthrough) != len(body["devices"]):
+        raise UsageError("an allocation passes GPUs through or allocates devices, not both",
+                         hint="make one allocation for the GPUs to pass through and another for the rest")
+    if passthrough and (body.get("sharing") or {}).get("strategy", "Exclusive") != "Exclusive":
+        raise UsageError("a GPU passed through is a VM's alone: it cannot be shared",
+                         hint="leave sharing out, or make it Exclusive")
     for i, item in enumerate(body["devices"]):
+        if "passthrough" in item:
+            devices.append({"passthrough": {"gpu": str(item["passthrough"]["gpu"]).strip(),
+                                            "iommufd": bool(item["passthrough"].get("iommufd", False))}})
+            continue
         if "device" in item or "mig" in item:
             out = {"device": str(item["device"]).strip()} if "device" in item else {
                 "mig": {"gpu": str(item["mig"]["gpu"]).strip(), "profile": item["mig"]["profile"],

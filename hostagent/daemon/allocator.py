@@ -352,6 +352,12 @@ class Allocator:
             if self.agent.inventory is None:
                 raise self._unavailable()
             self.agent.driver.require("make an allocation")
+            if any("passthrough" in d for d in request["devices"]):
+                self._may_change_the_node(owner, "pass a GPU through")
+                alloc = await self.agent.passthrough.allocate(request, owner, replaced, leaving)
+                self._remove_specs(replaced)
+                self._added(alloc, replaced)
+                return True, alloc
             made = await self._make(request) if any("mig" in d for d in request["devices"]) else []
             try:
                 users = self.agent.users()
@@ -383,17 +389,20 @@ class Allocator:
                 raise
             finally:
                 self.agent.making.clear()
-            for old in replaced:
-                self.agent.remove_allocation(old.id)
-                log.info("allocation %s released: replaced by %s", old.id, alloc.id,
-                         extra={"fields": {"allocation_id": old.id}})
-            self.agent.add_allocation(alloc)
-            log.info("allocation %s created: %s", alloc.id, ", ".join(alloc.cdi_devices),
-                     extra={"fields": {"allocation_id": alloc.id}})
-            self.agent.publish_soon([*self._deleted(replaced, f"replaced by {alloc.id}"),
-                                     ("allocation_created", {"allocation": Rendered(allocation_json(alloc))})],
-                                    allocations_only=True)
+            self._added(alloc, replaced)
             return True, alloc
+
+    def _added(self, alloc, replaced) -> None:
+        for old in replaced:
+            self.agent.remove_allocation(old.id)
+            log.info("allocation %s released: replaced by %s", old.id, alloc.id,
+                     extra={"fields": {"allocation_id": old.id}})
+        self.agent.add_allocation(alloc)
+        log.info("allocation %s created: %s", alloc.id, ", ".join(alloc.cdi_devices),
+                 extra={"fields": {"allocation_id": alloc.id}})
+        self.agent.publish_soon([*self._deleted(replaced, f"replaced by {alloc.id}"),
+                                 ("allocation_created", {"allocation": Rendered(allocation_json(alloc))})],
+                                allocations_only=not alloc.passthrough)
 
     @staticmethod
     def _deleted(allocs, reason: str) -> list:
@@ -419,7 +428,10 @@ class Allocator:
             made = [m for a in allocs for m in a.made]
             if made:
                 madedevices.unmake(self.host, made, self.agent.mig._refresh_spec)
+            self.agent.passthrough.release(allocs)
             checkpoint.save(self.host, others)
+            if any(a.passthrough for a in allocs):
+                self.agent.passthrough.released()
             faults.point("release:after_checkpoint")
             self._remove_specs(allocs)
             faults.point("release:after_spec")
@@ -432,12 +444,19 @@ class Allocator:
     async def _release_locked(self, allocs, reason: str) -> None:
         gone = {a.id for a in allocs}
         others = [a for a in self.agent.allocations.values() if a.id not in gone]
-        try:
-            await self.agent.commit(self._commit_release, allocs, others, purpose=self._release_purpose(allocs),
-                                    on_loop=self._release_checkpoint_only(allocs, others))
-        finally:
-            if any(a.made for a in allocs):
-                await self.agent.refresh_locked("MIG devices destroyed")
+        back = [rec["gpu"] for a in allocs for rec in a.passthrough]
+        # A GPU coming back to the nvidia driver changes NVML's indices and handles: the
+        # monitor and the sampler start again on the inventory read after it.
+        async with (self.agent.let_go_of_gpus(f"GPU {', '.join(back)} back to nvidia") if back
+                    else contextlib.nullcontext()):
+            try:
+                await self.agent.commit(self._commit_release, allocs, others, purpose=self._release_purpose(allocs),
+                                        on_loop=self._release_checkpoint_only(allocs, others))
+            finally:
+                if any(a.made for a in allocs):
+                    await self.agent.refresh_locked("MIG devices destroyed")
+                elif back:
+                    await self.agent.refresh_locked("GPU bound back")
         for alloc in allocs:
             self.agent.remove_allocation(alloc.id)
             log.info("allocation %s released%s", alloc.id, "" if reason == "released" else f": {reason}",
@@ -554,6 +573,13 @@ class Allocator:
                 log.warning("%s", note)
             changed = False
             for alloc in saved:
+                if alloc.passthrough:
+                    why = self.agent.passthrough.still_bound(alloc)
+                    if why:
+                        dropped.append((alloc.id, why))
+                    else:
+                        kept.append(self.agent.passthrough.restored(alloc))
+                    continue
                 gone = [u for u in alloc.devices if u not in present]
                 if gone:
                     dropped.append((alloc.id, f"device(s) {', '.join(gone)} gone or no longer allocatable"))

@@ -109,7 +109,7 @@ class HealthLink:
 
     def mark_unmonitored(self, why: str) -> None:
         now = time.time()
-        self.agent.health = {uuid: Health("unmonitored", "unmonitored", why, now)
+        self.agent.health = {uuid: Health("unmonitored", "unmonitored", why, now, monitored=False)
                              for uuid in self.agent.health}
         self.agent.publish()
 

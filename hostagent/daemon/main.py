@@ -146,6 +146,7 @@ class Daemon:
         await self.agent.sharing.start()
         self.notifier.status("starting: health monitor and metrics")
         self.features = Features(self.agent, self._spawn)
+        self.agent.features = self.features
         self.features.make(self.settings)
         self.agent.inventory_listeners.append(self.features.inventory_changed)
         await self.features.start()

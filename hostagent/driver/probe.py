@@ -120,6 +120,9 @@ def _userspace(host: HostRoot, library: str) -> tuple[str | None, str | None]:
     return None, None
 
 
+_VFIO_DRIVERS = ("vfio-pci", "nvgrace_gpu_vfio_pci")
+
+
 def _pci_gpus(host: HostRoot) -> list[tuple[str, int, str | None]]:
     out = []
     devices = host.sys("bus/pci/devices")
@@ -138,6 +141,8 @@ def _pci_gpus(host: HostRoot) -> list[tuple[str, int, str | None]]:
         except ValueError:
             device_id = 0
         driver = os.path.basename(os.readlink(d / "driver")) if (d / "driver").is_symlink() else None
+        if driver in _VFIO_DRIVERS:
+            continue            # passed through to a VM: given away from the nvidia driver on purpose
         out.append((bdf, device_id, driver))
     return out
 

@@ -71,6 +71,10 @@ class DeviceHealth:
     recover_at: float | None = None    # healthy again then, if quiet; None: no recovery pending
     monitor_detail: str = ""           # why it is unmonitored
     lost: bool = False                 # on a GPU NVML reported lost: unwatched until it reads again
+    # The last XID the policy ignores, reported (not unhealthy) until ``notice_until``: as long
+    # as a counted one would have kept the device unhealthy (None: until cleared).
+    notice: Reason | None = None
+    notice_until: float | None = None
 
     @property
     def state(self) -> str:

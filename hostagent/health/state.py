@@ -11,6 +11,9 @@ state is never modified in place, and the revision grows by one whenever anythin
   until the event source can register it again, so a clear makes it ``unmonitored``, not
   healthy: nobody would see its next XID.
 - ``unmonitored`` is kept apart from health: a device nobody watches is not called healthy.
+- An XID the policy ignores leaves the device healthy; it stays as the device's ``notice``
+  for as long as a counted one would have kept it unhealthy, so consumers can report it
+  (the DRA plugin's informational taint), and goes the same way.
 - ``clear`` is the operator's word: the named devices (a GPU with its MIG devices) are
   healthy again now.
 - ``rebase`` carries a state into a new monitor (a reload, a restart): reasons the new XID
@@ -101,6 +104,9 @@ def apply_event(state: HealthState, event: HealthEvent, *, quiet_period: float |
         elif event.kind == GPU_LOST and old.lost:
             pass                # already known lost (a new NVML session saw it again): a
                                 # clear given since stands
+        elif event.kind == XID and event.ignored:
+            new = dataclasses.replace(new, notice=Reason(XID, event.at, event.xid, gpu_wide=event.gi is None),
+                                      notice_until=event.at + quiet_period if quiet_period else None)
         elif event.critical:
             reason = Reason(event.kind, event.at, event.xid, gpu_wide=event.gi is None,
                             sticky=event.kind == GPU_LOST, detail=event.detail)
@@ -114,17 +120,21 @@ def apply_event(state: HealthState, event: HealthEvent, *, quiet_period: float |
 
 
 def recover_due(state: HealthState, now: float):
-    """Devices whose quiet period has passed become healthy."""
+    """Devices whose quiet period has passed become healthy; notices whose time is up go."""
     updates = {}
     for key, old in state.devices.items():
+        new = old
         if old.recover_at is not None and old.recover_at <= now:
-            new = dataclasses.replace(old, healthy=True, reasons=(), recover_at=None)
+            new = dataclasses.replace(new, healthy=True, reasons=(), recover_at=None)
+        if old.notice_until is not None and old.notice_until <= now:
+            new = dataclasses.replace(new, notice=None, notice_until=None)
+        if new is not old:
             updates[key] = _with_state_change(old, new, now)
     return _commit(state, updates)
 
 
 def next_due(state: HealthState) -> float | None:
-    due = [d.recover_at for d in state.devices.values() if d.recover_at is not None]
+    due = [t for d in state.devices.values() for t in (d.recover_at, d.notice_until) if t is not None]
     return min(due) if due else None
 
 
@@ -142,7 +152,7 @@ def clear(state: HealthState, idents: Iterable[str] | None, now: float):
                 targets += [d for d in state.devices.values() if d.gpu == dev.gpu and d.is_mig]
     updates = {}
     for old in targets:
-        new = dataclasses.replace(old, healthy=True, reasons=(), recover_at=None)
+        new = dataclasses.replace(old, healthy=True, reasons=(), recover_at=None, notice=None, notice_until=None)
         updates[old.key] = _with_state_change(old, new, now)
     return _commit(state, updates)
 
@@ -176,6 +186,8 @@ def reconcile(state: HealthState, index: DeviceIndex, now: float):
                                       recover_at=parent.recover_at if inherited else None,
                                       monitored=parent.monitored, monitor_detail=parent.monitor_detail,
                                       lost=parent.lost)
+            if parent.notice is not None and parent.notice.gpu_wide:
+                new = dataclasses.replace(new, notice=parent.notice, notice_until=parent.notice_until)
         devices[ref.key] = new
     if devices == state.devices and list(devices) == list(state.devices):
         return state, ()
@@ -186,12 +198,15 @@ def reconcile(state: HealthState, index: DeviceIndex, now: float):
 def rebase(state: HealthState, policy, quiet_period: float | None, now: float):
     """``state`` under a new monitor's settings: XID reasons ``policy`` now ignores are
     dropped (a device left without reasons is healthy), recovery times follow
-    ``quiet_period`` (a recovery already due happens at the monitor's first turn). XIDs that
-    were ignored and now count are not replayed: policy applies from the events it sees."""
+    ``quiet_period`` (a recovery already due happens at the monitor's first turn), and so
+    does a notice (one whose XID now counts goes). XIDs that were ignored and now count are
+    not replayed: policy applies from the events it sees."""
     updates = {}
     for key, old in state.devices.items():
         reasons = tuple(r for r in old.reasons if not (r.kind == XID and policy.ignored(r.xid)))
+        notice = old.notice if old.notice is not None and policy.ignored(old.notice.xid) else None
         new = dataclasses.replace(old, reasons=reasons, healthy=not reasons,
-                                  recover_at=_recover_at(reasons, quiet_period))
+                                  recover_at=_recover_at(reasons, quiet_period), notice=notice,
+                                  notice_until=notice.at + quiet_period if notice and quiet_period else None)
         updates[key] = _with_state_change(old, new, now)
     return _commit(state, updates)

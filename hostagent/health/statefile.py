@@ -37,6 +37,7 @@ def state_from_dict(doc: dict, revision: int | None = None) -> HealthState:
     for raw in doc["devices"]:
         raw = {k: v for k, v in raw.items() if k != "state"}
         raw["reasons"] = tuple(Reason(**r) for r in raw["reasons"])
+        raw["notice"] = Reason(**raw["notice"]) if raw.get("notice") else None
         devices[raw["key"]] = DeviceHealth(**raw)
     return HealthState(devices, doc["revision"] if revision is None else revision)
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import grpc
 
-from ..errors import ConflictError, HostagentError, NotFoundError, UnavailableError, UsageError
+from ..errors import ConflictError, HostagentError, NotFoundError, PermissionDenied, UnavailableError, UsageError
 from .kubelet import deviceplugin_pb2 as api
 from .server import PluginError
 
@@ -52,8 +52,11 @@ def owned(alloc_id: str) -> bool:
 
 
 def kubelet_ids(alloc: dict) -> frozenset:
-    """The device ids the kubelet knows an agent allocation by: its replica ids on shared
-    devices (``<uuid>::<n>``), its UUIDs elsewhere."""
+    """The device ids the kubelet knows an agent allocation by: the PCI bus ids of GPUs
+    passed through to a VM, its replica ids on shared devices (``<uuid>::<n>``), its UUIDs
+    elsewhere."""
+    if alloc.get("passthrough"):
+        return frozenset(rec["gpu"] for rec in alloc["passthrough"])
     replicas = set(alloc.get("replicas") or ())
     shared = {r.rpartition("::")[0] for r in replicas}
     return frozenset(replicas | {u for u in alloc["devices"] if u not in shared})
@@ -67,6 +70,8 @@ def grpc_error(e: HostagentError) -> PluginError:
         code = grpc.StatusCode.INVALID_ARGUMENT
     elif isinstance(e, (ConflictError, NotFoundError)):
         code = grpc.StatusCode.FAILED_PRECONDITION
+    elif isinstance(e, PermissionDenied):       # the plugin's uid may not (api.plugin_uids)
+        code = grpc.StatusCode.PERMISSION_DENIED
     else:
         code = grpc.StatusCode.INTERNAL
     return PluginError(code, f"the agent refused: {e.message}")
@@ -165,37 +170,53 @@ class Allocations:
         agent's device UUID, in the order the agent should list them (the same for every
         spelling of one request, so a retry is the same request). The agent is asked for the
         ids themselves: UUIDs, and replica ids of shared devices."""
-        devices = list(physical)
-        aid = allocation_id(resource, ids)
-        # The answer's container edits (most of it) only when the response is made from them.
         views = self.link.view.devices
+        # The answer's container edits (most of it) only when the response is made from them.
         edits = needs_edits(self.strategies, any(_mps_view(views.get(u)) for u in physical.values()))
+        alloc = self._kept(resource, ids, list(physical), edits)
+        return container_response(alloc, self.link.view.devices, self.strategies, self.cdi_names)
+
+    def pass_through(self, resource: str, ids: list[str]) -> api.ContainerAllocateResponse:
+        """A VM's GPUs (``ids``: PCI bus ids of a resource served to KubeVirt) passed through
+        by the agent, answered as NVIDIA's kubevirt-gpu-device-plugin answers."""
+        from .kubevirt import vm_response
+        return vm_response(self._kept(resource, ids, list(ids), True, vm=True), resource, ids)
+
+    def _kept(self, resource: str, ids: list[str], devices: list[str], edits: bool, vm: bool = False) -> dict:
+        """The agent's allocation of the kubelet's ``ids`` (made, or the same one again),
+        kept in the ledger; the plugin's allocations in its way released with it."""
+        aid = allocation_id(resource, ids)
         labels = {"owner": OWNER, "resource": resource}
         with self._lock:
             in_way = [other for other, entry in self._ledger.items()
                       if other != aid and entry.resource == resource and entry.ids & set(ids)]
             try:
-                alloc, replaced = self._create(aid, devices, set(ids), labels, in_way, edits)
+                alloc, replaced = self._create(aid, devices, set(ids), labels, in_way, edits, vm=vm)
             except HostagentError as e:
                 raise grpc_error(e) from None
             for other in replaced:
                 self._ledger.pop(other, None)
                 log.info("released allocation %s: the kubelet allocated its devices again", other)
             self._ledger[aid] = _Entry(resource, frozenset(ids), time.monotonic())
-        return container_response(alloc, self.link.view.devices, self.strategies, self.cdi_names)
+        return alloc
 
     def _create(self, aid: str, devices: list[str], ids: set, labels: dict, in_way: list[str],
-                edits: bool) -> tuple[dict, list]:
-        """The agent's allocation, and the ids of this plugin's allocations in its way that
-        it replaced: released by the same request (one commit in the agent), those in the
-        ledger and, when the agent finds more (an earlier run's, not in the ledger yet),
-        those too."""
+                edits: bool, vm: bool = False) -> tuple[dict, list]:
+        """The agent's allocation (``vm``: the devices passed through), and the ids of this
+        plugin's allocations in its way that it replaced: released by the same request (one
+        commit in the agent), those in the ledger and, when the agent finds more (an earlier
+        run's, not in the ledger yet), those too."""
         client = self.link.client()
         replaces = list(in_way)
+
+        def make():
+            if vm:        # iommufd's nodes too where the node has them, as KubeVirt's plugin gives
+                return client.pass_through(aid, devices, iommufd=True, labels=labels, replaces=replaces)
+            return client.allocate(aid, devices, labels=labels, cdi_names=self.agent_names,
+                                   replaces=replaces, edits=edits)
         for _ in range(2):
             try:
-                return client.allocate(aid, devices, labels=labels, cdi_names=self.agent_names,
-                                       replaces=replaces, edits=edits), replaces
+                return make(), replaces
             except ConflictError as e:
                 if e.code == "allocation_conflict":          # an older plugin's request
                     self._release(aid, "made with another request")
@@ -207,8 +228,7 @@ class Allocations:
                 if not more:
                     raise
                 replaces += more
-        return client.allocate(aid, devices, labels=labels, cdi_names=self.agent_names, replaces=replaces,
-                               edits=edits), replaces
+        return make(), replaces
 
     def _release(self, alloc_id: str, why: str) -> None:
         self.link.client().release(alloc_id, missing_ok=True)

@@ -11,6 +11,11 @@ One loop (``run``) keeps the plugin in step with two things it does not control:
   ``Register`` is retried with back-off.
 
 Every ``reconcile_interval`` it releases the allocations the kubelet no longer holds.
+
+GPUs the admin keeps for VMs (``passthrough.vm_gpus`` in the agent's configuration) are
+served to KubeVirt instead, under kubevirt-gpu-device-plugin's resource names (``kubevirt``):
+``Allocate`` passes them through (the agent binds them to vfio-pci) and answers their VFIO
+device nodes and ``PCI_RESOURCE_NVIDIA_COM_<NAME>``.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from pathlib import Path
 import grpc
 
 from ..errors import HostagentError
+from . import kubevirt
 from .agentlink import AgentLink
 from .allocations import PREFIX, Allocations, grpc_error, owned
 from .kubelet import deviceplugin_pb2 as api
@@ -74,6 +80,7 @@ class DevicePlugin:
                                        options.release_grace, options.allocation_expiry)
         self.notifier = notifier
         self.servers: dict[str, ResourceServer] = {}
+        self.vm_resources: frozenset[str] = frozenset()    # served to KubeVirt (kubevirt.py)
         self.problems: list[str] = []
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -98,10 +105,14 @@ class DevicePlugin:
 
     def allocate(self, resource: str, ids: list[str]):
         physical = self._devices_of(resource, ids)
+        if resource in self.vm_resources:
+            return self.allocations.pass_through(resource, ids)
         return self.allocations.allocate(resource, ids, physical)
 
     def prefer(self, resource: str, available: list[str], must_include: list[str], size: int) -> list[str]:
         self._devices_of(resource, list(dict.fromkeys([*available, *must_include])))
+        if resource in self.vm_resources:
+            return kubevirt.prefer(list(self.servers[resource].devices), available, must_include, size)
         try:
             return self.link.client().preferred_allocation(available, size, must_include,
                                                            self.options.shared_policy)
@@ -148,7 +159,13 @@ class DevicePlugin:
         """One step: resources from the agent's view, sockets, registrations."""
         view = self.link.view
         strategy = self.options.mig_strategy or strategy_from_labels(view.labels)
-        wanted, problems = node_resources(view.devices, strategy, view.connected, owned)
+        # GPUs kept for VMs, and their MIG devices, are KubeVirt's only.
+        kept = {g["uuid"] for g in kubevirt.vm_gpus(view.node) if g.get("uuid")}
+        devices = {u: d for u, d in view.devices.items() if u not in kept and d.get("parent_uuid") not in kept}
+        wanted, problems = node_resources(devices, strategy, view.connected, owned)
+        vms = kubevirt.vm_resources(view.node, view.devices, view.connected, owned)
+        self.vm_resources = frozenset(vms)
+        wanted.update(vms)
         if problems != self.problems:
             for p in problems:
                 log.error("%s", p)

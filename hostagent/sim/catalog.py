@@ -135,6 +135,7 @@ class SkuSpec:
 class GpuSlot:
     sku: SkuSpec
     pci_bus_id: str          # "0000:07:00.0"
+    audio: bool = False      # an HD-audio function at .1, in the GPU's IOMMU group
 
 
 @dataclass(frozen=True)
@@ -286,7 +287,7 @@ def load_profile(name: str) -> NodeProfile:
                          hint=f"choose one of: {', '.join(profile_names())} (hostagent sim profiles)")
     raw = _data(f"profiles/{name}.yaml")
     table = skus()
-    slots = tuple(GpuSlot(table[group["sku"]], bus.lower())
+    slots = tuple(GpuSlot(table[group["sku"]], bus.lower(), bool(group.get("audio")))
                   for group in raw["gpus"] for bus in group["pci_bus_ids"])
     minors = tuple(int(m) for m in raw.get("minors", ()))
     if minors and sorted(minors) != list(range(len(slots))):

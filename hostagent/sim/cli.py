@@ -96,6 +96,12 @@ def register(sub) -> None:
     v.add_argument("support", choices=["on", "off"])
     v.set_defaults(run=topology)
 
+    v = _verb(verbs, "iommu", "the kernel's IOMMU as a boot with it gives it: off (no IOMMU groups: VFIO "
+                              "refuses), on (groups, legacy VFIO), iommufd (also /dev/iommu and the VFIO "
+                              "device cdevs); refused while vfio-pci holds a device")
+    v.add_argument("mode", choices=["off", "on", "iommufd"])
+    v.set_defaults(run=iommu)
+
     v = _verb(verbs, "reboot", "reboot the node: instances vanish, pending MIG modes apply, "
                                "Hopper and newer lose MIG mode, the driver loads")
     v.set_defaults(run=reboot)
@@ -283,6 +289,13 @@ def topology(args) -> int:
     from . import control
     control.set_topology_support(_store(args), args.gpu, args.support == "on")
     print(f"topology calls on GPU {args.gpu} {'work' if args.support == 'on' else 'fail with NOT_SUPPORTED'}")
+    return 0
+
+
+def iommu(args) -> int:
+    from . import pcibus
+    pcibus.set_iommu(_store(args), args.mode != "off", args.mode == "iommufd")
+    print(f"IOMMU {args.mode}")
     return 0
 
 

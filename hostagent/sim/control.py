@@ -136,6 +136,8 @@ def reboot(store: SimStore) -> None:
     with store.mutate() as state:
         gone = state.reboot(store.facts)
         kmod.boot(store.root, store.facts, state)     # the module on disk comes up
+    from . import pcibus
+    pcibus.sync(store.root, store.facts, store.read())
     stop_spawned(gone)
     remove_cap_nodes(store.root)      # a booted host's /dev has none for instances
 

@@ -13,7 +13,7 @@ import uuid as uuidlib
 from pathlib import Path
 
 from ..fileio import ensure_dir
-from . import catalog, driverlibs, kmod, packages, topology, unixsock
+from . import catalog, driverlibs, kmod, packages, pcibus, pcifiles, topology, unixsock
 from .elf import shared_object_bytes
 from .files import FIXED_CAP_MINORS, NodeFiles, can_create_device_nodes
 from .node import NodeState, SimGpu
@@ -81,6 +81,7 @@ def create_node(root: str | os.PathLike, profile_name: str, *, real_nodes: bool 
         real_nodes = can_create_device_nodes(root)
     w = NodeFiles(root, real_nodes)
     uvm_major, caps_major = dynamic_majors or _free_majors()
+    vfio_majors = [m for m in _free_majors(count=5) if m not in (uvm_major, caps_major)][:3]
     version = catalog.check_driver_version(driver_version) if driver_version else profile.driver_version
     cuda = catalog.cuda_version(version) if driver_version else profile.cuda_driver_version
 
@@ -93,8 +94,10 @@ def create_node(root: str | os.PathLike, profile_name: str, *, real_nodes: bool 
     used_skus = {g.sku for g in gpus}
     facts_raw = {"profile": profile.name, "driver_version": version, "cuda_driver_version": cuda,
                  "real_device_nodes": real_nodes, "nvswitches": profile.nvswitches,
-                 "majors": {"nvidia": NVIDIA_MAJOR, "nvidia-uvm": uvm_major, "nvidia-caps": caps_major},
-                 "skus": {k: v for k, v in catalog.raw_skus().items() if k in used_skus}}
+                 "majors": {"nvidia": NVIDIA_MAJOR, "nvidia-uvm": uvm_major, "nvidia-caps": caps_major,
+                            **dict(zip(("vfio", "vfio-dev", "vfio-misc"), vfio_majors))},
+                 "skus": {k: v for k, v in catalog.raw_skus().items() if k in used_skus},
+                 **pcifiles.functions_and_groups(profile)}
     model = None
     if profile.topology:
         facts_raw["topology"] = topology.resolve(profile.topology, [g.pci_bus_id for g in gpus],
@@ -127,6 +130,10 @@ def create_node(root: str | os.PathLike, profile_name: str, *, real_nodes: bool 
         w.file(f"{pci}/device", f"0x{sku.pci_device_id >> 16:04x}\n", mode=0o444)
         w.file(f"{pci}/class", "0x030200\n", mode=0o444)  # 3D controller
         w.file(f"{pci}/numa_node", f"{profile.numa_node(gpu.index)}\n", mode=0o444)
+        w.file(f"{pci}/resource", pcifiles.resource_text(sku.memory_mib), mode=0o444)
+    pcifiles.write_functions(w, facts_raw["functions"], folders)
+    pcifiles.write_pci_ids(w, profile)
+    w.file(str(pcibus.vfio_module_file(root).relative_to(root)), b"\0" * 64)
     # NVSwitches: one entry each, as the nvidia-nvswitch module lists them.
     for n in range(profile.nvswitches):
         w.file(f"proc/driver/nvidia-nvswitch/devices/0000:{0xc0 + n:02x}:00.0", "", mode=0o444)
@@ -150,6 +157,7 @@ def create_node(root: str | os.PathLike, profile_name: str, *, real_nodes: bool 
         _distribution(root, distro, version)
     with store.mutate() as state:      # the driver loads at boot
         kmod.bring_up(root, store.facts, state)
+    pcibus.sync(root, store.facts, store.read())
     return store
 
 

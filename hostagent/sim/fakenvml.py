@@ -14,6 +14,7 @@ import ctypes
 import logging
 import os
 import signal
+import threading
 import time
 import traceback
 from collections import Counter
@@ -25,7 +26,7 @@ import pynvml as N
 
 from ..errors import HostagentError
 from . import faketopology, gpm, vgpu  # noqa: F401  (their NVML functions register)
-from . import privilege, telemetry
+from . import nvmlopen, privilege, telemetry
 from .catalog import ARCHITECTURES, BRANDS
 from .cfuncs import FUNCS, P, normal_bus_id, nvml, put, put_str, sized, struct
 from .clients import driver_clients
@@ -105,6 +106,9 @@ class FakeNvmlLibrary:
         self._next_event_set = 1
         self._energy: dict[int, tuple[float, float, float]] = {}   # gpu -> (boot, t, mJ)
         self._initialised = 0
+        self._opened: set[str] = set()      # bus ids of the GPUs this process has open (_open)
+        self._opener = os.getpid()
+        self._open_lock = threading.RLock()
         self._error_strings: dict[int, ctypes.Array] = {}
         self.modules: dict = {}      # what the simulator's other modules keep in this process
         # Queued faults; in memory, so they belong to this process (a child started with
@@ -199,6 +203,9 @@ class FakeNvmlLibrary:
         """(state, gpu, mig) for a device handle; mig is (gi, ci) or None."""
         state = state or self._state()
         key = self._key(handle)
+        if key[0] in ("gpu", "mig") and not state.gpu(key[1]).on_nvidia:
+            # The nvidia driver let the GPU go (sim/pcibus.py): its handles name nothing now.
+            raise SimNvmlError(N.NVML_ERROR_INVALID_ARGUMENT, "the GPU is no longer the nvidia driver's")
         if key[0] == "gpu":
             return state, state.live_gpu(key[1]), None
         if key[0] == "mig":
@@ -267,7 +274,8 @@ class FakeNvmlLibrary:
             return N.NVML_ERROR_LIBRARY_NOT_FOUND
         if library != module_version(self.store.root, library):
             return N.NVML_ERROR_LIB_RM_VERSION_MISMATCH
-        self._initialised += 1
+        with self._open_lock:
+            self._initialised += 1
 
     def _driver_version(self, state=None) -> str:
         """The loaded kernel module's version (sim/kmod.py)."""
@@ -279,7 +287,29 @@ class FakeNvmlLibrary:
 
     @nvml()
     def nvmlShutdown(self):
-        self._initialised = max(0, self._initialised - 1)
+        with self._open_lock:
+            self._initialised = max(0, self._initialised - 1)
+            if not self._initialised:
+                self.close_gpus()
+
+    def _open(self, gpu: SimGpu) -> None:
+        """A handle taken "causes NVML to initialize the target GPU" (nvml.h): its device
+        node stays open, counted by the driver, until the process's last nvmlShutdown
+        (sim/nvmlopen.py)."""
+        with self._open_lock:
+            if self._opener != os.getpid():          # a forked child holds nothing of its own yet
+                self._opener, self._opened = os.getpid(), set()
+            if gpu.pci_bus_id not in self._opened:
+                self._opened.add(gpu.pci_bus_id)
+                nvmlopen.attach(self.store, gpu.pci_bus_id)
+
+    def close_gpus(self) -> None:
+        """The GPUs this process opened are closed (its last nvmlShutdown, or this library
+        no longer beneath pynvml)."""
+        with self._open_lock:
+            if self._opened and self._opener == os.getpid():
+                nvmlopen.detach(self.store)
+            self._opened = set()
 
     @nvml(P, c_uint)
     def nvmlSystemGetDriverVersion(self, buf, length):
@@ -299,35 +329,44 @@ class FakeNvmlLibrary:
 
     # ---- device handles ------------------------------------------------------------
 
+    # NVML numbers the GPUs the nvidia driver holds, 0 to count-1 in PCI order
+    # (NodeState.nvml_gpus): a GPU bound to vfio-pci is not counted, and those after it
+    # move down, until it is bound back.
+
     @nvml(P)
     def nvmlDeviceGetCount_v2(self, ptr):
-        put(ptr, c_uint, len(self._state().gpus))
+        put(ptr, c_uint, len(self._state().nvml_gpus()))
 
     @nvml(c_uint, P)
     def nvmlDeviceGetHandleByIndex_v2(self, index, ptr):
-        self._state().live_gpu(index)
-        self._put_handle(ptr, "gpu", index)
+        state = self._state()
+        visible = state.nvml_gpus()
+        if index >= len(visible):
+            raise SimNvmlError(N.NVML_ERROR_INVALID_ARGUMENT, f"no GPU {index}")
+        self._open(state.live_gpu(visible[index].index))
+        self._put_handle(ptr, "gpu", visible[index].index)
 
     @nvml(c_char_p, P)
     def nvmlDeviceGetHandleByUUID(self, uuid, ptr):
         uuid = (uuid or b"").decode()
         state = self._state()
-        for gpu in state.gpus:
+        for gpu in state.nvml_gpus():
             if gpu.uuid == uuid:
-                state.live_gpu(gpu.index)
+                self._open(state.live_gpu(gpu.index))
                 return self._put_handle(ptr, "gpu", gpu.index)
             for gi in gpu.gis:
                 for ci in gi.cis:
                     if ci.uuid == uuid:
+                        self._open(gpu)          # a MIG device is reached through its GPU's node
                         return self._put_handle(ptr, "mig", gpu.index, gi.id, ci.id)
         raise SimNvmlError(N.NVML_ERROR_NOT_FOUND, f"no device {uuid}")
 
     @nvml(c_char_p, P)
     def nvmlDeviceGetHandleByPciBusId_v2(self, bus_id, ptr):
         want = normal_bus_id((bus_id or b"").decode())
-        for gpu in self._state().gpus:
+        for gpu in self._state().nvml_gpus():
             if normal_bus_id(gpu.pci_bus_id) == want:
-                self._state().live_gpu(gpu.index)
+                self._open(self._state().live_gpu(gpu.index))
                 return self._put_handle(ptr, "gpu", gpu.index)
         raise SimNvmlError(N.NVML_ERROR_NOT_FOUND, f"no device at {want}")
 
@@ -453,13 +492,26 @@ class FakeNvmlLibrary:
 
     @nvml(P, P)
     def nvmlDeviceGetPersistenceMode(self, handle, ptr):
-        # On while nvidia-persistenced runs (its stand-in keeps no mode in the state).
-        self._gpu_only(handle)
-        from ..fileio import pid_alive
-        from .tools import read_pid
-        from .tools.persistenced import PID_FILE
-        pid = read_pid(self.store.root / PID_FILE)
-        put(ptr, c_uint, N.NVML_FEATURE_ENABLED if pid and pid_alive(pid) else N.NVML_FEATURE_DISABLED)
+        # On while nvidia-persistenced holds the GPU (from its start, until nvidia-smi -pm 0
+        # lets it go or the GPU leaves the driver), or while the driver's own (legacy) flag is set.
+        state, gpu = self._gpu_only(handle)
+        from .pcibus import persistenced_holds
+        on = gpu.persistence or persistenced_holds(self.store.root, gpu)
+        put(ptr, c_uint, N.NVML_FEATURE_ENABLED if on else N.NVML_FEATURE_DISABLED)
+
+    @nvml(P, c_uint)
+    def nvmlDeviceSetPersistenceMode(self, handle, mode):
+        # The driver's legacy flag (nvml.h: "Requires root/admin permissions"); what NVIDIA's
+        # DRA driver sets on a GPU bound back, which nvidia-persistenced does not take again.
+        _, gpu = self._gpu_only(handle)
+        if not privilege.sys_admin():
+            raise SimNvmlError(N.NVML_ERROR_NO_PERMISSION, "persistence mode needs root")
+        if mode not in (N.NVML_FEATURE_DISABLED, N.NVML_FEATURE_ENABLED):
+            raise SimNvmlError(N.NVML_ERROR_INVALID_ARGUMENT, f"bad persistence mode {mode}")
+
+        def change(state):
+            state.gpu(gpu.index).persistence = mode == N.NVML_FEATURE_ENABLED
+        self._mutate(change)
 
     @nvml(P, P)
     def nvmlDeviceGetGpuFabricInfo(self, handle, ptr):
@@ -528,7 +580,7 @@ class FakeNvmlLibrary:
         # nvml.h: on a MIG device handle, the index nvmlDeviceGetMigDeviceHandleByIndex takes.
         state, gpu, mig = self._device(handle)
         if mig is None:
-            return put(ptr, c_uint, gpu.index)
+            return put(ptr, c_uint, state.nvml_gpus().index(gpu))
         put(ptr, c_uint, next(i for i, (gi, ci) in state.mig_devices(gpu.index).items()
                                if (gi.id, ci.id) == (mig[0].id, mig[1].id)))
 
@@ -1015,14 +1067,24 @@ class FakeNvmlLibrary:
 def install(root) -> FakeNvmlLibrary:
     """Put a fake library for the node at ``root`` beneath pynvml."""
     with N.libLoadLock:
+        _close_previous()
         lib = FakeNvmlLibrary(SimStore(root))
         N.nvmlLib = lib
         N._nvmlGetFunctionPointer_cache.clear()
     return lib
 
 
+def _close_previous() -> None:
+    """The library being replaced lets go of its node's GPUs: this process no longer talks
+    to that node through it."""
+    previous = N.nvmlLib
+    if isinstance(previous, FakeNvmlLibrary):
+        previous.close_gpus()
+
+
 def uninstall() -> None:
     with N.libLoadLock:
+        _close_previous()
         N.nvmlLib = None
         N._nvmlGetFunctionPointer_cache.clear()
 

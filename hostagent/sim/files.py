@@ -15,6 +15,17 @@ from .node import NodeFacts, NodeState
 __all__ = ["NodeFiles", "can_create_device_nodes", "recorded_char_device", "mig_minors", "mig_cap_names",
            "sync_mig_caps", "create_cap_nodes", "remove_cap_nodes", "add_drm_nodes", "FIXED_CAP_MINORS"]
 
+KERNEL_RELEASE = "6.1.0-28-amd64"           # Debian 12's kernel
+
+
+def release(root: Path) -> str:
+    """The running kernel's release (``/proc/sys/kernel/osrelease``)."""
+    try:
+        return (root / "proc/sys/kernel/osrelease").read_text().strip() or KERNEL_RELEASE
+    except OSError:
+        return KERNEL_RELEASE
+
+
 # nvidia-cap1 (mig/config, root only) and nvidia-cap2 (mig/monitor) exist whatever the
 # instances: minor -> mode of the /dev node.
 FIXED_CAP_MINORS = {1: 0o400, 2: 0o444}

@@ -18,12 +18,13 @@ from pathlib import Path
 
 from ..errors import StateError
 from ..fileio import ensure_dir
-from .files import NodeFiles, mig_minors
+from .files import KERNEL_RELEASE, NodeFiles, mig_minors, release
+from . import pcibus
+from .pcibus import gpu_information
 
 __all__ = ["KERNEL_RELEASE", "MODULES", "flavour_for", "module_bytes", "write_module_files",
            "module_file", "release", "log", "write_loaded", "remove_loaded", "banner"]
 
-KERNEL_RELEASE = "6.1.0-28-amd64"           # Debian 12's kernel
 MODULES = ("nvidia", "nvidia-uvm", "nvidia-modeset")
 MODULE_DIR = "updates/dkms"                  # where DKMS installs the modules it builds
 _LICENSES = {"open": "Dual MIT/GPL", "proprietary": "NVIDIA"}
@@ -58,13 +59,6 @@ def module_bytes(fields: dict, *, signed: bool = False) -> bytes:
     return data + b"\0" * 16 + b"~Module signature appended~\n" if signed else data
 
 
-def release(root: Path) -> str:
-    try:
-        return (root / "proc/sys/kernel/osrelease").read_text().strip() or KERNEL_RELEASE
-    except OSError:
-        return KERNEL_RELEASE
-
-
 def module_file(root: Path, name: str = "nvidia") -> Path:
     return root / "lib/modules" / release(root) / MODULE_DIR / f"{name}.ko"
 
@@ -96,7 +90,6 @@ def log(root: Path, *messages: str, level: int = 6) -> None:
 
 def write_loaded(w: NodeFiles, facts, state, version: str, flavour: str) -> None:
     """Everything the loaded nvidia, nvidia_uvm and nvidia_modeset modules show."""
-    from .catalog import skus
     majors = facts.majors
     w.file("proc/devices", "Character devices:\n  1 mem\n  5 /dev/tty\n"
            f"{majors['nvidia']} nvidia-frontend\n{majors['nvidia-uvm']} nvidia-uvm\n"
@@ -110,14 +103,12 @@ def write_loaded(w: NodeFiles, facts, state, version: str, flavour: str) -> None
     for name, refs in (("nvidia", 2), ("nvidia_uvm", 0), ("nvidia_modeset", 0)):
         w.file(f"sys/module/{name}/version", f"{version}\n")
         w.file(f"sys/module/{name}/refcnt", f"{refs}\n", mode=0o444)
-    table = skus()
     for gpu in state.gpus:
-        w.file(f"proc/driver/nvidia/gpus/{gpu.pci_bus_id}/information",
-               f"Model: \t\t {table[gpu.sku].name}\nIRQ:   \t\t {120 + gpu.index}\nGPU UUID: \t {gpu.uuid}\n"
-               "Video BIOS: \t 92.00.45.00.06\nBus Type: \t PCIe\nDMA Size: \t 47 bits\n"
-               "DMA Mask: \t 0x7fffffffffff\n"
-               f"Bus Location: \t {gpu.pci_bus_id}\nDevice Minor: \t {gpu.minor}\n"
-               f"GPU Firmware: \t {version}\nGPU Excluded:\t No\n", mode=0o444)
+        if not gpu.on_nvidia:            # another driver holds it (sim/pcibus.py)
+            continue
+        w.file(f"proc/driver/nvidia/gpus/{gpu.pci_bus_id}/information", gpu_information(facts, gpu, version),
+               mode=0o444)
+        w.file(f"proc/driver/nvidia/gpus/{gpu.pci_bus_id}/unbindLock", "0\n")
         _bind(w.root, gpu.pci_bus_id, "nvidia")
     for cap, minor in (("config", 1), ("monitor", 2)):
         w.file(f"proc/driver/nvidia/capabilities/mig/{cap}",
@@ -151,12 +142,15 @@ def remove_loaded(root: Path, state, *, bind: str | None = None) -> None:
             kept = [line for line in path.read_text().splitlines(keepends=True) if "nvidia" not in line]
             path.write_text("".join(kept))
     for gpu in state.gpus:
-        _bind(root, gpu.pci_bus_id, bind)
+        if gpu.on_nvidia:
+            _bind(root, gpu.pci_bus_id, bind)
 
 
 def bind_all(root: Path, state, driver: str | None) -> None:
+    """The GPUs the nvidia driver would hold (not those another driver holds) bound to ``driver``."""
     for gpu in state.gpus:
-        _bind(root, gpu.pci_bus_id, driver)
+        if gpu.on_nvidia:
+            _bind(root, gpu.pci_bus_id, driver)
 
 
 def read_module(root: Path) -> tuple[str, str]:
@@ -235,7 +229,9 @@ def load(store) -> str | None:
     with store.mutate() as state:
         if state.driver_loaded:
             return loaded_version(store.facts, state)
-        return bring_up(store.root, store.facts, state)
+        version = bring_up(store.root, store.facts, state)
+    pcibus.sync(store.root, store.facts, store.read())
+    return version
 
 
 def unload(store) -> None:
@@ -251,6 +247,7 @@ def unload(store) -> None:
                              "is in use)", hint="release them first with 'hostagent sim release'") from None
         remove_loaded(store.root, state)
         log(store.root, "nvidia-uvm: Unloaded the UVM driver.", "nvidia-modeset: Unloading")
+    pcibus.sync(store.root, store.facts, store.read())
 
 
 def boot(root: Path, facts, state) -> None:

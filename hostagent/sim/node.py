@@ -104,6 +104,21 @@ class SimGpu:
     # A vGPU guest's GPU (a VM's virtual GPU): its licence, "licensed" or "unlicensed"; None
     # for a bare-metal GPU (sim/vgpu.py). No verb sets it; tests set it through the store.
     vgpu_license: str | None = None
+    # The kernel driver its PCI function is bound to (sim/pcibus.py): "nvidia" (the GPU
+    # driver the loaded module set manages), "vfio-pci", or "" (none). NVML sees only GPUs
+    # the nvidia driver holds.
+    driver: str = "nvidia"
+    driver_override: str = ""      # sysfs driver_override ("" shows as "(null)")
+    unbind_lock: bool = False      # /proc/driver/nvidia/gpus/<bdf>/unbindLock acquired
+    # Persistence: the legacy per-GPU flag (nvmlDeviceSetPersistenceMode), and whether
+    # nvidia-persistenced let go of the GPU (nvidia-smi -pm 0 through its socket, or the GPU
+    # left the nvidia driver: the daemon does not take back a GPU probed after its start).
+    persistence: bool = False
+    persistenced_released: bool = False
+
+    @property
+    def on_nvidia(self) -> bool:
+        return self.driver == "nvidia"
 
     def gi(self, gi_id: int) -> GpuInstance | None:
         return next((g for g in self.gis if g.id == gi_id), None)
@@ -141,6 +156,10 @@ class NodeFacts:
     majors: dict[str, int]
     nvswitches: int = 0          # NVSwitch chips (HGX baseboards); 0: GPUs not fabric-attached
     topology: SimTopology | None = None   # None: a node made before the simulator had one
+    # PCI functions beside the GPUs (a GPU's HD-audio function): bdf -> {vendor, device,
+    # class, gpu (its GPU's index), name}; and every function's IOMMU group: bdf -> number.
+    functions: dict = field(default_factory=dict)
+    iommu_groups: dict = field(default_factory=dict)
 
     @classmethod
     def from_dict(cls, raw: dict) -> "NodeFacts":
@@ -149,7 +168,8 @@ class NodeFacts:
                    skus={k: sku_from_dict(k, v, raw["driver_version"]) for k, v in raw["skus"].items()},
                    real_device_nodes=raw["real_device_nodes"], majors=raw["majors"],
                    nvswitches=raw.get("nvswitches", 0),
-                   topology=SimTopology.from_dict(raw["topology"]) if raw.get("topology") else None)
+                   topology=SimTopology.from_dict(raw["topology"]) if raw.get("topology") else None,
+                   functions=raw.get("functions", {}), iommu_groups=raw.get("iommu_groups", {}))
 
 
 @dataclass
@@ -169,6 +189,13 @@ class NodeState:
     # Simulated workloads (sim/workload.py): device UUID -> {"load": {...}, "since": time set}.
     # They end with the driver (a reboot, an unload), as the programs behind them would.
     loads: dict = field(default_factory=dict)
+    # The PCI functions beside the GPUs: bdf -> {"driver": ..., "override": ...} (sim/pcibus.py).
+    functions: dict = field(default_factory=dict)
+    # The kernel's VFIO side (sim/pcibus.py): iommu (on: the kernel command line enabled it),
+    # iommufd (/dev/iommu and the VFIO device cdevs), vfio_pci (the module is loaded),
+    # vfio_ids (vfio-pci's dynamic ids, new_id), cdevs (bdf -> N of /dev/vfio/devices/vfioN).
+    kernel: dict = field(default_factory=lambda: {"iommu": True, "iommufd": False, "vfio_pci": False,
+                                                  "vfio_ids": [], "cdevs": {}})
 
     MAX_EVENTS = 1000
 
@@ -189,7 +216,9 @@ class NodeState:
                    next_seq=raw["next_seq"], boots=raw["boots"],
                    driver_loaded=raw.get("driver_loaded", True),
                    booted_at=raw.get("booted_at", 0.0), driver=raw.get("driver", {}),
-                   loads=raw.get("loads", {}))
+                   loads=raw.get("loads", {}), functions=raw.get("functions", {}),
+                   kernel=raw.get("kernel") or {"iommu": False, "iommufd": False, "vfio_pci": False,
+                                                "vfio_ids": [], "cdevs": {}})
 
     # ---- lookups -------------------------------------------------------------------
 
@@ -197,6 +226,14 @@ class NodeState:
         if not 0 <= index < len(self.gpus):
             raise SimNvmlError(N.NVML_ERROR_INVALID_ARGUMENT, f"no GPU {index}")
         return self.gpus[index]
+
+    def nvml_gpus(self) -> list[SimGpu]:
+        """The GPUs NVML lists, in its index order: those the nvidia driver holds, in PCI
+        order. nvml.h numbers devices 0 to nvmlDeviceGetCount()-1, so a GPU bound to another
+        driver moves the indices of the GPUs after it down; its minor stays the driver's."""
+        if not self.driver_loaded or self.driver.get("nouveau"):
+            return []
+        return [g for g in self.gpus if g.on_nvidia]
 
     def live_gpu(self, index: int) -> SimGpu:
         gpu = self.gpu(index)
@@ -283,12 +320,18 @@ class NodeState:
             gpu.gis.clear()
             gpu.lost = False
             gpu.compute_mode, gpu.timeslice = N.NVML_COMPUTEMODE_DEFAULT, 0
+            # Bindings and driver_override live in the running kernel: every GPU is probed
+            # by nvidia again, and vfio-pci is not loaded until someone loads it.
+            gpu.driver, gpu.driver_override, gpu.unbind_lock = "nvidia", "", False
+            gpu.persistence = gpu.persistenced_released = False
             if facts.skus[gpu.sku].mig_mode_persists:
                 gpu.mig_current = gpu.mig_pending
             else:
                 gpu.mig_current = gpu.mig_pending = MIG_DISABLE
         self.events.clear()
         self.loads.clear()
+        self.functions = {}
+        self.kernel.update(vfio_pci=False, vfio_ids=[], cdevs={})
         self.driver_loaded = True
         self.boots += 1
         self.booted_at = time.time()

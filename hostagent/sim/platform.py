@@ -61,6 +61,11 @@ class SimulatedNode(Platform):
         # No engine runs on a simulated node, and the host's own must not be touched.
         return f"simulated node: no {engine} to restart (a real node's {service} would be restarted here)"
 
+    def write_attribute(self, host, path: str, value: str) -> None:
+        """The simulated kernel acts on the write (sim/pcibus.py)."""
+        from . import pcibus
+        from .store import SimStore
+        pcibus.write(SimStore(host.root), str(path).lstrip("/"), value)
 
     def char_device(self, host, path):
         """A real device node as the host's; a regular file the simulator wrote in its place

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import os
 import shutil
 import signal
 import subprocess
@@ -24,12 +25,14 @@ from .drakubelet import TestKubelet
 from .drasched import Scheduler
 from .kubeapi import TestApiServer
 
-__all__ = ["Cluster", "DRIVER", "NODE", "quickstart"]
+__all__ = ["Cluster", "DRIVER", "NODE", "quickstart", "running"]
 
 DRIVER, NODE = "gpu.nvidia.com", "node-1"
 DEMOS = Path(__file__).resolve().parents[1] / "data/dra/quickstart-claims.yaml"
-AGENT = {"api": {"watch_heartbeat": 2}, "daemon": {"resync_interval": 0},
-         "health": {"quiet_period": None, "wait_timeout_ms": 200}}
+# The plugin runs as root; run by another user here, it is that user, named one of the uids
+# that may change the node for a claim (api.plugin_uids: MIG devices, a GPU passed through).
+AGENT = {"api": {"watch_heartbeat": 2, "plugin_uids": [os.getuid()] if os.getuid() else []},
+         "daemon": {"resync_interval": 0}, "health": {"quiet_period": None, "wait_timeout_ms": 200}}
 
 
 def quickstart() -> dict[str, dict]:
@@ -143,6 +146,18 @@ class Cluster:
                                            "metadata": {"namespace": meta["namespace"], "name": name}, "spec": spec}))
         return out
 
+    def claim_at(self, bdf: str, tolerations=None, name: str | None = None) -> dict:
+        """A ``gpu.nvidia.com`` claim for exactly the GPU at PCI bus id ``bdf`` (its request
+        tolerating ``tolerations``)."""
+        expression = f"device.attributes['resource.kubernetes.io'].pciBusID == '{bdf}'"
+        exactly = {"deviceClassName": "gpu.nvidia.com", "selectors": [{"cel": {"expression": expression}}],
+                   **({"tolerations": tolerations} if tolerations else {})}
+        self._claims += 1
+        return self.api.put_claim({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                                   "metadata": {"namespace": "default",
+                                                "name": name or f"at-{bdf.replace(':', '-')}-{self._claims}"},
+                                   "spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}}})
+
     def allocate(self, claims: list[dict]) -> list[dict]:
         return [self.scheduler.allocate(c, NODE) for c in claims]
 
@@ -168,3 +183,19 @@ class Cluster:
                 spec = yaml.safe_load(path.read_text())
                 names |= {f"{spec['kind']}={d['name']}" for d in spec.get("devices") or []}
         return names
+
+
+@contextlib.contextmanager
+def running(cluster: Cluster, ready=lambda c: c.devices()):
+    """``cluster`` started for the block, once its plugin registered and ``ready(cluster)``;
+    the plugin's log printed when the block fails; closed after."""
+    try:
+        cluster.start()
+        cluster.kubelet.plugin()
+        ready(cluster)
+        yield cluster
+    except BaseException:
+        print(cluster.plugin_log()[-6000:])
+        raise
+    finally:
+        cluster.close()

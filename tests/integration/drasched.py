@@ -13,6 +13,9 @@ claims use.
 - ``matchAttribute`` constraints: the devices of the requests they name share the value.
 - A device in another claim's allocation is taken; so are counters (KEP 4815): a device that
   consumes more of a counter set than is left is passed over.
+- Device taints (KEP 5055): a device with a ``NoSchedule`` or ``NoExecute`` taint that the
+  request's ``tolerations`` do not tolerate is passed over (``None``, and effects it does not
+  know, are information only); a result lists the request's tolerations.
 - The result: ``status.allocation`` with the results, the class configs (``FromClass``) and
   the claim's (``FromClaim``), and the node selector.
 """
@@ -145,6 +148,22 @@ class Scheduler:
                 used[k] = used.get(k, 0) + parse_quantity(value["value"])
         return used
 
+    @staticmethod
+    def _tolerated(taint: dict, tolerations: list[dict]) -> bool:
+        """``DeviceToleration.ToleratesTaint``: the effect (empty: any), the key (empty with
+        Exists: any), the value (Equal, the default, compares it)."""
+        if taint.get("effect") not in ("NoSchedule", "NoExecute"):
+            return True
+        for t in tolerations:
+            if t.get("effect") and t["effect"] != taint["effect"]:
+                continue
+            if t.get("key") and t["key"] != taint["key"]:
+                continue
+            operator = t.get("operator") or "Equal"
+            if operator == "Exists" or (t.get("key") and (t.get("value") or "") == (taint.get("value") or "")):
+                return True
+        return False
+
     def _matching(self, request: dict, candidates: list[_Candidate]) -> list[_Candidate]:
         exactly = request.get("exactly")
         if exactly is None:
@@ -154,7 +173,10 @@ class Scheduler:
             raise Unschedulable(f"request {request['name']}: no DeviceClass {exactly['deviceClassName']!r}")
         expressions = [s["cel"]["expression"] for s in (cls["spec"].get("selectors") or [])]
         expressions += [s["cel"]["expression"] for s in exactly.get("selectors") or []]
-        return [c for c in candidates if all(selected(e, c.device, c.driver) for e in expressions)]
+        tolerations = exactly.get("tolerations") or []
+        return [c for c in candidates
+                if all(self._tolerated(t, tolerations) for t in c.device.get("taints") or ())
+                and all(selected(e, c.device, c.driver) for e in expressions)]
 
     def allocate(self, claim: dict, node: str) -> dict:
         """The claim with ``status.allocation`` (stored in the API server); Unschedulable when
@@ -181,8 +203,10 @@ class Scheduler:
                         for c in cls["spec"].get("config") or []]
         configs += [{"source": "FromClaim", **c} for c in spec.get("config") or []]
         out = copy.deepcopy(claim)
+        tolerations = {r["name"]: r["exactly"].get("tolerations") for r in requests}
         out.setdefault("status", {})["allocation"] = {
-            "devices": {"results": [{"request": name, "driver": c.driver, "pool": c.pool, "device": c.device["name"]}
+            "devices": {"results": [{"request": name, "driver": c.driver, "pool": c.pool, "device": c.device["name"],
+                                     **({"tolerations": tolerations[name]} if tolerations[name] else {})}
                                     for name, c in chosen],
                         **({"config": configs} if configs else {})},
             "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [

@@ -16,7 +16,9 @@ the node controller), over HTTP on 127.0.0.1, for a real client (lightkube) to t
   with 410 Gone (the ERROR event a real API server sends), as after an etcd compaction.
 - ``partitionable=False``: the API server of a cluster whose DRAPartitionableDevices gate is
   off drops ``sharedCounters`` and ``consumesCounters`` from what it stores, as a real one does;
-  ``defaulting``: it adds a field to each device (as a server's defaults do).
+  ``device_taints`` (the DRADeviceTaints gate; by default on from 1.36, as Kubernetes has
+  it) off drops the devices' ``taints``; on, a taint written without ``timeAdded`` gets the
+  time of the write; ``defaulting``: it adds a field to each device (as a server's defaults do).
 - ``stop()``/``start()`` on the same port: the API server away and back.
 """
 
@@ -79,6 +81,7 @@ def slice_problems(spec: dict, version: tuple[int, int]) -> list[str]:
     if version >= (1, 35) and spec.get("devices") is not None and spec.get("sharedCounters") is not None:
         out.append("spec: only one of sharedCounters or devices is allowed")
     consuming = any(d.get("consumesCounters") or d.get("taints") for d in devices)
+    out += _taint_problems(devices, version)
     limit = 64 if consuming and version >= (1, 35) else 128
     if len(devices) > limit:
         out.append(f"spec.devices: {len(devices)} devices, more than {limit}")
@@ -129,6 +132,34 @@ def slice_problems(spec: dict, version: tuple[int, int]) -> list[str]:
             out.append(f"spec.sharedCounters[{s.get('name')}].counters: required")
         if version >= (1, 35) and len(s.get("counters") or {}) > 32:
             out.append(f"spec.sharedCounters[{s.get('name')}]: more than 32 counters")
+    return out
+
+
+LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+
+
+def _taint_problems(devices: list[dict], version: tuple[int, int]) -> list[str]:
+    """``validateDeviceTaint``: a label name for the key, a label value for the value, an
+    effect of the version's (None from 1.35), at most 4 a device in 1.34 and 16 after."""
+    out = []
+    effects = {"NoSchedule", "NoExecute"} | ({"None"} if version >= (1, 35) else set())
+    limit = 4 if version < (1, 35) else 16
+    for i, d in enumerate(devices):
+        taints = d.get("taints") or []
+        if len(taints) > limit:
+            out.append(f"spec.devices[{i}].taints: {len(taints)} taints, more than {limit}")
+        for t in taints:
+            where = f"spec.devices[{i}].taints[{t.get('key')}]"
+            domain, _, name = (t.get("key") or "").rpartition("/")
+            if not LABEL_VALUE.match(name) or not name or len(name) > 63 or \
+                    (domain and (len(domain) > 253 or not DNS_SUBDOMAIN.match(domain))):
+                out.append(f"{where}.key: not a label name")
+            value = t.get("value") or ""
+            if len(value) > 63 or not LABEL_VALUE.match(value):
+                out.append(f"{where}.value: not a label value")
+            if t.get("effect") not in effects:
+                out.append(f"{where}.effect: Unsupported value: {t.get('effect')!r}: supported values: "
+                           + ", ".join(f'"{e}"' for e in sorted(effects)))
     return out
 
 
@@ -230,9 +261,11 @@ class _Server(ThreadingHTTPServer):
 class TestApiServer:
     __test__ = False
 
-    def __init__(self, version: tuple[int, int] = (1, 34), partitionable: bool = True):
+    def __init__(self, version: tuple[int, int] = (1, 34), partitionable: bool = True,
+                 device_taints: bool | None = None):
         self.version = version
         self.partitionable = partitionable
+        self.device_taints = version >= (1, 36) if device_taints is None else device_taints
         self.defaulting = False                # add a field a writer did not send (a server's default)
         self.slices: dict[str, dict] = {}
         self.claims: dict[tuple[str, str], dict] = {}
@@ -421,6 +454,12 @@ class TestApiServer:
         if self.defaulting:
             for d in obj["spec"].get("devices") or []:
                 d.setdefault("allowMultipleAllocations", False)
+        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        for d in obj["spec"].get("devices") or []:
+            if not self.device_taints:
+                d.pop("taints", None)
+            for t in d.get("taints") or []:
+                t.setdefault("timeAdded", now)          # "Added automatically during create or update if not set"
         if self.partitionable:
             return obj
         spec = obj["spec"]

@@ -184,7 +184,7 @@ def test_devices_show_a_lost_gpu_the_daemon_no_longer_lists():
             assert health_requests(c) == before + 1                      # for the lost GPU
         rows = [line.split() for line in out.splitlines()[1:3]]
         assert rows[0][:2] == ["0", "0"] and rows[0][-1] == "healthy"
-        assert rows[1] == ["1", "-", uuid, "lost", "-", "-", "-", "-", "-", "unhealthy"]
+        assert rows[1] == ["1", "-", uuid, "lost", "-", "-", "-", "-", "-", "nvidia", "unhealthy"]
         assert "GPU 1: unreadable: GPU is lost; health: unhealthy" in out
         data = json.loads(hostagent("devices", "-o", "json", env=env).stdout)
         assert [g["index"] for g in data["gpus"]] == [0]

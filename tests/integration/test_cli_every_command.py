@@ -40,7 +40,7 @@ SAMPLES = {
     "sim xid": ["--gpu", "0", "--xid", "48"], "sim ecc": ["--gpu", "0"],
     "sim lose": ["--gpu", "1"], "sim events": ["--gpu", "0", "off"],
     "sim topology": ["--gpu", "0", "off"], "sim reboot": [],
-    "sim driver": ["unload"], "sim fault": ["no-uvm"],
+    "sim driver": ["unload"], "sim fault": ["no-uvm"], "sim iommu": ["on"],
     "driver verify": [], "driver plan": ["--version", "550.90.07"],
     "driver install": ["--version", "550.90.07", "--dry-run"], "driver rollback": ["--dry-run"],
     "driver create-nodes": ["--dry-run"],
@@ -50,7 +50,7 @@ SAMPLES = {
 # These change the node: as another user they must be refused, saying how to run them.
 NEED_ROOT = {"labels", "serve", "device-plugin", "dra-plugin", "health clear", "cdi refresh", "mig apply",
              "runtime configure", "runtime revert", "runtime install-shim", "sim create", "sim hold", "sim load",
-             "sim xid", "sim reboot", "sim driver", "sim fault", "sharing apply", "sharing off"}
+             "sim xid", "sim reboot", "sim driver", "sim fault", "sim iommu", "sharing apply", "sharing off"}
 
 
 def leaves(parser=None, words=()):

@@ -16,7 +16,7 @@ from hostagent.sim.node import MIG_ENABLE
 
 from .agentd import AgentProcess, make_root
 
-NODE_DAEMON_FIELDS = ("revision", "inventory", "driver", "cdi", "agent")
+NODE_DAEMON_FIELDS = ("revision", "inventory", "driver", "cdi", "agent", "checkpoint", "vfio")
 
 
 def validator(component: str):

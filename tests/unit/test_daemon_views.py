@@ -40,7 +40,8 @@ def test_a_health_renders_the_same_every_time_and_callers_cannot_change_it():
     h = Health("healthy", "healthy", "ok", 1.23456)
     first = h.to_dict()
     first["state"] = "changed"
-    assert h.to_dict() == {"state": "healthy", "reason": "healthy", "message": "ok", "since": 1.235}
+    assert h.to_dict() == {"state": "healthy", "reason": "healthy", "message": "ok", "since": 1.235,
+                           "monitored": True, "problems": []}
 
 
 def test_allocation_json_is_the_allocation_view():

@@ -71,7 +71,7 @@ def test_nvidias_demo_configs_decode_to_the_agents_sharing():
     (gpu_config({"strategy": "TimeSlicing", "timeSlicingConfig": {}}, "MigDeviceConfig"),
      "p.sharing.timeSlicingConfig: unknown field"),
     ({**gpu_config(), "apiVersion": "resource.nvidia.com/v1"}, "p.apiVersion"),
-    ({**gpu_config(), "kind": "VfioDeviceConfig"}, "p.kind"),
+    ({**gpu_config(), "kind": "ComputeDomainChannelConfig"}, "p.kind"),
     ({**gpu_config(), "extra": 1}, "p.extra: unknown field"),
     ("not an object", "p: must be an object"),
     ({**gpu_config(), "kind": ["GpuConfig"]}, 'p.kind: ["GpuConfig"] is not GpuConfig or MigDeviceConfig'),

@@ -124,8 +124,10 @@ def test_mig_devices_of_a_layout_replace_their_gpu(make_node):
         assert (a["parentUUID"], a["parentIndex"], a["parentMinor"]) == (gpu.uuid, 0, gpu.minor)
         assert d.capacity["memory"]["value"] == format_quantity(record.memory_mib * 2 ** 20)
         assert d.capacity["multiprocessors"]["value"] == str(record.multiprocessors)
+        start, size = record.placement.start, record.placement.size
+        slices = {f"memorySlice{i}" for i in range(start, start + size)}
         assert set(d.capacity) == {"multiprocessors", "copyEngines", "decoders", "encoders", "jpegEngines",
-                                   "ofaEngines", "memory"}
+                                   "ofaEngines", "memory"} | slices
         assert d.consumes is None and d.allocate == {"device": d.uuid}
     assert sorted(attrs(d)["profile"] for d in migs) == ["1g.5gb", "1g.5gb", "2g.10gb", "3g.20gb"]
     valid(pool, (1, 34))

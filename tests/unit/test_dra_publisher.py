@@ -108,3 +108,62 @@ def test_fields_the_server_adds_are_no_change(server, api):
     assert not Publisher(api, DRIVER, NODE).sync(wanted).changed and server.writes == writes
     # A device of the server's slice that differs in what the plugin sets is a change.
     assert Publisher(api, DRIVER, NODE).sync([spec("gpu-0", "gpu-2")]).changed
+
+
+def tainted(name: str, *taints) -> dict:
+    device = spec(name)["devices"][0]
+    if not taints:
+        return device
+    return {**device, "taints": [{"key": k, **({"value": v} if v else {}), "effect": e} for k, v, e in taints]}
+
+
+def devices_spec(*devices) -> dict:
+    return {**spec(), "devices": list(devices)}
+
+
+def stored_taints(server) -> dict:
+    return {d["name"]: d.get("taints") for s in server.pool(DRIVER, NODE) for d in s["spec"]["devices"]}
+
+
+def test_a_taint_that_stays_keeps_its_time_added_across_rewrites(server, api):
+    server.device_taints = True
+    p = Publisher(api, DRIVER, NODE)
+    xid = ("gpu.nvidia.com/xid", "48", "NoSchedule")
+    p.sync([devices_spec(tainted("gpu-0", xid), tainted("gpu-1"))])
+    [(name, slice_)] = server.slices.items()
+    slice_["spec"]["devices"][0]["taints"][0]["timeAdded"] = "2020-01-01T00:00:00Z"   # added long ago
+    # Nothing changed: nothing written, the server's time stands.
+    assert not p.sync([devices_spec(tainted("gpu-0", xid), tainted("gpu-1"))]).changed
+    # Another device tainted: the slice is written again, the first taint keeps its time, the new one gets one.
+    lost = ("gpu.nvidia.com/gpu-lost", None, "NoSchedule")
+    assert p.sync([devices_spec(tainted("gpu-0", xid), tainted("gpu-1", lost))]).written == 1
+    taints = stored_taints(server)
+    assert taints["gpu-0"][0]["timeAdded"] == "2020-01-01T00:00:00Z"
+    assert taints["gpu-1"][0]["timeAdded"] not in (None, "2020-01-01T00:00:00Z")
+    # A new value is a new taint (a new time); a taint gone is gone.
+    p.sync([devices_spec(tainted("gpu-0", ("gpu.nvidia.com/xid", "63", "NoSchedule")), tainted("gpu-1"))])
+    taints = stored_taints(server)
+    assert taints["gpu-0"][0]["timeAdded"] != "2020-01-01T00:00:00Z" and not taints["gpu-1"]
+    assert not server.rejected
+
+
+def test_taints_a_server_drops_are_said_once_and_reported(server, api, caplog):
+    server.device_taints = False                   # DRADeviceTaints off (1.35's default)
+    p = Publisher(api, DRIVER, NODE)
+    wanted = [devices_spec(tainted("gpu-0", ("gpu.nvidia.com/xid", "48", "NoSchedule")))]
+    assert p.sync(wanted).written == 1
+    assert p.taints_dropped and p.dropped == ["spec.devices.taints"]
+    assert caplog.text.count("its DRADeviceTaints feature gate is off") == 1
+    assert "DRAPartitionableDevices" not in caplog.text
+    writes = server.writes
+    assert not p.sync(wanted).changed and server.writes == writes
+    p.sync([devices_spec(tainted("gpu-1", ("gpu.nvidia.com/xid", "79", "NoSchedule")))])
+    assert caplog.text.count("its DRADeviceTaints feature gate is off") == 1
+
+
+def test_a_taint_gone_is_a_change(server, api):
+    server.device_taints = True
+    p = Publisher(api, DRIVER, NODE)
+    p.sync([devices_spec(tainted("gpu-0", ("gpu.nvidia.com/xid", "48", "NoSchedule")))])
+    assert p.sync([devices_spec(tainted("gpu-0"))]).written == 1
+    assert stored_taints(server) == {"gpu-0": None}

@@ -85,6 +85,33 @@ def test_ignored_xid_is_recorded_not_unhealthy():
     assert st2.revision == st.revision + 1 and not st2.unhealthy
 
 
+def test_an_ignored_xid_is_a_notice_for_the_quiet_period():
+    st = S.initial(INDEX, 0.0)
+    st, changed = S.apply_event(st, event(xid=13, at=100.0), quiet_period=60, now=100.0)
+    assert all(d.healthy and d.notice.xid == 13 and d.notice_until == 160.0 for d in changed)
+    assert S.next_due(st) == 160.0
+    # a counted XID after it: unhealthy, the notice kept beside the reason
+    st, _ = S.apply_event(st, event(g=0, xid=48, at=120.0), quiet_period=60, now=120.0)
+    assert st.get("GPU-0").notice.xid == 13 and not st.get("GPU-0").healthy
+    st, changed = S.recover_due(st, 160.0)
+    assert {d.key for d in changed} == set(ALL0)
+    assert all(d.notice is None and d.notice_until is None for d in st.devices.values())
+    assert {d.key for d in st.unhealthy} == set(ALL0)          # 48 recovers at 180
+    # a new MIG device of the GPU takes its GPU-wide notice; a clear drops it
+    st, _ = S.apply_event(st, event(xid=43, at=200.0), quiet_period=60, now=200.0)
+    grown = DeviceIndex.from_inventory(inventory(gpu(0, [mig(0, 6, 7, 0), mig(0, 3, 2, 0)]), gpu(1)),
+                                       st.devices.values())
+    st, _ = S.reconcile(st, grown, now=201.0)
+    assert st.get("MIG-0-2-0").notice.xid == 43 and st.get("MIG-0-2-0").notice_until == 260.0
+    st, changed = S.clear(st, ["0"], now=202.0)
+    assert all(d.notice is None for d in changed)
+    # without a quiet period it stays until cleared; a policy that counts it drops it
+    st, _ = S.apply_event(st, event(xid=13, at=300.0), quiet_period=None, now=300.0)
+    assert st.get("GPU-0").notice_until is None and S.recover_due(st, 1e12)[1] == ()
+    assert S.rebase(st, XidPolicy(), 30, now=301.0)[0].get("GPU-0").notice_until == 330.0
+    assert S.rebase(st, XidPolicy.from_lists([], [13]), None, now=301.0)[0].get("GPU-0").notice is None
+
+
 def test_critical_xid_then_quiet_recovery():
     st = S.initial(INDEX, 0.0)
     st, changed = S.apply_event(st, event(xid=48, at=100.0), quiet_period=60, now=100.0)

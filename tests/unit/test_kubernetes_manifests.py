@@ -188,7 +188,8 @@ DRA_VERSIONS = ("1.34.0", str(kv.latest_version()))
 # NVIDIA's driver select hostagent's devices through them.
 NVIDIA_CLASSES = {
     "gpu.nvidia.com": "device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == 'gpu'",
-    "mig.nvidia.com": "device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == 'mig'"}
+    "mig.nvidia.com": "device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == 'mig'",
+    "vfio.gpu.nvidia.com": "device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == 'vfio'"}
 DRA_COMMAND = ("hostagent", "dra-plugin")
 DRA_PATHS = {"/run/hostagent": True, "/var/lib/kubelet/plugins_registry": False,
              "/var/lib/kubelet/plugins/gpu.nvidia.com": False}

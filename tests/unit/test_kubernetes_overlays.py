@@ -102,7 +102,8 @@ def test_the_dra_overlay_runs_the_agent_without_its_device_plugin():
     assert [tuple(c["command"]) for c in pod("dra", "hostagent-dra-plugin")["containers"]] == [
         ("hostagent", "dra-plugin")]
     classes = [d for d in rendered("dra") if d["kind"] == "DeviceClass"]
-    assert sorted(d["metadata"]["name"] for d in classes) == ["gpu.nvidia.com", "mig.nvidia.com"]
+    assert sorted(d["metadata"]["name"] for d in classes) == ["gpu.nvidia.com", "mig.nvidia.com",
+                                                              "vfio.gpu.nvidia.com"]
     assert all("namespace" not in d["metadata"] for d in classes)
 
 

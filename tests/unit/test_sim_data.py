@@ -24,6 +24,7 @@ EXPECTED_SKUS = {
     "T4",
     "V100-SXM2-32GB",
     "L40S",
+    "RTX-A6000",
 }
 EXPECTED_PROFILES = {
     "dgx-a100": 8,
@@ -34,6 +35,7 @@ EXPECTED_PROFILES = {
     "mixed": 3,
     "dgx1-v100": 8,
     "l40s-pcie": 8,
+    "rtx-a6000x2": 2,
 }
 ARCHITECTURES = {"volta", "turing", "ampere", "ada", "hopper", "blackwell"}
 NVIDIA_VENDOR = 0x10DE
@@ -94,7 +96,7 @@ def test_expected_profiles_present():
 def test_sku_device_fields(key):
     sku = SKUS[key]
     assert DEVICE_KEYS <= set(sku), DEVICE_KEYS - set(sku)
-    assert set(sku) <= DEVICE_KEYS | {"mig", "older_branches", "nvlink"}, set(sku) - DEVICE_KEYS
+    assert set(sku) <= DEVICE_KEYS | {"mig", "older_branches", "nvlink", "pci_name", "audio"}, set(sku) - DEVICE_KEYS
     if "nvlink" in sku:        # links a GPU has, and their nvmlNvlinkVersion_t
         assert set(sku["nvlink"]) == {"links", "version"} and 0 < sku["nvlink"]["links"] <= 36
     for older in sku.get("older_branches", ()):      # what earlier driver branches report
@@ -194,7 +196,7 @@ def test_node_profile(path):
 
     bus_ids = []
     for group in prof["gpus"]:
-        assert set(group) == {"sku", "pci_bus_ids"}
+        assert {"sku", "pci_bus_ids"} <= set(group) <= {"sku", "pci_bus_ids", "audio"}
         assert group["sku"] in SKUS, group["sku"]
         assert group["pci_bus_ids"], group["sku"]
         for bus_id in group["pci_bus_ids"]:

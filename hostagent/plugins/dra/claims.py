@@ -30,11 +30,14 @@ from dataclasses import dataclass
 
 from .devices import Published
 from .quantity import parse_quantity
+from .vfioconfig import DEFAULT as VFIO_DEFAULT
+from .vfioconfig import KIND as VFIO_KIND
+from .vfioconfig import parse_vfio
 
 __all__ = ["ClaimError", "Result", "claim_results", "parse_config", "API_VERSION"]
 
 API_VERSION = "resource.nvidia.com/v1beta1"
-KINDS = {"GpuConfig": ("gpu",), "MigDeviceConfig": ("mig", "partition")}
+KINDS = {"GpuConfig": ("gpu",), "MigDeviceConfig": ("mig", "partition"), VFIO_KIND: ("vfio",)}
 STRATEGIES = ("Exclusive", "TimeSlicing", "MPS")
 INTERVALS = ("Default", "Short", "Medium", "Long")
 
@@ -117,13 +120,18 @@ def _mps(config, where: str) -> dict:
 
 
 def parse_config(parameters, where: str) -> tuple[str, dict]:
-    """(kind, the agent's ``sharing``) of an opaque config's parameters."""
+    """(kind, the agent's ``sharing``) of an opaque config's parameters (a VfioDeviceConfig's
+    normalised config instead of a ``sharing``)."""
+    if isinstance(parameters, dict) and parameters.get("kind") == VFIO_KIND:
+        if parameters.get("apiVersion") != API_VERSION:
+            raise ClaimError(f"{where}.apiVersion: {json.dumps(parameters.get('apiVersion'))} is not {API_VERSION}")
+        return VFIO_KIND, parse_vfio(parameters, where, ClaimError)
     _fields(parameters, {"apiVersion", "kind", "sharing"}, where)
     if parameters.get("apiVersion") != API_VERSION:
         raise ClaimError(f"{where}.apiVersion: {json.dumps(parameters.get('apiVersion'))} is not {API_VERSION}")
     kind = parameters.get("kind")
     if not isinstance(kind, str) or kind not in KINDS:
-        raise ClaimError(f"{where}.kind: {json.dumps(kind)} is not GpuConfig or MigDeviceConfig")
+        raise ClaimError(f"{where}.kind: {json.dumps(kind)} is not GpuConfig, MigDeviceConfig or {VFIO_KIND}")
     sharing = parameters.get("sharing")
     if sharing is None:
         return kind, {"strategy": "Exclusive"}
@@ -229,7 +237,7 @@ def claim_results(claim: dict, driver: str, pool: str, devices: dict[str, Publis
             raise ClaimError(f"{where}.device: {r.get('device')!r} is not published in pool {pool!r}")
         if r.get("adminAccess"):
             raise ClaimError(f"{where}.adminAccess: admin access to devices is not supported")
-        sharing = {"strategy": "Exclusive"}
+        sharing = dict(VFIO_DEFAULT) if device.kind == "vfio" else {"strategy": "Exclusive"}
         for cwhere, kind, requests, candidate in reversed(configs):
             if requests and not _applies(requests, r["request"]):
                 continue
@@ -242,4 +250,23 @@ def claim_results(claim: dict, driver: str, pool: str, devices: dict[str, Publis
             sharing = candidate
             break
         out.append(Result(r["request"], device, sharing))
+    _check_pinned_keys(out, configs)
     return out
+
+
+def _check_pinned_keys(results: list[Result], configs: list) -> None:
+    """Each ``defaultPerDevicePinnedMemoryLimit`` key names a device its config applies to:
+    its UUID, or its index among them (NVIDIA's ``MpsPerDevicePinnedMemoryLimit.Normalize``
+    fails a claim otherwise: "invalid UUID", "invalid index")."""
+    for cwhere, _kind, _requests, candidate in configs:
+        keys = ((candidate.get("mpsConfig") or {}).get("defaultPerDevicePinnedMemoryLimit") or {})
+        if not keys:
+            continue
+        uuids = [r.device.uuid for r in results if r.sharing is candidate]
+        for key in keys:
+            if key in uuids or (key.isdigit() and int(key) < len(uuids)):
+                continue
+            which = (f"a UUID of one, or an index 0 to {len(uuids) - 1}" if uuids else
+                     "no device of the claim is under this config")
+            raise ClaimError(f"{cwhere}.opaque.parameters.sharing.mpsConfig.defaultPerDevicePinnedMemoryLimit[{key}]: "
+                             f"names no device of the claim's {len(uuids)} under this config ({which})")

@@ -26,13 +26,13 @@ from __future__ import annotations
 
 import functools
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ... import model
 from .quantity import format_quantity as quantity
 
 __all__ = ["Published", "CounterSet", "Pool", "build_pool", "gpu_name", "mig_name", "profile_label",
-           "counter_set_name", "semver", "nvlink_groups"]
+           "counter_set_name", "semver", "nvlink_groups", "vfio_name", "whole_set_name", "WHOLE", "WHOLE_VALUE"]
 
 COUNTER_SUFFIX = "-counter-set"
 STANDARD = "resource.kubernetes.io"
@@ -50,15 +50,26 @@ class Published:
     allocate: dict                        # the agent's allocation item for it
     consumes: dict | None = None          # {"counterSet": name, "counters": {name: {"value": q}}}
     uuid: str | None = None               # None: a partition (its MIG device made when prepared)
+    # With passthrough: what it takes of its GPU's whole-GPU counter set, which the GPU, its
+    # partitions and its vfio device share (so the scheduler never gives the GPU both ways).
+    shares: dict | None = None
+    taints: tuple = ()                    # its DeviceTaints from the agent's health (taints.py)
 
     def resource(self) -> dict:
         """As a ResourceSlice lists it."""
         out = {"name": self.name, "attributes": self.attributes}
         if self.capacity:
             out["capacity"] = self.capacity
-        if self.consumes:
-            out["consumesCounters"] = [self.consumes]
+        consumed = [c for c in (self.consumes, self.shares) if c]
+        if consumed:
+            out["consumesCounters"] = consumed
+        if self.taints:
+            out["taints"] = [dict(t) for t in self.taints]
         return out
+
+    @property
+    def counter_sets(self) -> tuple[str, ...]:
+        return tuple(c["counterSet"] for c in (self.shares, self.consumes) if c)
 
 
 @dataclass(frozen=True)
@@ -217,9 +228,13 @@ def _existing_mig(mig: dict, gpu: dict, node: dict) -> Published:
     partial = _gi_profile(mig["profile"]) != mig["profile"]
     name = mig_name(gpu["minor"], mig["profile"], mig["gi_profile_id"], mig["placement"]["start"],
                     mig["ci_placement"]["start"] if partial else None)
+    capacity = _mig_capacity(mig["memory_mib"], mig["multiprocessors"], mig.get("engines") or {})
+    # One memorySlice<i> capacity for each memory slice of its GPU instance's placement, as
+    # NVIDIA's MigDeviceInfo.GetDevice publishes beside the engines.
+    start, size = mig["placement"]["start"], mig["placement"]["size"]
+    capacity.update({f"memorySlice{i}": {"value": "1"} for i in range(start, start + size)})
     return Published(name, "mig", gpu["uuid"], mig["uuid"], _mig_attributes(gpu, node, mig["profile"], mig["uuid"]),
-                     _mig_capacity(mig["memory_mib"], mig["multiprocessors"], mig.get("engines") or {}),
-                     {"device": mig["uuid"]}, uuid=mig["uuid"])
+                     capacity, {"device": mig["uuid"]}, uuid=mig["uuid"])
 
 
 # The counters a partition draws on, as NVIDIA's driver names them (its capacities, in DNS
@@ -296,12 +311,80 @@ def _dynamic(gpu: dict, node: dict, profiles: list[dict], migs: list[dict], made
     return out, CounterSet(counter_set_name(gpu["minor"]), counters)
 
 
+# ---- passthrough (NVIDIA's vfio devices) ------------------------------------------------
+
+WHOLE = "whole-gpu"      # the counter of a GPU's whole-GPU set
+WHOLE_VALUE = 8          # the GPU and its vfio device take all of it, a partition 1 (at most 7 a GPU)
+
+
+def vfio_name(index: int) -> str:
+    return f"gpu-vfio-{index}"
+
+
+def whole_set_name(index: int) -> str:
+    """The whole-GPU counter set of the GPU at ``index`` on the PCI bus: named by the bus,
+    not the NVML minor, so it stays while the GPU is passed through (out of NVML)."""
+    return f"{vfio_name(index)}{COUNTER_SUFFIX}"
+
+
+def _vfio_uuid(bdf: str) -> str:
+    """NVIDIA's vfio device uuid: a UUIDv5 (SHA-1, DNS namespace) of the PCI address."""
+    import uuid as uuidlib
+    return str(uuidlib.uuid5(uuidlib.NAMESPACE_DNS, bdf))
+
+
+def _vfio(gpu: dict, iommufd: bool) -> Published:
+    """NVIDIA's vfio device of a GPU on the bus (``node["vfio"]["gpus"]``): its name,
+    attributes and capacity as NVIDIA's driver gives them (``VfioDeviceInfo.GetDevice``)."""
+    attributes = {"type": _string("vfio"), "uuid": _string(_vfio_uuid(gpu["pci_bus_id"])),
+                  "deviceID": _string(f"0x{int(gpu['device_id'], 16):04x}"),
+                  "vendorID": _string(f"0x{int(gpu.get('vendor_id') or '0x10de', 16):04x}"),
+                  "numa": _int(gpu["numa_node"] if gpu.get("numa_node") is not None else -1),
+                  "productName": _string(gpu.get("product") or gpu["device_id"]),
+                  "iommuFDEnabled": {"bool": bool(iommufd)},
+                  f"{STANDARD}/pciBusID": _string(gpu["pci_bus_id"])}
+    if gpu.get("pcie_root"):
+        attributes[f"{STANDARD}/pcieRoot"] = _string(gpu["pcie_root"])
+    capacity = {"addressableMemory": {"value": quantity(gpu.get("addressable_memory") or 0)}}
+    return Published(vfio_name(gpu["index"]), "vfio", gpu.get("uuid") or gpu["pci_bus_id"],
+                     gpu.get("uuid") or gpu["pci_bus_id"], attributes, capacity,
+                     {"passthrough": {"gpu": gpu["pci_bus_id"]}}, uuid=gpu.get("uuid"),
+                     shares=_take(gpu["index"], WHOLE_VALUE))
+
+
+def _take(index: int, value: int) -> dict:
+    return {"counterSet": whole_set_name(index), "counters": {WHOLE: {"value": str(value)}}}
+
+
+def _with_passthrough(published: list[Published], vfio: dict, node: dict) -> tuple[list[Published], list[CounterSet]]:
+    """Each GPU on the bus also as its vfio device, and every device of a GPU drawing on its
+    whole-GPU counter set: the GPU and the vfio device all of it, a partition one; a GPU with
+    MIG devices made otherwise has no vfio device (as NVIDIA's driver offers none)."""
+    by_uuid = {g["uuid"]: g for g in vfio.get("gpus") or () if g.get("uuid")}
+    static = {d.gpu for d in published if d.kind == "mig"}
+    out, sets = [], []
+    for d in published:
+        g = by_uuid.get(d.gpu)
+        if g is None or d.gpu in static:
+            out.append(d)
+            continue
+        out.append(replace(d, shares=_take(g["index"], 1 if d.kind == "partition" else WHOLE_VALUE)))
+    for g in vfio.get("gpus") or ():
+        if g.get("uuid") in static or g.get("iommu_group") is None:
+            continue
+        out.append(_vfio(g, vfio.get("iommufd", False)))
+        sets.append(CounterSet(whole_set_name(g["index"]), {WHOLE: {"value": str(WHOLE_VALUE)}}))
+    return out, sets
+
+
 def build_pool(devices: dict[str, dict], profiles: dict[str, list[dict]], node: dict, dynamic_mig: bool = False,
-               made: dict[str, tuple] | None = None) -> Pool:
+               made: dict[str, tuple] | None = None, passthrough: bool = False) -> Pool:
     """The pool's devices. ``devices``: uuid -> the agent's device view; ``profiles``: GPU
     uuid -> its MIG profile views; ``node``: the agent's node view; ``made``: MIG device
     uuid -> (GPU uuid, profile, placement start) of the devices made for claims (they stand as
-    their partitions). GPUs first, in index order, each followed by its MIG devices."""
+    their partitions); ``passthrough``: each GPU also as NVIDIA's vfio device (where the
+    IOMMU is on). GPUs first, in index order, each followed by its MIG devices; the vfio
+    devices last."""
     made = made or {}
     gpus = sorted((d for d in devices.values() if d["kind"] == "gpu"), key=lambda d: d["index"])
     migs: dict[str, list[dict]] = {}
@@ -328,6 +411,13 @@ def build_pool(devices: dict[str, dict], profiles: dict[str, list[dict]], node: 
         if dynamic_mig:
             problems.append(f"GPU {gpu['index']}: its MIG profiles are unknown, no partitions offered")
         published += [_existing_mig(m, gpu, node) for m in children]
+    vfio = node.get("vfio") or {}
+    if passthrough and vfio.get("iommu"):
+        published, whole = _with_passthrough(published, vfio, node)
+        counter_sets += whole
+    elif passthrough:
+        problems.append("no vfio devices offered: the IOMMU is off" if vfio else
+                        "no vfio devices offered: the agent does not report the PCI bus (an older agent?)")
     names: dict[str, str] = {}
     unique = []
     for d in published:

@@ -1,8 +1,9 @@
 """The DRA kubelet plugin's loop: the agent followed, the pool published, the sockets kept.
 
 - **The agent** (through ``AgentLink``): each new view recomputes the published devices
-  (``devices.build_pool``) and their health. While the agent cannot be reached, or verifies
-  its driver, the pool stays as it was (an agent restart changes nothing in the cluster);
+  (``devices.build_pool``), their taints (``taints``: NVIDIA's keys, from the agent's
+  health, gone when it recovers) and their health. While the agent cannot be reached, or
+  verifies its driver, the pool stays as it was (an agent restart changes nothing in the cluster);
   a driver that does not verify empties it (no device can be prepared then), and every
   device is Unknown or Unhealthy to the kubelet.
 - **The API server** (a publishing thread): the pool's slices follow the devices; a failed
@@ -19,7 +20,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ... import model
@@ -33,6 +34,7 @@ from .publisher import Publisher
 from .registrar import Registrar
 from .service import DraServer
 from .slices import layout
+from .taints import for_server, tainted
 
 __all__ = ["Options", "DraPlugin"]
 
@@ -47,6 +49,8 @@ class Options:
     agent_socket: Path
     driver: str = "gpu.nvidia.com"
     dynamic_mig: bool = False
+    passthrough: bool = False         # each GPU also as NVIDIA's vfio device
+    no_execute: bool = False          # unrecoverable faults (XID 79, a lost GPU) taint NoExecute
     resync: float = 60.0                 # seconds between comparisons of the slices
     backoff: tuple[float, float] = (0.5, 30.0)
     poll: float = 0.5                    # how often the sockets are looked at
@@ -69,6 +73,7 @@ class DraPlugin:
                                    on_registered=self.kick)
         self.publisher = Publisher(api, options.driver, options.node)
         self.profiles: dict[str, list[dict]] = {}
+        self._last_views: dict[str, dict] = {}   # uuid -> the agent's last view of it (a lost GPU's stays)
         self.version: tuple[int, int] | None = None
         self.published_error: str | None = None
         self._stop = threading.Event()
@@ -107,7 +112,11 @@ class DraPlugin:
             # MIG devices made for this plugin's claims stand as the partitions they were made from.
             made = {u: (d["parent_uuid"], d["profile"], d["placement"]["start"]) for u, d in view.devices.items()
                     if d["kind"] == "mig" and owned(d.get("made_for") or "")}
-            pool = build_pool(view.devices, self._profiles(view.devices), node, self.options.dynamic_mig, made)
+            pool = build_pool(view.devices, self._profiles(view.devices), node, self.options.dynamic_mig, made,
+                              self.options.passthrough)
+            self._last_views.update(view.devices)
+            pool = self._keep_lost(pool, before, view)
+            pool = tainted(pool, {**self._last_views, **view.devices}, no_execute=self.options.no_execute)
             if pool.problems != (before.problems if before else ()):
                 for problem in pool.problems:
                     log.warning("%s", problem)
@@ -122,6 +131,25 @@ class DraPlugin:
         self.board.set(entries)
         return self.pool != before
 
+    def _keep_lost(self, pool: Pool, before: Pool | None, view) -> Pool:
+        """``pool`` with the devices of a GPU that fell off the bus kept as they were: the
+        agent's inventory leaves out a GPU NVML cannot read, but Kubernetes must see its
+        devices tainted ``gpu-lost`` (and, with ``no_execute``, evict their pods). Kept while
+        the agent counts an unreadable GPU and their last health said lost."""
+        if before is None or not (view.node.get("unreadable_gpus") or 0):
+            self._last_views = {u: v for u, v in self._last_views.items() if u in view.devices}
+            return pool
+        names = {d.name for d in pool.devices}
+        kept = [d for d in before.devices if d.health_of not in view.devices and d.name not in names
+                and any(p["kind"] == "gpu_lost" for p in
+                        ((self._last_views.get(d.health_of) or {}).get("health") or {}).get("problems") or ())]
+        if not kept:
+            return pool
+        have = {c.name for c in pool.counter_sets}
+        wanted = {n for d in kept for n in d.counter_sets}
+        sets = tuple(c for c in before.counter_sets if c.name in wanted and c.name not in have)
+        return replace(pool, devices=pool.devices + tuple(kept), counter_sets=pool.counter_sets + sets)
+
     # ---- publishing ---------------------------------------------------------------
 
     def kick(self) -> None:
@@ -129,10 +157,12 @@ class DraPlugin:
         self._dirty.set()
 
     def _specs(self) -> list[dict]:
-        if self.pool.counter_sets and self.version is None:
+        pool = self.pool
+        if (pool.counter_sets or any(d.taints for d in pool.devices)) and self.version is None:
             self.version = self.api.server_version()
-        return layout(self.pool, self.options.driver, self.publisher.pool, self.options.node,
-                      self.version or (1, 34))
+        version = self.version or (1, 34)
+        pool = for_server(pool, version, taken=not self.publisher.taints_dropped)
+        return layout(pool, self.options.driver, self.publisher.pool, self.options.node, version)
 
     def _publishing(self) -> None:
         delay = self.options.backoff[0]

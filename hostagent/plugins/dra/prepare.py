@@ -20,6 +20,7 @@ from ...errors import HostagentError
 from .claims import ClaimError, claim_results
 from .errors import KubeError
 from .service import Prepared, PreparedDevice
+from .vfioconfig import passthrough_item
 
 __all__ = ["Preparer", "PREFIX", "OWNER", "allocation_id", "owned"]
 
@@ -90,10 +91,12 @@ class Preparer:
         twice = sorted({n for n in names if names.count(n) > 1})
         if twice:
             raise ClaimError(f"device {twice[0]} is allocated twice in one claim")
-        # Each device shared as its configuration says (gpu-test5: one time-sliced, one MPS).
-        items = [r.device.allocate if r.sharing == EXCLUSIVE else {**r.device.allocate, "sharing": r.sharing}
+        # Each device shared as its configuration says (gpu-test5: one time-sliced, one MPS); a
+        # vfio device passed through as its VfioDeviceConfig says.
+        items = [passthrough_item(r.device.allocate, r.sharing) if r.device.kind == "vfio" else
+                 r.device.allocate if r.sharing == EXCLUSIVE else {**r.device.allocate, "sharing": r.sharing}
                  for r in results]
-        mps = any(r.sharing["strategy"] == "MPS" for r in results)
+        mps = any(r.sharing.get("strategy") == "MPS" for r in results)
         # The node spec's names where they are all a container needs (they outlive the
         # allocation and cost no spec of its own); an MPS client's own spec gives it its daemon.
         alloc = self.link.client().allocate(

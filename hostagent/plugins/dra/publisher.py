@@ -8,9 +8,15 @@ the slices no longer wanted are deleted: a consumer that sees only some slices o
 generation finds the pool incomplete and waits, never mixing two generations.
 
 An API server that drops fields it does not know (a feature gate off: ``sharedCounters``
-and ``consumesCounters`` without ``DRAPartitionableDevices``) returns less than it was
-given; the publisher remembers what came back for what it sent, so it does not rewrite the
-same slices forever, and reports the dropped fields once.
+and ``consumesCounters`` without ``DRAPartitionableDevices``, ``taints`` without
+``DRADeviceTaints``) returns less than it was given; the publisher remembers what came back
+for what it sent, so it does not rewrite the same slices forever, and reports the dropped
+fields once (``taints_dropped``: the plugin leaves taints out from then on).
+
+A device's taint that stays from one write to the next keeps its ``timeAdded`` (the API
+server sets it on a taint written without one), as Kubernetes' own ResourceSlice
+controller keeps it: a toleration's ``tolerationSeconds`` counts from when the problem
+began, not from the last write of the slice.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import re
 from dataclasses import dataclass
 
 from .errors import KubeError
@@ -67,7 +74,34 @@ def _dropped(sent: dict, got: dict, path: str = "spec") -> list[str]:
     elif isinstance(sent, list) and isinstance(got, list):
         for i, (a, b) in enumerate(zip(sent, got)):
             out += _dropped(a, b, f"{path}[{i}]")
-    return sorted({p.split("[")[0] if "[" in p else p for p in out})
+    return sorted({re.sub(r"\[\d+\]", "", p) for p in out})
+
+
+def _taints(spec: dict) -> list:
+    """Each device's taints without their times, to compare."""
+    return [(d.get("name"), [(t.get("key"), t.get("value"), t.get("effect")) for t in d.get("taints") or ()])
+            for d in spec.get("devices") or ()]
+
+
+def _taint_times(slices: list[dict]) -> dict[tuple, str]:
+    """(device, key, value, effect) -> timeAdded of each taint the pool's slices hold."""
+    return {(d.get("name"), t.get("key"), t.get("value"), t.get("effect")): t["timeAdded"]
+            for s in slices for d in (s.get("spec") or {}).get("devices") or ()
+            for t in d.get("taints") or () if t.get("timeAdded")}
+
+
+def _with_times(spec: dict, times: dict[tuple, str]) -> dict:
+    """``spec`` with the ``timeAdded`` of each taint the pool already has."""
+    if not any(d.get("taints") for d in spec.get("devices") or ()):
+        return spec
+    devices = []
+    for d in spec["devices"]:
+        if d.get("taints"):
+            d = {**d, "taints": [{**t, **({"timeAdded": times[k]} if k in times else {})}
+                                 for t in d["taints"]
+                                 for k in [(d["name"], t.get("key"), t.get("value"), t.get("effect"))]]}
+        devices.append(d)
+    return {**spec, "devices": devices}
 
 
 @dataclass(frozen=True)
@@ -92,6 +126,7 @@ class Publisher:
         self.generation = 0
         self._echo: dict[str, str] = {}       # content sent -> content the server kept of it
         self.dropped: list[str] = []          # fields the API server dropped, last write
+        self.taints_dropped = False           # it dropped the devices' taints (DRADeviceTaints off)
 
     def _owner(self) -> list[dict]:
         if not self.owner_uid:
@@ -100,6 +135,8 @@ class Publisher:
 
     def _matches(self, wanted: dict, existing: dict) -> bool:
         spec = existing.get("spec") or {}
+        if _taints(spec) != _taints(wanted) and not self.taints_dropped:
+            return False                # a taint gone is a change (the server adds none of its own)
         want = {k: v for k, v in wanted.items() if k != "pool"}
         if _covers(spec, want) and (spec.get("pool") or {}).get("name") == wanted["pool"]["name"]:
             return True
@@ -118,15 +155,17 @@ class Publisher:
                             and self._matches(spec, by_name[n])) for n, spec in zip(names, specs)))
         if current:
             self.generation = top
+            log.debug("pool %s of %s: generation %d unchanged", self.pool, self.driver, top)
             return Outcome(top, 0, 0)
         generation = max(top, self.generation) + 1
         written = 0
         dropped: set[str] = set()
+        times = _taint_times(existing)
         for name, spec in zip(names, specs):
             body = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
                     "metadata": {"name": name, **({"ownerReferences": self._owner()} if self.owner_uid else {})},
-                    "spec": {**spec, "pool": {**spec["pool"], "generation": generation,
-                                              "resourceSliceCount": len(specs)}}}
+                    "spec": {**_with_times(spec, times), "pool": {**spec["pool"], "generation": generation,
+                                                                 "resourceSliceCount": len(specs)}}}
             old = by_name.get(name)
             if old is not None:
                 body["metadata"]["resourceVersion"] = old["metadata"].get("resourceVersion")
@@ -135,7 +174,7 @@ class Publisher:
                 got = self.api.create_slice(body)
             written += 1
             kept = got.get("spec") or {}
-            self._echo[_content(body["spec"])] = _content(kept)
+            self._echo[_content({**spec, "pool": body["spec"]["pool"]})] = _content(kept)
             dropped.update(_dropped(body["spec"], kept))
         deleted = 0
         for name in sorted(set(by_name) - set(names)):
@@ -143,9 +182,17 @@ class Publisher:
             deleted += 1
         if len(self._echo) > 4 * len(specs) + 16:
             self._echo = dict(list(self._echo.items())[-(2 * len(specs) + 8):])
-        if sorted(dropped) != self.dropped and dropped:
+        taints = sorted(f for f in dropped if f.endswith(".taints"))
+        counters = sorted(dropped - set(taints))
+        if counters and counters != [f for f in self.dropped if not f.endswith(".taints")]:
             log.error("the API server dropped %s from the slices: enable the DRAPartitionableDevices feature gate, "
-                      "or run without --dynamic-mig", ", ".join(sorted(dropped)))
+                      "or run without --dynamic-mig", ", ".join(counters))
+        if taints and not self.taints_dropped:
+            log.warning("the API server dropped the devices' taints (spec.devices.taints): its DRADeviceTaints "
+                        "feature gate is off (on by default from Kubernetes 1.36); unhealthy devices are published "
+                        "without taints, their health still reaches the kubelet (restart the plugin once the gate "
+                        "is on)")
+            self.taints_dropped = True
         self.dropped = sorted(dropped)
         self.generation = generation
         log.info("pool %s of %s: generation %d, %d slice(s) written, %d deleted", self.pool, self.driver, generation,

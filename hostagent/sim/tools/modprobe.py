@@ -10,6 +10,10 @@ Reproduced behaviour (kmod's modprobe, for the modules the driver ships):
   No such device" (exit 1) while nouveau holds the GPUs.
 * ``modprobe -r MODULE...`` unloads them: "modprobe: FATAL: Module nvidia is in use." (exit
   1) while processes use GPUs; nothing to do when not loaded. ``-r nouveau`` unloads nouveau.
+* ``modprobe vfio_pci`` (``vfio-pci``) loads the kernel's vfio-pci module
+  (``lib/modules/<release>/kernel/drivers/vfio/pci/vfio-pci.ko``: "Module vfio_pci not
+  found" without it); ``-r vfio_pci`` is refused while it holds a device ("Module vfio_pci
+  is in use.").
 * Other modules are accepted and ignored; ``-q``, ``-v``, ``-a`` are accepted.
 
 The simulator loads and unloads the nvidia modules together, as one unit.
@@ -22,6 +26,7 @@ import sys
 __all__ = ["main"]
 
 NVIDIA = {"nvidia", "nvidia_current", "nvidia_uvm", "nvidia_modeset", "nvidia_drm", "nvidia_peermem"}
+VFIO = {"vfio_pci"}
 
 
 def main(root: str, argv: list[str]) -> int:
@@ -34,6 +39,14 @@ def main(root: str, argv: list[str]) -> int:
         print("modprobe: ERROR: missing module name.", file=sys.stderr)
         return 1
     store = SimStore(root)
+    if names & VFIO:
+        from .. import pcibus
+        try:
+            (pcibus.unload_vfio if flags & {"-r", "--remove"} else pcibus.load_vfio)(store)
+        except StateError as e:
+            print(e.what, file=sys.stderr)
+            return 1
+        names -= VFIO
     if flags & {"-r", "--remove"}:
         if "nouveau" in names:
             with store.mutate() as state:

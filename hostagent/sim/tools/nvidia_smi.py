@@ -109,6 +109,7 @@ MAIN_OPTIONS = {
     "-r": ("reset", FLAG), "--gpu-reset": ("reset", FLAG),
     "-mig": ("mig", VALUE), "--multi-instance-gpu": ("mig", VALUE),
     "-c": ("compute_mode", VALUE), "--compute-mode": ("compute_mode", VALUE),
+    "-pm": ("persistence", VALUE), "--persistence-mode": ("persistence", VALUE),
     "--query-gpu": ("query_gpu", VALUE), "--query-compute-apps": ("query_apps", VALUE),
     "--format": ("format", VALUE),
 }
@@ -271,14 +272,14 @@ def _command(store: SimStore, state: NodeState, sub: str | None, opts: dict) -> 
         return topo(store, state, opts, fail)
     if sub:
         return _mig(store, state, targets, opts)
-    actions = [k for k in ("list", "reset", "mig", "compute_mode", "query_gpu", "query_apps")
+    actions = [k for k in ("list", "reset", "mig", "compute_mode", "persistence", "query_gpu", "query_apps")
                if k in opts]
     if len(actions) > 1 or ("format" in opts) != bool({"query_gpu", "query_apps"} & set(actions)):
         raise Exit(EXIT_ARG, BAD_ARGS)
     action = actions[0] if actions else "summary"
     _check_lost(state, targets)
     return {"summary": _summary, "list": _list, "reset": _reset, "mig": _set_mig,
-            "compute_mode": _compute_mode, "query_gpu": _query_gpu,
+            "compute_mode": _compute_mode, "persistence": _persistence, "query_gpu": _query_gpu,
             "query_apps": _query_apps}[action](store, state, targets, opts)
 
 
@@ -303,14 +304,17 @@ def _bus_key(text: str):
 
 
 def _targets(state: NodeState, ids: str | None) -> list[int]:
+    """The GPUs named (NVML's indices, UUIDs, bus ids: the GPUs the nvidia driver holds), as
+    the state's slots."""
+    visible = state.nvml_gpus()
     if ids is None:
-        return [g.index for g in state.gpus]
+        return [g.index for g in visible]
     out = []
     for ident in ids.split(","):
         ident = ident.strip()
         key = _bus_key(ident) if ":" in ident else None
-        match = next((g.index for g in state.gpus
-                      if ident in (str(g.index), g.uuid)
+        match = next((g.index for n, g in enumerate(visible)
+                      if ident in (str(n), g.uuid)
                       or (key is not None and key == _bus_key(g.pci_bus_id))), None)
         if match is None:
             raise Exit(EXIT_NOT_FOUND, "No devices were found")
@@ -351,7 +355,7 @@ def _mig_mode_text(store: SimStore, mode: int, gpu: SimGpu) -> str:
 def _list(store, state, targets, opts) -> int:
     for i in targets:
         gpu = state.gpus[i]
-        print(f"GPU {i}: {store.facts.skus[gpu.sku].name} (UUID: {gpu.uuid})")
+        print(f"GPU {state.nvml_gpus().index(gpu)}: {store.facts.skus[gpu.sku].name} (UUID: {gpu.uuid})")
         if _mig_on(store, gpu):
             for n, (gi, ci) in state.mig_devices(i).items():
                 print(f"  MIG {_mig_name(store, gpu, gi, ci):<12}Device {n:>2}: (UUID: {ci.uuid})")
@@ -453,6 +457,31 @@ def _compute_mode(store, state, targets, opts) -> int:
     return 0
 
 
+def _persistence(store, state, targets, opts) -> int:
+    """``-pm 0|1``: through nvidia-persistenced's socket while it runs (it lets the GPU go,
+    or takes it again), else the driver's legacy flag."""
+    value = str(opts["persistence"]).strip().upper()
+    if value not in ("0", "1", "ENABLED", "DISABLED"):
+        raise Exit(EXIT_ARG, BAD_ARGS)
+    on = value in ("1", "ENABLED")
+    _need_root("set the persistence mode")
+    from ..pcibus import _persistenced_running
+    daemon = _persistenced_running(store.root)
+
+    def change(s):
+        for i in targets:
+            gpu = s.gpu(i)
+            if daemon:
+                gpu.persistenced_released = not on
+            else:
+                gpu.persistence = on
+    _mutate(store, change)
+    for i in targets:
+        print(f"{'Enabled' if on else 'Disabled'} persistence mode for GPU {bus_id(state.gpus[i])}.")
+    print("All done.")
+    return 0
+
+
 def _need_root(what: str) -> None:
     """Changing a GPU's compute settings "Requires root/admin permissions" (nvml.h); the
     message is NVML's text, in this simulator's sentence."""
@@ -501,8 +530,8 @@ def _gpu_fields(store: SimStore, state: NodeState):
         return facts.skus[g.sku]
 
     return {  # name -> (unit or None, value(gpu))
-        "index": (None, lambda g: g.index),
-        "count": (None, lambda g: len(state.gpus)),
+        "index": (None, lambda g: state.nvml_gpus().index(g)),
+        "count": (None, lambda g: len(state.nvml_gpus())),
         "name": (None, lambda g: sku(g).name),
         "uuid": (None, lambda g: g.uuid),
         "serial": (None, lambda g: g.serial),
@@ -615,7 +644,8 @@ def _summary(store, state, targets, opts) -> int:
         used = sum(p.used_mib for p in state.processes_on(i))
         mig = "N/A" if sku.mig is None else ("Enabled" if gpu.mig_current == MIG_ENABLE else "Disabled")
         memory = "N/A" if _hidden(store, gpu) else f"{used:>8}MiB / {sku.memory_mib:>6}MiB"
-        out += [_row((f"{i:>4}  {sku.name:<29}{pm:>4}  ", 41), (f"{bus_id(gpu):>19} Off ", 24),
+        index = state.nvml_gpus().index(gpu)
+        out += [_row((f"{index:>4}  {sku.name:<29}{pm:>4}  ", 41), (f"{bus_id(gpu):>19} Off ", 24),
                      (f"{'0':>21} ", 22)),
                 _row((f" N/A   32C    P0{'54W':>16} / {sku.power_limit_w:>4}W ", 41),
                      (f"{memory:>23} ", 24),

@@ -20,9 +20,12 @@ Reproduced behaviour (options as NVIDIA's nvidia-persistenced source defines the
 * Syslog lines (``Started (pid)``, ``Shutdown (pid)``, errors) go to
   ``<root>/var/log/nvidia-persistenced.log``.
 
-Not reproduced: persistence mode is not part of the simulated state (``nvidia-smi``
-shows ``Persistence-M On`` while this daemon runs), and the daemon does not drop
-privileges to ``--user``; it does not speak the RPC protocol on its socket.
+* At its start it holds every GPU the nvidia driver holds (persistence mode on for them,
+  and their unbindLock refused) until ``nvidia-smi -pm 0`` lets one go; a GPU probed after
+  its start (bound back from vfio-pci) it does not take.
+
+Not reproduced: the daemon does not drop privileges to ``--user``; it does not speak the
+RPC protocol on its socket (``nvidia-smi -pm`` changes the node's state directly).
 """
 
 from __future__ import annotations
@@ -122,6 +125,14 @@ class Daemon:
     def __init__(self, root: Path, verbose: bool):
         self.root, self.verbose = root, verbose
 
+    def _hold_gpus(self) -> None:
+        """At its start the daemon opens every GPU the nvidia driver holds (and keeps them
+        open: persistence mode); one bound later it does not take."""
+        from ..store import SimStore
+        with SimStore(self.root).mutate() as state:
+            for gpu in state.nvml_gpus():
+                gpu.persistenced_released = False
+
     def syslog(self, message: str, *, verbose_only: bool = False) -> None:
         if verbose_only and not self.verbose:
             return
@@ -177,6 +188,7 @@ class Daemon:
             signal.set_wakeup_fd(wake_w)
             for sig in (signal.SIGTERM, signal.SIGINT):
                 signal.signal(sig, lambda *_: stopping.append(True))
+            self._hold_gpus()
             init_done(True)
             while not stopping:
                 ready, _, _ = select.select([sock, wake_r], [], [], 5)

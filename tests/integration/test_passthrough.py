@@ -1,0 +1,233 @@
+"""Passthrough allocations against the real agent on a simulated node whose GPUs each share
+their IOMMU group with an HD-audio function (rtx-a6000x2): the group moves to vfio-pci and
+back, NVML loses the GPU and finds it again, refusals are one line that says what to do
+(each with its row in docs/troubleshooting.md), and a crash in the middle is settled at the
+next start, forward or back."""
+
+import json
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from hostagent.errors import HostagentError
+from hostagent.sim.control import inject_xid
+from hostagent.sim.nvmlopen import holders
+from hostagent.sim.store import SimStore
+
+from tests.programs import script
+from tests.rootneeds import GPU_CHANGES
+from tests.waiting import until
+
+from .agentd import FAST, AgentProcess, make_root, running_agent
+
+DOC = (Path(__file__).resolve().parents[2] / "docs/troubleshooting.md").read_text()
+GPU, AUDIO, OTHER = "0000:17:00.0", "0000:17:00.1", "0000:65:00.0"
+
+
+def driver(root, bdf: str) -> str:
+    try:
+        return os.path.basename(os.readlink(root / f"sys/bus/pci/devices/{bdf}/driver"))
+    except OSError:
+        return ""
+
+
+def refused(action, says: str, row: str | None = None) -> str:
+    """The refusal's one line says ``says``; its row in the troubleshooting page ``row``."""
+    with pytest.raises(HostagentError) as e:
+        action()
+    assert says in e.value.message and "\n" not in e.value.message, e.value.message
+    assert (row or says) in DOC, f"docs/troubleshooting.md lacks {row or says!r}"
+    return e.value.message
+
+
+# Run by another user, the test is that user, named one of the uids that may pass GPUs
+# through (api.plugin_uids); root may anyway.
+CONFIG = {**FAST, "api": {"plugin_uids": [os.getuid()] if os.getuid() else []}}
+
+
+@pytest.fixture
+def node():
+    root = make_root("rtx-a6000x2")
+    with running_agent(root, CONFIG) as agent:
+        yield root, agent
+
+
+def test_the_gpu_and_its_audio_function_go_to_vfio_pci_and_back(node):
+    root, agent = node
+    with agent.client() as c:
+        before = c.devices()["gpus"]
+        assert [(g["index"], g["minor"]) for g in before] == [(0, 0), (1, 1)]
+        a = c.pass_through("vm", [GPU])
+        assert (driver(root, GPU), driver(root, AUDIO)) == ("vfio-pci", "vfio-pci")
+        [rec] = a["passthrough"]
+        assert rec["functions"] == [{"bdf": GPU, "driver": "nvidia"}, {"bdf": AUDIO, "driver": "snd_hda_intel"}]
+        assert rec["uuid"] == before[0]["uuid"] and a["devices"] == [before[0]["uuid"]]
+        group = os.path.basename(os.readlink(root / f"sys/bus/pci/devices/{GPU}/iommu_group"))
+        assert rec["group"] == int(group) and (root / f"dev/vfio/{group}").exists()
+        assert [n["path"] for n in a["container_edits"]["deviceNodes"]] == [f"/dev/vfio/{group}", "/dev/vfio/vfio"]
+        assert a["container_edits"]["env"] == ["NVIDIA_VISIBLE_DEVICES=void"] and not a["container_edits"]["mounts"]
+        # NVML counts the GPUs the nvidia driver holds: the other is index 0 now, its minor its own.
+        after = c.devices()["gpus"]
+        assert [(g["index"], g["minor"], g["uuid"]) for g in after] == [(0, 1, before[1]["uuid"])]
+        # The command line lists it as passed through, with its allocation, not as a usable GPU.
+        listing = subprocess.run([script("hostagent"), "--simulate", str(root), "devices"], capture_output=True,
+                                 text=True, check=True).stdout.splitlines()
+        assert listing[0].split()[-2:] == ["DRIVER", "HEALTH"] and len(listing) == 3
+        assert listing[1].split()[0] == "0" and listing[1].split()[-2:] == ["nvidia", "healthy"]
+        assert listing[2].split()[:3] == ["-", "-", before[0]["uuid"]]
+        assert listing[2].endswith(f"{GPU}      -    -       -    vfio-pci  passed through (vm)")
+        vfio = c.node()["vfio"]
+        assert vfio["iommu"] and vfio["vfio_pci"]
+        assert [(g["pci_bus_id"], g["driver"], g["allocation"]) for g in vfio["gpus"]] == [
+            (GPU, "vfio-pci", "vm"), ("0000:65:00.0", "nvidia", None)]
+        c.release("vm")
+        assert (driver(root, GPU), driver(root, AUDIO)) == ("nvidia", "snd_hda_intel")
+        assert not (root / f"dev/vfio/{group}").exists()
+        assert [(g["index"], g["minor"], g["uuid"]) for g in c.devices()["gpus"]] == [
+            (g["index"], g["minor"], g["uuid"]) for g in before]
+        assert not os.path.exists(a["spec_path"])
+
+
+@GPU_CHANGES                            # persistence mode: root's, as nvidia-smi -pm and NVML say
+def test_persistence_mode_goes_off_first_and_comes_back(node):
+    root, agent = node
+    persistenced = subprocess.run([str(root / "usr/bin/nvidia-persistenced")], capture_output=True, text=True)
+    assert persistenced.returncode == 0, persistenced.stderr
+    try:
+        with agent.client() as c:
+            c.pass_through("vm", ["0"])
+            assert driver(root, GPU) == "vfio-pci"
+            c.release("vm")
+        # Back on, through the driver's own flag (nvidia-persistenced does not take it again).
+        state = SimStore(root).read()
+        assert state.gpus[0].persistence and state.gpus[0].persistenced_released
+    finally:
+        pid = int((root / "var/run/nvidia-persistenced/nvidia-persistenced.pid").read_text())
+        os.kill(pid, signal.SIGTERM)
+
+
+def test_refusals_say_what_to_do_and_change_nothing(node):
+    root, agent = node
+    store = SimStore(root)
+    with agent.client() as c:
+        # No vfio_pci module to load.
+        module = next(root.glob("lib/modules/*/kernel/drivers/vfio/pci/vfio-pci.ko"))
+        module.rename(module.with_suffix(".away"))
+        refused(lambda: c.pass_through("vm", ["0"]), "the vfio_pci kernel module is not loaded and cannot be")
+        module.with_suffix(".away").rename(module)
+        # A process on the GPU.
+        holder = subprocess.Popen(["sleep", "60"])
+        try:
+            with store.mutate() as s:
+                from hostagent.sim.node import SimProcess
+                s.processes.append(SimProcess(pid=holder.pid, gpu=0))
+            refused(lambda: c.pass_through("vm", ["0"]), "process(es) run on it")
+        finally:
+            holder.kill()
+            holder.wait()
+        # Another allocation holds it.
+        c.allocate("job", ["0"])
+        refused(lambda: c.pass_through("vm", ["0"]), "is in use: allocation job holds it")
+        c.release("job")
+        assert driver(root, GPU) == "nvidia"
+        # The IOMMU off.
+        from hostagent.sim.pcibus import set_iommu
+        set_iommu(store, False, False)
+        refused(lambda: c.pass_through("vm", ["0"]), "cannot be passed through: the IOMMU is off")
+        set_iommu(store, True, False)
+        assert (driver(root, GPU), driver(root, AUDIO)) == ("nvidia", "snd_hda_intel")
+        assert c.allocations() == []
+
+
+def test_a_group_holding_a_bridge_cannot_move(node):
+    root, agent = node
+    store = SimStore(root)
+    facts = json.loads((store.dir / "node.json").read_text())
+    bridge = "0000:16:01.0"
+    facts["iommu_groups"][bridge] = facts["iommu_groups"][GPU]
+    (store.dir / "node.json").write_text(json.dumps(facts))
+    folder = root / f"sys/bus/pci/devices/{bridge}"
+    if not folder.exists():
+        os.makedirs(root / "sys/devices/pci0000:16/0000:16:01.0", exist_ok=True)
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        folder.symlink_to("../../../devices/pci0000:16/0000:16:01.0")
+    (folder / "class").write_text("0x060400\n")
+    (folder / "vendor").write_text("0x8086\n")
+    from hostagent.sim.pcibus import sync
+    sync(root, SimStore(root).facts, store.read())
+    with agent.client() as c:
+        refused(lambda: c.pass_through("vm", ["0"]), "holds the PCI bridge 0000:16:01.0, which vfio-pci cannot take",
+                "which vfio-pci cannot take")
+    assert driver(root, GPU) == "nvidia"
+
+
+def test_a_crash_half_way_is_rolled_back_at_start():
+    root = make_root("rtx-a6000x2")
+    agent = AgentProcess(root, CONFIG)
+    agent.env = {"HOSTAGENT_FAULT": "passthrough:bound_one"}
+    agent.start()
+    try:
+        with agent.client() as c:
+            with pytest.raises(HostagentError):
+                c.pass_through("vm", ["0"])
+        assert agent.proc.wait(10) == -9
+        # Died with the GPU on vfio-pci and its audio function still on its driver.
+        assert (driver(root, GPU), driver(root, AUDIO)) == ("vfio-pci", "snd_hda_intel")
+        agent.env = {}
+        agent.start()
+        assert (driver(root, GPU), driver(root, AUDIO)) == ("nvidia", "snd_hda_intel")
+        assert "rolled back after a crash" in agent.log()
+        assert not (root / "var/lib/hostagent/passthrough/journal.json").exists()
+        with agent.client() as c:
+            assert c.allocations() == [] and len(c.devices()["gpus"]) == 2
+    finally:
+        agent.stop()
+        agent.cleanup()
+
+
+def test_a_crash_while_releasing_finishes_the_release_and_a_live_one_stays_on_vfio():
+    root = make_root("rtx-a6000x2")
+    with running_agent(root, CONFIG) as agent:
+        with agent.client() as c:
+            c.pass_through("stays", ["1"])
+            c.pass_through("goes", ["0"])
+        agent.stop()
+        agent.env = {"HOSTAGENT_FAULT": "passthrough:released"}
+        agent.start()
+        with agent.client() as c:
+            with pytest.raises(HostagentError):
+                c.release("goes")
+        assert agent.proc.wait(10) == -9
+        agent.env = {}
+        agent.start()
+        assert "release of GPU 0000:17:00.0 from goes finished after a crash" in agent.log()
+        with agent.client() as c:
+            assert [a["id"] for a in c.allocations()] == ["stays"]
+            assert driver(root, GPU) == "nvidia" and driver(root, "0000:65:00.0") == "vfio-pci"
+            [alloc] = c.allocations()
+            assert os.path.exists(alloc["spec_path"])
+            c.release("stays")
+            assert driver(root, "0000:65:00.0") == "nvidia"
+
+
+def test_the_agent_lets_go_of_its_own_nvml_around_the_move_and_watches_again_after(node):
+    root, agent = node
+    store = SimStore(root)
+    with agent.client() as c:
+        moved, other = (g["uuid"] for g in c.devices()["gpus"])
+        # The monitor and the sampler hold both GPUs open through NVML while they run.
+        assert holders(root, GPU) == [agent.proc.pid]
+        c.pass_through("vm", [GPU])
+        assert f"health monitor and metrics sampler paused: GPU {GPU} to vfio-pci for vm" in agent.log()
+        # Before the answer they run again, on the GPU NVML still lists.
+        assert holders(root, OTHER) == [agent.proc.pid] and holders(root, GPU) == []
+        until(lambda: f'UUID="{other}"' in c.metrics(), what="the sampler back")
+        assert f'UUID="{moved}"' not in c.metrics()
+        inject_xid(store, 1, 48)
+        until(lambda: c.devices()["gpus"][0]["health"]["state"] == "unhealthy", what="the XID seen")
+        c.release("vm")
+        assert f"health monitor and metrics sampler paused: GPU {GPU} back to nvidia" in agent.log()
+        assert holders(root, GPU) == [agent.proc.pid]
