@@ -17,12 +17,13 @@ import dataclasses
 import logging
 
 from ..cdi import transient
+from .. import faults
 from ..errors import HostagentError, UsageError
 from ..lock import node_lock
 from ..vfio import executor, pci
 from ..vfio.cdi import passthrough_edits
 from ..vfio.plan import VFIO_DRIVERS, PassthroughRefused, plan_bind
-from . import checkpoint, faults
+from . import checkpoint
 
 __all__ = ["PassthroughOps", "spec_for"]
 

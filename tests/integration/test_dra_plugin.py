@@ -296,7 +296,7 @@ def test_claims_of_the_wrong_shape_get_an_error_of_their_own_and_the_others_are_
         return {"apiVersion": "resource.nvidia.com/v1beta1", "kind": kind, **({"sharing": sharing} if sharing else {})}
     mps = {"strategy": "MPS", "mpsConfig": {"defaultPinnedDeviceMemoryLimit": "1e999999999"}}
     cases = [({"source": "FromClaim", "opaque": {"driver": DRIVER, "parameters": params(["GpuConfig"])}},
-              'parameters.kind: ["GpuConfig"] is not GpuConfig or MigDeviceConfig'),
+              'parameters.kind: ["GpuConfig"] is not GpuConfig, MigDeviceConfig or VfioDeviceConfig'),
              ({"source": "FromClaim", "opaque": {"driver": DRIVER, "parameters": "GpuConfig"}},
               "cannot be read: Expected `object`, got `str` - at `$.status.allocation.devices.config[0].opaque"
               ".parameters`"),

@@ -74,7 +74,7 @@ def test_nvidias_demo_configs_decode_to_the_agents_sharing():
     ({**gpu_config(), "kind": "ComputeDomainChannelConfig"}, "p.kind"),
     ({**gpu_config(), "extra": 1}, "p.extra: unknown field"),
     ("not an object", "p: must be an object"),
-    ({**gpu_config(), "kind": ["GpuConfig"]}, 'p.kind: ["GpuConfig"] is not GpuConfig or MigDeviceConfig'),
+    ({**gpu_config(), "kind": ["GpuConfig"]}, 'p.kind: ["GpuConfig"] is not GpuConfig, MigDeviceConfig or VfioDeviceConfig'),
     ({**gpu_config(), "kind": {"GpuConfig": 1}}, "p.kind"),
     (gpu_config({"strategy": ["MPS"]}), 'p.sharing.strategy: ["MPS"] is not one of'),
     (gpu_config({"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": {"x": 1}}}),

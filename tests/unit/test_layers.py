@@ -133,7 +133,7 @@ def test_the_kubelet_plugins_read_the_node_only_through_the_agents_api():
 
 # The actors the daemon composes: they sit below it, and what they share with it lives below
 # them all (hostagent.faults, hostagent.mig.plan), never in the daemon's package.
-ACTORS = ("driver", "sharing", "mig", "cdi", "runtime", "health", "labels", "metrics", "topology")
+ACTORS = ("driver", "sharing", "mig", "cdi", "runtime", "health", "labels", "metrics", "topology", "vfio")
 
 
 def _in(module: str, package: str) -> bool:
