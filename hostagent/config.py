@@ -46,7 +46,7 @@ _TOP_DOC = "docs/daemon.md"      # its Configuration section lists every section
 # container's create, where importing dataclasses would cost ~10 ms.
 RuntimeConfig = namedtuple("RuntimeConfig", "low_level_runtimes cdi_spec_dirs default_kind annotation_prefixes "
                                             "accept_volume_mounts accept_env_unprivileged log_file")
-HookConfig = namedtuple("HookConfig", "interpreter")
+HookConfig = namedtuple("HookConfig", "interpreter in_cdi_specs")
 
 
 class Config(namedtuple("Config", "data source")):

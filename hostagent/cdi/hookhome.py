@@ -6,6 +6,9 @@ mounted (``--host-root``), neither exists on the host: the specs name the host's
 python3 and a copy of the hook program (``hostagent/hooks``: standard library only) that
 hostagent keeps under the host's ``/var/lib/hostagent/hook``, as the NVIDIA toolkit's
 DaemonSet copies its hook binary onto the host.
+
+A simulated node whose host runs neither (a kind node: no python3, no hostagent) is given
+specs without the hook (``hook.in_cdi_specs: false``); a real node's specs always have it.
 """
 
 from __future__ import annotations
@@ -15,12 +18,11 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import NotFoundError
+from ..errors import ConfigError, NotFoundError
 from ..fileio import ensure_dir, remove, write_atomic
 from ..hostroot import HostRoot
-from .spec import HOOK_IMPORT_PATH
 
-__all__ = ["HookHome", "hook_home", "install_hook_program", "HOOK_COPY_DIR"]
+__all__ = ["HookHome", "hook_home", "hook_in_specs", "install_hook_program", "HOOK_COPY_DIR"]
 
 HOOK_COPY_DIR = "/var/lib/hostagent/hook"          # on the host; holds hostagent/hooks
 HOST_PYTHONS = ("/usr/bin/python3", "/usr/local/bin/python3", "/bin/python3")
@@ -31,18 +33,38 @@ _PACKAGE = Path(__file__).resolve().parents[1]       # hostagent/
 class HookHome:
     interpreter: str        # as the host runs it
     import_path: str        # the folder holding the hostagent package, on the host
+    in_specs: bool = True   # False: CDI specs start no hook (a simulated node only)
+
+    @property
+    def spec_interpreter(self) -> str | None:
+        """The interpreter CDI specs start the hook with; None: they start none."""
+        return self.interpreter if self.in_specs else None
 
 
-def hook_home(host: HostRoot, interpreter: str | None = None) -> HookHome:
+def hook_in_specs(host: HostRoot, section: dict, where: str | None = None) -> bool:
+    """Whether CDI specs start the hook, by the configuration's ``hook`` section. Leaving it
+    out is for a simulated node only: a real node's containers need what it does (library
+    links, the linker cache, /dev/dri/by-path links)."""
+    if section.get("in_cdi_specs", True):
+        return True
+    if not host.simulated:
+        raise ConfigError("hook.in_cdi_specs: false is for a simulated node only", where=where,
+                          hint="remove it: a real node's containers need the hook's library links and linker "
+                               "cache")
+    return False
+
+
+def hook_home(host: HostRoot, interpreter: str | None = None, *, in_specs: bool = True) -> HookHome:
     """The hook's interpreter (``interpreter``: hook.interpreter of the configuration) and
-    import path, as the host's engines run them."""
+    import path, as the host's engines run them; ``in_specs``: ``hook_in_specs``."""
     if not host.mounted:
-        return HookHome(interpreter or sys.executable, HOOK_IMPORT_PATH)
+        from .spec import HOOK_IMPORT_PATH   # the daemon's settings check hook_in_specs: kept light
+        return HookHome(interpreter or sys.executable, HOOK_IMPORT_PATH, in_specs)
     candidates = (interpreter,) if interpreter else HOST_PYTHONS
     for path in candidates:
         real = host.resolve(host.host(path))
         if real.is_file() and os.access(real, os.X_OK):
-            return HookHome(path, HOOK_COPY_DIR)
+            return HookHome(path, HOOK_COPY_DIR, in_specs)
     raise NotFoundError(f"the host has no {' or '.join(candidates)} to run the hook CDI specs start",
                         where=str(host.root),
                         hint="install python3 on the host, or name its interpreter as hook.interpreter "

@@ -48,12 +48,15 @@ class SpecChange:
 
 
 def configured_options(host: HostRoot, **options) -> SpecOptions:
-    """SpecOptions with the hook interpreter /etc/hostagent/config.yaml names, if any, and
-    the hook program's home on the host (``hookhome``)."""
+    """SpecOptions with the hook interpreter /etc/hostagent/config.yaml names, if any (no
+    hook where it says so: ``hook.in_cdi_specs``), and the hook program's home on the host
+    (``hookhome``)."""
     from ..config import load_config
-    from .hookhome import hook_home
-    home = hook_home(host, load_config(host.config_file).hook.interpreter)   # None: this interpreter
-    options.setdefault("hook_interpreter", home.interpreter)
+    from .hookhome import hook_home, hook_in_specs
+    config = load_config(host.config_file)
+    hook = config.section("hook")
+    home = hook_home(host, hook["interpreter"], in_specs=hook_in_specs(host, hook, config.source))
+    options.setdefault("hook_interpreter", home.spec_interpreter)
     options.setdefault("hook_import_path", home.import_path)
     return SpecOptions(**options)
 

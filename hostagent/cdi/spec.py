@@ -30,7 +30,7 @@ class SpecOptions:
     name_strategies: tuple[str, ...] = ("index", "uuid")
     all_device: bool = True
     cdi_version: str = "auto"
-    hook_interpreter: str = field(default_factory=lambda: sys.executable)
+    hook_interpreter: str | None = field(default_factory=lambda: sys.executable)   # None: no hook
     hook_import_path: str = HOOK_IMPORT_PATH
 
     @property
@@ -71,16 +71,19 @@ def hook_command(interpreter: str, verb: str, *args: str, import_path: str = HOO
     return Hook(path=interpreter, args=(interpreter, "-I", "-S", "-c", boot, verb, *args), env=HOOK_ENV)
 
 
-def prepare_hook(edits: Edits, interpreter: str, import_path: str = HOOK_IMPORT_PATH) -> tuple[Hook, ...]:
+def prepare_hook(edits: Edits, interpreter: str | None, import_path: str = HOOK_IMPORT_PATH) -> tuple[Hook, ...]:
     """The one hook run a container gets: every link (device links too: the hook makes only
-    those whose node the container was given) and the linker cache, in one process."""
+    those whose node the container was given) and the linker cache, in one process. None
+    for ``interpreter``: no hook (a simulated node's host that cannot run it)."""
+    if interpreter is None:
+        return ()
     args = [a for target, link in edits.links for a in ("--link", f"{target}::{link}")]
     args += [a for target, link in edits.device_links for a in ("--device-link", f"{target}::{link}")]
     args += [a for folder in edits.folders for a in ("--folder", folder)]
     return (hook_command(interpreter, "prepare", *args, import_path=import_path),) if args else ()
 
 
-def edits_to_cdi(edits: Edits, interpreter: str, *, import_path: str = HOOK_IMPORT_PATH) -> dict:
+def edits_to_cdi(edits: Edits, interpreter: str | None, *, import_path: str = HOOK_IMPORT_PATH) -> dict:
     """The spec's top-level ``containerEdits``: ``edits`` and the hook run that makes their
     links and folders."""
     return edits.to_cdi(prepare_hook(edits, interpreter, import_path))

@@ -71,11 +71,12 @@ def device_name(allocation_id: str, device: Gpu | MigDevice) -> str:
 
 
 def build_transient_spec(discovery: Discovery, allocation_id: str,
-                         devices: list[Gpu | MigDevice], interpreter: str,
+                         devices: list[Gpu | MigDevice], interpreter: str | None,
                          kind: str = ALLOCATION_KIND, extra: dict[str, Edits] | None = None, *,
                          import_path: str = HOOK_IMPORT_PATH, common: Edits | None = None) -> tuple[dict, dict]:
     """The allocation's spec, and the same devices as plain edits (env, mounts, device
-    nodes, no hook) for callers that cannot use CDI. ``extra``: more edits for a device, by
+    nodes, no hook) for callers that cannot use CDI. ``interpreter``: the hook's, None for
+    no hook (``HookHome.spec_interpreter``). ``extra``: more edits for a device, by
     UUID (an MPS client's pipe, shm and limits); ``common``: ``common_edits(discovery)``
     when the caller has it already (the driver's files, found once per node spec). Raises
     MissingDeviceNode for a device without its nodes."""

@@ -149,9 +149,11 @@ class Agent:
         self._worker.shutdown(wait=True, cancel_futures=True)
 
     def hook_home(self):
-        """The hook program's interpreter and import path as the host runs them."""
+        """The hook program's interpreter and import path as the host runs them, and whether
+        CDI specs start it (``load_settings`` refused a setting this node may not have)."""
         from ..cdi.hookhome import hook_home
-        return hook_home(self.host, (self.settings.sections.get("hook") or {}).get("interpreter"))
+        hook = self.settings.sections.get("hook") or {}
+        return hook_home(self.host, hook.get("interpreter"), in_specs=hook.get("in_cdi_specs", True))
 
     # ---- inventory and the node spec ------------------------------------------------
 
@@ -184,7 +186,7 @@ class Agent:
         from ..cdi import refresh
         from ..cdi.spec import SpecOptions
         home = self.hook_home()
-        options = SpecOptions(hook_interpreter=home.interpreter, hook_import_path=home.import_path)
+        options = SpecOptions(hook_interpreter=home.spec_interpreter, hook_import_path=home.import_path)
         held = not self.driver.ready         # no spec is written until the driver verifies
         try:
             change, generated = refresh.refresh(self.host, options, inventory=inventory, dry_run=held)

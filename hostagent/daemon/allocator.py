@@ -167,14 +167,14 @@ class Allocator:
             key = (alloc.devices, home)
             merged = self._node_edits.get(key)
             if merged is None:
-                _, merged = transient.build_transient_spec(discovery, alloc.id, records, home.interpreter,
+                _, merged = transient.build_transient_spec(discovery, alloc.id, records, home.spec_interpreter,
                                                            import_path=home.import_path, common=common)
                 if len(self._node_edits) >= 1024:
                     self._node_edits.clear()
                 self._node_edits[key] = merged
             return dataclasses.replace(alloc, cdi_devices=self._node_names(alloc), container_edits=merged,
                                        spec_path=None)
-        spec, merged = transient.build_transient_spec(discovery, alloc.id, records, home.interpreter,
+        spec, merged = transient.build_transient_spec(discovery, alloc.id, records, home.spec_interpreter,
                                                       extra=self._client_edits(alloc), import_path=home.import_path,
                                                       common=common)
         path = transient.spec_file(self.host, alloc.id)

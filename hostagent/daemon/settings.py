@@ -84,9 +84,12 @@ class Settings:
 
 
 def load_settings(host: HostRoot, path: str | os.PathLike | None = None) -> Settings:
-    """Read and validate the configuration; a missing file means every default."""
+    """Read and validate the configuration; a missing file means every default. A setting
+    this node may not have (``hook.in_cdi_specs: false`` on a real node) is refused."""
+    from ..cdi.hookhome import hook_in_specs
     from ..config import load_config
     config = load_config(os.fspath(path or host.config_file))
+    hook_in_specs(host, config.section("hook"), config.source)
     return Settings(daemon=DaemonSettings(**config.section("daemon")),
                     api=ApiSettings(**config.section("api")), mig=MigSettings(**config.section("mig")),
                     allocations=AllocationSettings(**config.section("allocations")),

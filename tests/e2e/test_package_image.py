@@ -209,6 +209,12 @@ def test_the_simulated_overlays_agent_makes_its_node_and_answers(image, tmp_path
         # The node's labels, where NFD's worker reads them.
         labels = (host["nfd-features"] / "hostagent").read_text()
         assert "nvidia.com/gpu.count=8" in labels and "nvidia.com/gpu.product=NVIDIA-A100-SXM4-40GB" in labels
+        # Its CDI spec, where the host's runtime reads it: the node's files by the paths the
+        # host knows them by, and no hook (the host has no python3 or hostagent to run it).
+        spec = json.loads(wait_for(host["cdi-dynamic"] / "nvidia.com-gpu.json", name).read_text())
+        assert '"hooks"' not in json.dumps(spec)
+        nodes = [n for d in spec["devices"] for n in d["containerEdits"].get("deviceNodes", [])]
+        assert len(nodes) >= 8 and all(n["hostPath"].startswith("/var/lib/hostagent-sim/dev/") for n in nodes)
         # A second start (the pod restarted) keeps the node it made.
         podman("run", "--rm", *PODMAN_FLAGS, *flags(init), image, *init["command"])
         with Client(socket_path=socket, timeout=10) as client:

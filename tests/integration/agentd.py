@@ -67,6 +67,9 @@ class AgentProcess:
         self.write_config(FAST if config is None else config)
         self.env = env or {}
         self.args: list[str] = []          # more daemon flags (--log-level ...)
+        # A command the daemon is started under, which ends by running it in its own place
+        # (unshare ... exec: a mount of its own), so its pid is still the daemon's.
+        self.prefix: list[str] = []
         self.proc: subprocess.Popen | None = None
         self.log_path = self.root / "daemon.log"
         self.socket = self.host.host("/run/hostagent/hostagent.sock")
@@ -91,7 +94,7 @@ class AgentProcess:
                 env.pop(inherited, None)
         log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "hostagent.cli.main", "--simulate", str(self.root), "serve",
+            [*self.prefix, sys.executable, "-m", "hostagent.cli.main", "--simulate", str(self.root), "serve",
              "--config", str(self.config), *self.args], stdout=log, stderr=log, env=env, stdin=subprocess.DEVNULL)
         log.close()
         if wait:

@@ -1,7 +1,8 @@
 """packaging/kubernetes: every manifest is valid against the Kubernetes OpenAPI schemas
 (strict: an unknown or misplaced field fails), and the DaemonSet asks for what the agent
 needs and no more. The base's files are checked as written; the overlays (dra, simulated,
-monitoring) as kustomize renders them for 'kubectl apply -k' (tests/kubernetes_overlays.py)."""
+simulated/dra, monitoring) as kustomize renders them for 'kubectl apply -k'
+(tests/kubernetes_overlays.py)."""
 
 from __future__ import annotations
 

@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from hostagent import __version__
+from hostagent.sim.platform import simulated_host
 from tests.programs import script
 
 kv = pytest.importorskip("kubernetes_validate", reason="kubernetes-validate is in the [test] extra")
@@ -25,8 +26,10 @@ CUSTOM = {("monitoring.coreos.com/v1", "ServiceMonitor"), ("cert-manager.io/v1",
           ("cert-manager.io/v1", "Certificate")}
 # Every release from 1.30 (resource.k8s.io/v1 and so the DRA overlay: from 1.34) to 1.35.
 RELEASES = tuple(f"1.{minor}.0" for minor in range(30, 36))
-OVERLAYS = {".": RELEASES, "dra": RELEASES[4:], "simulated": RELEASES, "monitoring": RELEASES,
-            "dra/cert-manager": RELEASES}
+OVERLAYS = {".": RELEASES, "dra": RELEASES[4:], "simulated": RELEASES, "simulated/dra": RELEASES[4:],
+            "monitoring": RELEASES, "dra/cert-manager": RELEASES}
+# Kustomize components: parts of the overlays above, not rendered alone.
+COMPONENTS = {"components/simulated"}
 
 
 def render(overlay: str) -> list[dict]:
@@ -56,7 +59,7 @@ def pod(overlay: str, name: str = "hostagent") -> dict:
 
 def test_every_kustomization_is_one_kubectl_renders():
     found = sorted(str(p.parent.relative_to(KUBERNETES)) for p in KUBERNETES.rglob("kustomization.yaml"))
-    assert found == sorted({*OVERLAYS, "base"})
+    assert found == sorted({*OVERLAYS, "base", *COMPONENTS})
 
 
 @pytest.mark.parametrize("overlay", sorted(OVERLAYS))
@@ -138,7 +141,7 @@ def test_the_simulated_overlay_runs_the_agent_on_a_node_it_makes_without_the_hos
     paths = {v["name"]: v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v}
     # No host /, /dev, CDI folders or engine configuration: only the node's folder and
     # the folders the kubelet's side reads.
-    assert set(paths.values()) == {"/var/lib/hostagent-sim", "/run/hostagent",
+    assert set(paths.values()) == {"/var/lib/hostagent-sim", "/run/hostagent", "/run/cdi",
                                    "/etc/kubernetes/node-feature-discovery/features.d",
                                    "/var/lib/kubelet/device-plugins", "/var/lib/kubelet/pod-resources"}
     assert {m["name"] for c in spec["containers"] + spec["initContainers"] for m in c["volumeMounts"]} == {
@@ -146,6 +149,9 @@ def test_the_simulated_overlay_runs_the_agent_on_a_node_it_makes_without_the_hos
     mounts = {m["mountPath"]: paths.get(m["name"]) for m in agent["volumeMounts"]}
     assert mounts["/var/lib/hostagent-sim"] == "/var/lib/hostagent-sim"       # host paths as they are
     assert mounts["/var/lib/hostagent-sim/run/hostagent"] == "/run/hostagent"  # the plugin's socket
+    # The host's runtime finds the agent's CDI specs where it writes them.
+    cdi = simulated_host(env["HOSTAGENT_SIMULATE"]).cdi_dir
+    assert mounts[str(cdi)] == "/run/cdi"
     [init] = spec["initContainers"]
     assert "hostagent sim create --profile dgx-a100 --root /var/lib/hostagent-sim" in init["command"][-1]
     assert tuple(plugin["command"]) == ("hostagent", "device-plugin", "--device-list-strategy", "edits,envvar")
@@ -154,6 +160,39 @@ def test_the_simulated_overlay_runs_the_agent_on_a_node_it_makes_without_the_hos
                                             "values": ["true"]}]}]
     # The probes find the simulated node's daemon through the environment.
     assert tuple(agent["livenessProbe"]["exec"]["command"]) == ("hostagentd", "--check")
+
+
+def test_the_simulated_component_makes_the_dra_overlay_a_simulated_node_as_it_makes_the_base_one():
+    sim, sim_dra, dra = pod("simulated"), pod("simulated/dra"), pod("dra")
+    # The agent's container, its node's init container and their folders are the same; the
+    # DRA overlay's has no device plugin (the DRA plugin offers the GPUs).
+    assert sim_dra["containers"][0] == sim["containers"][0] and sim_dra["initContainers"] == sim["initContainers"]
+    assert [c["name"] for c in sim_dra["containers"]] == [c["name"] for c in dra["containers"]]
+    assert {v["name"] for v in sim["volumes"]} - {v["name"] for v in sim_dra["volumes"]} == {"device-plugins"}
+    assert {m["name"] for c in sim_dra["containers"] + sim_dra["initContainers"] for m in c["volumeMounts"]} == {
+        v["name"] for v in sim_dra["volumes"]}
+    # The DRA plugin runs on the simulated nodes, as the agent does, and is otherwise the DRA overlay's.
+    plugin, plugin_dra = pod("simulated/dra", "hostagent-dra-plugin"), pod("dra", "hostagent-dra-plugin")
+    assert plugin["affinity"] == sim["affinity"] == sim_dra["affinity"]
+    assert {k: v for k, v in plugin.items() if k != "affinity"} == {k: v for k, v in plugin_dra.items()
+                                                                   if k != "affinity"}
+    # Everything else of the DRA overlay is there as it is: classes, RBAC, the webhook.
+    assert ({(d["kind"], d["metadata"]["name"]) for d in rendered("simulated/dra")}
+            == {(d["kind"], d["metadata"]["name"]) for d in rendered("dra")})
+    for doc in rendered("dra"):
+        if doc["kind"] not in ("DaemonSet", "ConfigMap"):
+            assert doc in rendered("simulated/dra"), (doc["kind"], doc["metadata"]["name"])
+
+
+@pytest.mark.parametrize("overlay", ["simulated", "simulated/dra"])
+def test_a_simulated_nodes_specs_start_no_hook_and_the_rest_of_the_configuration_is_the_bases(overlay):
+    from hostagent.cdi.hookhome import hook_in_specs
+    from hostagent.config import validate_data
+    base = yaml.safe_load(the(".", "ConfigMap", "hostagent-config")["data"]["config.yaml"])
+    config = yaml.safe_load(the(overlay, "ConfigMap", "hostagent-config")["data"]["config.yaml"])
+    assert config == {**base, "hook": {"in_cdi_specs": False}}
+    hook = validate_data(config)["hook"]
+    assert hook_in_specs(simulated_host("/var/lib/hostagent-sim"), hook) is False
 
 
 def test_the_service_monitor_scrapes_every_agent_pod():
