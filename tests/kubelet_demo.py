@@ -97,7 +97,7 @@ def device_plugin() -> int:
 def dra() -> int:
     from tests.integration.dracluster import NODE, Cluster, quickstart
     from tests.integration.drasched import Unschedulable
-    cluster = Cluster()
+    cluster = Cluster(plugin_args=("--passthrough",))
     say("The agent on a simulated DGX A100 (8x A100-SXM4-40GB), the DRA plugin, the test API server "
         "(Kubernetes 1.34), a test kubelet and a test scheduler:")
     try:

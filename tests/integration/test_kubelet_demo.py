@@ -43,10 +43,11 @@ def test_the_device_plugin_demo_shows_the_resources_and_the_sample_pods_allocati
 def test_the_dra_demo_prepares_every_one_of_nvidias_claims():
     out = run("dra")
     assert "Registration: driver gpu.nvidia.com, DRA service v1.DRAPlugin" in out
-    assert "ResourceSlices of pool node-1: 20 devices" in out
+    assert "ResourceSlices of pool node-1: 24 devices" in out      # 4 of them vfio
     demos = re.split(r"\n(?=gpu-test)", out)[1:]
     assert [d.split(":", 1)[0] for d in demos] == ["gpu-test1", "gpu-test2", "gpu-test3", "gpu-test4", "gpu-test5",
-                                                  "gpu-test6", "gpu-test-mps"]
+                                                  "gpu-test6", "gpu-test-mps", "gpu-test-vfiopci",
+                                                  "gpu-test-vfio-config"]
     assert "not allocated" not in out and "error" not in out
     prepared = {d.split(":", 1)[0]: re.findall(r"^    (\S+) +(\S+) +(\S+)$", d, re.M) for d in demos}
     assert len(prepared["gpu-test1"]) == 2 and prepared["gpu-test1"][0][1] != prepared["gpu-test1"][1][1]
@@ -57,3 +58,8 @@ def test_the_dra_demo_prepares_every_one_of_nvidias_claims():
     assert all(cdi.startswith("hostagent.io/allocation=k8s-dra_") for _, _, cdi in prepared["gpu-test5"])
     # gpu-test6: A100s of an even index.
     assert sorted(d for _, d, _ in prepared["gpu-test6"]) == ["gpu-0", "gpu-2", "gpu-4", "gpu-6"]
+    # The vfio demos: a whole GPU passed through (one without MIG devices), its own CDI spec.
+    for demo in ("gpu-test-vfiopci", "gpu-test-vfio-config"):
+        [(request, device, cdi)] = prepared[demo]
+        assert request == "gpu" and re.fullmatch(r"gpu-vfio-[0246]", device), prepared[demo]
+        assert cdi.startswith("hostagent.io/allocation=k8s-dra_") and cdi.endswith("-" + device.replace("gpu-vfio-", "vfio"))
