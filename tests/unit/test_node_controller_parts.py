@@ -152,6 +152,29 @@ def test_a_stale_node_is_read_again_on_409_and_the_others_change_kept(api):
     assert len(server.requests) == before
 
 
+def test_an_answer_that_comes_back_after_a_newer_one_does_not_replace_it(api):
+    """Two threads write through one writer: the second's patch is made and answered while
+    the first's answer is on its way. The Node kept is the newer, with both changes."""
+    server, client = api
+    writer = NodeWriter(client, "n")
+    writer.seen(client.get_node("n"))
+
+    class Overtaken:
+        def __getattr__(self, name):
+            return getattr(client, name)
+
+        def patch_node(self, name, patch):
+            answer = client.patch_node(name, patch)
+            if "first" in patch["metadata"].get("labels", {}):      # another thread's write lands first
+                writer.api = client
+                writer.set_labels({"second": "b"})
+            return answer
+    writer.api = Overtaken()
+    writer.set_labels({"first": "a"})
+    assert writer.node["metadata"]["labels"] == {"first": "a", "second": "b"}
+    assert writer.node["metadata"]["resourceVersion"] == server.get("nodes", "n")["metadata"]["resourceVersion"]
+
+
 def test_cordon_through_the_api(api):
     server, client = api
     writer = NodeWriter(client, "n")
