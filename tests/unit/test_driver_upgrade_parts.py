@@ -312,6 +312,22 @@ def test_slots_are_taken_once_renewed_released_with_a_mark_and_taken_over_when_e
             s.leases.stop()
 
 
+def test_a_watch_event_older_than_a_write_of_ours_does_not_undo_it():
+    """The node takes a slot (its write answered at version 7) while the watch still brings
+    version 6 (the Lease released by the node before). The Leases seen keep version 7: the
+    renewer, which stops when the slot seems held by another, goes on."""
+    name = "hostagent-driver-upgrade-0"
+    before = lease(name, "a", rv="5")
+    released, taken = lease(name, None, rv="6"), lease(name, "b", rv="7")
+
+    def watch(version):
+        leases.seen(taken)                   # the answer to our write comes first
+        yield "MODIFIED", released
+    leases = Collection("leases", lambda: ([before], "5"), watch, lambda items: None)
+    leases._once()
+    assert slots.held_by(leases.items, "b") == name and leases.version == "6"
+
+
 def test_a_watch_the_credentials_do_not_allow_is_asked_for_again_only_as_often_as_a_watch_is_renewed():
     """The kubelet's credentials on a host may not read the ConfigMap or the Leases: that is
     said once, and asked again every 5 minutes, never polled."""
