@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 
 import pytest
 
+from hostagent.plugins.nodecontroller import slots
 from tests.waiting import until
 
-from .fleet import NAMESPACE, Fleet, pod
+from .fleet import NAMESPACE, STATE, Fleet, pod
 
 A, B, C, D = "550.90.07", "550.127.05", "570.86.15", "535.216.03"      # A: the nodes' driver at creation
 FAILED_MARK = "hostagent.io/driver-upgrade.failed"
@@ -192,6 +194,47 @@ def test_a_controller_killed_mid_upgrade_resumes_and_skipped_nodes_stay(rest):
         for name in ("node-1", "node-3"):
             fleet.api.label_node(name, {"hostagent.io/driver.upgrade": None})
         member.agent.env = {}
+
+
+def test_a_walk_that_failed_before_its_slot_went_halts_the_rollout_once_restarted(rest):
+    """node-1's upgrade failed and its controller stopped before it released the slot (the
+    last write of a failure; the API server may refuse it too). Restarted, it releases the
+    slot with the mark that halts the others, which waited for that slot and do not start."""
+    fleet = rest
+    api, slot, bad = fleet.api, slots.slot_name(0), "999.1.1"
+    installed = fleet.verified("node-1")
+    installs = {name: fleet.installs(name, bad) for name in fleet.nodes}
+    fleet.kill_controller("node-1")
+    try:
+        api.patch("nodes", "node-1", {"metadata": {"labels": {STATE: "upgrade-failed"},
+                                                   "annotations": {"hostagent.io/driver-upgrade.version": bad}}})
+        now = slots.micro_time(time.time())
+        held = {"holderIdentity": "node-1", "leaseDurationSeconds": 60, "acquireTime": now, "renewTime": now}
+        if api.get("leases", slot, NAMESPACE) is None:
+            api.create({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                        "metadata": {"name": slot, "namespace": NAMESPACE, "labels": slots.LABELS}, "spec": held})
+        else:
+            api.patch("leases", slot, {"spec": held}, NAMESPACE)
+        since = fleet.revision()
+        fleet.configmap(version=bad, maxParallelUpgrades=1)
+        until(lambda: fleet.state("node-2") == fleet.state("node-3") == "upgrade-required", 30,
+              lambda: f"the others do not wait for the slot: {fleet.states()}\n{fleet.logs()}")
+        fleet.start_controller("node-1")
+        until(lambda: not (api.get("leases", slot, NAMESPACE)["spec"].get("holderIdentity")), 30,
+              lambda: f"node-1 keeps its slot: {fleet.states()}\n{fleet.logs()}")
+        assert [(m["node"], m["version"]) for m in fleet.lease_marks().values()] == [("node-1", bad)]
+        for name in ("node-2", "node-3"):
+            until(lambda: events(fleet, name, "GPUDriverUpgradeHalted"), 30,
+                  lambda: f"{name} does not say it is halted: {fleet.states()}\n{fleet.logs()}")
+            assert fleet.state(name) == "upgrade-required"
+            assert not any(state in WALK_STATES for _, n, state, _ in fleet.history(since) if n == name)
+            assert fleet.installs(name, bad) == installs[name]
+    finally:
+        if fleet.nodes["node-1"].controller.poll() is not None:
+            fleet.start_controller("node-1")
+    fleet.configmap(version=installed)
+    all_done(fleet, installed)
+    assert fleet.lease_marks() == {}
 
 
 def authorized(rules: list[tuple[str, dict]], verb: str, group: str, resource: str, namespace: str | None,

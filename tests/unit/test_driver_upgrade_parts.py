@@ -171,7 +171,11 @@ def test_a_failed_node_waits_for_its_admin_and_its_mark_goes_when_it_no_longer_h
     # A slot still held once the walk ended (a crash before the release) is released.
     done = node(up.UPGRADE_DONE, V)
     assert up.next_step(WANT, done, up.AgentFacts(True, True, False, V),
-                        up.SlotFacts(held="hostagent-driver-upgrade-0")).do == up.RELEASE
+                        up.SlotFacts(held="hostagent-driver-upgrade-0")) == up.Step(up.RELEASE)
+    # A failed walk's slot is released with the mark that halts the others (not left out of it).
+    release = up.next_step(WANT, failed, READY_OLD, up.SlotFacts(held="hostagent-driver-upgrade-0"))
+    assert (release.do, release.state, release.version) == (up.RELEASE, up.UPGRADE_FAILED, V) and release.why
+    assert not up.next_step(WANT, skipped, READY_OLD, up.SlotFacts(held="hostagent-driver-upgrade-0")).why
 
 
 # ---- which pods move --------------------------------------------------------------------------

@@ -32,7 +32,7 @@ log = logging.getLogger("hostagent.plugins")
 
 WHY = "driver-upgrade"                      # its cordon's reason (hostagent.io/cordoned-by)
 REASON = "GPUDriverUpgrade"                 # the GPU operator's reason for each step
-FAILED_REASON = "GPUDriverUpgradeFailed"
+FAILED_REASON = plan.FAILED_EVENT
 HALTED_REASON = "GPUDriverUpgradeHalted"
 CONFIG_REASON = "GPUDriverUpgradeConfigInvalid"
 PASS_STEPS = 32                             # steps in one pass at most (a walk has fewer)
@@ -324,8 +324,9 @@ class DriverUpgrade:
         return False
 
     def _release(self, step, want, node) -> None:
-        if self.slots.release():
-            log.info("driver upgrade: slot released")
+        mark = {"node": self.ctx.options.node, "version": step.version, "reason": step.why} if step.why else None
+        if self.slots.release(mark):
+            log.info("driver upgrade: slot released%s", " with this node's failure mark" if mark else "")
 
     def _clear(self, step, want, node) -> None:
         self.slots.clear_marks()
