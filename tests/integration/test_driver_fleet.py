@@ -237,6 +237,35 @@ def test_a_walk_that_failed_before_its_slot_went_halts_the_rollout_once_restarte
     assert fleet.lease_marks() == {}
 
 
+def test_a_failed_node_its_admin_uncordoned_then_cordoned_again_stays_cordoned(rest):
+    """The docs' way out of a failure: the admin uncordons the node by hand. Its controller
+    forgets the cordon it had recorded, so the admin's own cordon made later (maintenance)
+    is not taken for the upgrade's and lifted when the node is fixed."""
+    fleet = rest
+    installed = fleet.verified("node-1")
+    for name in ("node-2", "node-3"):
+        fleet.api.label_node(name, {"hostagent.io/driver.upgrade": "skip"})
+    try:
+        fleet.configmap(version="999.1.1", maxParallelUpgrades=1)
+        until(lambda: fleet.state("node-1") == "upgrade-failed", 60,
+              lambda: f"node-1 did not fail: {fleet.states()}\n{fleet.logs()}", interval=0.2)
+        assert fleet.cordoned("node-1")
+        fleet.api.patch("nodes", "node-1", {"spec": {"unschedulable": None}})              # kubectl uncordon
+        until(lambda: "hostagent.io/cordoned-by" not in (fleet.node("node-1")["metadata"].get("annotations") or {}),
+              15, lambda: f"the lifted cordon is not forgotten:\n{fleet.logs()}")
+        fleet.api.patch("nodes", "node-1", {"spec": {"unschedulable": True}})              # kubectl cordon
+        fleet.configmap(version=installed)                   # fixed: the version it has
+        until(lambda: fleet.state("node-1") == "upgrade-done", 60,
+              lambda: f"node-1 is not done: {fleet.states()}\n{fleet.logs()}", interval=0.2)
+        assert fleet.cordoned("node-1")
+        assert "stays cordoned (not by the upgrade)" in events(fleet, "node-1", "GPUDriverUpgrade")[-1]
+    finally:
+        fleet.api.patch("nodes", "node-1", {"spec": {"unschedulable": None}})
+        for name in ("node-2", "node-3"):
+            fleet.api.label_node(name, {"hostagent.io/driver.upgrade": None})
+    all_done(fleet, installed)
+
+
 def authorized(rules: list[tuple[str, dict]], verb: str, group: str, resource: str, namespace: str | None,
                name: str | None) -> bool:
     """Whether RBAC ``rules`` ((the Role's namespace or None for a ClusterRole, rule)) allow it."""

@@ -13,7 +13,7 @@ pytest.importorskip("lightkube", reason="lightkube is a dependency")
 
 from hostagent.plugins.nodecontroller import healthplan, migplan, sharingplan  # noqa: E402
 from hostagent.plugins.nodecontroller.configs import MigFile, config_names  # noqa: E402
-from hostagent.plugins.nodecontroller.cordon import Cordon, cordon_patch, uncordon_patch  # noqa: E402
+from hostagent.plugins.nodecontroller.cordon import Cordon, cordon_patch, lifted_patch, uncordon_patch  # noqa: E402
 from hostagent.plugins.nodecontroller.events import EventRecorder  # noqa: E402
 from hostagent.plugins.nodecontroller.evict import Evictor, Refused  # noqa: E402
 from hostagent.plugins.nodecontroller.holders import holders  # noqa: E402
@@ -134,6 +134,13 @@ def test_cordon_lifts_only_its_own():
     assert cordon_patch(admins, "mig") is None and uncordon_patch(admins, "mig") is None
     both = {"metadata": {"annotations": {"hostagent.io/cordoned-by": "mig,upgrade"}}, "spec": {"unschedulable": True}}
     assert uncordon_patch(both, "mig") == {"metadata": {"annotations": {"hostagent.io/cordoned-by": "upgrade"}}}
+    assert lifted_patch(both) is None
+    # Someone else uncordoned it: the record of our cordon goes, and a cordon made after is theirs.
+    lifted = {"metadata": {"annotations": {"hostagent.io/cordoned-by": "upgrade"}}, "spec": {}}
+    assert lifted_patch(lifted) == uncordon_patch(lifted, "upgrade") == {
+        "metadata": {"annotations": {"hostagent.io/cordoned-by": None}}}
+    assert cordon_patch(lifted, "mig") == {"spec": {"unschedulable": True},
+                                           "metadata": {"annotations": {"hostagent.io/cordoned-by": "mig"}}}
 
 
 # ---- executors against the test API server --------------------------------------------------

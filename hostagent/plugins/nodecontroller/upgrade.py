@@ -309,10 +309,12 @@ class DriverUpgrade:
                                 f"({cdi.get('devices', 0)} devices); uncordoning")
 
     def _uncordon(self, step, want, node) -> None:
-        lifted = self.ctx.cordon.uncordon(WHY)
+        self.ctx.cordon.uncordon(WHY)
+        others = self.ctx.cordon.holders()
         self._write(step.state, step.version, admitted=False)
-        self._event(step.state, f"the driver {step.version} is in place; "
-                    + ("the node is uncordoned" if lifted else "the node stays cordoned (not by the upgrade)"))
+        self._event(step.state, f"the driver {step.version} is in place; the node "
+                    + ("is uncordoned" if others is None else f"stays cordoned (for {', '.join(others)})" if others
+                       else "stays cordoned (not by the upgrade)"))
 
     def _fail(self, step, want, node):
         where = node.state or "upgrade-required"
