@@ -36,9 +36,14 @@ def fleet():
 
 @pytest.fixture
 def rest(fleet):
-    """The fleet at rest (no node walking), its Pods and Events gone; what the controllers
-    said shown when a check fails."""
-    until(lambda: not any(s in WALK_STATES for s in fleet.states().values()), 60, "a fleet at rest")
+    """The fleet at rest (no node walking or waiting for a slot, every slot free: a check
+    that took skipped nodes back leaves them their walk to end), its Pods and Events gone;
+    what the controllers said shown when a check fails."""
+    def at_rest():
+        leases = fleet.api.list("leases", NAMESPACE)
+        return not any(s in (*WALK_STATES, "upgrade-required") for s in fleet.states().values()) and \
+            not any(lease["spec"].get("holderIdentity") for lease in leases)
+    until(at_rest, 120, lambda: f"a fleet at rest: {fleet.states()}\n{fleet.logs()}", interval=0.2)
     with fleet.api._cond:
         for kind in ("pods", "events"):
             fleet.api.objects.store[kind].clear()
@@ -84,7 +89,9 @@ def test_the_fleet_reaches_the_version_one_node_at_a_time(rest):
         during = [cordoned for state, cordoned in walk if state in WALK_STATES[1:-1]]
         assert during and all(during), (name, walk)          # cordoned from pod deletion to validation
         assert fleet.installs(name, B) == 1
-        said = " | ".join(events(fleet, name, "GPUDriverUpgrade"))
+        # Each step's Event follows its label (the last node's last one may still be on its way).
+        said = until(lambda: (lambda said: said if "upgrade-done: " in said else None)(
+            " | ".join(events(fleet, name, "GPUDriverUpgrade"))), 10, f"{name}'s upgrade-done Event")
         for state in ("upgrade-required", *WALK_STATES, "upgrade-done"):
             assert f"{state}: " in said, (name, state, said)
     assert not fleet.cordoned("node-1") and not fleet.cordoned("node-2")
@@ -266,6 +273,66 @@ def test_a_failed_node_its_admin_uncordoned_then_cordoned_again_stays_cordoned(r
     all_done(fleet, installed)
 
 
+def test_a_controller_stopped_or_killed_mid_eviction_goes_on_with_the_time_left(rest):
+    """node-1's GPU pod is never let go by its budget (podDeletionTimeoutSeconds 12). Its
+    controller is stopped (SIGTERM) as it evicts: no failure, the walk waits at its step.
+    Started again, then killed 7 s in, and started once the 12 s are over: the timeout
+    counts from when the evictions began, so the upgrade fails at once. With another
+    version and podDeletionForce, the pod is deleted and the node upgraded."""
+    fleet = rest
+    api, member = fleet.api, fleet.nodes["node-1"]
+    installed = fleet.verified("node-1")
+    version = next(v for v in (B, C, D) if v != installed)
+    for name in ("node-2", "node-3"):
+        api.label_node(name, {"hostagent.io/driver.upgrade": "skip"})
+    api.create(pod("team", "train-1", "node-1", gpus=1))
+    api.objects.blocked[("team", "train-1")] = None
+    before = evictions(api)
+    try:
+        fleet.configmap(version=version, maxParallelUpgrades=1, podDeletionTimeoutSeconds=12)
+        until(lambda: evictions(api) > before, 60, lambda: f"no eviction: {fleet.states()}\n{fleet.logs()}",
+              interval=0.01)
+        began = time.time()
+        member.controller.send_signal(signal.SIGTERM)
+        assert member.controller.wait(15) == 0
+        assert fleet.state("node-1") == "pod-deletion-required" and not events(fleet, "node-1", "GPUDriverUpgradeFailed")
+        fleet.start_controller("node-1")
+        until(lambda: time.time() >= began + 7, 15, "7 s of evictions")
+        assert fleet.state("node-1") == "pod-deletion-required"
+        fleet.kill_controller("node-1")
+        until(lambda: time.time() >= began + 12.5, 15, "the timeout over")
+        refused = evictions(api)
+        fleet.start_controller("node-1")
+        until(lambda: fleet.state("node-1") == "upgrade-failed", 15,
+              lambda: f"node-1 did not fail: {fleet.states()}\n{fleet.logs()}", interval=0.1)
+        [why] = events(fleet, "node-1", "GPUDriverUpgradeFailed")
+        assert "GPU pods were not evicted within 12 s" in why and "(podDeletionForce is false)" in why
+        assert evictions(api) <= refused + 1                  # one last try at most, not a new timeout's worth
+        assert api.get("pods", "train-1", "team") and fleet.cordoned("node-1")
+
+        # Its admin lets pods be deleted, with another version (in the same change: the node
+        # waits for its admin until the ConfigMap names a version it did not fail).
+        version = next(v for v in (B, C, D) if v not in (installed, version))
+        fleet.configmap(version=version, podDeletionTimeoutSeconds=1, podDeletionForce="true")
+        until(lambda: fleet.state("node-1") == "upgrade-done" and fleet.verified("node-1") == version, 60,
+              lambda: f"node-1 is not upgraded: {fleet.states()}\n{fleet.logs()}", interval=0.2)
+        assert api.get("pods", "train-1", "team") is None and ("team", "train-1") not in api.objects.evicted
+        assert "deleted team/train-1 (podDeletionForce)" in " ".join(events(fleet, "node-1", "GPUDriverUpgrade"))
+        assert not fleet.cordoned("node-1")
+        assert "hostagent.io/driver-upgrade.eviction-started" not in fleet.node("node-1")["metadata"]["annotations"]
+    finally:
+        if member.controller.poll() is not None:
+            fleet.start_controller("node-1")
+        for name in ("node-2", "node-3"):
+            api.label_node(name, {"hostagent.io/driver.upgrade": None})
+        fleet.configmap(podDeletionTimeoutSeconds=None, podDeletionForce=None)
+    all_done(fleet, version)
+
+
+def evictions(api) -> int:
+    return sum(1 for method, url, _ in api.requests if method == "POST" and url.endswith("/eviction"))
+
+
 def authorized(rules: list[tuple[str, dict]], verb: str, group: str, resource: str, namespace: str | None,
                name: str | None) -> bool:
     """Whether RBAC ``rules`` ((the Role's namespace or None for a ClusterRole, rule)) allow it."""
@@ -286,8 +353,11 @@ def test_every_request_the_controllers_made_is_one_their_rbac_allows(fleet):
     from urllib.parse import unquote
 
     import yaml
-    manifest = Path(__file__).resolve().parents[2] / "packaging/kubernetes/base/node-controller-rbac.yaml"
+    base = Path(__file__).resolve().parents[2] / "packaging/kubernetes/base"
+    # The checks above set podDeletionForce: "true", with the RBAC the docs say to apply for it.
+    manifests = (base / "node-controller-rbac.yaml", base / "node-controller-force-rbac.yaml")
     rules = [(doc["metadata"].get("namespace") if doc["kind"] == "Role" else None, rule)
+             for manifest in manifests
              for doc in yaml.safe_load_all(manifest.read_text()) if doc["kind"] in ("Role", "ClusterRole")
              for rule in doc["rules"]]
     path = re.compile(r"^/(?:api/v1|apis/([^/]+)/[^/]+)(?:/namespaces/([^/]+))?/([a-z]+)(?:/([^/]+))?(?:/([a-z]+))?$")
@@ -305,4 +375,5 @@ def test_every_request_the_controllers_made_is_one_their_rbac_allows(fleet):
         assert authorized(rules, verb, group, resource, namespace, name), (method, url, query)
         seen.add((verb, resource))
     assert {("watch", "configmaps"), ("list", "leases"), ("watch", "leases"), ("create", "leases"),
-            ("update", "leases"), ("create", "pods/eviction"), ("list", "pods"), ("patch", "nodes")} <= seen
+            ("update", "leases"), ("create", "pods/eviction"), ("list", "pods"), ("patch", "nodes"),
+            ("delete", "pods")} <= seen

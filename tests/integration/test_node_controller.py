@@ -250,6 +250,77 @@ def test_on_busy_evict_cordons_evicts_through_the_disruption_budget_applies_and_
     assert {"Cordoned", "Evicted", "Uncordoned"} <= {e["reason"] for e in events(node)}
 
 
+def train_pod_holding_an_allocation(c, alloc_id: str = "k8s-dra/uid-1") -> None:
+    """A DRA allocation of a 1g.5gb device, and the pod holding its claim."""
+    with c.agent.client() as a:
+        a.allocate(alloc_id, [{"constraints": {"profile": "1g.5gb"}}], labels={"claim": "team/train-gpu"})
+    c.api.create({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "train", "namespace": "team"},
+                  "spec": {"nodeName": NODE, "containers": [{"name": "c", "image": "cuda"}],
+                           "resourceClaims": [{"name": "gpu", "resourceClaimName": "train-gpu"}]}})
+
+
+def evictions(c) -> int:
+    return sum(1 for method, url, _ in c.api.requests if method == "POST" and url.endswith("/eviction"))
+
+
+EVICTION_STARTED = "hostagent.io/mig.config.eviction-started"
+
+
+def test_a_controller_killed_mid_eviction_goes_on_with_the_time_left_of_its_timeout(node):
+    """The budget never lets the pod go. The controller is killed 6 s into a 10 s eviction
+    timeout and started again once the 10 s are over: the time is up, counted from when the
+    evictions began (the Node keeps it), so the change fails at once, with no new round of
+    evictions, and its cordon is lifted."""
+    start(node, "--on-busy", "evict", "--eviction-timeout", "10")
+    mark = relabel(node, {MIG: "all-1g.5gb"})
+    assert settled(node, MIG_STATE, after=mark) == "success"
+    train_pod_holding_an_allocation(node)
+    node.api.objects.blocked[("team", "train")] = None
+    before = evictions(node)
+    mark = relabel(node, {MIG: "all-3g.20gb"})
+    until(lambda: evictions(node) > before, timeout=15, interval=0.01, what="the first eviction")
+    began = time.time()
+    assert node.api.get("nodes", NODE)["spec"]["unschedulable"] is True
+    until(lambda: time.time() >= began + 6, timeout=15, what="6 s of evictions")
+    node.controller.send_signal(signal.SIGKILL)
+    node.controller.wait()
+    refused = evictions(node)
+    until(lambda: time.time() >= began + 10.5, timeout=15, what="the timeout over")
+    start(node, "--on-busy", "evict", "--eviction-timeout", "10")
+    assert settled(node, MIG_STATE, after=mark) == "failed"
+    assert "not released within 10 s of the eviction" in events(node, "MIGConfigFailed")[0]["message"]
+    assert evictions(node) == refused
+    after = node.api.get("nodes", NODE)
+    assert not after["spec"].get("unschedulable") and not {"hostagent.io/cordoned-by", EVICTION_STARTED} & set(
+        after["metadata"].get("annotations") or {})
+    assert mig_profiles(node) == ["1g.5gb"] * 56
+
+
+def test_a_controller_killed_after_its_evictions_lifts_its_cordon_once_restarted(node):
+    """Killed as the pod goes (before the change is applied): the one started next finds
+    the devices free, applies the change, and lifts the cordon the first one made."""
+    start(node, "--on-busy", "evict")
+    mark = relabel(node, {MIG: "all-1g.5gb"})
+    assert settled(node, MIG_STATE, after=mark) == "success"
+    train_pod_holding_an_allocation(node)
+
+    def kubelet(resource, obj):             # the pod gone: its allocation released, the controller killed
+        if resource == "pods" and obj["metadata"]["name"] == "train":
+            node.controller.send_signal(signal.SIGKILL)
+            with node.agent.client() as a:
+                a.release("k8s-dra/uid-1")
+    node.api.objects.on_delete.append(kubelet)
+    mark = relabel(node, {MIG: "all-3g.20gb"})
+    until(lambda: node.controller.poll() is not None, timeout=30, what="the controller killed as the pod went")
+    assert node.api.get("nodes", NODE)["spec"]["unschedulable"] is True
+    start(node, "--on-busy", "evict")
+    assert settled(node, MIG_STATE, after=mark) == "success"
+    assert mig_profiles(node) == ["3g.20gb"] * 16
+    after = node.api.get("nodes", NODE)
+    assert not after["spec"].get("unschedulable") and not {"hostagent.io/cordoned-by", EVICTION_STARTED} & set(
+        after["metadata"].get("annotations") or {})
+
+
 def test_a_node_cordoned_by_its_admin_stays_cordoned_after_an_eviction(node):
     node.api.patch("nodes", NODE, {"spec": {"unschedulable": True}})
     start(node, "--on-busy", "evict")

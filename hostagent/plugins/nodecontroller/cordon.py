@@ -12,6 +12,7 @@ otherwise a later cordon of theirs would be taken for the controller's and lifte
 from __future__ import annotations
 
 from .keys import CORDONED_BY
+from .writer import merged
 
 __all__ = ["Cordon", "cordon_patch", "uncordon_patch", "lifted_patch", "reasons"]
 
@@ -63,14 +64,29 @@ class Cordon:
         self.writer = writer
         self.annotation = annotation
 
-    def cordon(self, why: str) -> bool:
-        """Cordon for ``why``; True when this call cordoned the node."""
-        return self.writer.update(lambda n: cordon_patch(n, why, self.annotation), f"cordoning for {why}") is not None
+    def cordon(self, why: str, also=None) -> bool:
+        """Cordon for ``why`` (and, in the same write, ``also(node)``'s patch); True when
+        this call cordoned the node."""
+        cordoned = [False]
 
-    def uncordon(self, why: str) -> bool:
-        """Lift the cordon made for ``why``; True when this call uncordoned the node."""
-        done = self.writer.update(lambda n: uncordon_patch(n, why, self.annotation), f"uncordoning after {why}")
-        return done is not None and not _unschedulable(done)
+        def change(node):
+            patch = cordon_patch(node, why, self.annotation)
+            cordoned[0] = patch is not None
+            return merged(patch, also(node) if also else None)
+        self.writer.update(change, f"cordoning for {why}")
+        return cordoned[0]
+
+    def uncordon(self, why: str, also=None) -> bool:
+        """Lift the cordon made for ``why`` (and, in the same write, ``also(node)``'s patch);
+        True when this call uncordoned the node."""
+        lifted = [False]
+
+        def change(node):
+            patch = uncordon_patch(node, why, self.annotation)
+            lifted[0] = "spec" in (patch or {})
+            return merged(patch, also(node) if also else None)
+        self.writer.update(change, f"uncordoning after {why}")
+        return lifted[0]
 
     def holds(self, why: str) -> bool:
         node = self.writer.node

@@ -16,7 +16,7 @@ import threading
 
 from ..kubeerror import KubeError
 
-__all__ = ["NodeWriter", "labels_patch"]
+__all__ = ["NodeWriter", "labels_patch", "merged"]
 
 log = logging.getLogger("hostagent.plugins")
 
@@ -32,6 +32,20 @@ def _metadata_patch(node: dict, field: str, wanted: dict) -> dict | None:
 def labels_patch(node: dict, labels: dict) -> dict | None:
     """The patch giving ``node`` these labels (None: remove the key); None when it has them."""
     return _metadata_patch(node, "labels", labels)
+
+
+def merged(*patches: dict | None) -> dict | None:
+    """Merge patches made one (each changes its own keys); None when all are None."""
+    def merge(into: dict, patch: dict) -> dict:
+        out = dict(into)
+        for key, value in patch.items():
+            out[key] = merge(out.get(key) or {}, value) if isinstance(value, dict) else value
+        return out
+    out = None
+    for patch in patches:
+        if patch is not None:
+            out = merge(out or {}, patch)
+    return out
 
 
 def _older(node: dict, than: dict | None) -> bool:
