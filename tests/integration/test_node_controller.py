@@ -321,6 +321,34 @@ def test_a_controller_killed_after_its_evictions_lifts_its_cordon_once_restarted
         after["metadata"].get("annotations") or {})
 
 
+def test_an_allocation_in_the_way_made_during_the_evictions_has_its_pod_evicted_too(node):
+    """A pod bound before the cordon starts as the first goes, and takes a device the change
+    destroys: its pod is evicted too, and the change made (not left waiting for the timeout)."""
+    start(node, "--on-busy", "evict")
+    mark = relabel(node, {MIG: "all-1g.5gb"})
+    assert settled(node, MIG_STATE, after=mark) == "success"
+    train_pod_holding_an_allocation(node)
+
+    def kubelet(resource, obj):
+        name = obj["metadata"]["name"] if resource == "pods" else None
+        if name == "train":                 # the next pod starts on the device it frees
+            with node.agent.client() as a:
+                a.release("k8s-dra/uid-1")
+                a.allocate("k8s-dra/uid-2", [{"constraints": {"profile": "1g.5gb"}}], labels={"claim": "team/late-gpu"})
+            node.api.objects.create("pods", "team", {
+                "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "late", "namespace": "team"},
+                "spec": {"nodeName": NODE, "containers": [{"name": "c", "image": "cuda"}],
+                         "resourceClaims": [{"name": "gpu", "resourceClaimName": "late-gpu"}]}})
+        elif name == "late":
+            with node.agent.client() as a:
+                a.release("k8s-dra/uid-2")
+    node.api.objects.on_delete.append(kubelet)
+    mark = relabel(node, {MIG: "all-3g.20gb"})
+    assert settled(node, MIG_STATE, timeout=40, after=mark) == "success"
+    assert node.api.objects.evicted == [("team", "train"), ("team", "late")]
+    assert mig_profiles(node) == ["3g.20gb"] * 16 and not node.api.get("nodes", NODE)["spec"].get("unschedulable")
+
+
 def test_a_node_cordoned_by_its_admin_stays_cordoned_after_an_eviction(node):
     node.api.patch("nodes", NODE, {"spec": {"unschedulable": True}})
     start(node, "--on-busy", "evict")
@@ -390,6 +418,23 @@ def test_a_configmap_update_of_the_sharing_folder_is_applied(node):
         until(lambda: replicas(node) == [3] * 8, timeout=20, what="the updated config")
     finally:
         configmap_folder(node.sharing, {"default": slicing(2), "slice-4": slicing(4)})
+
+
+def test_a_sharing_change_that_takes_replicas_from_a_pod_waits_until_they_are_released(node):
+    start(node, "--sharing-configs", str(node.sharing))
+    node.api.label_node(NODE, {SHARING: "slice-4"})
+    until(lambda: replicas(node) == [4] * 8, timeout=20, what="4 replicas per GPU")
+    with node.agent.client() as a:
+        held = a.devices(type="gpu")["gpus"][0]["replicas"][3]
+        a.allocate("k8s-dra/claim-s", [held], labels={"claim": "team/slice"})
+    mark = relabel(node, {SHARING: None}, SHARING_STATE)          # back to the default: 2 replicas
+    waiting = until(lambda: events(node, "SharingConfigWaiting"), timeout=15, what="the waiting Event")
+    assert "k8s-dra/claim-s" in waiting[0]["message"] and held.partition("::")[0] in waiting[0]["message"]
+    assert labels(node)[SHARING_STATE] == "pending" and replicas(node) == [4] * 8
+    with node.agent.client() as a:
+        a.release("k8s-dra/claim-s")
+    assert settled(node, SHARING_STATE, after=mark) == "success"
+    assert replicas(node) == [2] * 8 and len(events(node, "SharingConfigWaiting")) == 1
 
 
 # ---- GPU faults -------------------------------------------------------------------------------
