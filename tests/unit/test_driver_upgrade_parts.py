@@ -332,6 +332,33 @@ def test_a_watch_event_older_than_a_write_of_ours_does_not_undo_it():
     assert slots.held_by(leases.items, "b") == name and leases.version == "6"
 
 
+def test_a_slot_is_released_as_this_node_held_it_never_as_another_took_it():
+    """The watch brings another node's take-over of the Lease (it lapsed) while this node
+    releases it: what is written is this node's Lease at its version (the API server
+    refuses it, 409), never the other's Lease without its holder."""
+    name = "hostagent-driver-upgrade-0"
+    mine, theirs = lease(name, "a", rv="5"), lease(name, "b", rv="6")
+
+    class Leases:                            # each look after the first finds the take-over
+        looks = 0
+
+        @property
+        def items(self):
+            self.looks += 1
+            return {name: mine if self.looks == 1 else theirs}
+
+        def seen(self, obj):
+            pass
+    written = []
+
+    class Api:
+        def replace_lease(self, body):
+            written.append(body)
+            return body
+    assert slots.Slots(Api(), "hostagent", "a", Leases()).release() is True
+    assert [(w["metadata"]["resourceVersion"], slots.holder(w)) for w in written] == [("5", None)]
+
+
 def test_a_watch_the_credentials_do_not_allow_is_asked_for_again_only_as_often_as_a_watch_is_renewed():
     """The kubelet's credentials on a host may not read the ConfigMap or the Leases: that is
     said once, and asked again every 5 minutes, never polled."""
