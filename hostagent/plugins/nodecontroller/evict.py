@@ -62,7 +62,6 @@ class Evictor:
         self.retry = retry
         self.stop = stop or threading.Event()
         self.clock = clock
-        self.evicted: list[str] = []
 
     def evict(self, pods, left: float | None = None) -> None:
         """Evict each ``(namespace, name)``, retrying for ``left`` seconds (default: the
@@ -85,7 +84,6 @@ class Evictor:
                     waiting.pop(key)
                     continue
                 log.info("evicted pod %s", key)
-                self.evicted.append(key)
                 refused.pop(key, None)
                 waiting.pop(key)
             if not waiting or self.clock() >= deadline or self.stop.wait(min(self.retry, max(0.0, deadline - self.clock()))):

@@ -14,7 +14,7 @@ import logging
 
 from ...errors import ConflictError, HostagentError, UnavailableError
 from . import migplan
-from .context import Clearing
+from .clearing import Clearing
 from .keys import MIG_STATE, PENDING
 
 __all__ = ["MigByLabel"]

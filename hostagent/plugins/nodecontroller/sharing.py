@@ -10,7 +10,7 @@ import logging
 from ...errors import ConflictError, HostagentError, UnavailableError
 from . import sharingplan
 from .configs import config_names, read_sharing_config
-from .context import Clearing
+from .clearing import Clearing
 from .keys import FAILED, PENDING, SHARING_STATE
 
 __all__ = ["SharingByLabel"]

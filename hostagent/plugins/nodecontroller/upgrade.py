@@ -53,7 +53,7 @@ class DriverUpgrade:
         self.slots = slotlib.Slots(api, options.namespace, options.node, self.leases, options.upgrade_lease,
                                    wake=self.wake)
         self.known = False                  # the ConfigMap was read (or found absent) once
-        self.last: plan.Step | None = None  # the last step, for the status line and the dry run
+        self.last: plan.Step | None = None  # the last step, for the status line
         self._said: dict[str, str] = {}     # the Warning last recorded, by reason
         self._wake = threading.Event()
         self._timeout: float | None = None
