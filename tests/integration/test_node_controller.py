@@ -354,6 +354,27 @@ def test_a_node_cordoned_by_its_admin_stays_cordoned_after_an_eviction(node):
     start(node, "--on-busy", "evict")
     mark = relabel(node, {MIG: "all-1g.5gb"})
     assert settled(node, MIG_STATE, after=mark) == "success"
+    train_pod_holding_an_allocation(node)
+
+    def kubelet(resource, obj):
+        if resource == "pods" and obj["metadata"]["name"] == "train":
+            with node.agent.client() as a:
+                a.release("k8s-dra/uid-1")
+    node.api.objects.on_delete.append(kubelet)
+    mark = relabel(node, {MIG: "all-3g.20gb"})
+    assert settled(node, MIG_STATE, timeout=40, after=mark) == "success"
+    assert node.api.objects.evicted == [("team", "train")] and mig_profiles(node) == ["3g.20gb"] * 16
+    after = node.api.get("nodes", NODE)
+    assert after["spec"]["unschedulable"] is True and "hostagent.io/cordoned-by" not in (
+        after["metadata"].get("annotations") or {})
+    assert not events(node, "Cordoned") and not events(node, "Uncordoned")
+
+
+def test_an_allocation_no_pod_holds_fails_the_change_naming_it_and_the_admins_cordon_stays(node):
+    node.api.patch("nodes", NODE, {"spec": {"unschedulable": True}})
+    start(node, "--on-busy", "evict")
+    mark = relabel(node, {MIG: "all-1g.5gb"})
+    assert settled(node, MIG_STATE, after=mark) == "success"
     with node.agent.client() as a:
         a.allocate("by-hand", [{"constraints": {"profile": "1g.5gb"}}])
     mark = relabel(node, {MIG: "all-disabled"})
