@@ -324,8 +324,6 @@ def test_a_daemon_no_allocation_has_is_stopped_at_start(agent):
 
 
 def test_an_allocations_own_mps_daemon_is_adopted_after_a_kill9_of_the_agent(agent):
-    from hostagent.sharing import mps
-
     from .mpsprocs import on_pipe, running
     with agent.client() as c:
         c.allocate("warm", ["5"])

@@ -7,7 +7,6 @@ import json
 import subprocess
 import sys
 
-import jsonschema
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 from hypothesis_jsonschema import from_schema
