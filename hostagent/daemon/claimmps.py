@@ -34,7 +34,8 @@ from ..sharing import mps
 from ..sharing.clients import CONTAINER_PIPE, SOCKET_MOUNT_OPTIONS
 from ..sharing.config import quantity_mib
 
-__all__ = ["key", "settings", "check_limits", "start", "stop", "stop_orphan", "client_edits", "orphans", "PREFIX"]
+__all__ = ["key", "settings", "check_limits", "start", "stop", "stop_orphan", "may_be_held", "client_edits", "orphans",
+           "PREFIX"]
 
 log = logging.getLogger("hostagent.daemon")
 
@@ -162,6 +163,19 @@ def stop_orphan(host, name: str, gpus: set[str]) -> None:
         known, served = None, set()
     mps.stop(host, name, known)
     _modes(host, sorted(served & gpus), "DEFAULT")
+
+
+def may_be_held(host, name: str, held: frozenset | None) -> bool:
+    """Whether daemon ``name`` may be the one of an allocation whose checkpoint record could
+    not be read: it serves a device of ``held`` (None: any), or its record is unreadable."""
+    if held is None:
+        return True
+    try:
+        record = json.loads(_record_path(host, name).read_text())
+        served = {str(u) for u in [*(record.get("devices") or ()), *(record.get("gpus") or ())]}
+    except (OSError, ValueError, TypeError, AttributeError):
+        return True
+    return bool(served & held)
 
 
 def orphans(host, allocations) -> list[str]:

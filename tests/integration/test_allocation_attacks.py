@@ -216,3 +216,37 @@ def test_a_damaged_checkpoint_keeps_what_it_can_and_holds_the_rest_until_an_admi
         c.allocate("again", ["1"])
     assert check(agent).returncode == 0
     assert "dismissed by uid 0" in agent.log()
+
+
+MODES = {"version": "v1", "mig-configs": {"modes": [{"devices": [0], "mig-enabled": True, "mig-devices": {}},
+                                                   {"devices": [1, 2, 3, 4, 5, 6, 7], "mig-enabled": False}]}}
+
+
+def test_what_an_unreadable_record_may_own_is_kept_until_an_admin_dismisses_it(agent):
+    """A claim's record (its own MPS daemon on a MIG device made for it, its spec) damaged
+    on disk: the start keeps the daemon serving and the spec, where it stopped the daemon as
+    an orphan and removed the spec before; once the record is dismissed, the next start
+    takes them away."""
+    from hostagent.processes import ProcessRecord, current
+    with agent.client(timeout=None) as c:
+        c.mig_apply("modes", spec=MODES)
+        c.allocate("first", ["5"])
+        claim = c.allocate("claim", [{"mig": {"gpu": "0", "profile": "2g.10gb", "start": 0},
+                                      "sharing": {"strategy": "MPS"}}], own_mps_daemon=True)
+    daemon, [mig] = ProcessRecord.from_dict(claim["mps"]["process"]), claim["devices"]
+    agent.stop()
+    damage_line_of(checkpoint.journal_path(agent.host), "claim")
+    agent.start()
+    with agent.client() as c:
+        assert [a["id"] for a in c.allocations()] == ["first"] and mig in c.node()["checkpoint"]["held_devices"]
+        assert mig in {m["uuid"] for m in c.devices(type="mig")["mig_devices"]}
+    assert current(daemon) and os.path.exists(claim["spec_path"])
+    assert f"MPS daemon {claim['mps']['key']} kept" in agent.log() and "no allocation has it" in agent.log()
+    done = subprocess.run([script("hostagent"), "--simulate", str(agent.root), "allocations", "dismiss-unreadable"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    agent.stop()
+    agent.start()
+    assert not current(daemon) and not os.path.exists(claim["spec_path"])
+    with agent.client() as c:
+        c.request("DELETE", f"/v1/mig/instances/{mig}")     # the admin's, now: a device like any other

@@ -116,6 +116,18 @@ def test_a_crash_before_the_commit_is_undone_at_the_next_start(agent):
     assert "MIG devices made for claim-crashed before a crash destroyed (1)" in agent.log()
 
 
+def test_an_unreadable_making_journal_is_set_aside_and_said(agent):
+    """Never dropped quietly: kept beside, as it was, and an error in the log."""
+    path = agent.host.state_dir / "allocation-making.json"
+    path.write_text('{"id": "claim-x", "made": [{"gpu": ')
+    agent.stop()
+    agent.start()
+    [aside] = agent.host.state_dir.glob("allocation-making.json.unreadable-*")
+    assert aside.read_text() == '{"id": "claim-x", "made": [{"gpu": ' and not path.exists()
+    assert f"hostagentd: error: MIG journal {path} cannot be read" in agent.log()
+    aside.unlink()
+
+
 def test_each_device_its_own_sharing_and_time_slices_set_and_restored(agent):
     long_ = {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}}
     short = {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Short"}}

@@ -15,7 +15,7 @@ from hostagent.daemon import checkpoint
 from hostagent.errors import HostagentError, UnavailableError
 from tests.programs import script
 from tests.readwatch import ReadWatch
-from tests.rootneeds import DEVICE_NODES
+from tests.rootneeds import DEVICE_NODES, GPU_CHANGES
 from tests.waiting import until
 
 from .agentd import make_root, running_agent
@@ -166,3 +166,54 @@ def _quietly(agent, alloc_id, device) -> None:
             c.allocate(alloc_id, [device])
     except HostagentError:
         pass
+
+
+MODES = {"version": "v1", "mig-configs": {"modes": [{"devices": [0], "mig-enabled": True, "mig-devices": {}},
+                                                   {"devices": [1, 2, 3, 4, 5, 6, 7], "mig-enabled": False}]}}
+MPS = {"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 50}}
+
+
+@GPU_CHANGES
+def test_a_release_refused_on_a_full_disk_leaves_the_allocation_whole():
+    """A release whose commit the disk refuses: the allocation stays, with its own MPS
+    daemon serving and the MIG device made for it still there (they go only once the
+    release is committed); with space back, the release goes through and takes them."""
+    from hostagent.processes import ProcessRecord, current
+    root = make_root()
+    state = root / "var/lib/hostagent"
+    state.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m,mode=0700", "tmpfs", str(state)], check=True)
+    try:
+        with running_agent(root) as agent:
+            with agent.client(timeout=None) as c:
+                c.mig_apply("modes", spec=MODES)
+                own = c.allocate("claim-mps", [{"device": "6", "sharing": MPS}], own_mps_daemon=True)
+                made = c.allocate("claim-mig", [{"mig": {"gpu": "0", "profile": "2g.10gb", "start": 0}}])
+                daemon = ProcessRecord.from_dict(own["mps"]["process"])
+                [mig] = made["devices"]
+                fill(state)
+                for n in range(64):                          # the journal's last page may take a few lines
+                    try:
+                        c.allocate(f"during-{n}", ["2"], sharing={"strategy": "TimeSlicing"})
+                    except UnavailableError:
+                        break
+                else:
+                    raise AssertionError("no commit was refused on a full disk")
+                for alloc_id in ("claim-mps", "claim-mig"):
+                    with pytest.raises(UnavailableError) as e:
+                        c.release(alloc_id)
+                    assert "No space left on device" in e.value.message
+                assert {"claim-mps", "claim-mig"} <= {a["id"] for a in c.allocations()}
+                assert {"claim-mps", "claim-mig"} <= {a.id for a in checkpoint.read(agent.host)}
+                assert current(daemon) and c.allocation("claim-mps")["mps"]["process"] == own["mps"]["process"]
+                assert c.device(mig)["made_for"] == "claim-mig"
+                assert not (state / "allocation-releasing.json").exists()
+                (state / "filler").unlink()
+                (state / "filler-tail").unlink()
+                c.release("claim-mps")
+                c.release("claim-mig")
+                assert not current(daemon)
+                assert mig not in {m["uuid"] for m in c.devices(type="mig")["mig_devices"]}
+                assert not (state / "allocation-releasing.json").exists()
+    finally:
+        subprocess.run(["umount", "-l", str(state)], check=True)
