@@ -153,6 +153,31 @@ def test_each_device_its_own_sharing_and_time_slices_set_and_restored(agent):
         assert not (agent.host.state_dir / "timeslices.json").read_text().strip("{}\n")
 
 
+def test_a_damaged_time_slices_state_keeps_what_it_can_and_says_so(agent):
+    """The state file cut short by a disk's damage: the interval an allocation set that can
+    still be read from it is restored to Default when the allocation goes, the file as it
+    was is kept beside it, and the log says so as an error (it was read as empty, silently,
+    and the GPU kept the allocation's interval for good)."""
+    long_ = {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}}
+    state = agent.host.state_dir / "timeslices.json"
+    with agent.client() as c:
+        c.allocate("claim-ts", [{"device": "3", "sharing": long_}])
+        uuid = c.device("3")["uuid"]
+    assert timeslices(agent)[3] == 3
+    agent.stop()
+    damaged = state.read_text().rstrip("}\n") + ', "GPU-'            # a second entry cut short
+    state.write_text(damaged)
+    agent.start()
+    assert f"hostagentd: error: time-slices state {state} cannot be read" in agent.log()
+    assert f"the intervals read from it: {uuid} Long" in agent.log()
+    [aside] = agent.host.state_dir.glob("timeslices.json.unreadable-*")
+    assert aside.read_text() == damaged and json.loads(state.read_text()) == {uuid: "Long"}
+    with agent.client() as c:
+        c.release("claim-ts")
+    assert timeslices(agent)[3] == 0
+    aside.unlink()
+
+
 def test_time_slices_come_back_to_the_earlier_one_across_agent_restarts(agent):
     """Two claims time-slice GPU 5, the later's interval in force; the agent restarts; the
     later claim goes and the earlier one's interval comes back; another restart; the last
