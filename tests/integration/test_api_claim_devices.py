@@ -327,7 +327,8 @@ def test_an_own_daemons_pinned_limit_is_at_most_the_devices_memory(agent):
     with agent.client() as c:
         memory = c.device("6")["memory_mib"]
         for limit, words in ((f"{memory + 1}Mi", f"({memory + 1} MiB) is more than its memory ({memory} MiB)"),
-                             ("9" * 25, "body.devices[0]")):          # the schema: 24 characters at most
+                             ("9" * 25, "body.devices[0].sharing.mpsConfig.defaultPinnedDeviceMemoryLimit: "
+                                        f"'{'9' * 25}' is too long")):          # the schema: 24 characters at most
             sharing = {"strategy": "MPS", "mpsConfig": {"defaultPinnedDeviceMemoryLimit": limit}}
             with pytest.raises(UsageError) as e:
                 c.allocate("claim-big", [{"device": "6", "sharing": sharing}], own_mps_daemon=True)
