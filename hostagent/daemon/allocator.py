@@ -386,6 +386,8 @@ class Allocator:
                     self._may_change_the_node(owner, "start an MPS control daemon for an allocation")
                     claimmps.check_limits(alloc, alloc.own_mps_devices(),
                                           {r.uuid: r.memory_mib for r in self._records(uuids)})
+                if alloc.shared_as == "mps":
+                    claimmps.check_client_limits(alloc, {r.uuid: r.memory_mib for r in self._records(uuids)})
                 others = [a for a in self.agent.allocations.values() if a.id not in leaving]
                 alloc = await self.agent.commit(self._commit_new, alloc, self._records(uuids), others, replaced,
                                                 purpose=f"allocate {alloc.id}",
