@@ -19,6 +19,7 @@ from tests.programs import script
 from tests.rootneeds import DEVICE_NODES
 
 from .agentd import existing_group, make_root, running_agent
+from .otheruser import in_child_as
 
 pytestmark = [DEVICE_NODES, pytest.mark.root("callers of other uids are processes that root starts as nobody")]
 
@@ -30,32 +31,16 @@ def as_operator(agent, requests) -> list[tuple[int, dict]]:
     """(status, body) of each (method, path, body bytes) sent by a member of the agent's
     group (nobody, in its group), each on its own connection, bodies sent as given (UTF-8,
     not escaped: what a caller may send within the body limit)."""
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        code = 1
-        try:
-            os.close(r)
-            os.setgroups([])
-            os.setgid(GID)
-            os.setuid(NOBODY)
-            out = []
-            for method, path, body in requests:
-                conn = _Unix(str(agent.socket))
-                conn.request(method, path, body, {"Content-Type": "application/json"} if body else {})
-                resp = conn.getresponse()
-                out.append([resp.status, json.loads(resp.read() or b"{}")])
-                conn.close()
-            os.write(w, json.dumps(out).encode())
-            code = 0
-        finally:
-            os._exit(code)
-    os.close(w)
-    with os.fdopen(r, "rb") as f:
-        data = f.read()
-    _, status = os.waitpid(pid, 0)
-    assert status == 0 and data, "the operator's process failed"
-    return [tuple(x) for x in json.loads(data)]
+    def send():
+        out = []
+        for method, path, body in requests:
+            conn = _Unix(str(agent.socket))
+            conn.request(method, path, body, {"Content-Type": "application/json"} if body else {})
+            resp = conn.getresponse()
+            out.append([resp.status, json.loads(resp.read() or b"{}")])
+            conn.close()
+        return out
+    return [tuple(x) for x in in_child_as(send, NOBODY, GID)]
 
 
 class _Unix(http.client.HTTPConnection):
