@@ -277,8 +277,10 @@ def _settle(host, path, releasing: bool, kept, held, on_layout_changed) -> str |
     try:
         unmake(host, orphans, on_layout_changed, force=True)
     except HostagentError as e:
-        return f"{what} not destroyed: {e.message}"
-    finally:
+        if releasing:                    # committed: tried again at the next start
+            return f"{what} not destroyed: {e.message} (tried again at the next start)"
         path.unlink(missing_ok=True)
+        return f"{what} not destroyed: {e.message}"
+    path.unlink(missing_ok=True)
     return f"{what} {'destroyed after' if releasing else 'before'} a crash{'' if releasing else ' destroyed'} " \
            f"({len(orphans)})"
