@@ -34,8 +34,8 @@ from ..sharing import mps
 from ..sharing.clients import CONTAINER_PIPE, SOCKET_MOUNT_OPTIONS
 from ..sharing.config import quantity_mib
 
-__all__ = ["key", "settings", "check_limits", "check_client_limits", "start", "stop", "stop_orphan", "may_be_held", "client_edits", "orphans",
-           "PREFIX"]
+__all__ = ["key", "settings", "check_limits", "check_client_limits", "start", "stop", "stop_orphan", "may_be_held",
+           "client_edits", "orphans", "PREFIX"]
 
 log = logging.getLogger("hostagent.daemon")
 

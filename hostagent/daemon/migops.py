@@ -162,7 +162,8 @@ def busy_allocations(inventory: Inventory, plan: MigPlan, allocations, unreadabl
     then the unreadable checkpoint records (``UnreadableHolder``) that may hold some, each
     with ``unreadable`` saying where it is kept and why."""
     affected = affected_devices(inventory, plan)
-    out = [{"id": a.id, "labels": dict(a.request.get("labels") or {}), "devices": sorted(affected.intersection(a.devices))}
+    out = [{"id": a.id, "labels": dict(a.request.get("labels") or {}),
+            "devices": sorted(affected.intersection(a.devices))}
            for a in sorted(allocations, key=lambda a: a.id) if affected.intersection(a.devices)]
     return out + [{"id": h.id, "labels": {}, "devices": sorted(affected.intersection(h.devices)),
                    "unreadable": {"kept_as": h.kept_as, "reason": h.reason}}

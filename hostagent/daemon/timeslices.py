@@ -88,8 +88,9 @@ class TimeSlices:
         try:
             os.link(path, aside)
         except OSError:
-            aside = path
-        write_atomic(path, json.dumps(kept, sort_keys=True) + "\n", mode=0o644)
+            aside = path                 # not kept beside it: not rewritten either
+        else:
+            write_atomic(path, json.dumps(kept, sort_keys=True) + "\n", mode=0o644)
         log.error("time-slices state %s cannot be read (%s); kept as %s; the intervals read from it: %s; a GPU "
                   "whose interval allocations set is not among them keeps it when they go (nvidia-smi "
                   "compute-policy --set-timeslice 0 sets Default again)", path, why, aside,
