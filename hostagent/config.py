@@ -120,10 +120,11 @@ def validate_data(data, source: str = "config") -> dict:
         data = {}
     sch = schema()
     validator = Draft7(sch)
-    errors = sorted(validator.iter_errors(data), key=lambda e: list(map(str, e.absolute_path)))
+    errors = list(validator.iter_errors(data))
     if errors:
         problems = []
-        from .schemamsg import describe
+        from .schemamsg import chosen, describe
+        errors = sorted((chosen(e) for e in errors), key=lambda e: list(map(str, e.absolute_path)))
         from .textdoc import shown
         for e in errors:
             msg = describe(e)

@@ -7,7 +7,7 @@ from __future__ import annotations
 from .suggest import did_you_mean, unknown
 from .textdoc import shown
 
-__all__ = ["describe"]
+__all__ = ["describe", "chosen"]
 
 
 def _extra_keys(error) -> list[str]:
@@ -16,6 +16,23 @@ def _extra_keys(error) -> list[str]:
     known = error.schema.get("properties", {})
     patterns = [re.compile(p) for p in error.schema.get("patternProperties", {})]
     return [k for k in error.instance if k not in known and not any(p.search(k) for p in patterns)]
+
+
+def chosen(error):
+    """The error to show for ``error``: where the value had to match one of several forms
+    (``oneOf``, ``anyOf``) and exactly one form took its own keys, failing only deeper (an
+    item ``{"device": ..., "sharing": {...}}`` whose limit is too long), that form's error:
+    the one the value was meant as, at its own place (``absolute_path``). Otherwise
+    ``error`` itself."""
+    if error.validator in ("oneOf", "anyOf") and error.context:
+        forms: dict = {}
+        for c in error.context:
+            forms.setdefault(c.relative_schema_path[0], []).append(c)
+        meant = [errors for errors in forms.values() if all(c.relative_path for c in errors)]
+        if len(meant) == 1:
+            import jsonschema
+            return chosen(jsonschema.exceptions.best_match(meant[0]))
+    return error
 
 
 def describe(error) -> str:

@@ -71,13 +71,22 @@ def private_run_dir(monkeypatch, tmp_path_factory):
     return run
 
 
+def _worker(config) -> str | None:
+    """The worker's name (``gw0``) in a parallel run's worker, None in its controller or in a
+    serial run."""
+    return getattr(config, "workerinput", {}).get("workerid")
+
+
 def pytest_sessionstart(session):
-    session.stash[_HOST_BEFORE] = host_state.listing()
+    if _worker(session.config) is None:     # a parallel run's controller brackets its workers
+        session.stash[_HOST_BEFORE] = host_state.listing()
 
 
 def pytest_sessionfinish(session, exitstatus):
     """Fail the run if it changed the host's own hostagent folders (what was there before may
     stay), or left a process or a mount behind (stopped and removed here all the same)."""
+    if _worker(session.config) is not None:
+        return              # the controller checks the host and the folder once its workers are done
     found = host_state.changes(session.stash[_HOST_BEFORE], host_state.listing())
     session.config.stash[_HOST_CHANGES] = found
     folder = session.config.stash.get(_RUN_FOLDER, None)
@@ -104,11 +113,34 @@ def pytest_configure(config):
     does, so what was started is stopped and removed then too."""
     config.addinivalue_line("markers", "allow_missing_nvml: the test calls NVML functions the simulator lacks on purpose")
     os.environ.pop("HOSTAGENT_SIMULATE", None)
-    folder = runfolder.begin()
-    config.stash[_RUN_FOLDER] = folder
-    if config.option.basetemp is None:
-        config.option.basetemp = str(folder / "p")
+    worker = _worker(config)
+    if worker is not None:
+        # A parallel run's worker: the controller's folder, pytest's folders in its p<n>.
+        folder = runfolder.join(worker)
+        config.option.basetemp = str(folder / f"p{worker.removeprefix('gw')}")
+    else:
+        folder = runfolder.begin()
+        config.stash[_RUN_FOLDER] = folder
+        if config.option.basetemp is None:
+            config.option.basetemp = str(folder / "p")
     signal.signal(signal.SIGTERM, signal.default_int_handler)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """A parallel run's scheduling: each module's tests on one worker, in order (its module
+    fixtures made once), and every test that starts a real container engine (tests/e2e) on
+    one worker, one at a time: they share /etc/cdi, image tags and the engines."""
+    if config.getvalue("dist") not in ("load", "loadscope", "loadfile"):
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByModule(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return "tests/e2e" if path.startswith("tests/e2e/") else path
+
+    return ByModule(config, log)
 
 
 def pytest_unconfigure(config):

@@ -6,6 +6,10 @@ processes the run started and still running are stopped and the folder removed.
 A process belongs to the run when its environment carries the run's marker (every child
 inherits it) or its command line names the folder (the MPS daemons, which get a clean
 environment, run from a simulated node inside it).
+
+A parallel run (pytest-xdist) has one folder too: its workers ``join`` the one their
+controller made, each with a temporary folder of its own in it, and the controller sweeps it
+once they are done.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ import stat
 import tempfile
 from pathlib import Path
 
-__all__ = ["MARKER", "begin", "sweep", "others_can_read", "readable_copy"]
+__all__ = ["MARKER", "begin", "join", "sweep", "others_can_read", "readable_copy"]
 
 MARKER = "HOSTAGENT_TEST_RUN"
 
@@ -35,6 +39,29 @@ def begin() -> Path:
     os.environ["TMPDIR"] = str(tmp)
     tempfile.tempdir = str(tmp)
     return folder
+
+
+def join(worker: str) -> Path:
+    """In the worker ``worker`` (``gw0``, ``gw1``, ...) of a parallel run: the run's folder,
+    which the controller made, with the worker's own temporary folder ``t<n>`` in it (as short
+    as the controller's ``t``). The worker leaves its pid there: the controller's sweep, which
+    may run before the workers have exited, does not take them for what a test left."""
+    folder = Path(os.environ[MARKER])
+    tmp = folder / f"t{worker.removeprefix('gw')}"
+    tmp.mkdir()
+    tmp.chmod(0o1777)
+    os.environ["TMPDIR"] = str(tmp)
+    tempfile.tempdir = str(tmp)
+    (folder / "workers").mkdir(exist_ok=True)
+    (folder / "workers" / str(os.getpid())).touch()
+    return folder
+
+
+def _workers(folder: Path) -> set[int]:
+    try:
+        return {int(name) for name in os.listdir(folder / "workers")}
+    except OSError:
+        return set()
 
 
 def _ours(proc, folder: str) -> bool:
@@ -65,7 +92,7 @@ def sweep(folder: Path, remove: bool) -> list[str]:
     """Stop the run's processes still running (SIGTERM, then SIGKILL), unmount what it left
     mounted, and (``remove``) remove the folder. Returns what was left behind."""
     import psutil
-    me = {os.getpid(), *(p.pid for p in psutil.Process().parents())}
+    me = {os.getpid(), *(p.pid for p in psutil.Process().parents()), *_workers(folder)}
     left = [p for p in psutil.process_iter() if p.pid not in me and _ours(p, str(folder))]
     found = []
     for p in left:

@@ -170,7 +170,8 @@ def validate_body(operation_id: str, data) -> None:
     if not errors:
         return
     import jsonschema
-    from ..schemamsg import describe
+    from ..schemamsg import chosen, describe
+    errors = [chosen(e) for e in errors]
     errors.sort(key=jsonschema.exceptions.relevance)
     best = jsonschema.exceptions.best_match(errors)
     problems = [{"path": _where(e.absolute_path), "message": describe(e)[:300]}

@@ -3,13 +3,15 @@
 Named by CDI's own convention (``GenerateTransientSpecName``): ``<vendor>-<class>_<id>``,
 with ``/`` in the id replaced by ``_``. CDI replaces it alone, so ``a/b`` and ``a_b`` would
 share a file; here the mapping is one-to-one (``safe_id``): ``_`` and ``.`` are escaped
-first, so a name says which id it is and no id can take another's file or device names.
+first, so a name says which id it is and no id can take another's file or device names
+(an id that would escape to a name too long for a file is named by a hash of it).
 Device names are ``<id>-gpu<index>`` and ``<id>-mig<gpu>:<mig>``, so a plugin only relays
 ``<vendor>/<class>=<id>-...`` names and two allocations can never define the same device.
 """
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 from ..devices import Gpu, MigDevice
@@ -20,17 +22,33 @@ from .plain import plain_edits
 from .spec import HOOK_IMPORT_PATH, common_edits, edits_to_cdi, hook_work
 from .version import minimum_version
 
-__all__ = ["ALLOCATION_KIND", "safe_id", "spec_file_name", "spec_file", "device_name",
+__all__ = ["ALLOCATION_KIND", "MAX_SAFE_ID", "safe_id", "spec_file_name", "spec_file", "device_name",
            "build_transient_spec", "transient_spec_files", "stray_temporaries"]
 
 ALLOCATION_KIND = "hostagent.io/allocation"
+MAX_SAFE_ID = 128           # characters: the longest id's length, escaped or not
+_HEAD = 40                  # an id's characters kept in front of the hash (at most 80 escaped)
 
 
 def safe_id(allocation_id: str) -> str:
     """The id in a file and CDI device name (no ``/`` there), one-to-one: ``.`` -> ``..``,
     ``_`` -> ``._``, then ``/`` -> ``_``. Read back left to right, ``..`` is a ``.``, ``._``
     a ``_`` and a lone ``_`` a ``/``: two ids never share a name. The common ids (a claim's
-    ``k8s-dra/<uid>``) keep CDI's own form."""
+    ``k8s-dra/<uid>``) keep CDI's own form.
+
+    An id that escapes to more than ``MAX_SAFE_ID`` characters (one of 128 made mostly of
+    ``.`` and ``_``) would make a file name longer than a directory entry holds (255
+    bytes, with the temporary name of its atomic write): it is named by the escaped form of
+    its first ``_HEAD`` characters, ``.h`` and a hash of the whole id. No escaped form has a
+    ``.`` followed by ``h``, so such a name is never another id's escaped form."""
+    escaped = _escape(allocation_id)
+    if len(escaped) <= MAX_SAFE_ID:
+        return escaped
+    digest = hashlib.sha256(allocation_id.encode()).hexdigest()[:32]
+    return f"{_escape(allocation_id[:_HEAD])}.h{digest}"
+
+
+def _escape(allocation_id: str) -> str:
     return allocation_id.replace(".", "..").replace("_", "._").replace("/", "_")
 
 

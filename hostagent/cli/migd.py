@@ -32,7 +32,8 @@ def checkpoint_guard(host, force: bool):
                 return
             raise StateError(f"the allocations checkpoint cannot be read ({e}), so the devices it "
                              "protects are unknown", where=where,
-                             hint="start the daemon (it sets an unreadable checkpoint aside), or "
+                             hint="start the daemon and apply through it (it keeps what it can read and holds "
+                                  "what the rest may hold until an admin dismisses it), or "
                                   "pass --force") from None
         try:
             refuse_allocated(inventory, plan, allocations,

@@ -165,7 +165,8 @@ def _allocations(host) -> list:
     except ValueError as e:
         raise StateError(f"the allocations checkpoint cannot be read ({e}), so the devices in use are unknown",
                          where=str(checkpoint.path(host)),
-                         hint="start the daemon (it sets an unreadable checkpoint aside) and apply through it") from None
+                         hint="start the daemon and apply through it (it keeps what it can read and holds what "
+                              "the rest may hold until an admin dismisses it)") from None
 
 
 def _waiting(holder: str) -> None:

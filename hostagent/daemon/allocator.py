@@ -214,10 +214,10 @@ class Allocator:
     def _checkpoint_only(self, alloc, others, replaced) -> bool:
         """Whether committing ``alloc`` writes nothing but the checkpoint: node names, whose
         edits are made already for its devices and the node spec in force; no MPS daemon of
-        its own, no MIG device made for it, no time-slice to change; no spec of a replaced
-        allocation to remove."""
+        its own, no MIG device made for it, no time-slice to change; nothing of a replaced
+        allocation to tear down."""
         return (not alloc.own_spec and not alloc.own_mps_devices() and not alloc.made
-                and not any(a.own_spec for a in replaced)
+                and not any(a.own_spec or a.mps or a.made for a in replaced)
                 and self._files is not None and self._files[0] is self.agent.spec
                 and (alloc.devices, self.agent.hook_home()) in self._node_edits
                 and self.timeslices.settled(timeslices.wanted([*others, alloc], self._gpu_uuids())))
@@ -247,12 +247,18 @@ class Allocator:
     def _commit_new(self, alloc, records, others, replaced) -> alloc_rules.Allocation:
         """A commit (``Agent.commit``): its own MPS daemon (if it asks for one), the spec,
         the GPUs' time-slices, then the checkpoint (the commit point; the allocations it
-        replaces leave it in the same write), then the replaced ones' specs go. The daemon,
-        the spec and the time-slices are undone when the commit fails."""
+        replaces leave it in the same write), then what the replaced ones had is torn down
+        as a release's is. The daemon, the spec and the time-slices are undone when the
+        commit fails."""
         with _unwritable(f"record allocation {alloc.id}", self.host.state_dir), \
                 node_lock(self.host, f"allocate {alloc.id}"):
-            if alloc.own_mps_devices():
-                alloc = dataclasses.replace(alloc, mps=self._start_own_mps(alloc))
+            tear_down = self._before_tear_down(replaced)
+            try:
+                if alloc.own_mps_devices():
+                    alloc = dataclasses.replace(alloc, mps=self._start_own_mps(alloc))
+            except BaseException:
+                madedevices.not_released(self.host, replaced)
+                raise
             try:
                 alloc = self._prepare(alloc, records)
                 faults.point("allocate:after_spec")
@@ -263,11 +269,12 @@ class Allocator:
                 self._timeslices([*others, *replaced])
                 if alloc.mps:
                     claimmps.stop(self.host, alloc.mps, self._gpus(alloc.mps["devices"]))
+                madedevices.not_released(self.host, replaced)
                 raise
             faults.point("allocate:after_checkpoint")
             if alloc.made:
                 madedevices.done(self.host)
-            self._remove_specs(replaced)
+            self._tear_down(replaced, [*others, alloc], tear_down)
         return alloc
 
     def _privileged(self, uid: int) -> bool:
@@ -379,6 +386,8 @@ class Allocator:
                     self._may_change_the_node(owner, "start an MPS control daemon for an allocation")
                     claimmps.check_limits(alloc, alloc.own_mps_devices(),
                                           {r.uuid: r.memory_mib for r in self._records(uuids)})
+                if alloc.shared_as == "mps":
+                    claimmps.check_client_limits(alloc, {r.uuid: r.memory_mib for r in self._records(uuids)})
                 others = [a for a in self.agent.allocations.values() if a.id not in leaving]
                 alloc = await self.agent.commit(self._commit_new, alloc, self._records(uuids), others, replaced,
                                                 purpose=f"allocate {alloc.id}",
@@ -417,29 +426,62 @@ class Allocator:
                     pass
 
     def _commit_release(self, allocs, others) -> None:
-        """A commit (``Agent.commit``): the MIG devices made for them destroyed (a device in
-        use refuses, and the allocations stay), then the checkpoint (the commit point), the
-        specs (of those that have one), and the GPUs' time-slices."""
+        """A commit (``Agent.commit``): the checkpoint without them (the commit point), then
+        what they had torn down (``_tear_down``). A commit that fails changes nothing: their
+        MPS daemons serve on and their MIG devices stay. A MIG device in use refuses the
+        release before it (the allocations stay)."""
         with _unwritable(self._release_purpose(allocs), self.host.state_dir), \
                 node_lock(self.host, self._release_purpose(allocs)):
-            for a in allocs:
-                if a.mps:
-                    claimmps.stop(self.host, a.mps, self._gpus(a.mps["devices"]))
-            made = [m for a in allocs for m in a.made]
-            if made:
-                madedevices.unmake(self.host, made, self.agent.mig._refresh_spec)
-            self.agent.passthrough.release(allocs)
-            checkpoint.save(self.host, others)
+            made = self._before_tear_down(allocs)
+            try:
+                self.agent.passthrough.release(allocs)
+                checkpoint.save(self.host, others)
+            except BaseException:
+                madedevices.not_released(self.host, allocs)
+                raise
             if any(a.passthrough for a in allocs):
                 self.agent.passthrough.released()
             faults.point("release:after_checkpoint")
-            self._remove_specs(allocs)
-            faults.point("release:after_spec")
+            self._tear_down(allocs, others, made)
+
+    def _before_tear_down(self, allocs) -> list[dict]:
+        """Worker, under the node lock, before the commit that drops ``allocs``: their MIG
+        devices idle (InUse: refused, nothing changed), and recorded, so that a crash
+        between the commit and their destruction is finished at the next start; the MIG
+        devices to destroy after it (theirs, and those of earlier releases still there)."""
+        made = [m for a in allocs for m in a.made]
+        if not made:
+            return []
+        madedevices.check_idle(self.host, made)
+        return madedevices.releasing(self.host, allocs)
+
+    def _tear_down(self, allocs, others, made: list[dict]) -> None:
+        """Worker, under the node lock, after the commit that dropped ``allocs``: their MPS
+        daemons stopped, the MIG devices ``made`` destroyed, their specs removed, the GPUs'
+        time-slices as ``others`` ask. The commit is done: a step that fails is logged and
+        the rest go on; the next start finishes what is left (an MPS daemon no allocation
+        has, the releasing record's MIG devices, a spec no allocation owns)."""
+        ids = ", ".join(a.id for a in allocs)
+        for a in allocs:
+            if a.mps:
+                try:
+                    claimmps.stop(self.host, a.mps, self._gpus(a.mps["devices"]))
+                except (HostagentError, OSError) as e:
+                    log.error("MPS daemon of released allocation %s not stopped: %s (the next start stops it)",
+                              a.id, getattr(e, "message", e))
+        if made:
             try:
-                self._timeslices(others)
-            except HostagentError as e:
-                log.error("time-slices not restored after releasing %s: %s", ", ".join(a.id for a in allocs),
-                          e.message)
+                madedevices.unmake(self.host, made, self.agent.mig._refresh_spec)
+                madedevices.released(self.host)
+            except (HostagentError, OSError) as e:
+                log.error("MIG devices of released allocation(s) %s not destroyed: %s (the next start destroys "
+                          "them)", ids, getattr(e, "message", e))
+        self._remove_specs(allocs)
+        faults.point("release:after_spec")
+        try:
+            self._timeslices(others)
+        except HostagentError as e:
+            log.error("time-slices not restored after releasing %s: %s", ids, e.message)
 
     async def _release_locked(self, allocs, reason: str) -> None:
         gone = {a.id for a in allocs}
@@ -567,9 +609,11 @@ class Allocator:
         kept, dropped = [], []
         present = {uuid for uuid, names in self.agent.cdi_names.items() if names}
         with node_lock(self.host, "restore allocations"):
-            note = madedevices.recover(self.host, saved, self.agent.mig._refresh_spec)
-            self.undone_at_start = note is not None
-            if note:
+            held = checkpoint.held_devices(self.agent.checkpoint_damage) if self.agent.checkpoint_damage \
+                else frozenset()
+            notes = madedevices.recover(self.host, saved, self.agent.mig._refresh_spec, held)
+            self.undone_at_start = bool(notes)
+            for note in notes:
                 log.warning("%s", note)
             changed = False
             for alloc in saved:
@@ -592,12 +636,20 @@ class Allocator:
                     kept.append(self._prepare(alloc, self._records(alloc.devices)))
                 except HostagentError as e:
                     dropped.append((alloc.id, e.message))
+            # What an unreadable checkpoint record may own stays until an admin dismisses it.
             for name in claimmps.orphans(self.host, kept):
+                if self.agent.checkpoint_damage and claimmps.may_be_held(self.host, name, held):
+                    log.warning("MPS daemon %s kept: no allocation has it, but an unreadable checkpoint record "
+                                "may (until it is dismissed)", name)
+                    continue
                 claimmps.stop_orphan(self.host, name, set(self._gpus(present)))
                 log.warning("MPS daemon %s stopped: no allocation has it", name)
             owned = {transient.safe_id(a.id) for a in kept if a.own_spec}
             for sid, path in transient.transient_spec_files(self.host).items():
-                if sid not in owned:
+                if sid not in owned and self.agent.checkpoint_damage:
+                    log.warning("transient spec %s kept: no allocation owns it, but an unreadable checkpoint record "
+                                "may (until it is dismissed)", path, extra={"fields": {"spec": str(path)}})
+                elif sid not in owned:
                     os.unlink(path)
                     log.warning("removed transient spec %s: no allocation owns it", path,
                                 extra={"fields": {"spec": str(path)}})

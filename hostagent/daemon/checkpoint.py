@@ -161,6 +161,8 @@ def _read(host: HostRoot) -> _Reading:
         for alloc_id in change["drop"]:
             if isinstance(alloc_id, str):
                 entries.pop(alloc_id, None)
+            else:
+                problems.append((f"journal line {number} drops an id that is not a string", _dump(alloc_id), where))
     allocations = []
     for alloc_id, a in entries.items():
         try:
@@ -276,7 +278,9 @@ def load(host: HostRoot) -> list[Allocation]:
     write_atomic(snapshot, _render({a.id: a.checkpoint_json for a in reading.allocations}, _token()), mode=0o600)
     if journal.exists():
         journal.unlink()
-    _writers.pop(str(snapshot), None)
+    writer = _writers.pop(str(snapshot), None)
+    if writer is not None and writer.fd is not None:
+        os.close(writer.fd)                  # its journal is gone: the next save opens the new one
     for u in found:
         log.error("allocations checkpoint: a record cannot be read (%s); kept in %s; %s held back from new "
                   "allocations until an admin dismisses it (DELETE /v1/checkpoint/unreadable)", u.reason,

@@ -34,7 +34,8 @@ from ..sharing import mps
 from ..sharing.clients import CONTAINER_PIPE, SOCKET_MOUNT_OPTIONS
 from ..sharing.config import quantity_mib
 
-__all__ = ["key", "settings", "check_limits", "start", "stop", "stop_orphan", "client_edits", "orphans", "PREFIX"]
+__all__ = ["key", "settings", "check_limits", "check_client_limits", "start", "stop", "stop_orphan", "may_be_held",
+           "client_edits", "orphans", "PREFIX"]
 
 log = logging.getLogger("hostagent.daemon")
 
@@ -72,14 +73,22 @@ def settings(alloc, devices: list[str]) -> dict:
 def check_limits(alloc, devices: list[str], memory_mib: dict[str, int]) -> None:
     """Each device's pinned memory limit is at most its memory (``memory_mib``: uuid -> MiB),
     as the node's sharing configuration bounds it; UsageError otherwise."""
+    from ..sharing.clients import limit_too_large
     limits = settings(alloc, devices)["pinned_memory_limits_mib"]
     for i, uuid in enumerate(devices):
         memory = memory_mib.get(uuid)
         if memory is not None and limits.get(i, 0) > memory:
-            raise UsageError(f"sharing.mpsConfig: the pinned memory limit of device {uuid} ({limits[i]} MiB) is more "
-                             f"than its memory ({memory} MiB)", device=uuid, limit_mib=limits[i], memory_mib=memory,
-                             hint="give defaultPinnedDeviceMemoryLimit (or the device's "
-                                  "defaultPerDevicePinnedMemoryLimit) at most the device's memory")
+            raise limit_too_large(uuid, limits[i], memory)
+
+
+def check_client_limits(alloc, memory_mib: dict[str, int]) -> None:
+    """The same bound for a client of the node's MPS daemons (an allocation of devices the
+    sharing configuration shares with MPS): what its ``mpsConfig`` asks of each device."""
+    from ..sharing.clients import asked_pinned_mib, limit_too_large
+    for uuid in alloc.devices:
+        asked, memory = asked_pinned_mib(uuid, alloc.sharing_of(uuid).get("mpsConfig")), memory_mib.get(uuid)
+        if asked is not None and memory is not None and asked > memory:
+            raise limit_too_large(uuid, asked, memory)
 
 
 def _modes(host, gpus: list[str], mode: str) -> None:
@@ -162,6 +171,19 @@ def stop_orphan(host, name: str, gpus: set[str]) -> None:
         known, served = None, set()
     mps.stop(host, name, known)
     _modes(host, sorted(served & gpus), "DEFAULT")
+
+
+def may_be_held(host, name: str, held: frozenset | None) -> bool:
+    """Whether daemon ``name`` may be the one of an allocation whose checkpoint record could
+    not be read: it serves a device of ``held`` (None: any), or its record is unreadable."""
+    if held is None:
+        return True
+    try:
+        record = json.loads(_record_path(host, name).read_text())
+        served = {str(u) for u in [*(record.get("devices") or ()), *(record.get("gpus") or ())]}
+    except (OSError, ValueError, TypeError, AttributeError):
+        return True
+    return bool(served & held)
 
 
 def orphans(host, allocations) -> list[str]:

@@ -8,13 +8,19 @@ compute slices or engines allow beside its instances) and plans every GPU's addi
 MIG plan each, for the MIG package's executor (all or nothing, rolled back on failure).
 ``make`` records its intent in a journal before it touches the node, so that a crash before
 the allocation's commit is undone at the next start (``recover``); the allocator removes the
-journal once the checkpoint holds the allocation (``done``).
+journal once the checkpoint holds the allocation (``done``). A release goes the other way:
+``releasing`` records the devices of the allocations going before their commit, which
+drops them from the checkpoint; the devices are destroyed after it (``unmake``), and a
+crash (or a failure) in between is finished at the next start (``recover``), so a commit
+that fails never leaves an allocation whose devices are gone.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
+import time
 from dataclasses import dataclass
 
 from ..devices.records import Gpu, Inventory
@@ -26,11 +32,13 @@ from ..mig.quirks import mig_profiles
 from ..mig.solver import Geometry, budget_error, pack_compute_instances
 from .migops import NoRoom
 
-__all__ = ["Wanted", "plan_made", "make", "unmake", "done", "recover", "journal_path"]
+__all__ = ["Wanted", "plan_made", "make", "unmake", "done", "recover", "journal_path", "check_idle", "releasing",
+           "released"]
 
 log = logging.getLogger("hostagent.daemon")
 
 JOURNAL = "allocation-making.json"
+RELEASING = "allocation-releasing.json"
 
 
 @dataclass(frozen=True)
@@ -162,6 +170,56 @@ def unmake(host, made: list[dict], on_layout_changed, force: bool = False) -> No
     execute(host, inventory, _removal(inventory, made), force=force, on_layout_changed=on_layout_changed)
 
 
+def check_idle(host, made: list[dict]) -> None:
+    """Worker, under the node lock: InUse when processes use one of the MIG devices ``made``
+    (nothing is changed: their allocations stay)."""
+    from ..devices import read_inventory
+    from ..mig.runner import refuse_busy
+    refuse_busy(host, _removal(read_inventory(host), made),
+                hint="stop those processes (the claim's pods), then release it again")
+
+
+def _releasing(host) -> list[dict]:
+    """The releasing record's devices, each with the ``id`` of the allocation it was made for."""
+    try:
+        return [dict(m) for m in json.loads((host.state_dir / RELEASING).read_text())["made"]]
+    except FileNotFoundError:
+        return []
+
+
+def _write_releasing(host, made: list[dict]) -> None:
+    from ..fileio import ensure_dir
+    path = host.state_dir / RELEASING
+    if not made:
+        path.unlink(missing_ok=True)
+        return
+    ensure_dir(path.parent, 0o755)
+    write_atomic(path, json.dumps({"made": made}, sort_keys=True) + "\n", mode=0o600)
+
+
+def releasing(host, allocs) -> list[dict]:
+    """Before the commit that drops ``allocs``: the MIG devices made for them, to destroy
+    once it is done (at the next start if nothing does it first), added to those of earlier
+    releases not destroyed yet. Every device the record now holds."""
+    made = _releasing(host)
+    known = {(m["gpu"], m["profile"], m["start"]) for m in made}
+    made += [{**m, "id": a.id} for a in allocs for m in a.made if (m["gpu"], m["profile"], m["start"]) not in known]
+    _write_releasing(host, made)
+    return made
+
+
+def not_released(host, allocs) -> None:
+    """The commit dropping ``allocs`` failed: their devices stay theirs (those of earlier
+    releases stay recorded)."""
+    ids = {a.id for a in allocs}
+    _write_releasing(host, [m for m in _releasing(host) if m["id"] not in ids])
+
+
+def released(host) -> None:
+    """Every device the releasing record holds is destroyed: nothing left to do."""
+    _write_releasing(host, [])
+
+
 def _journal(host, alloc_id: str, made: list[dict]) -> None:
     from ..fileio import ensure_dir
     path = journal_path(host)
@@ -174,27 +232,55 @@ def done(host) -> None:
     journal_path(host).unlink(missing_ok=True)
 
 
-def recover(host, kept, on_layout_changed) -> str | None:
-    """Worker, at start, under the node lock: a journal left by a crash between making an
-    allocation's MIG devices and its commit: destroy those devices (none that a kept
-    allocation holds). What was done, or None."""
-    path = journal_path(host)
+def recover(host, kept, on_layout_changed, held: frozenset | None = frozenset()) -> list[str]:
+    """Worker, at start, under the node lock: what a crash left between making an
+    allocation's MIG devices and its commit (the making journal), or between a release's
+    commit and the destruction of its devices (the releasing one): those devices destroyed
+    (none that a kept allocation holds). ``held``: the devices unreadable checkpoint records
+    may hold (None: any); a journal naming one is kept, its devices left, until an admin
+    dismisses the records. What was done."""
+    notes = []
+    for path, committed in ((journal_path(host), False), (host.state_dir / RELEASING, True)):
+        note = _settle(host, path, committed, kept, held, on_layout_changed)
+        if note:
+            notes.append(note)
+    return notes
+
+
+def _settle(host, path, releasing: bool, kept, held, on_layout_changed) -> str | None:
     try:
         raw = json.loads(path.read_text())
+        made = [{k: m[k] for k in ("gpu", "profile", "start", "id")} if releasing else
+                {"id": raw["id"], **{k: m[k] for k in ("gpu", "profile", "start")}} for m in raw.get("made") or ()]
+        ids = sorted({m["id"] for m in made}) if releasing else [raw["id"]]
     except FileNotFoundError:
         return None
-    except (OSError, ValueError) as e:
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        aside = path.with_name(f"{path.name}.unreadable-{time.strftime('%Y%m%dT%H%M%S')}")
+        try:
+            os.replace(path, aside)
+        except OSError:
+            aside = path
+        log.error("MIG journal %s cannot be read (%s): kept as %s; the MIG devices it named, if any, are left "
+                  "as they are (hostagent mig status shows them)", path, e, aside)
+        return f"unreadable journal {path} set aside as {aside}"
+    what = f"MIG devices {'of released allocation(s)' if releasing else 'made for'} {', '.join(map(str, ids))}"
+    # A making journal that outlived its commit; a release whose commit did not happen.
+    made = [m for m in made if not any(a.id == m["id"] for a in kept)]
+    if not made:
         path.unlink(missing_ok=True)
-        return f"unreadable journal {path} removed: {e}"
-    if any(a.id == raw.get("id") for a in kept):
-        done(host)                       # the commit happened: the journal outlived it
         return None
-    held = {(m["gpu"], m["profile"], m["start"]) for a in kept for m in a.made}
-    orphans = [m for m in raw.get("made") or [] if (m["gpu"], m["profile"], m["start"]) not in held]
+    if held is None or any(m["gpu"] in held for m in made):
+        return f"{what} left as they are: an unreadable checkpoint record may hold them (until it is dismissed)"
+    taken = {(m["gpu"], m["profile"], m["start"]) for a in kept for m in a.made}
+    orphans = [m for m in made if (m["gpu"], m["profile"], m["start"]) not in taken]
     try:
         unmake(host, orphans, on_layout_changed, force=True)
     except HostagentError as e:
-        return f"MIG devices made for {raw.get('id')} not destroyed: {e.message}"
-    finally:
-        done(host)
-    return f"MIG devices made for {raw.get('id')} before a crash destroyed ({len(orphans)})"
+        if releasing:                    # committed: tried again at the next start
+            return f"{what} not destroyed: {e.message} (tried again at the next start)"
+        path.unlink(missing_ok=True)
+        return f"{what} not destroyed: {e.message}"
+    path.unlink(missing_ok=True)
+    return f"{what} {'destroyed after' if releasing else 'before'} a crash{'' if releasing else ' destroyed'} " \
+           f"({len(orphans)})"

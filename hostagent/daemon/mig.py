@@ -5,7 +5,8 @@ executor, under the node lock, on the agent's worker thread; afterwards the agen
 re-reads the inventory, which refreshes the node's CDI spec and publishes the changes.
 
 Devices in an allocation are never taken away: a layout change or a destroy that would
-remove one is refused (409 device_busy) before anything is touched.
+remove one is refused (409 device_busy) before anything is touched. Nor are the devices an
+unreadable record of the allocations checkpoint may hold, until an admin dismisses it.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ from ..errors import DriverNotLoaded, HostagentError, NvmlLibraryMissing
 from ..lock import node_lock
 from ..mig.planner import PLAN_SECONDS
 from ..mig.solver import Budget
-from .migops import busy_allocations, created_instance, place_instance, refuse_allocated, remove_instance
+from .migops import (busy_allocations, created_instance, place_instance, refuse_allocated, remove_instance,
+                     unreadable_holders)
 
 __all__ = ["MigOps"]
 
@@ -64,8 +66,10 @@ class MigOps:
     # ---- helpers ------------------------------------------------------------------
 
     def _refuse_busy(self, inventory, plan) -> None:
-        """Worker thread, while the loop holds the agent's mutex: the allocations stay put."""
-        refuse_allocated(inventory, plan, list(self.agent.allocations.values()))
+        """Worker thread, while the loop holds the agent's mutex: the allocations stay put, and
+        so do the devices unreadable checkpoint records may hold, until an admin dismisses them."""
+        refuse_allocated(inventory, plan, list(self.agent.allocations.values()),
+                         unreadable=unreadable_holders(inventory, self.agent.checkpoint_damage))
 
     def _checked(self, dry_run: bool = False, note=None):
         """``refuse`` for the MIG service: allocated devices stay put; then, right before the
@@ -120,7 +124,8 @@ class MigOps:
             async with self.agent.mutex:
                 await self._after("mig recovery")
         return {"plan": plan.to_dict(), "notes": notes,
-                "busy": busy_allocations(inventory, plan, self.agent.allocations.values())}
+                "busy": busy_allocations(inventory, plan, self.agent.allocations.values(),
+                                         unreadable_holders(inventory, self.agent.checkpoint_damage))}
 
     def _apply_work(self, body: dict, started: list, progress: list):
         from ..mig import service

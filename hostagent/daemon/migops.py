@@ -23,7 +23,7 @@ from ..mig.planner import PLAN_SECONDS
 from ..mig.solver import Budget, Geometry, Infeasible, SearchAborted, solve
 
 __all__ = ["Placed", "place_instance", "remove_instance", "affected_devices", "busy_allocations", "refuse_allocated",
-           "created_instance", "NoRoom"]
+           "UnreadableHolder", "unreadable_holders", "created_instance", "NoRoom"]
 
 
 class NoRoom(StateError):
@@ -139,21 +139,53 @@ def remove_instance(inventory: Inventory, uuid: str) -> tuple[MigDevice, MigPlan
     raise UnknownName(f"no MIG device {uuid!r}", name=uuid, hint="GET /v1/devices?type=mig lists them")
 
 
-def busy_allocations(inventory: Inventory, plan: MigPlan, allocations) -> list[dict]:
+@dataclass(frozen=True)
+class UnreadableHolder:
+    """A record of the allocations checkpoint that could not be read (``checkpoint.Unreadable``),
+    as what holds the devices it may hold: those it names, or every device when it names
+    none. Until an admin dismisses it, no MIG change takes them away."""
+    id: str                  # how busy lists and errors name it (never an allocation's id: it has spaces)
+    devices: tuple[str, ...]
+    kept_as: str
+    reason: str
+
+
+def unreadable_holders(inventory: Inventory, records) -> list[UnreadableHolder]:
+    every = tuple(u for g in inventory.gpus for u in (g.uuid, *(d.uuid for d in (g.mig.devices if g.mig else ()))))
+    return [UnreadableHolder(f"unreadable checkpoint record {n}", every if r.devices is None else tuple(r.devices),
+                             r.kept_as, r.reason) for n, r in enumerate(records, 1)]
+
+
+def busy_allocations(inventory: Inventory, plan: MigPlan, allocations, unreadable=()) -> list[dict]:
     """The allocations holding devices ``plan`` would take away: each one's ``id``,
-    ``labels`` and those ``devices`` (UUIDs), by id (what an apply would be refused for)."""
+    ``labels`` and those ``devices`` (UUIDs), by id (what an apply would be refused for);
+    then the unreadable checkpoint records (``UnreadableHolder``) that may hold some, each
+    with ``unreadable`` saying where it is kept and why."""
     affected = affected_devices(inventory, plan)
-    return [{"id": a.id, "labels": dict(a.request.get("labels") or {}), "devices": sorted(affected.intersection(a.devices))}
-            for a in sorted(allocations, key=lambda a: a.id) if affected.intersection(a.devices)]
+    out = [{"id": a.id, "labels": dict(a.request.get("labels") or {}),
+            "devices": sorted(affected.intersection(a.devices))}
+           for a in sorted(allocations, key=lambda a: a.id) if affected.intersection(a.devices)]
+    return out + [{"id": h.id, "labels": {}, "devices": sorted(affected.intersection(h.devices)),
+                   "unreadable": {"kept_as": h.kept_as, "reason": h.reason}}
+                  for h in unreadable if affected.intersection(h.devices)]
 
 
-def refuse_allocated(inventory: Inventory, plan: MigPlan, allocations, *,
+def refuse_allocated(inventory: Inventory, plan: MigPlan, allocations, *, unreadable=(),
                      hint: str = "release their allocations first (hostagent allocations release ID); --force "
                                  "does not take allocated devices while the daemon runs") -> None:
     """DeviceBusy if ``plan`` would take away a device of one of ``allocations`` (objects
-    with ``id`` and ``devices``, the device UUIDs)."""
+    with ``id`` and ``devices``, the device UUIDs), or one an unreadable checkpoint record
+    may hold (``unreadable``: ``UnreadableHolder``, refused first)."""
     from .allocations import DeviceBusy
     affected = affected_devices(inventory, plan)
+    records = [h for h in unreadable if affected.intersection(h.devices)]
+    if records:
+        held = sorted({u for h in records for u in h.devices if u in affected})
+        raise DeviceBusy(f"the change would take away device(s) {', '.join(held)} that unreadable allocations "
+                         f"checkpoint record(s) may hold", devices=held, allocations=[h.id for h in records],
+                         kept_as=[h.kept_as for h in records],
+                         hint="an admin checks the records (GET /v1/checkpoint/unreadable) and, once they are "
+                              "settled, dismisses them (hostagent allocations dismiss-unreadable); then apply again")
     holders = [a for a in allocations if affected.intersection(a.devices)]
     if holders:
         busy = sorted({u for a in holders for u in a.devices if u in affected})

@@ -22,7 +22,7 @@ from ..errors import HostagentError, UsageError
 from ..lock import node_lock
 from ..vfio import executor, pci
 from ..vfio.cdi import passthrough_edits
-from ..vfio.plan import VFIO_DRIVERS, PassthroughRefused, plan_bind
+from ..vfio.plan import VFIO_DRIVERS, plan_bind
 from . import checkpoint
 
 __all__ = ["PassthroughOps", "spec_for"]

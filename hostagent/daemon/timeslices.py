@@ -7,20 +7,31 @@ interval is the GPU's, and when the last one goes the GPU is back at ``Default``
 module set last, which it keeps in the state folder (``timeslices.json``), so a restart
 neither repeats the calls nor forgets to restore a GPU whose allocations went meanwhile. A
 MIG device's time-slice cannot be set (the GPU's is its), so its allocations set none.
+
+A state file that cannot be read is never taken for an empty one in silence: it is kept as
+it was beside it (``timeslices.json.unreadable-<time>``), the intervals that can still be
+read from it (a GPU's UUID and an interval name) are kept and written back, and the rest is
+logged as an error: a GPU whose interval was lost this way keeps it until set by hand.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
+import re
+import time
 
 from ..fileio import ensure_dir, write_atomic
+from ..sharing.config import INTERVALS
 
 __all__ = ["wanted", "TimeSlices", "state_path"]
 
 log = logging.getLogger("hostagent.daemon")
 
 DEFAULT = "Default"
+_PAIR = re.compile(rb'"(GPU-[0-9A-Fa-f]{8}(?:-[0-9A-Fa-f]{4}){3}-[0-9A-Fa-f]{12})"\s*:\s*"(' +
+                   "|".join(INTERVALS).encode() + rb')"')
 
 
 def state_path(host):
@@ -52,11 +63,40 @@ class TimeSlices:
 
     def _load(self) -> dict[str, str]:
         if self._applied is None:
-            try:
-                self._applied = {str(k): str(v) for k, v in json.loads(state_path(self.host).read_text()).items()}
-            except (OSError, ValueError, TypeError, AttributeError):
-                self._applied = {}
+            self._applied = self._read()
         return self._applied
+
+    def _read(self) -> dict[str, str]:
+        path = state_path(self.host)
+        try:
+            text = path.read_bytes()
+        except FileNotFoundError:
+            return {}
+        except OSError as e:
+            log.error("time-slices state %s cannot be read (%s): the intervals allocations set are unknown, so "
+                      "none is restored to Default when they go", path, e.strerror or e)
+            return {}
+        try:
+            raw = json.loads(text)
+            if isinstance(raw, dict) and all(isinstance(v, str) and v in INTERVALS for v in raw.values()):
+                return dict(raw)
+            why = "not a GPU-to-interval map"
+        except ValueError as e:
+            why = f"not JSON: {e}"
+        kept = {u.decode(): i.decode() for u, i in _PAIR.findall(text)}
+        aside = path.with_name(f"{path.name}.unreadable-{time.strftime('%Y%m%dT%H%M%S')}")
+        try:
+            os.link(path, aside)
+        except OSError:
+            aside = path                 # not kept beside it: not rewritten either
+        else:
+            write_atomic(path, json.dumps(kept, sort_keys=True) + "\n", mode=0o644)
+        log.error("time-slices state %s cannot be read (%s); kept as %s; the intervals read from it: %s; a GPU "
+                  "whose interval allocations set is not among them keeps it when they go (nvidia-smi "
+                  "compute-policy --set-timeslice 0 sets Default again)", path, why, aside,
+                  ", ".join(f"{u} {i}" for u, i in sorted(kept.items())) or "none",
+                  extra={"fields": {"state": str(aside)}})
+        return kept
 
     def settled(self, want: dict[str, str]) -> bool:
         """Whether ``apply(want, ...)`` would read, run and write nothing (False until the

@@ -18,7 +18,7 @@ from .layout import Layout
 from .plan import CREATE_CI, CREATE_GI, DESTROY_CI, DESTROY_GI, SET_MODE, GpuPlan, MigPlan, Step
 from .reset import reset_gpus
 
-__all__ = ["RunReport", "run_plan", "verify", "Progress", "quiet", "InUse", "transient"]
+__all__ = ["RunReport", "run_plan", "refuse_busy", "verify", "Progress", "quiet", "InUse", "transient"]
 
 log = logging.getLogger(__name__)
 
@@ -229,17 +229,37 @@ def run_plan(host: HostRoot, plan: MigPlan, report: RunReport, *, skip_reset: bo
         config = [g for g in changed if g.config_steps]
         if config:
             before_phase("config")
-            doomed: dict[int, set] = {}
-            for g in config:
-                for s in g.config_steps:
-                    if s.action == DESTROY_CI:
-                        doomed.setdefault(g.index, set()).add((s.gi_id, s.ci_id))
-                    elif s.action == DESTROY_GI:
-                        doomed.setdefault(g.index, set()).add((s.gi_id, None))
+            doomed = _doomed(config)
             if doomed:
                 _ensure_idle(ctl, doomed, "MIG instances to be destroyed are", force=force,
                              report=report, progress=progress)
             _config_phase(ctl, config, report=report, progress=progress)
+
+
+def _doomed(gpus: list[GpuPlan]) -> dict[int, set]:
+    """GPU index -> the (gi, ci) and (gi, None) the config steps of ``gpus`` destroy."""
+    doomed: dict[int, set] = {}
+    for g in gpus:
+        for s in g.config_steps:
+            if s.action == DESTROY_CI:
+                doomed.setdefault(g.index, set()).add((s.gi_id, s.ci_id))
+            elif s.action == DESTROY_GI:
+                doomed.setdefault(g.index, set()).add((s.gi_id, None))
+    return doomed
+
+
+def refuse_busy(host: HostRoot, plan: MigPlan,
+                hint: str = "stop those processes, or pass --force to terminate them") -> None:
+    """InUse, as the plan's run would raise it without ``force``, when processes use the MIG
+    instances its config steps destroy; nothing is changed (for a caller that must know
+    before it commits to the change)."""
+    doomed = _doomed([g for g in plan.changed if g.config_steps])
+    if not doomed:
+        return
+    with nvml_session(host):
+        busy = _busy(MigControl(), doomed)
+    if busy:
+        raise _in_use("MIG instances to be destroyed are", busy, hint)
 
 
 def verify(host: HostRoot, targets: dict[str, Layout], indices: dict[str, int]):

@@ -20,7 +20,7 @@ from . import mps
 from .config import quantity_mib
 from .resolve import DeviceSharing
 
-__all__ = ["CONTAINER_PIPE", "mps_client_edits"]
+__all__ = ["CONTAINER_PIPE", "mps_client_edits", "asked_pinned_mib", "limit_too_large"]
 
 CONTAINER_PIPE = "/tmp/nvidia-mps"
 SOCKET_MOUNT_OPTIONS = ("ro", *IPC_MOUNT_OPTIONS)
@@ -28,6 +28,25 @@ SOCKET_MOUNT_OPTIONS = ("ro", *IPC_MOUNT_OPTIONS)
 
 def _mib(quantity: str | None) -> int | None:
     return None if quantity is None else max(1, quantity_mib(quantity))
+
+
+def asked_pinned_mib(uuid: str, mps_config: dict | None) -> int | None:
+    """The pinned memory limit an allocation's ``mpsConfig`` asks for a client of device
+    ``uuid`` (its UUID's, else index 0's: the client sees its one device as 0, else the
+    default), in MiB; None when it asks none."""
+    mps_config = mps_config or {}
+    per_device = mps_config.get("defaultPerDevicePinnedMemoryLimit") or {}
+    return _mib(per_device.get(uuid) or per_device.get("0") or mps_config.get("defaultPinnedDeviceMemoryLimit"))
+
+
+def limit_too_large(uuid: str, limit_mib: int, memory_mib: int):
+    """The error for a pinned memory limit above the device's memory: as the node's sharing
+    configuration bounds its own, a limit past the memory names no real bound."""
+    from ..errors import UsageError
+    return UsageError(f"sharing.mpsConfig: the pinned memory limit of device {uuid} ({limit_mib} MiB) is more "
+                      f"than its memory ({memory_mib} MiB)", device=uuid, limit_mib=limit_mib, memory_mib=memory_mib,
+                      hint="give defaultPinnedDeviceMemoryLimit (or the device's defaultPerDevicePinnedMemoryLimit) "
+                           "at most the device's memory")
 
 
 def mps_client_edits(host: HostRoot, uuid: str, device: DeviceSharing | None, mps_config: dict | None = None) -> Edits:
@@ -39,8 +58,7 @@ def mps_client_edits(host: HostRoot, uuid: str, device: DeviceSharing | None, mp
     if mps_config.get("defaultActiveThreadPercentage") is not None:
         asked = mps_config["defaultActiveThreadPercentage"]
         threads = asked if threads is None else min(threads, asked)
-    per_device = mps_config.get("defaultPerDevicePinnedMemoryLimit") or {}
-    asked = _mib(per_device.get(uuid) or per_device.get("0") or mps_config.get("defaultPinnedDeviceMemoryLimit"))
+    asked = asked_pinned_mib(uuid, mps_config)
     if asked is not None:
         pinned = asked if pinned is None else min(pinned, asked)
     env = [f"CUDA_MPS_PIPE_DIRECTORY={CONTAINER_PIPE}"]

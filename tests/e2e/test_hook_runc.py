@@ -119,7 +119,7 @@ def build(tmp: Path, runtime: str, builder: str) -> tuple[Path, Path]:
     config["root"] = {"path": "rootfs", "readonly": False}
     config["process"].update(terminal=False, args=["/bin/sh", "-c", PROBE], cwd="/",
                              env=["PATH=/bin:/sbin", "LD_PRELOAD=/proc/self/cwd/evil.so",
-                                  f"PYTHONPATH=/", "PYTHONHOME=/", "LD_LIBRARY_PATH=/"])
+                                  "PYTHONPATH=/", "PYTHONHOME=/", "LD_LIBRARY_PATH=/"])
     config["mounts"] += [{"destination": f"{LIB}/{name}", "type": "bind", "source": str(driver / name),
                           "options": ["ro", "nosuid", "nodev", "bind"]} for name in DRIVER]
     # args[0] is the interpreter's absolute path, not "python3": CPython derives its prefix

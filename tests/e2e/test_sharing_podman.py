@@ -17,7 +17,7 @@ from tests.integration.agentd import FAST, make_root, running_agent
 from tests.integration.mpsprocs import alive, daemon_pid, running
 from tests.waiting import until
 
-from .conftest import PODMAN_FLAGS, host_cdi_spec, podman_run
+from .conftest import PODMAN_FLAGS, host_cdi_spec
 
 CONFIG = {"version": "v1", "sharing": {"mps": {"resources": [
     {"name": "nvidia.com/gpu", "devices": [0], "replicas": 2, "activeThreadPercentage": 40}]}}}

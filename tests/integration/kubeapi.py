@@ -39,7 +39,7 @@ try:
 except ImportError:              # tests/kubelet_demo.py from the README's install: no schemas to check
     kubernetes_validate = None   # against (the test suite has them: [test])
 
-from .kubeobjects import RESOURCES, Objects, field_selected, label_selected, now
+from .kubeobjects import RESOURCES, Objects, field_selected, label_selected
 
 __all__ = ["TestApiServer", "slice_problems", "kubeconfig"]
 

@@ -41,10 +41,11 @@ def import_everything() -> None:
 def run_as_nobody(argv: list[str], gid: int = NOBODY) -> tuple[int, str]:
     """``hostagent ARGV`` (the daemon's program with ARGS when ARGV is ``["daemon:", *ARGS]``)
     as nobody."""
-    from hostagent.cli.main import main
     if argv[:1] == ["daemon:"]:
         from hostagent.daemon.main import main
         argv = argv[1:]
+    else:
+        from hostagent.cli.main import main
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:

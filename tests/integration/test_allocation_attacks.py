@@ -19,6 +19,7 @@ from tests.programs import script
 from tests.rootneeds import DEVICE_NODES
 
 from .agentd import existing_group, make_root, running_agent
+from .otheruser import in_child_as
 
 pytestmark = [DEVICE_NODES, pytest.mark.root("callers of other uids are processes that root starts as nobody")]
 
@@ -30,32 +31,16 @@ def as_operator(agent, requests) -> list[tuple[int, dict]]:
     """(status, body) of each (method, path, body bytes) sent by a member of the agent's
     group (nobody, in its group), each on its own connection, bodies sent as given (UTF-8,
     not escaped: what a caller may send within the body limit)."""
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        code = 1
-        try:
-            os.close(r)
-            os.setgroups([])
-            os.setgid(GID)
-            os.setuid(NOBODY)
-            out = []
-            for method, path, body in requests:
-                conn = _Unix(str(agent.socket))
-                conn.request(method, path, body, {"Content-Type": "application/json"} if body else {})
-                resp = conn.getresponse()
-                out.append([resp.status, json.loads(resp.read() or b"{}")])
-                conn.close()
-            os.write(w, json.dumps(out).encode())
-            code = 0
-        finally:
-            os._exit(code)
-    os.close(w)
-    with os.fdopen(r, "rb") as f:
-        data = f.read()
-    _, status = os.waitpid(pid, 0)
-    assert status == 0 and data, "the operator's process failed"
-    return [tuple(x) for x in json.loads(data)]
+    def send():
+        out = []
+        for method, path, body in requests:
+            conn = _Unix(str(agent.socket))
+            conn.request(method, path, body, {"Content-Type": "application/json"} if body else {})
+            resp = conn.getresponse()
+            out.append([resp.status, json.loads(resp.read() or b"{}")])
+            conn.close()
+        return out
+    return [tuple(x) for x in in_child_as(send, NOBODY, GID)]
 
 
 class _Unix(http.client.HTTPConnection):
@@ -216,3 +201,37 @@ def test_a_damaged_checkpoint_keeps_what_it_can_and_holds_the_rest_until_an_admi
         c.allocate("again", ["1"])
     assert check(agent).returncode == 0
     assert "dismissed by uid 0" in agent.log()
+
+
+MODES = {"version": "v1", "mig-configs": {"modes": [{"devices": [0], "mig-enabled": True, "mig-devices": {}},
+                                                   {"devices": [1, 2, 3, 4, 5, 6, 7], "mig-enabled": False}]}}
+
+
+def test_what_an_unreadable_record_may_own_is_kept_until_an_admin_dismisses_it(agent):
+    """A claim's record (its own MPS daemon on a MIG device made for it, its spec) damaged
+    on disk: the start keeps the daemon serving and the spec, where it stopped the daemon as
+    an orphan and removed the spec before; once the record is dismissed, the next start
+    takes them away."""
+    from hostagent.processes import ProcessRecord, current
+    with agent.client(timeout=None) as c:
+        c.mig_apply("modes", spec=MODES)
+        c.allocate("first", ["5"])
+        claim = c.allocate("claim", [{"mig": {"gpu": "0", "profile": "2g.10gb", "start": 0},
+                                      "sharing": {"strategy": "MPS"}}], own_mps_daemon=True)
+    daemon, [mig] = ProcessRecord.from_dict(claim["mps"]["process"]), claim["devices"]
+    agent.stop()
+    damage_line_of(checkpoint.journal_path(agent.host), "claim")
+    agent.start()
+    with agent.client() as c:
+        assert [a["id"] for a in c.allocations()] == ["first"] and mig in c.node()["checkpoint"]["held_devices"]
+        assert mig in {m["uuid"] for m in c.devices(type="mig")["mig_devices"]}
+    assert current(daemon) and os.path.exists(claim["spec_path"])
+    assert f"MPS daemon {claim['mps']['key']} kept" in agent.log() and "no allocation has it" in agent.log()
+    done = subprocess.run([script("hostagent"), "--simulate", str(agent.root), "allocations", "dismiss-unreadable"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    agent.stop()
+    agent.start()
+    assert not current(daemon) and not os.path.exists(claim["spec_path"])
+    with agent.client() as c:
+        c.request("DELETE", f"/v1/mig/instances/{mig}")     # the admin's, now: a device like any other

@@ -15,6 +15,7 @@ from hostagent.errors import HostagentError
 from tests.runfolder import readable_copy
 
 from .agentd import existing_group, make_root, running_agent
+from .otheruser import in_child_as
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to start processes as other users")
 
@@ -61,25 +62,7 @@ def _run(path, script):
 def as_user(agent, script, uid=NOBODY, gid=API_GID, groups=()):
     """Run ``script`` in a forked child that has dropped to ``uid``/``gid``/``groups``
     (a fork, not an exec: nobody may not be able to read this interpreter)."""
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        status = 1
-        try:
-            os.close(r)
-            os.setgroups(list(groups))
-            os.setgid(gid)
-            os.setuid(uid)
-            os.write(w, json.dumps(_run(str(agent.socket), script)).encode())
-            status = 0
-        finally:
-            os._exit(status)
-    os.close(w)
-    with os.fdopen(r, "rb") as f:
-        data = f.read()
-    _, status = os.waitpid(pid, 0)
-    assert status == 0 and data, "the child failed"
-    return [tuple(x) for x in json.loads(data)]
+    return [tuple(x) for x in in_child_as(lambda: _run(str(agent.socket), script), uid, gid, groups)]
 
 
 ALLOC = json.dumps({"id": "by-nobody", "devices": [{"device": "1"}]})

@@ -77,6 +77,17 @@ def test_by_name_uuid_and_cdi_name(agent, c):
     assert c.allocation("claim-a")["devices"] == a["devices"]
 
 
+def test_the_longest_ids_get_a_spec_file_of_their_own(agent, c):
+    """Ids of 128 characters whose '.', '_' and '/' escape to more than a file name holds
+    (255 bytes): each still gets its own spec file and device names."""
+    ids = ["a" + "_" * 126 + "b", "a" + "/" * 126 + "b", "a" + "._" * 63 + "b"]
+    made = [c.allocate(alloc_id, [str(n + 4)]) for n, alloc_id in enumerate(ids)]
+    assert len({Path(a["spec_path"]).name for a in made}) == 3 and all(Path(a["spec_path"]).exists() for a in made)
+    assert len({a["cdi_devices"][0] for a in made}) == 3
+    for a in made:
+        assert validate_spec(json.loads(Path(a["spec_path"]).read_text())) == []
+
+
 def test_constraints_pick_best_fit(c):
     # A MIG profile.
     a = c.allocate("p1", [{"constraints": {"profile": "1g.5gb"}, "count": 2}])

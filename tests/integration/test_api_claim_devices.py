@@ -116,6 +116,18 @@ def test_a_crash_before_the_commit_is_undone_at_the_next_start(agent):
     assert "MIG devices made for claim-crashed before a crash destroyed (1)" in agent.log()
 
 
+def test_an_unreadable_making_journal_is_set_aside_and_said(agent):
+    """Never dropped quietly: kept beside, as it was, and an error in the log."""
+    path = agent.host.state_dir / "allocation-making.json"
+    path.write_text('{"id": "claim-x", "made": [{"gpu": ')
+    agent.stop()
+    agent.start()
+    [aside] = agent.host.state_dir.glob("allocation-making.json.unreadable-*")
+    assert aside.read_text() == '{"id": "claim-x", "made": [{"gpu": ' and not path.exists()
+    assert f"hostagentd: error: MIG journal {path} cannot be read" in agent.log()
+    aside.unlink()
+
+
 def test_each_device_its_own_sharing_and_time_slices_set_and_restored(agent):
     long_ = {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}}
     short = {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Short"}}
@@ -139,6 +151,31 @@ def test_each_device_its_own_sharing_and_time_slices_set_and_restored(agent):
         c.release("claim-ts")
         assert timeslices(agent)[3:5] == [0, 0]
         assert not (agent.host.state_dir / "timeslices.json").read_text().strip("{}\n")
+
+
+def test_a_damaged_time_slices_state_keeps_what_it_can_and_says_so(agent):
+    """The state file cut short by a disk's damage: the interval an allocation set that can
+    still be read from it is restored to Default when the allocation goes, the file as it
+    was is kept beside it, and the log says so as an error (it was read as empty, silently,
+    and the GPU kept the allocation's interval for good)."""
+    long_ = {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}}
+    state = agent.host.state_dir / "timeslices.json"
+    with agent.client() as c:
+        c.allocate("claim-ts", [{"device": "3", "sharing": long_}])
+        uuid = c.device("3")["uuid"]
+    assert timeslices(agent)[3] == 3
+    agent.stop()
+    damaged = state.read_text().rstrip("}\n") + ', "GPU-'            # a second entry cut short
+    state.write_text(damaged)
+    agent.start()
+    assert f"hostagentd: error: time-slices state {state} cannot be read" in agent.log()
+    assert f"the intervals read from it: {uuid} Long" in agent.log()
+    [aside] = agent.host.state_dir.glob("timeslices.json.unreadable-*")
+    assert aside.read_text() == damaged and json.loads(state.read_text()) == {uuid: "Long"}
+    with agent.client() as c:
+        c.release("claim-ts")
+    assert timeslices(agent)[3] == 0
+    aside.unlink()
 
 
 def test_time_slices_come_back_to_the_earlier_one_across_agent_restarts(agent):
@@ -290,7 +327,8 @@ def test_an_own_daemons_pinned_limit_is_at_most_the_devices_memory(agent):
     with agent.client() as c:
         memory = c.device("6")["memory_mib"]
         for limit, words in ((f"{memory + 1}Mi", f"({memory + 1} MiB) is more than its memory ({memory} MiB)"),
-                             ("9" * 25, "body.devices[0]")):          # the schema: 24 characters at most
+                             ("9" * 25, "body.devices[0].sharing.mpsConfig.defaultPinnedDeviceMemoryLimit: "
+                                        f"'{'9' * 25}' is too long")):          # the schema: 24 characters at most
             sharing = {"strategy": "MPS", "mpsConfig": {"defaultPinnedDeviceMemoryLimit": limit}}
             with pytest.raises(UsageError) as e:
                 c.allocate("claim-big", [{"device": "6", "sharing": sharing}], own_mps_daemon=True)
@@ -324,8 +362,6 @@ def test_a_daemon_no_allocation_has_is_stopped_at_start(agent):
 
 
 def test_an_allocations_own_mps_daemon_is_adopted_after_a_kill9_of_the_agent(agent):
-    from hostagent.sharing import mps
-
     from .mpsprocs import on_pipe, running
     with agent.client() as c:
         c.allocate("warm", ["5"])

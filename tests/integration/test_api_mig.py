@@ -380,3 +380,50 @@ def test_sigterm_during_an_api_apply_rolls_it_back():
         assert not (root / "var/lib/hostagent/mig/journal.json").exists()
         agent.start()
         assert layouts(agent) == before
+
+
+def test_devices_an_unreadable_checkpoint_record_may_hold_stay_until_an_admin_dismisses_it(tmp_path):
+    """An allocation's record damaged on disk: the MIG device it names is held as the
+    record's, named as such, by a plan's busy list, an apply (the API's, and the command
+    line's through the daemon) and a destroy, until an admin dismisses the record; a
+    change that leaves the device alone goes through meanwhile."""
+    from hostagent.daemon import checkpoint
+
+    from .test_allocation_attacks import damage_line_of
+    root = make_root()
+    with running_agent(root) as agent:
+        with agent.client() as c:
+            post(c, "/v1/mig/apply", {"config": "two", "spec": SPEC})
+            c.allocate("first", ["5"])                          # the first save: a snapshot
+            uuid = c.allocate("on-mig", [{"constraints": {"profile": "3g.20gb"}}])["devices"][0]
+        agent.stop()
+        damage_line_of(checkpoint.journal_path(agent.host), "on-mig")
+        agent.start()
+        with agent.client() as c:
+            assert [a["id"] for a in c.allocations()] == ["first"]
+            kept_as = c.node()["checkpoint"]["unreadable"][0]["kept_as"]
+            [busy] = c.mig_plan("none", SPEC)["busy"]
+            assert busy == {"id": "unreadable checkpoint record 1", "labels": {}, "devices": [uuid],
+                            "unreadable": {"kept_as": kept_as, "reason": busy["unreadable"]["reason"]}}
+            with pytest.raises(ConflictError) as e:
+                post(c, "/v1/mig/apply", {"config": "none", "spec": SPEC})
+            assert e.value.code == "device_busy" and "unreadable allocations checkpoint record" in e.value.message
+            assert "dismiss-unreadable" in e.value.message
+            with pytest.raises(ConflictError):
+                c.request("DELETE", f"/v1/mig/instances/{uuid}")
+            other = next(m for m in c.devices(type="mig")["mig_devices"] if m["uuid"] != uuid)
+            c.request("DELETE", f"/v1/mig/instances/{other['uuid']}")     # not held: destroyed
+        spec = tmp_path / "mig.yaml"
+        spec.write_text(json.dumps(SPEC))
+        cli = [sys.executable, "-m", "hostagent.cli.main", "--simulate", str(root)]
+        done = subprocess.run([*cli, "mig", "apply", "-f", str(spec), "-c", "none"], capture_output=True, text=True,
+                              timeout=60)
+        assert done.returncode == 1 and "unreadable allocations checkpoint record" in done.stderr, done.stderr
+        with agent.client() as c:
+            assert uuid in {m["uuid"] for m in c.devices(type="mig")["mig_devices"]}
+        done = subprocess.run([*cli, "allocations", "dismiss-unreadable"], capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        with agent.client() as c:
+            assert c.mig_plan("none", SPEC)["busy"] == []
+            post(c, "/v1/mig/apply", {"config": "none", "spec": SPEC})
+            assert c.devices(type="mig")["mig_devices"] == []

@@ -5,7 +5,6 @@ docs/runtime.md on a simulated node."""
 import json
 import os
 import subprocess
-import sys
 
 import pytest
 

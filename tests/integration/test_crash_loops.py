@@ -22,7 +22,6 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
 
 from hostagent.devices import read_inventory
 from hostagent.mig.layout import Layout

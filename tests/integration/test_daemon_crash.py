@@ -12,7 +12,7 @@ import pytest
 from hostagent.cdi.transient import safe_id
 from hostagent.daemon import checkpoint
 from hostagent.errors import HostagentError
-from tests.rootneeds import DEVICE_NODES
+from tests.rootneeds import DEVICE_NODES, GPU_CHANGES
 from tests.waiting import until
 
 from .agentd import AgentProcess, make_root, running_agent
@@ -148,6 +148,38 @@ def test_crash_while_releasing(point):
         assert ("removed transient spec" in agent.log()) == leaked
         with agent.client() as c:                                         # the plugin's retry
             assert c.release("gone-soon", missing_ok=True) is None
+
+
+MODES = {"version": "v1", "mig-configs": {"modes": [{"devices": [0], "mig-enabled": True, "mig-devices": {}},
+                                                   {"devices": [1, 2, 3, 4, 5, 6, 7], "mig-enabled": False}]}}
+
+
+@GPU_CHANGES
+def test_a_crash_between_a_releases_commit_and_its_tear_down_is_finished_at_the_next_start():
+    """The release is committed first, then its MPS daemon stopped and its MIG device
+    destroyed: killed in between, the next start does both (the daemon has no allocation,
+    the device is in the release's record)."""
+    from hostagent.processes import ProcessRecord, current
+    root = make_root()
+    with running_agent(root) as agent:
+        with agent.client(timeout=None) as c:
+            c.mig_apply("modes", spec=MODES)
+            a = c.allocate("claim", [{"mig": {"gpu": "0", "profile": "2g.10gb", "start": 0},
+                                      "sharing": {"strategy": "MPS"}}], own_mps_daemon=True)
+        daemon, [mig] = ProcessRecord.from_dict(a["mps"]["process"]), a["devices"]
+        agent.stop()
+        agent.env = {"HOSTAGENT_FAULT": "release:after_checkpoint"}
+        agent.start()
+        crash_during(agent, lambda c: c.release("claim"))
+        assert current(daemon) and (agent.host.state_dir / "allocation-releasing.json").exists()
+        agent.env = {}
+        agent.start()
+        assert assert_consistent(agent) == set()
+        with agent.client() as c:
+            assert mig not in {m["uuid"] for m in c.devices(type="mig")["mig_devices"]}
+        assert not current(daemon) and not (agent.host.state_dir / "allocation-releasing.json").exists()
+        assert "MIG devices of released allocation(s) claim destroyed after a crash (1)" in agent.log()
+        assert f"MPS daemon {a['mps']['key']} stopped: no allocation has it" in agent.log()
 
 
 def test_node_named_allocation_survives_a_crash_without_a_spec():

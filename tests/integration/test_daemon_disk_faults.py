@@ -4,6 +4,7 @@ refused cleanly or wait; no record is half-written; reads, the liveness probe an
 ``hostagentd --check`` keep answering; and everything recovers when the disk or the lock
 comes back."""
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -15,7 +16,7 @@ from hostagent.daemon import checkpoint
 from hostagent.errors import HostagentError, UnavailableError
 from tests.programs import script
 from tests.readwatch import ReadWatch
-from tests.rootneeds import DEVICE_NODES
+from tests.rootneeds import DEVICE_NODES, GPU_CHANGES
 from tests.waiting import until
 
 from .agentd import make_root, running_agent
@@ -39,6 +40,32 @@ def fill(folder) -> None:
                 pass
 
 
+@contextlib.contextmanager
+def full_state_folder():
+    """A simulated node whose state folder is a small tmpfs: (its root, the folder)."""
+    root = make_root()
+    state = root / "var/lib/hostagent"
+    state.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m,mode=0700", "tmpfs", str(state)], check=True)
+    try:
+        yield root, state
+    finally:
+        subprocess.run(["umount", "-l", str(state)], check=True)
+
+
+def commit_until_refused(c) -> tuple[list[str], UnavailableError]:
+    """On a full state folder, allocations until one is refused (the journal's last page may
+    take a few lines more): (those made, the refusal)."""
+    made = []
+    for n in range(64):
+        try:
+            c.allocate(f"during-{n}", ["2"], sharing={"strategy": "TimeSlicing"})
+        except UnavailableError as e:
+            return made, e
+        made.append(f"during-{n}")
+    raise AssertionError("no commit was refused on a full disk")
+
+
 def reads_answer(c) -> None:
     c.node()
     c.devices()
@@ -47,27 +74,13 @@ def reads_answer(c) -> None:
 
 
 def test_a_full_state_folder_refuses_allocations_cleanly_and_recovers():
-    root = make_root()
-    state = root / "var/lib/hostagent"
-    state.mkdir(parents=True, exist_ok=True)
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m,mode=0700", "tmpfs", str(state)], check=True)
-    try:
+    with full_state_folder() as (root, state):
         with running_agent(root) as agent:
             with agent.client() as c:
                 c.allocate("before", ["0"])                  # the snapshot
                 c.allocate("journaled", ["1"])               # a journal line
                 fill(state)
-                # The journal's last page may take a few lines more; then every commit is refused.
-                made = []
-                for n in range(64):
-                    try:
-                        c.allocate(f"during-{n}", ["2"], sharing={"strategy": "TimeSlicing"})
-                    except UnavailableError as e:
-                        refused = e
-                        break
-                    made.append(f"during-{n}")
-                else:
-                    raise AssertionError("no commit was refused on a full disk")
+                made, refused = commit_until_refused(c)      # then every commit is refused
                 assert "No space left on device" in refused.message and "nothing was changed" in refused.message
                 for attempt in range(3):                     # then snapshots, each refused
                     with pytest.raises(UnavailableError):
@@ -89,8 +102,6 @@ def test_a_full_state_folder_refuses_allocations_cleanly_and_recovers():
             with agent.client() as c:
                 assert sorted(a["id"] for a in c.allocations()) == sorted(["after", "journaled", *made])
                 assert c.node()["checkpoint"]["state"] == "ok"
-    finally:
-        subprocess.run(["umount", "-l", str(state)], check=True)
 
 
 def test_a_stuck_disk_or_a_held_node_lock_holds_up_allocations_not_reads():
@@ -166,3 +177,42 @@ def _quietly(agent, alloc_id, device) -> None:
             c.allocate(alloc_id, [device])
     except HostagentError:
         pass
+
+
+MODES = {"version": "v1", "mig-configs": {"modes": [{"devices": [0], "mig-enabled": True, "mig-devices": {}},
+                                                   {"devices": [1, 2, 3, 4, 5, 6, 7], "mig-enabled": False}]}}
+MPS = {"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 50}}
+
+
+@GPU_CHANGES
+def test_a_release_refused_on_a_full_disk_leaves_the_allocation_whole():
+    """A release whose commit the disk refuses: the allocation stays, with its own MPS
+    daemon serving and the MIG device made for it still there (they go only once the
+    release is committed); with space back, the release goes through and takes them."""
+    from hostagent.processes import ProcessRecord, current
+    with full_state_folder() as (root, state):
+        with running_agent(root) as agent:
+            with agent.client(timeout=None) as c:
+                c.mig_apply("modes", spec=MODES)
+                own = c.allocate("claim-mps", [{"device": "6", "sharing": MPS}], own_mps_daemon=True)
+                made = c.allocate("claim-mig", [{"mig": {"gpu": "0", "profile": "2g.10gb", "start": 0}}])
+                daemon = ProcessRecord.from_dict(own["mps"]["process"])
+                [mig] = made["devices"]
+                fill(state)
+                commit_until_refused(c)
+                for alloc_id in ("claim-mps", "claim-mig"):
+                    with pytest.raises(UnavailableError) as e:
+                        c.release(alloc_id)
+                    assert "No space left on device" in e.value.message
+                assert {"claim-mps", "claim-mig"} <= {a["id"] for a in c.allocations()}
+                assert {"claim-mps", "claim-mig"} <= {a.id for a in checkpoint.read(agent.host)}
+                assert current(daemon) and c.allocation("claim-mps")["mps"]["process"] == own["mps"]["process"]
+                assert c.device(mig)["made_for"] == "claim-mig"
+                assert not (state / "allocation-releasing.json").exists()
+                (state / "filler").unlink()
+                (state / "filler-tail").unlink()
+                c.release("claim-mps")
+                c.release("claim-mig")
+                assert not current(daemon)
+                assert mig not in {m["uuid"] for m in c.devices(type="mig")["mig_devices"]}
+                assert not (state / "allocation-releasing.json").exists()

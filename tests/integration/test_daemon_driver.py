@@ -2,7 +2,6 @@
 and saying why while the driver does not verify (no CDI spec, MIG change or allocation);
 the GPU operator's driver-ready marker while it does."""
 
-import json
 import os
 import signal
 

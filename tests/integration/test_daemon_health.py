@@ -19,7 +19,7 @@ import urllib.request
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from hostagent.errors import PermissionDenied, UsageError
+from hostagent.errors import UsageError
 from hostagent.health.monitor import LOST_RETRY
 from hostagent.labels import FEATURES_FILE
 from hostagent.labels import parse as parse_labels

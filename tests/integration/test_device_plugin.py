@@ -20,7 +20,6 @@ import grpc
 import pytest
 import yaml
 
-from hostagent.client import Client
 from hostagent.sim.control import inject_xid
 from hostagent.sim.store import SimStore
 from tests.rootneeds import DEVICE_NODES

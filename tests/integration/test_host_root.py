@@ -8,7 +8,6 @@ import sys
 from pathlib import Path
 
 import pynvml
-import pytest
 
 import hostagent
 from hostagent.cdi.validate import validate_spec

@@ -8,7 +8,7 @@ import pynvml as N
 import pytest
 
 from hostagent.devices import nvml_session, read_inventory
-from hostagent.errors import DriverNotLoaded, NvmlLibraryMissing, NotFoundError
+from hostagent.errors import DriverNotLoaded, NotFoundError
 from hostagent.sim import catalog, control
 from hostagent.sim.node import MIG_ENABLE
 from hostagent.sim.platform import simulated_host

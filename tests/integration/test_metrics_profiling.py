@@ -11,7 +11,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from hostagent.devices import read_inventory
 from hostagent.metrics import MetricsOptions, MetricsService
 from hostagent.metrics.families import INSTANCE_PROF_FAMILIES, PROF_FAMILIES
-from hostagent.sim import control, workload
+from hostagent.sim import workload
 from hostagent.sim.node import MIG_ENABLE
 from hostagent.sim.workload import Load
 

@@ -214,6 +214,29 @@ def test_allocations_of_shared_devices(agent):
         c.sharing_apply(CONFIG)
 
 
+def test_a_clients_pinned_limit_is_at_most_the_devices_memory(agent):
+    """What an allocation asks of the node's MPS daemon's clients is bounded as the node's
+    configuration is: a limit past the device's memory (accepted, whatever its size, and
+    taken as a lower one only where the node's own limit was lower) is refused."""
+    with agent.client() as c:
+        assert c.sharing_apply(CONFIG)["report"]["failed"] == 0      # GPU 0 shared with MPS, no limit of its own
+        memory = c.device("0")["memory_mib"]
+        for limits in ({"defaultPinnedDeviceMemoryLimit": f"{memory + 1}Mi"},
+                       {"defaultPinnedDeviceMemoryLimit": "99999999999999999999Gi"},
+                       {"defaultPerDevicePinnedMemoryLimit": {"0": f"{memory * 2}Mi"}}):
+            with pytest.raises(HostagentError) as e:
+                c.allocate("pod-big", ["0"], sharing={"strategy": "MPS", "mpsConfig": limits})
+            assert e.value.code == "invalid_argument" and "is more than its memory" in e.value.message, e.value.message
+        assert c.allocations() == []
+        a = c.allocate("pod-all", ["0"], sharing={"strategy": "MPS",
+                                                  "mpsConfig": {"defaultPinnedDeviceMemoryLimit": f"{memory}Mi"}})
+        try:
+            node_limit = memory // 4                                   # the daemon's: its memory over 4 replicas
+            assert f"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0={node_limit}M" in a["container_edits"]["env"]
+        finally:
+            c.release("pod-all")
+
+
 @pytest.mark.parametrize("strategies", [("envvar",), ("cdi-cri",), ("cdi-cri", "envvar"), ("edits",)])
 def test_the_device_plugin_connects_an_mps_replica_to_its_daemon_whatever_its_strategy(agent, strategies):
     """NVIDIA's plugin adds the MPS pipe, /dev/shm and the variable whatever its device list

@@ -7,7 +7,6 @@ import json
 import subprocess
 import sys
 
-import jsonschema
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 from hypothesis_jsonschema import from_schema
@@ -79,6 +78,21 @@ def test_a_refused_body_gets_jsonschemas_words():
         schema.validate_body("createAllocation", {"id": "a", "devices": [{"devic": "0"}]})
     with pytest.raises(UsageError, match=r"^body\.devices\[0\]: matches none of the forms allowed here"):
         schema.validate_body("createAllocation", {"id": "a", "devices": ["0"]})
+
+
+def test_a_refused_item_of_one_form_is_told_at_its_own_place():
+    """An item that is plainly a named device, whose sharing is wrong deeper down, is told
+    what is wrong there, not that another form has no key 'device'."""
+    limit = "9" * 25
+    item = {"device": "6", "sharing": {"strategy": "MPS", "mpsConfig": {"defaultPinnedDeviceMemoryLimit": limit}}}
+    with pytest.raises(UsageError) as e:
+        schema.validate_body("createAllocation", {"id": "a", "devices": [item], "own_mps_daemon": True})
+    assert e.value.message.startswith(f"body.devices[0].sharing.mpsConfig.defaultPinnedDeviceMemoryLimit: '{limit}' "
+                                      "is too long"), e.value.message
+    item["sharing"]["mpsConfig"] = {"defaultPinnedDeviceMemoryLimit": "12Qi"}
+    with pytest.raises(UsageError, match=r"^body\.devices\[0\]\.sharing\.mpsConfig\.defaultPinnedDeviceMemoryLimit: "
+                                         r"'12Qi' does not match"):
+        schema.validate_body("createAllocation", {"id": "a", "devices": [item]})
 
 
 def test_valid_bodies_leave_jsonschema_unloaded():

@@ -135,6 +135,21 @@ def test_a_damaged_journal_line_is_set_aside_and_the_rest_kept(host):
     assert checkpoint.dismiss(host) == [record] and checkpoint.unreadable(host) == [] and ids(host) == ["b"]
 
 
+def test_a_load_in_the_process_that_saved_lets_go_of_its_journal(host):
+    """The writer's descriptor of the journal set aside is closed, not leaked."""
+    checkpoint.save(host, [alloc("a", GPU[0])])
+    fd = checkpoint._writers[str(checkpoint.path(host))].fd
+    with open(checkpoint.journal_path(host), "ab") as f:
+        f.write(b'{"put":[],"drop":[7]}\n')
+    assert [a.id for a in checkpoint.load(host)] == ["a"]
+    [record] = checkpoint.unreadable(host)
+    assert record.reason == "journal line 2 drops an id that is not a string" and record.devices is None
+    with pytest.raises(OSError):
+        os.fstat(fd)
+    checkpoint.save(host, [alloc("a", GPU[0]), alloc("b", GPU[1])])
+    assert ids_after_restart(host) == ["a", "b"]
+
+
 def ids_after_restart(host) -> list[str]:
     checkpoint._writers.clear()
     return [a.id for a in checkpoint.load(host)]

@@ -86,6 +86,11 @@ def test_nvidias_demo_configs_decode_to_the_agents_sharing():
      "p.sharing.mpsConfig.defaultPinnedDeviceMemoryLimit: '1e999999999' is too large"),
     (gpu_config({"strategy": "MPS", "mpsConfig": {"defaultPinnedDeviceMemoryLimit": "9Ei"}}),
      "p.sharing.mpsConfig.defaultPinnedDeviceMemoryLimit: '9Ei' is too large"),
+    # A JSON number, not a string: bounded the same (a 400-digit integer was taken whole).
+    (gpu_config({"strategy": "MPS", "mpsConfig": {"defaultPinnedDeviceMemoryLimit": 10 ** 400}}),
+     "p.sharing.mpsConfig.defaultPinnedDeviceMemoryLimit: 1000000000"),
+    (gpu_config({"strategy": "MPS", "mpsConfig": {"defaultPerDevicePinnedMemoryLimit": {"0": 2 ** 63}}}),
+     "p.sharing.mpsConfig.defaultPerDevicePinnedMemoryLimit[0]: 9223372036854775808 is too large"),
     (gpu_config({"strategy": "MPS", "mpsConfig": {"defaultPinnedDeviceMemoryLimit": ["1Gi"]}}),
      "p.sharing.mpsConfig.defaultPinnedDeviceMemoryLimit: ['1Gi'] is not a quantity"),
 ])

@@ -55,6 +55,20 @@ def test_mig_steps():
     assert migplan.after_plan("a", {"plan": {"changed": [0]}, "busy": busy}, "evict").evict
 
 
+def test_devices_an_unreadable_checkpoint_record_holds_are_waited_for_never_evicted_for():
+    """No pod holds them: only the agent's admin, dismissing the record, frees them."""
+    record = {"id": "unreadable checkpoint record 1", "labels": {}, "devices": ["MIG-1"],
+              "unreadable": {"kept_as": "/var/lib/hostagent/allocations.journal.unreadable-1", "reason": "r"}}
+    busy = [{"id": "k8s-dra/u", "labels": {"claim": "ns/c"}, "devices": ["MIG-2"]}, record]
+    for on_busy in ("wait", "evict"):
+        step = migplan.after_plan("a", {"plan": {"changed": [0]}, "busy": busy}, on_busy)
+        assert (step.state, step.apply, step.evict) == ("pending", False, False), on_busy
+        assert ("unreadable checkpoint record 1 of the agent's allocations checkpoint (kept in "
+                "/var/lib/hostagent/allocations.journal.unreadable-1) may hold MIG-1 until an admin dismisses it"
+                in step.event[2])
+    assert migplan.after_plan("a", {"plan": {"changed": [0]}, "busy": [record]}, "fail").state == "failed"
+
+
 def test_sharing_choice_follows_the_config_managers_fallbacks():
     choose = sharingplan.choose
     assert choose({"nvidia.com/device-plugin.config": "x"}, None, ["x", "default"], "d").name == "x"

@@ -5,7 +5,7 @@ import dataclasses
 
 import pytest
 
-from hostagent.devices.records import MigDevice, MigState, Placement
+from hostagent.devices.records import MigDevice, Placement
 from hostagent.errors import ConfigError
 from hostagent.sharing.config import parse
 from hostagent.sharing.resolve import max_clients, replica_ids, resolve

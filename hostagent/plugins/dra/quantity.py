@@ -24,6 +24,8 @@ def parse_quantity(value) -> int:
     if isinstance(value, bool):
         raise ValueError(f"{value!r} is not a quantity")
     if isinstance(value, int):
+        if abs(value) > MAX:
+            raise ValueError(f"{_shown(value)} is too large (at most {MAX}, as Kubernetes holds a quantity's value)")
         return value
     m = _QUANTITY.fullmatch(str(value).strip())
     if not m:
@@ -38,6 +40,11 @@ def parse_quantity(value) -> int:
     total = number * _SUFFIXES[m.group(3) or ""]
     whole = int(total)
     return whole + (1 if total > whole else 0)
+
+
+def _shown(value: int) -> str:
+    text = str(value)
+    return text if len(text) <= 40 else f"{text[:20]}... ({len(text)} digits)"
 
 
 def format_quantity(value: int) -> str:

@@ -7,6 +7,7 @@
     the agent cannot plan it    failed, a Warning with the agent's reason (it does not fit)
     nothing to change           success
     devices in use in the way   --on-busy: wait (pending, a Warning naming them), fail, evict
+                                (devices an unreadable checkpoint record may hold: waited for, or fail)
     otherwise                   pending, apply; then success or failed
 """
 
@@ -56,6 +57,10 @@ def busy_text(busy) -> str:
     """``allocation A (claim ns/c) holds MIG-..., MIG-...; allocation B holds ...``"""
     parts = []
     for a in busy:
+        if a.get("unreadable"):
+            parts.append(f"{a['id']} of the agent's allocations checkpoint (kept in {a['unreadable']['kept_as']}) "
+                         f"may hold {', '.join(a.get('devices') or ())} until an admin dismisses it")
+            continue
         labels = a.get("labels") or {}
         owner = f" (claim {labels['claim']})" if labels.get("claim") else \
             f" ({labels['resource']})" if labels.get("resource") else ""
@@ -74,7 +79,9 @@ def after_plan(name: str, answer: dict, on_busy: str) -> Step:
     what = busy_text(busy)
     if on_busy == "fail":
         return _failed(name, f"it would take away devices in use: {what}")
-    if on_busy == "evict":
+    # No pod holds what an unreadable checkpoint record may hold: an eviction frees none of
+    # it, the admin's dismissal does. Waited for, whatever --on-busy says.
+    if on_busy == "evict" and not any(a.get("unreadable") for a in busy):
         return Step(PENDING, busy=busy, evict=True,
                     event=(NORMAL, EVICTING_REASON, f"MIG config {name!r}: cordoning the node and evicting the pods "
                                                     f"holding devices it takes away: {what}"))
