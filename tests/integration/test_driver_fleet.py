@@ -36,13 +36,22 @@ def fleet():
 
 @pytest.fixture
 def rest(fleet):
-    """The fleet at rest (no node walking or waiting for a slot, every slot free: a check
-    that took skipped nodes back leaves them their walk to end), its Pods and Events gone;
-    what the controllers said shown when a check fails."""
+    """The fleet at rest: every node taking part has the ConfigMap's version (a check that
+    took skipped nodes back leaves them their walk to end), none walks or waits for a slot,
+    every slot is free; its Pods and Events gone; what the controllers said shown when a
+    check fails."""
     def at_rest():
-        leases = fleet.api.list("leases", NAMESPACE)
-        return not any(s in (*WALK_STATES, "upgrade-required") for s in fleet.states().values()) and \
-            not any(lease["spec"].get("holderIdentity") for lease in leases)
+        configmap = fleet.api.get("configmaps", "hostagent-driver", NAMESPACE) or {}
+        want = (configmap.get("data") or {}).get("version")
+        for name in fleet.nodes:
+            node = fleet.node(name)
+            state, labels = fleet.state(name), node["metadata"].get("labels") or {}
+            if state in (*WALK_STATES, "upgrade-required"):
+                return False
+            if want and labels.get("hostagent.io/driver.upgrade") != "skip" and state != "upgrade-failed" and \
+                    (state != "upgrade-done" or fleet.verified(name) != want):
+                return False
+        return not any(lease["spec"].get("holderIdentity") for lease in fleet.api.list("leases", NAMESPACE))
     until(at_rest, 120, lambda: f"a fleet at rest: {fleet.states()}\n{fleet.logs()}", interval=0.2)
     with fleet.api._cond:
         for kind in ("pods", "events"):
