@@ -35,7 +35,7 @@ def labels_patch(node: dict, labels: dict) -> dict | None:
 
 
 def merged(*patches: dict | None) -> dict | None:
-    """Merge patches made one (each changes its own keys); None when all are None."""
+    """Merge patches as one (each changes keys of its own); None when all are None."""
     def merge(into: dict, patch: dict) -> dict:
         out = dict(into)
         for key, value in patch.items():
