@@ -231,3 +231,117 @@ def test_the_agent_lets_go_of_its_own_nvml_around_the_move_and_watches_again_aft
         c.release("vm")
         assert f"health monitor and metrics sampler paused: GPU {GPU} back to nvidia" in agent.log()
         assert holders(root, GPU) == [agent.proc.pid]
+
+
+def crashed_at(agent, point: str, action) -> None:
+    """``action(client)`` reaching crash point ``point`` kills the agent there."""
+    agent.stop()
+    agent.env = {"HOSTAGENT_FAULT": point}
+    agent.start()
+    with agent.client() as c:
+        with pytest.raises(HostagentError):
+            action(c)
+    assert agent.proc.wait(10) == -9
+    agent.env = {}
+
+
+def test_a_crash_after_a_replacement_commits_sends_the_replaced_allocations_other_gpu_back_at_start():
+    root = make_root("rtx-a6000x2")
+    with running_agent(root, CONFIG) as agent:
+        with agent.client() as c:
+            c.pass_through("old", [GPU, OTHER])
+        # Committed: "new" holds the GPU it kept; the other GPU, "old"'s, not yet journaled back.
+        crashed_at(agent, "passthrough:committed", lambda c: c.pass_through("new", [GPU], replaces=["old"]))
+        assert (driver(root, GPU), driver(root, OTHER)) == ("vfio-pci", "vfio-pci")
+        agent.start()
+        assert f"GPU {OTHER}, left on vfio-pci by the agent with no allocation holding it, bound back" in agent.log()
+        assert (driver(root, GPU), driver(root, AUDIO), driver(root, OTHER)) == ("vfio-pci", "vfio-pci", "nvidia")
+        with agent.client() as c:
+            assert [a["id"] for a in c.allocations()] == ["new"] and len(c.devices()["gpus"]) == 1
+            c.release("new")
+        assert (driver(root, GPU), driver(root, AUDIO)) == ("nvidia", "snd_hda_intel")
+
+
+def test_a_crash_releasing_one_of_two_gpus_sends_both_back_at_start():
+    root = make_root("rtx-a6000x2")
+    with running_agent(root, CONFIG) as agent:
+        with agent.client() as c:
+            c.pass_through("vm", [GPU, OTHER])
+        # The first GPU back; the journal says so, and nothing yet of the second.
+        crashed_at(agent, "passthrough:released", lambda c: c.release("vm"))
+        assert (driver(root, GPU), driver(root, OTHER)) == ("nvidia", "vfio-pci")
+        agent.start()
+        assert (driver(root, GPU), driver(root, AUDIO), driver(root, OTHER)) == ("nvidia", "snd_hda_intel", "nvidia")
+        with agent.client() as c:
+            assert c.allocations() == [] and len(c.devices()["gpus"]) == 2
+
+
+def test_a_crash_before_a_two_gpu_passthrough_commits_sends_both_back_at_start():
+    root = make_root("rtx-a6000x2")
+    with running_agent(root, CONFIG) as agent:
+        # Both GPUs moved, the checkpoint being written (a restarted agent's first save is a
+        # snapshot): the journal names the second GPU only.
+        crashed_at(agent, "write:allocations.json", lambda c: c.pass_through("vm", [GPU, OTHER]))
+        assert (driver(root, GPU), driver(root, OTHER)) == ("vfio-pci", "vfio-pci")
+        agent.start()
+        assert (driver(root, GPU), driver(root, AUDIO), driver(root, OTHER)) == ("nvidia", "snd_hda_intel", "nvidia")
+        with agent.client() as c:
+            assert c.allocations() == [] and len(c.devices()["gpus"]) == 2
+
+
+def to_vfio_by_hand(root, bdf: str) -> None:
+    """What an admin does (the kernel's driver_override recipe), the agent stopped."""
+    host = AgentProcess(root).host
+    for path, value in ((f"/sys/bus/pci/devices/{bdf}/driver_override", "vfio-pci"),
+                        (f"/sys/bus/pci/drivers/{driver(root, bdf)}/unbind", bdf),
+                        ("/sys/bus/pci/drivers_probe", bdf)):
+        host.platform.write_attribute(host, path, value)
+    assert driver(root, bdf) == "vfio-pci"
+
+
+def test_at_start_a_gpu_kept_for_vms_and_one_an_admin_bound_stay_on_vfio_pci():
+    root = make_root("rtx-a6000x2")
+    with running_agent(root, {**CONFIG, "passthrough": {"vm_gpus": [OTHER]}}) as agent:
+        with agent.client() as c:
+            c.pass_through("vm", [GPU, OTHER])
+        crashed_at(agent, "passthrough:committed", lambda c: c.pass_through("new", [GPU], replaces=["vm"]))
+        agent.start()
+        # The agent's, held by nothing, but kept for VMs: it waits on vfio-pci for the next VM.
+        assert driver(root, OTHER) == "vfio-pci" and "bound back" not in agent.log()
+        with agent.client() as c:
+            c.release("new")
+            # Passed through again and released, it goes back to nvidia, where it came from.
+            [rec] = c.pass_through("vm", [OTHER])["passthrough"]
+            assert [f["driver"] for f in rec["functions"]] == ["nvidia", "snd_hda_intel"] and rec["uuid"]
+            c.release("vm")
+        assert driver(root, OTHER) == "nvidia"
+        agent.stop()
+        to_vfio_by_hand(root, GPU)
+        agent.start()
+        # Not the agent's doing: left where the admin put it.
+        assert (driver(root, GPU), driver(root, AUDIO)) == ("vfio-pci", "snd_hda_intel")
+        with agent.client() as c:
+            assert [g["pci_bus_id"].lower()[4:] for g in c.devices()["gpus"]] == [OTHER]
+
+
+def test_a_journal_older_than_the_allocation_holding_its_gpu_leaves_the_gpu_where_it_is(tmp_path):
+    # A release whose bind back failed leaves its journal; the GPU, still on vfio-pci, is
+    # then passed through for another allocation. The old journal must not take it.
+    from hostagent.daemon.allocations import Allocation
+    from hostagent.sim.driverroot import create_node
+    from hostagent.sim.platform import simulated_host
+    from hostagent.vfio import executor, pci
+    from hostagent.vfio.plan import plan_bind
+    create_node(tmp_path, "rtx-a6000x2")
+    host = simulated_host(tmp_path)
+    executor.ensure_vfio_pci(host)
+    gpu = next(g for g in pci.read_gpus(host) if g.bdf == GPU)
+    rec = executor.bind(host, plan_bind(gpu, pci.read_facts(host)), "new", None)
+    executor.done(host)
+    executor.PassthroughJournal(host, {"op": "release", **rec, "id": "old"})._write()
+    holder = Allocation(id="new", devices=(GPU,), request={"id": "new", "devices": []}, created=0.0,
+                        passthrough=({**rec},))
+    kept, notes = executor.settle(host, [holder])
+    assert kept == [holder] and driver(tmp_path, GPU) == "vfio-pci"
+    assert notes == [f"passthrough journal of old dropped, GPU {GPU} left as it is: allocation new holds it now"]
+    assert executor.PassthroughJournal.load(host) is None
