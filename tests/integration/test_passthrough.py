@@ -91,6 +91,18 @@ def test_the_gpu_and_its_audio_function_go_to_vfio_pci_and_back(node):
         assert not os.path.exists(a["spec_path"])
 
 
+def test_an_unhealthy_gpu_passed_through_comes_back_unhealthy(node):
+    root, agent = node
+    with agent.client() as c:
+        inject_xid(SimStore(root), 0, 48)
+        until(lambda: c.devices()["gpus"][0]["health"]["state"] == "unhealthy", what="the XID seen")
+        before = c.devices()["gpus"][0]["health"]
+        c.pass_through("vm", [GPU])
+        c.release("vm")
+        [back] = [g for g in c.devices()["gpus"] if g["pci_bus_id"].lower().endswith(GPU)]
+        assert back["health"]["state"] == "unhealthy" and back["health"]["problems"] == before["problems"]
+
+
 @GPU_CHANGES                            # persistence mode: root's, as nvidia-smi -pm and NVML say
 def test_persistence_mode_goes_off_first_and_comes_back(node):
     root, agent = node
