@@ -61,6 +61,10 @@ class SimulatedNode(Platform):
         # No engine runs on a simulated node, and the host's own must not be touched.
         return f"simulated node: no {engine} to restart (a real node's {service} would be restarted here)"
 
+    def pause(self, seconds: float) -> None:
+        """No wait: the simulated kernel answers a write at once, and a test would only be
+        slower for it."""
+
     def write_attribute(self, host, path: str, value: str) -> None:
         """The simulated kernel acts on the write (sim/pcibus.py)."""
         from . import pcibus

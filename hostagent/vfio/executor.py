@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import logging
 import os
-import time
 
 from ..errors import HostagentError, StateError
 from ..hostroot import HostRoot
@@ -29,7 +28,12 @@ __all__ = ["PassthroughJournal", "bind", "unbind", "settle", "sweep", "ensure_vf
 
 log = logging.getLogger("hostagent.daemon")
 
-LOCK_TRIES = 5
+# The pauses between the tries at the nvidia driver's unbind lock: NVIDIA's DRA driver
+# (scripts/unbind_from_driver.sh, acquire_unbind_lock) tries 5 times, sleeping 1, 2, 3 and
+# 4 s between them (10 s in all) while a program closes the GPU (nvidia-persistenced
+# letting it go, a monitoring agent's NVML shutting down); its sleep after the last try
+# waits for nothing.
+UNBIND_LOCK_PAUSES = (1, 2, 3, 4)
 
 
 class PassthroughJournal(JournalFile):
@@ -111,14 +115,15 @@ def _unbind_lock(host: HostRoot, bdf: str) -> None:
     path = f"/proc/driver/nvidia/gpus/{bdf}/unbindLock"
     if not os.path.exists(host.host(path)):
         return
-    for attempt in range(LOCK_TRIES):
+    for pause in (*UNBIND_LOCK_PAUSES, None):
         _write(host, path, "1")
         try:
             if open(host.host(path)).read().strip() == "1":
                 return
         except OSError:
             pass
-        time.sleep(0.05 * (attempt + 1))
+        if pause is not None:
+            host.platform.pause(pause)
     raise PassthroughRefused(f"GPU {bdf} is in use: the nvidia driver will not let it go (its unbind lock is "
                              "refused while a program has the GPU open)", gpu=bdf,
                              hint="stop what has it open (a CUDA program, DCGM, a monitoring agent), then try again")

@@ -357,3 +357,38 @@ def test_a_journal_older_than_the_allocation_holding_its_gpu_leaves_the_gpu_wher
     assert kept == [holder] and driver(tmp_path, GPU) == "vfio-pci"
     assert notes == [f"passthrough journal of old dropped, GPU {GPU} left as it is: allocation new holds it now"]
     assert executor.PassthroughJournal.load(host) is None
+
+
+def test_the_unbind_lock_is_tried_as_nvidias_script_tries_it(make_node):
+    # NVIDIA's unbind_from_driver.sh: 5 tries, 1, 2, 3 and 4 s between them. The platform's
+    # pause is where a real host sleeps; here it records, and the GPU's holder lets go.
+    import pynvml as N
+    from hostagent.devices.reader import load_nvml
+    from hostagent.hostroot import HostRoot
+    from hostagent.sim.platform import SimulatedNode
+    from hostagent.vfio.executor import _unbind_lock
+
+    class Paused(SimulatedNode):
+        def __init__(self, on_pause=lambda: None):
+            self.pauses, self.on_pause = [], on_pause
+
+        def pause(self, seconds):
+            self.pauses.append(seconds)
+            self.on_pause()
+
+    node, _ = make_node("rtx-a6000x2")
+    load_nvml(node)
+    N.nvmlInit()
+    try:
+        N.nvmlDeviceGetHandleByPciBusId(GPU.encode())          # this process holds the GPU open
+        held = Paused()
+        refused(lambda: _unbind_lock(HostRoot.simulation(node.root, held), GPU),
+                "the nvidia driver will not let it go")
+        assert held.pauses == [1, 2, 3, 4]
+        letting_go = Paused(on_pause=N.nvmlShutdown)           # it shuts NVML down meanwhile
+        _unbind_lock(HostRoot.simulation(node.root, letting_go), GPU)
+        assert letting_go.pauses == [1]
+        assert (node.root / f"proc/driver/nvidia/gpus/{GPU}/unbindLock").read_text().strip() == "1"
+    finally:
+        while N.nvmlLib._initialised:
+            N.nvmlShutdown()
