@@ -23,7 +23,7 @@ from ..errors import HostagentError, UsageError
 from ..lock import node_lock
 from ..vfio import executor, pci
 from ..vfio.cdi import passthrough_edits
-from ..vfio.plan import VFIO_DRIVERS, PassthroughRefused, plan_bind
+from ..vfio.plan import VFIO_DRIVERS, plan_bind
 from . import checkpoint
 
 __all__ = ["PassthroughOps", "spec_for"]
@@ -44,6 +44,12 @@ def spec_for(host, alloc) -> tuple[dict, dict]:
     spec = {"cdiVersion": "", "kind": transient.ALLOCATION_KIND, "devices": devices}
     spec["cdiVersion"] = minimum_version(spec)
     return spec, {"env": env, "deviceNodes": nodes, "mounts": []}
+
+
+def _with_spec(alloc, spec: dict, plain: dict, path):
+    """The allocation answering with its spec's CDI names and plain edits."""
+    return dataclasses.replace(alloc, cdi_devices=tuple(f"{spec['kind']}={d['name']}" for d in spec["devices"]),
+                               container_edits=plain, spec_path=str(path))
 
 
 def _pcie_root(host, bdf: str) -> str | None:
@@ -138,7 +144,9 @@ class PassthroughOps:
                     records.append(rec)
                     if len(items) > 1:
                         executor.done(self.host)
-                alloc = dataclasses.replace(alloc, passthrough=tuple(records))
+                # Its devices by UUID, a GPU on vfio-pci already too (NVML does not name it).
+                alloc = dataclasses.replace(alloc, passthrough=tuple(records),
+                                            devices=tuple(r.get("uuid") or r["gpu"] for r in records))
                 spec, plain = spec_for(self.host, alloc)
                 path = self._write_spec(alloc, spec)
                 checkpoint.save(self.host, [*others, alloc])
@@ -156,12 +164,11 @@ class PassthroughOps:
             for rec in carried.values():       # released with their allocations: back, journaled
                 try:
                     executor.release(self.host, rec)
-                except HostagentError as e:    # its journal stays: the next start tries again
+                except HostagentError as e:    # still recorded (vfio.ledger): the next start tries again
                     log.error("%s", e.message)
                     continue
                 executor.done(self.host)
-        return dataclasses.replace(alloc, cdi_devices=tuple(f"{spec['kind']}={d['name']}" for d in spec["devices"]),
-                                   container_edits=plain, spec_path=str(path))
+        return _with_spec(alloc, spec, plain, path)
 
     def _write_spec(self, alloc, spec):
         from ..cdi.render import render
@@ -284,8 +291,6 @@ class PassthroughOps:
     def restored(self, alloc):
         """Worker: the spec of a kept passthrough allocation, written again."""
         spec, plain = spec_for(self.host, alloc)
-        path = self._write_spec(alloc, spec)
-        return dataclasses.replace(alloc, cdi_devices=tuple(f"{spec['kind']}={d['name']}" for d in spec["devices"]),
-                                   container_edits=plain, spec_path=str(path))
+        return _with_spec(alloc, spec, plain, self._write_spec(alloc, spec))
 
 

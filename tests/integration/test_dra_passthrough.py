@@ -14,7 +14,7 @@ import yaml
 
 from tests.waiting import until
 
-from .dracluster import DRIVER, NODE, Cluster, quickstart, running
+from .dracluster import NODE, Cluster, quickstart, running
 from .drasched import Unschedulable
 
 pytest.importorskip("celpy", reason="cel-python is in the [test] extra")

@@ -269,7 +269,10 @@ def test_a_crash_after_a_replacement_commits_sends_the_replaced_allocations_othe
         assert f"GPU {OTHER}, left on vfio-pci by the agent with no allocation holding it, bound back" in agent.log()
         assert (driver(root, GPU), driver(root, AUDIO), driver(root, OTHER)) == ("vfio-pci", "vfio-pci", "nvidia")
         with agent.client() as c:
-            assert [a["id"] for a in c.allocations()] == ["new"] and len(c.devices()["gpus"]) == 1
+            [new] = c.allocations()
+            assert new["id"] == "new" and len(c.devices()["gpus"]) == 1
+            # The GPU it took over on vfio-pci named by its UUID, as a GPU it moved itself.
+            assert new["devices"] == [new["passthrough"][0]["uuid"]] and new["devices"][0].startswith("GPU-")
             c.release("new")
         assert (driver(root, GPU), driver(root, AUDIO)) == ("nvidia", "snd_hda_intel")
 
