@@ -12,12 +12,10 @@ import pytest
 from hostagent.cdi.transient import safe_id
 from hostagent.daemon import checkpoint
 from hostagent.errors import HostagentError
-from tests.rootneeds import DEVICE_NODES
 from tests.waiting import until
 
 from .agentd import AgentProcess, make_root, running_agent
 
-pytestmark = DEVICE_NODES
 
 KIND = "hostagent.io-allocation_"
 
