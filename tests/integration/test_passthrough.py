@@ -305,8 +305,12 @@ def test_a_crash_before_a_two_gpu_passthrough_commits_sends_both_back_at_start()
 
 
 def to_vfio_by_hand(root, bdf: str) -> None:
-    """What an admin does (the kernel's driver_override recipe), the agent stopped."""
-    host = AgentProcess(root).host
+    """What an admin does (modprobe vfio_pci, the kernel's driver_override recipe), the
+    agent stopped."""
+    from hostagent.sim.pcibus import load_vfio
+    from hostagent.sim.platform import simulated_host
+    load_vfio(SimStore(root))
+    host = simulated_host(root)
     for path, value in ((f"/sys/bus/pci/devices/{bdf}/driver_override", "vfio-pci"),
                         (f"/sys/bus/pci/drivers/{driver(root, bdf)}/unbind", bdf),
                         ("/sys/bus/pci/drivers_probe", bdf)):
@@ -395,3 +399,22 @@ def test_the_unbind_lock_is_tried_as_nvidias_script_tries_it(make_node):
     finally:
         while N.nvmlLib._initialised:
             N.nvmlShutdown()
+
+
+def test_after_a_reboot_the_allocation_goes_and_the_agent_forgets_the_gpu_it_had_moved():
+    from hostagent.sim.control import reboot
+    root = make_root("rtx-a6000x2")
+    with running_agent(root, CONFIG) as agent:
+        with agent.client() as c:
+            c.pass_through("vm", [GPU])
+        agent.stop()
+        reboot(SimStore(root))                          # bindings live in the running kernel
+        agent.start()
+        assert f"allocation vm dropped: PCI function {GPU} of GPU {GPU} is on nvidia, not vfio-pci" in agent.log()
+        with agent.client() as c:
+            assert c.allocations() == [] and len(c.devices()["gpus"]) == 2
+        # Bound to vfio-pci by an admin since: not the agent's any more, left where it is.
+        agent.stop()
+        to_vfio_by_hand(root, GPU)
+        agent.start()
+        assert driver(root, GPU) == "vfio-pci"
