@@ -418,3 +418,18 @@ def test_after_a_reboot_the_allocation_goes_and_the_agent_forgets_the_gpu_it_had
         to_vfio_by_hand(root, GPU)
         agent.start()
         assert driver(root, GPU) == "vfio-pci"
+
+
+def test_the_simulated_kernel_keeps_vfio_pci_and_the_iommu_while_vfio_pci_holds_a_function(make_node):
+    from hostagent.sim.pcibus import set_iommu, unload_vfio
+    node, store = make_node("rtx-a6000x2")
+    to_vfio_by_hand(node.root, AUDIO)
+    refused(lambda: unload_vfio(store), "modprobe: FATAL: Module vfio_pci is in use.")
+    refused(lambda: set_iommu(store, False, False), "vfio-pci holds functions of the node: bind them back first")
+    for path, value in ((f"/sys/bus/pci/devices/{AUDIO}/driver_override", ""),
+                        ("/sys/bus/pci/drivers/vfio-pci/unbind", AUDIO), ("/sys/bus/pci/drivers_probe", AUDIO)):
+        node.platform.write_attribute(node, path, value)
+    assert driver(node.root, AUDIO) == "snd_hda_intel"
+    set_iommu(store, True, True)
+    unload_vfio(store)
+    assert not (node.root / "sys/module/vfio_pci").exists() and (node.root / "dev/iommu").exists()
