@@ -154,6 +154,23 @@ def test_refusals_say_what_to_do_and_change_nothing(node):
         assert c.allocations() == []
 
 
+@GPU_CHANGES                            # a MIG layout, time-slicing
+def test_a_gpu_with_mig_devices_or_shared_by_the_node_is_refused():
+    root = make_root("dgx-a100")
+    layout = {"version": "v1", "mig-configs": {"t": [
+        {"devices": [0], "mig-enabled": True, "mig-devices": {"3g.20gb": 1}},
+        {"devices": [1, 2, 3, 4, 5, 6, 7], "mig-enabled": False}]}}
+    sharing = {"version": "v1", "sharing": {"timeSlicing": {"resources": [
+        {"name": "nvidia.com/gpu", "devices": [1], "replicas": 2}]}}}
+    with running_agent(root, CONFIG) as agent, agent.client() as c:
+        c.mig_apply("t", layout)
+        c.sharing_apply(sharing)
+        refused(lambda: c.pass_through("vm", ["0"]), "is in use: it has 1 MIG device(s)", "is in use: it has")
+        refused(lambda: c.pass_through("vm", ["1"]), "is in use: the node's sharing configuration shares it",
+                "the node's sharing configuration shares it")
+        assert c.allocations() == [] and [g["index"] for g in c.devices()["gpus"]] == list(range(8))
+
+
 def test_a_group_holding_a_bridge_cannot_move(node):
     root, agent = node
     store = SimStore(root)
