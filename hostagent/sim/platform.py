@@ -62,8 +62,8 @@ class SimulatedNode(Platform):
         return f"simulated node: no {engine} to restart (a real node's {service} would be restarted here)"
 
     def pause(self, seconds: float) -> None:
-        """No wait: the simulated kernel answers a write at once, and a test would only be
-        slower for it."""
+        """No wait: the simulated kernel acts on each write at once, so asking again at once
+        sees whatever has changed meanwhile."""
 
     def write_attribute(self, host, path: str, value: str) -> None:
         """The simulated kernel acts on the write (sim/pcibus.py)."""
