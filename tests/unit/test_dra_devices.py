@@ -295,3 +295,9 @@ def test_with_passthrough_a_gpu_its_partitions_and_its_vfio_device_draw_on_one_c
     assert all(not d.shares for d in pool.devices if d.gpu == static.uuid)
     for version in ((1, 34), (1, 35), (1, 36)):
         valid(pool, version)
+    # A GPU the IOMMU does not group: no vfio device, and its GPU draws on no set of one.
+    node["vfio"]["gpus"][7]["iommu_group"] = None
+    pool = build_pool(devices, profiles, node, dynamic_mig=True, passthrough=True)
+    [last] = [d for d in pool.devices if d.name == f"gpu-{inv.gpus[7].minor}"]
+    assert "gpu-vfio-7" not in {d.name for d in pool.devices} and not last.shares
+    valid(pool, (1, 35))
