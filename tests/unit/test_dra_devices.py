@@ -258,6 +258,7 @@ def test_slices_stay_within_the_api_servers_limits():
         {"driver": "gpu.nvidia.com", "pool": {"name": "node-1"}, "nodeName": "node-1", "devices": []}]
 
 
+@GPU_CHANGES
 def test_with_passthrough_a_gpu_its_partitions_and_its_vfio_device_draw_on_one_counter(make_node):
     host, _ = make_node("dgx-a100")
     for gpu in ("0", "1"):
