@@ -19,7 +19,8 @@ __all__ = ["point", "armed", "POINTS", "HANGS"]
 
 POINTS = ("allocate:after_spec", "allocate:after_checkpoint", "release:after_checkpoint",
           "release:after_spec", "start:settings_read", "sharing:after_stops", "checkpoint:mid_line",
-          "checkpoint:after_snapshot", "write:FILE", "passthrough:bound_one", "passthrough:released")
+          "checkpoint:after_snapshot", "write:FILE", "passthrough:bound_one", "passthrough:released",
+          "passthrough:committed")
 _ARMED = frozenset(p.strip() for p in os.environ.get("HOSTAGENT_FAULT", "").split(",") if p.strip())
 # A point may block its thread for good: work that reaches one never runs on the event loop.
 HANGS = any(p.endswith("=hang") for p in _ARMED)

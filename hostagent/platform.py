@@ -18,6 +18,9 @@ treats every host alike:
   ``bind``, a device's ``driver_override``), whose write is an action of the kernel's; a real
   host writes the file in place (never through a temporary file: the kernel acts on the
   write), the simulator applies what its kernel would do. OSError as the write fails.
+- ``pause(seconds)``: wait before asking the kernel again (the nvidia driver's unbind lock,
+  refused while the GPU is held open); a real host sleeps, the simulated kernel, which acts
+  on each write at once, is asked again at once.
 
 ``HOST`` is a real host's: it changes nothing. The composition roots (``cli/main.py``,
 ``daemon/main.py``) give a node named by ``--simulate`` the simulator's (``platform`` in the
@@ -28,6 +31,7 @@ from __future__ import annotations
 
 import os
 import stat
+import time
 from typing import NamedTuple
 
 __all__ = ["Platform", "HOST", "CharDevice"]
@@ -67,6 +71,9 @@ class Platform:
         if not stat.S_ISCHR(st.st_mode):
             return None
         return CharDevice(os.major(st.st_rdev), os.minor(st.st_rdev), stat.S_IMODE(st.st_mode))
+
+    def pause(self, seconds: float) -> None:
+        time.sleep(seconds)
 
     def write_attribute(self, host, path: str, value: str) -> None:
         """Write ``value`` to the kernel attribute ``path`` (a host path) in one write."""

@@ -5,10 +5,11 @@ A request's ``passthrough`` item names a GPU (index, UUID, or PCI bus id, which 
 a GPU on vfio-pci already) and whether the container wants iommufd's nodes. The GPU moves
 only when nothing uses it: no allocation of it or its MIG devices, no process, no MIG
 device, not shared by the node's sharing configuration (MPS or time-slicing). The move is
-journaled (``vfio.executor``) and committed with the checkpoint; a crash between is settled
-at the next start. While it is passed through the GPU is out of NVML and so out of the
-inventory and the node's CDI spec: nothing else can be given it. Its allocation's own CDI
-spec holds the group's VFIO nodes only (``vfio.cdi``).
+recorded (``vfio.ledger``), journaled (``vfio.executor``) and committed with the
+checkpoint; a crash between is settled at the next start, where every GPU the agent put on
+vfio-pci that no allocation holds goes back. While it is passed through the GPU is out of
+NVML and so out of the inventory and the node's CDI spec: nothing else can be given it. Its
+allocation's own CDI spec holds the group's VFIO nodes only (``vfio.cdi``).
 """
 
 from __future__ import annotations
@@ -43,6 +44,12 @@ def spec_for(host, alloc) -> tuple[dict, dict]:
     spec = {"cdiVersion": "", "kind": transient.ALLOCATION_KIND, "devices": devices}
     spec["cdiVersion"] = minimum_version(spec)
     return spec, {"env": env, "deviceNodes": nodes, "mounts": []}
+
+
+def _with_spec(alloc, spec: dict, plain: dict, path):
+    """The allocation answering with its spec's CDI names and plain edits."""
+    return dataclasses.replace(alloc, cdi_devices=tuple(f"{spec['kind']}={d['name']}" for d in spec["devices"]),
+                               container_edits=plain, spec_path=str(path))
 
 
 def _pcie_root(host, bdf: str) -> str | None:
@@ -137,7 +144,9 @@ class PassthroughOps:
                     records.append(rec)
                     if len(items) > 1:
                         executor.done(self.host)
-                alloc = dataclasses.replace(alloc, passthrough=tuple(records))
+                # Its devices by UUID, a GPU on vfio-pci already too (NVML does not name it).
+                alloc = dataclasses.replace(alloc, passthrough=tuple(records),
+                                            devices=tuple(r.get("uuid") or r["gpu"] for r in records))
                 spec, plain = spec_for(self.host, alloc)
                 path = self._write_spec(alloc, spec)
                 checkpoint.save(self.host, [*others, alloc])
@@ -151,15 +160,15 @@ class PassthroughOps:
                 transient.spec_file(self.host, alloc.id).unlink(missing_ok=True)
                 raise
             executor.done(self.host)
+            faults.point("passthrough:committed")
             for rec in carried.values():       # released with their allocations: back, journaled
                 try:
                     executor.release(self.host, rec)
-                except HostagentError as e:    # its journal stays: the next start tries again
+                except HostagentError as e:    # still recorded (vfio.ledger): the next start tries again
                     log.error("%s", e.message)
                     continue
                 executor.done(self.host)
-        return dataclasses.replace(alloc, cdi_devices=tuple(f"{spec['kind']}={d['name']}" for d in spec["devices"]),
-                                   container_edits=plain, spec_path=str(path))
+        return _with_spec(alloc, spec, plain, path)
 
     def _write_spec(self, alloc, spec):
         from ..cdi.render import render
@@ -250,9 +259,19 @@ class PassthroughOps:
         executor.done(self.host)
 
     def settle(self, saved: list) -> list:
-        """Worker, at start: an interrupted move settled from its journal."""
+        """Worker, at start, before NVML is read: an interrupted move settled from its
+        journal; allocations whose GPUs are no longer on vfio-pci (a reboot) dropped; every
+        GPU the agent put on vfio-pci that no allocation holds bound back (``sweep``)."""
         with node_lock(self.host, "settle a passthrough"):
-            kept, notes = executor.settle(self.host, saved)
+            settled, notes = executor.settle(self.host, saved)
+            kept = []
+            for alloc in settled:
+                why = self.still_bound(alloc) if alloc.passthrough else None
+                if why:
+                    notes.append(f"allocation {alloc.id} dropped: {why}")
+                else:
+                    kept.append(alloc)
+            notes += executor.sweep(self.host, kept, self.for_vms)
             if len(kept) != len(saved):
                 checkpoint.save(self.host, kept)
         for note in notes:
@@ -272,8 +291,6 @@ class PassthroughOps:
     def restored(self, alloc):
         """Worker: the spec of a kept passthrough allocation, written again."""
         spec, plain = spec_for(self.host, alloc)
-        path = self._write_spec(alloc, spec)
-        return dataclasses.replace(alloc, cdi_devices=tuple(f"{spec['kind']}={d['name']}" for d in spec["devices"]),
-                                   container_edits=plain, spec_path=str(path))
+        return _with_spec(alloc, spec, plain, self._write_spec(alloc, spec))
 
 

@@ -19,6 +19,7 @@ keep their UUIDs) carry over, re-evaluated under the new XID policy and quiet pe
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -141,9 +142,10 @@ class HealthMonitor:
         now = self.clock()
         new, changed = transition(self._state, now)
         if not changed and event is None:
+            self._state = new           # nothing to say (a GPU's record set aside), kept all the same
             return None
         if new is self._state:          # an event that changed no record is still news
-            new = S.HealthState(new.devices, new.revision + 1)
+            new = dataclasses.replace(new, revision=new.revision + 1)
         self._state = new
         update = HealthUpdate(new.revision, now, cause, event, changed)
         self._publish(update)

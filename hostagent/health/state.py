@@ -18,6 +18,9 @@ state is never modified in place, and the revision grows by one whenever anythin
   healthy again now.
 - ``rebase`` carries a state into a new monitor (a reload, a restart): reasons the new XID
   policy ignores go, recoveries follow the new quiet period.
+- A GPU that leaves the inventory (passed through to a VM: NVML no longer lists it) keeps
+  its record aside, by UUID, and takes it back when it returns: an unhealthy GPU bound back
+  to the nvidia driver is still unhealthy, its quiet period counted meanwhile.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ LOST_DETAIL = "the GPU is lost: not watched until NVML can read it again"
 class HealthState:
     devices: dict = field(default_factory=dict)   # key -> DeviceHealth, in inventory order
     revision: int = 0
+    away: dict = field(default_factory=dict)      # GPU UUID -> its record, while out of the inventory
 
     def get(self, key: str) -> DeviceHealth | None:
         return self.devices.get(key)
@@ -69,7 +73,7 @@ def _commit(state: HealthState, updates: dict[str, DeviceHealth]):
         return state, ()
     devices = {k: changed.get(k, v) for k, v in state.devices.items()}
     devices.update({k: v for k, v in changed.items() if k not in devices})
-    return HealthState(devices, state.revision + 1), tuple(changed.values())
+    return HealthState(devices, state.revision + 1, state.away), tuple(changed.values())
 
 
 def _with_state_change(old: DeviceHealth, new: DeviceHealth, now: float) -> DeviceHealth:
@@ -154,7 +158,10 @@ def clear(state: HealthState, idents: Iterable[str] | None, now: float):
     for old in targets:
         new = dataclasses.replace(old, healthy=True, reasons=(), recover_at=None, notice=None, notice_until=None)
         updates[old.key] = _with_state_change(old, new, now)
-    return _commit(state, updates)
+    state, changed = _commit(state, updates)
+    if idents is None and state.away:
+        state = dataclasses.replace(state, away={})     # GPUs passed through: healthy when they return
+    return state, changed
 
 
 def set_monitored(state: HealthState, gpus: Iterable[int], now: float):
@@ -170,11 +177,16 @@ def set_monitored(state: HealthState, gpus: Iterable[int], now: float):
 
 
 def reconcile(state: HealthState, index: DeviceIndex, now: float):
-    """Follow an inventory change: records of vanished devices go, new MIG devices inherit
-    their GPU's GPU-wide reasons and monitoring, records that stay keep their history."""
+    """Follow an inventory change: records of vanished devices go (a whole GPU's aside, to
+    take back when it returns), new MIG devices inherit their GPU's GPU-wide reasons and
+    monitoring, records that stay keep their history."""
+    keys = {ref.key for ref in index.refs()}
+    away = {k: d for k, d in state.away.items() if k not in keys}
+    away.update({k: d for k, d in state.devices.items()
+                 if k not in keys and not d.is_mig and not k.startswith("gpu:")})
     devices = {}
     for ref in index.refs():
-        old = state.devices.get(ref.key)
+        old = state.devices.get(ref.key) or (state.away.get(ref.key) if ref.gi is None else None)
         if old is not None:
             devices[ref.key] = dataclasses.replace(old, name=ref.name, gpu=ref.gpu, gi=ref.gi, ci=ref.ci)
             continue
@@ -189,10 +201,10 @@ def reconcile(state: HealthState, index: DeviceIndex, now: float):
             if parent.notice is not None and parent.notice.gpu_wide:
                 new = dataclasses.replace(new, notice=parent.notice, notice_until=parent.notice_until)
         devices[ref.key] = new
-    if devices == state.devices and list(devices) == list(state.devices):
+    if devices == state.devices and list(devices) == list(state.devices) and away == state.away:
         return state, ()
     changed = tuple(d for k, d in devices.items() if state.devices.get(k) != d)
-    return HealthState(devices, state.revision + 1), changed
+    return HealthState(devices, state.revision + 1, away), changed
 
 
 def rebase(state: HealthState, policy, quiet_period: float | None, now: float):

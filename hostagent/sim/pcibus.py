@@ -262,6 +262,11 @@ def write(store, rel: str, value: str) -> None:
 
 # ---- modules and the IOMMU ----------------------------------------------------------------
 
+def _vfio_holds(state) -> bool:
+    return any(g.driver == VFIO_DRIVER for g in state.gpus) or any(
+        f["driver"] == VFIO_DRIVER for f in state.functions.values())
+
+
 def load_vfio(store) -> None:
     """modprobe vfio_pci: StateError as modprobe fails without the module on disk."""
     from ..errors import StateError
@@ -281,8 +286,7 @@ def unload_vfio(store) -> None:
     """modprobe -r vfio_pci: StateError while it holds a function."""
     from ..errors import StateError
     with store.mutate() as state:
-        if any(g.driver == VFIO_DRIVER for g in state.gpus) or any(
-                f["driver"] == VFIO_DRIVER for f in state.functions.values()):
+        if _vfio_holds(state):
             raise StateError("modprobe: FATAL: Module vfio_pci is in use.")
         state.kernel["vfio_pci"] = False
     sync(store.root, store.facts, store.read())
@@ -293,8 +297,7 @@ def set_iommu(store, iommu: bool, iommufd: bool) -> None:
     while vfio-pci holds a function."""
     from ..errors import StateError
     with store.mutate() as state:
-        if any(g.driver == VFIO_DRIVER for g in state.gpus) or any(
-                f["driver"] == VFIO_DRIVER for f in state.functions.values()):
+        if _vfio_holds(state):
             raise StateError("vfio-pci holds functions of the node: bind them back first")
         state.kernel.update(iommu=iommu, iommufd=iommu and iommufd, cdevs={})
     sync(store.root, store.facts, store.read())

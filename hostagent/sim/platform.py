@@ -61,6 +61,10 @@ class SimulatedNode(Platform):
         # No engine runs on a simulated node, and the host's own must not be touched.
         return f"simulated node: no {engine} to restart (a real node's {service} would be restarted here)"
 
+    def pause(self, seconds: float) -> None:
+        """No wait: the simulated kernel acts on each write at once, so asking again at once
+        sees whatever has changed meanwhile."""
+
     def write_attribute(self, host, path: str, value: str) -> None:
         """The simulated kernel acts on the write (sim/pcibus.py)."""
         from . import pcibus

@@ -16,23 +16,28 @@ from __future__ import annotations
 
 import logging
 import os
-import time
 
 from ..errors import HostagentError, StateError
 from ..hostroot import HostRoot
 from ..journalfile import JournalFile
-from .plan import VFIO_DRIVER, BindPlan, PassthroughRefused, PassthroughUnavailable
+from . import ledger
+from .plan import VFIO_DRIVER, VFIO_DRIVERS, BindPlan, PassthroughRefused, PassthroughUnavailable
 
-__all__ = ["PassthroughJournal", "bind", "unbind", "settle", "ensure_vfio_pci", "persistence_of",
+__all__ = ["PassthroughJournal", "bind", "unbind", "settle", "sweep", "ensure_vfio_pci", "persistence_of",
            "driver_of"]
 
 log = logging.getLogger("hostagent.daemon")
 
-LOCK_TRIES = 5
+# The pauses between the tries at the nvidia driver's unbind lock: NVIDIA's DRA driver
+# (scripts/unbind_from_driver.sh, acquire_unbind_lock) tries 5 times, sleeping 1, 2, 3 and
+# 4 s between them (10 s in all) while a program closes the GPU (nvidia-persistenced
+# letting it go, a monitoring agent's NVML shutting down); its sleep after the last try
+# waits for nothing.
+UNBIND_LOCK_PAUSES = (1, 2, 3, 4)
 
 
 class PassthroughJournal(JournalFile):
-    folder = "passthrough"
+    folder = ledger.FOLDER
     what = "the passthrough journal"
     hint = "remove it after checking each GPU's driver in /sys/bus/pci/devices/<bdf>/driver"
 
@@ -110,14 +115,15 @@ def _unbind_lock(host: HostRoot, bdf: str) -> None:
     path = f"/proc/driver/nvidia/gpus/{bdf}/unbindLock"
     if not os.path.exists(host.host(path)):
         return
-    for attempt in range(LOCK_TRIES):
+    for pause in (*UNBIND_LOCK_PAUSES, None):
         _write(host, path, "1")
         try:
             if open(host.host(path)).read().strip() == "1":
                 return
         except OSError:
             pass
-        time.sleep(0.05 * (attempt + 1))
+        if pause is not None:
+            host.platform.pause(pause)
     raise PassthroughRefused(f"GPU {bdf} is in use: the nvidia driver will not let it go (its unbind lock is "
                              "refused while a program has the GPU open)", gpu=bdf,
                              hint="stop what has it open (a CUDA program, DCGM, a monitoring agent), then try again")
@@ -143,17 +149,30 @@ def _to(host: HostRoot, bdf: str, driver: str, override: str) -> None:
 
 
 def bind(host: HostRoot, plan: BindPlan, alloc_id: str, uuid: str | None, step=lambda name: None) -> dict:
-    """Worker, under the node lock: the plan's functions on vfio-pci, journaled first; its
-    record (what goes back where). Nothing is left moved when it fails; the journal stays
-    until the allocation's commit (``done``). ``step(name)`` is called after each function
-    moved (the daemon's crash points)."""
+    """Worker, under the node lock: the plan's functions on vfio-pci, recorded (``ledger``)
+    and journaled first; its record (what goes back where). Nothing is left moved when it
+    fails (what could not go back stays in the ledger, for the next start); the journal
+    stays until the allocation's commit (``done``). ``step(name)`` is called after each
+    function moved (the daemon's crash points)."""
+    functions = plan.record()
     persistence = persistence_of(host, plan.gpu.bdf) if plan.gpu.driver == "nvidia" else False
+    known = ledger.load(host).get(plan.gpu.bdf)
+    if known is not None:
+        # The agent put it on vfio-pci before and it was not bound back (a release that
+        # failed): its functions still on vfio-pci go back to the drivers they came from.
+        back = {f["bdf"]: f["driver"] for f in known["functions"]}
+        functions = [{**f, "driver": back.get(f["bdf"], f["driver"])} if f["driver"] in VFIO_DRIVERS else f
+                     for f in functions]
+        if plan.gpu.driver in VFIO_DRIVERS:
+            persistence = bool(known.get("persistence"))
+        uuid = uuid or known.get("uuid")
     record = {"id": alloc_id, "gpu": plan.gpu.bdf, "uuid": uuid, "group": plan.gpu.iommu_group,
-              "functions": plan.record(), "persistence": persistence}
+              "functions": functions, "persistence": persistence}
+    ledger.keep(host, record)
     journal = PassthroughJournal(host, {"op": "bind", **record})
     journal._write()
     try:
-        if persistence:
+        if persistence and plan.gpu.driver == "nvidia":
             _persistence_off(host, plan.gpu.bdf)
         for move in plan.moves:
             _to(host, move.bdf, VFIO_DRIVER, VFIO_DRIVER)
@@ -182,6 +201,7 @@ def unbind(host: HostRoot, record: dict) -> None:
     if errors:
         raise StateError(f"GPU {record['gpu']} not bound back: {'; '.join(errors)}",
                          hint="see /sys/bus/pci/devices/<bdf>/driver; the agent tries again at its next start")
+    ledger.forget(host, record["gpu"])
 
 
 def release(host: HostRoot, record: dict) -> None:
@@ -211,11 +231,18 @@ def settle(host: HostRoot, saved: list) -> tuple[list, list[str]]:
     rec = journal.record
     notes = []
     committed = any(a.id == rec.get("id") for a in saved)
+    # A journal older than the checkpoint (left by a release that failed) must not take a
+    # GPU from the allocation that holds it now.
+    holder = next((a.id for a in saved for r in a.passthrough if r["gpu"] == rec.get("gpu")), None)
     try:
         if rec.get("op") == "bind" and committed:
             for f in rec["functions"]:
                 _to(host, f["bdf"], VFIO_DRIVER, VFIO_DRIVER)
             notes.append(f"passthrough of GPU {rec['gpu']} for {rec['id']} finished after a crash")
+        elif holder not in (None, rec.get("id")):
+            saved = [a for a in saved if a.id != rec.get("id") or rec.get("op") != "release"]
+            notes.append(f"passthrough journal of {rec.get('id')} dropped, GPU {rec['gpu']} left as it is: "
+                         f"allocation {holder} holds it now")
         else:
             unbind(host, rec)
             if rec.get("op") == "release":
@@ -228,3 +255,31 @@ def settle(host: HostRoot, saved: list) -> tuple[list, list[str]]:
         return saved, notes
     journal.finish()
     return saved, notes
+
+
+def sweep(host: HostRoot, kept: list, for_vms) -> list[str]:
+    """Worker, at start, after ``settle``, under the node lock: each GPU the agent put on
+    vfio-pci (``ledger``) that no allocation of ``kept`` holds goes back to its drivers,
+    but one the admin keeps for VMs (``for_vms(bdf)``), which stays for the next VM; one
+    on no VFIO driver any more (a reboot, bound back by hand) is forgotten. A GPU the
+    agent did not move is not looked at. What was done."""
+    try:
+        moved = ledger.load(host)
+    except StateError as e:
+        return [e.message]
+    held = {rec["gpu"] for a in kept for rec in a.passthrough}
+    notes = []
+    for bdf, rec in moved.items():
+        if bdf in held:
+            continue
+        if not any(driver_of(host, f["bdf"]) in VFIO_DRIVERS for f in rec["functions"]):
+            ledger.forget(host, bdf)
+        elif not for_vms(bdf):
+            try:
+                unbind(host, rec)
+            except HostagentError as e:
+                notes.append(e.message)
+                continue
+            notes.append(f"GPU {bdf}, left on vfio-pci by the agent with no allocation holding it, bound back to "
+                         f"{', '.join(sorted({f['driver'] or 'no driver' for f in rec['functions']}))}")
+    return notes

@@ -19,7 +19,7 @@ __all__ = ["Function", "PciGpu", "VfioFacts", "read_gpus", "read_facts", "pci_na
            "PCI_IDS_PATHS", "BRIDGE_CLASS"]
 
 NVIDIA = "0x10de"
-BRIDGE_CLASS = 0x0604
+BRIDGE_CLASS = 0x06          # base class: host, ISA, PCI-to-PCI ... bridges
 PCI_IDS_PATHS = ("/usr/share/misc/pci.ids", "/usr/share/hwdata/pci.ids", "/usr/pci.ids")
 MEM_64 = 0x00100000          # IORESOURCE_MEM_64 in sysfs resource flags
 
@@ -34,7 +34,9 @@ class Function:
 
     @property
     def bridge(self) -> bool:
-        return self.pci_class >> 8 == BRIDGE_CLASS
+        """A bridge of any kind: a PCIe port (0x0604), which vfio-pci does not take, or a host
+        bridge (0x0600), which it would take, from the host."""
+        return self.pci_class >> 16 == BRIDGE_CLASS
 
 
 @dataclass(frozen=True)

@@ -16,12 +16,11 @@ from hostagent.daemon import checkpoint
 from hostagent.daemon.allocations import MAX_ENTRY_BYTES
 from hostagent.errors import HostagentError
 from tests.programs import script
-from tests.rootneeds import DEVICE_NODES
 
 from .agentd import existing_group, make_root, running_agent
 from .otheruser import in_child_as
 
-pytestmark = [DEVICE_NODES, pytest.mark.root("callers of other uids are processes that root starts as nobody")]
+pytestmark = [pytest.mark.root("callers of other uids are processes that root starts as nobody")]
 
 NOBODY = 65534
 GROUP, GID = existing_group()           # the socket's group: its members are operators

@@ -12,18 +12,17 @@ from hostagent.cdi.validate import validate_spec
 from hostagent.client import Request
 from hostagent.daemon import checkpoint
 from hostagent.errors import ConflictError, NotFoundError, UsageError
-from tests.rootneeds import DEVICE_NODES
+from tests.rootneeds import GPU_CHANGES
 from tests.waiting import until
 
 from .agentd import make_root, running_agent
-
-pytestmark = DEVICE_NODES
 
 
 def smi(root, *args):
     subprocess.run([str(root / "usr/bin/nvidia-smi"), *args], check=True, capture_output=True)
 
 
+# Its node has MIG devices (root's to make): each test on it is marked GPU_CHANGES.
 @pytest.fixture(scope="module")
 def agent():
     root = make_root()
@@ -47,6 +46,7 @@ def spec_files(agent):
     return sorted(p.name for p in (agent.root / "var/run/cdi").iterdir())
 
 
+@GPU_CHANGES
 def test_by_name_uuid_and_cdi_name(agent, c):
     gpus = c.devices()["gpus"]
     a = c.allocate("claim-a", ["1", gpus[2]["uuid"], "nvidia.com/gpu=3"])
@@ -88,6 +88,7 @@ def test_the_longest_ids_get_a_spec_file_of_their_own(agent, c):
         assert validate_spec(json.loads(Path(a["spec_path"]).read_text())) == []
 
 
+@GPU_CHANGES
 def test_constraints_pick_best_fit(c):
     # A MIG profile.
     a = c.allocate("p1", [{"constraints": {"profile": "1g.5gb"}, "count": 2}])
@@ -108,6 +109,7 @@ def test_constraints_pick_best_fit(c):
     assert e.value.code == "insufficient_devices" and e.value.details["matching"] == 2
 
 
+@GPU_CHANGES
 def test_idempotent_and_conflicting_ids(agent, c):
     first = c.allocate("same", [{"constraints": {"type": "gpu"}}])
     again = c.allocate("same", [{"constraints": {"type": "gpu"}}])
@@ -135,6 +137,7 @@ def test_idempotent_and_conflicting_ids(agent, c):
     assert set(slashed["cdi_devices"]).isdisjoint(underscored["cdi_devices"])
 
 
+@GPU_CHANGES
 def test_not_allocatable_and_unknown(c):
     with pytest.raises(ConflictError) as e:
         c.allocate("whole0", ["0"])          # MIG is enabled on GPU 0
@@ -148,6 +151,7 @@ def test_not_allocatable_and_unknown(c):
     assert c.allocations() == []
 
 
+@GPU_CHANGES
 def test_sharing_rules(c):
     ts = {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Short"}}
     a = c.allocate("ts-1", ["4"], sharing=ts)
@@ -168,6 +172,7 @@ def test_sharing_rules(c):
     assert c.allocation("ts-1")["replicas"] == []       # the node does not share it: no replicas
 
 
+@GPU_CHANGES
 def test_release(agent, c):
     c.allocate("rel", ["5"])
     assert "hostagent.io-allocation_rel.json" in spec_files(agent)
@@ -182,6 +187,7 @@ def test_release(agent, c):
         c.allocation("rel")
 
 
+@GPU_CHANGES
 def test_node_names_answer_without_a_transient_spec(agent, c):
     before = spec_files(agent)
     gpus = c.devices()["gpus"]
@@ -207,6 +213,7 @@ def test_node_names_answer_without_a_transient_spec(agent, c):
     assert c.release("ns/pod/node-named")["id"] == "ns/pod/node-named" and spec_files(agent) == before
 
 
+@GPU_CHANGES
 def test_a_minimal_answer_leaves_the_container_edits_out(agent, c):
     """Prefer: return=minimal (a device plugin that hands on CDI names): the answer without
     its container edits, which the allocation still has."""
@@ -222,6 +229,7 @@ def test_a_minimal_answer_leaves_the_container_edits_out(agent, c):
     c.release("minimal")
 
 
+@GPU_CHANGES
 def test_allocations_follow_the_driver_files_of_the_node_spec(agent, c):
     """The driver's files are found once per node spec: a refresh finds a new one for the
     node spec and the allocations made after it alike."""
@@ -247,6 +255,7 @@ def test_allocations_follow_the_driver_files_of_the_node_spec(agent, c):
         c.refresh()
 
 
+@GPU_CHANGES
 def test_replaces_releases_in_the_same_commit(agent, c):
     start = c.node()["revision"]
     c.allocate("old", ["1", "2"])
@@ -280,6 +289,7 @@ def test_replaces_releases_in_the_same_commit(agent, c):
     assert events[-2:] == [("allocation_deleted", "old", "replaced by new"), ("allocation_created", "new", None)]
 
 
+@GPU_CHANGES
 def test_sharing_limits_per_device_and_node(agent):
     """allocations.max_per_device bounds how many allocations share one device and
     allocations.max_total how many the node has; a reload changes them."""
@@ -320,6 +330,7 @@ def _reload(agent):
     until(lambda: agent.log().count("configuration reloaded") != count, 20, lambda: agent.log())
 
 
+@GPU_CHANGES
 def test_restart_keeps_allocations_and_drops_gone_devices():
     root = make_root()
     smi(root, "-i", "1", "-mig", "1")
@@ -356,6 +367,7 @@ def cli(agent, *args):
                           capture_output=True, text=True, timeout=120)
 
 
+@GPU_CHANGES
 def test_allocations_listed_and_released_from_the_command_line(agent, c, tmp_path):
     """What a MIG change refuses to take names the command that frees it; --force does not
     take it while the daemon runs, as the docs say."""
@@ -387,6 +399,7 @@ def test_allocations_without_the_daemon_say_where_they_live(make_node):
         "(start it: systemctl start hostagent, or hostagent serve)\n")
 
 
+@GPU_CHANGES
 def test_an_unknown_name_through_the_daemon_is_a_usage_error(agent):
     """The agent's not_found carries the name: the command line exits 2, as it does acting itself."""
     done = cli(agent, "mig", "apply", "-c", "no-such-config")
@@ -394,6 +407,7 @@ def test_an_unknown_name_through_the_daemon_is_a_usage_error(agent):
     assert "no MIG config named 'no-such-config'" in done.stderr
 
 
+@GPU_CHANGES
 def test_a_commit_waits_for_the_node_lock_off_the_loop(agent, c):
     """An allocation whose commit is only the checkpoint runs it on the event loop, but never
     waits there for the node lock: while another process holds it, the allocation waits (on

@@ -8,7 +8,6 @@ import threading
 import time
 
 import pytest
-from tests.rootneeds import DEVICE_NODES
 
 from .agentd import make_root, running_agent
 
@@ -131,7 +130,6 @@ def test_oversized_body_refused_before_it_is_sent(agent):
         assert s.recv(100) == b""    # closed
 
 
-@DEVICE_NODES
 def test_expect_continue(agent):
     body = json.dumps({"id": "ec", "devices": [{"device": "1"}]}).encode()
     with connect(agent) as s:

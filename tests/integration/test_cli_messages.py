@@ -10,7 +10,7 @@ import pytest
 
 from hostagent.cli.main import main
 from hostagent.errors import ConfigError, UsageError
-from tests.rootneeds import DEVICE_NODES, GPU_CHANGES
+from tests.rootneeds import GPU_CHANGES
 
 
 def run(argv, capsys):
@@ -110,7 +110,6 @@ def test_a_dry_run_fails_where_the_real_run_fails(make_node, capsys):
 
 @pytest.mark.skipif(not any(os.access(os.path.join(d, r), os.X_OK) for d in os.environ["PATH"].split(":")
                             for r in ("runc", "crun")), reason="install-shim needs runc or crun (.ci/run installs runc)")
-@DEVICE_NODES
 def test_docs_runtime_sequence_runs_on_a_simulated_node_with_engines(tmp_path, capsys):
     root = tmp_path / "node"
     code, out, _ = run(["sim", "create", "--profile", "t4x2", "--root", root, "--engines", "containerd"], capsys)

@@ -7,7 +7,6 @@ import sys
 
 from hostagent.cli.main import main
 from tests.programs import script
-from tests.rootneeds import DEVICE_NODES
 
 
 def hook_paths(spec):
@@ -15,7 +14,6 @@ def hook_paths(spec):
     return {h["path"] for e in edits for h in e.get("hooks", [])}
 
 
-@DEVICE_NODES
 def test_hook_interpreter(make_node, capsys):
     host, _ = make_node("a30x4")
     assert main(["--simulate", str(host.root), "cdi", "generate"]) == 0

@@ -12,12 +12,11 @@ import pytest
 from hostagent.cdi.transient import safe_id
 from hostagent.daemon import checkpoint
 from hostagent.errors import HostagentError
-from tests.rootneeds import DEVICE_NODES, GPU_CHANGES
+from tests.rootneeds import GPU_CHANGES
 from tests.waiting import until
 
 from .agentd import AgentProcess, make_root, running_agent
 
-pytestmark = DEVICE_NODES
 
 KIND = "hostagent.io-allocation_"
 

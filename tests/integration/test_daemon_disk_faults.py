@@ -16,12 +16,12 @@ from hostagent.daemon import checkpoint
 from hostagent.errors import HostagentError, UnavailableError
 from tests.programs import script
 from tests.readwatch import ReadWatch
-from tests.rootneeds import DEVICE_NODES, GPU_CHANGES
+from tests.rootneeds import GPU_CHANGES
 from tests.waiting import until
 
 from .agentd import make_root, running_agent
 
-pytestmark = [DEVICE_NODES, pytest.mark.root("a small tmpfs is mounted as the daemon's state folder")]
+pytestmark = [pytest.mark.root("a small tmpfs is mounted as the daemon's state folder")]
 
 
 def check(agent) -> subprocess.CompletedProcess:

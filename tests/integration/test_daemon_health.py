@@ -23,12 +23,11 @@ from hostagent.errors import UsageError
 from hostagent.health.monitor import LOST_RETRY
 from hostagent.labels import FEATURES_FILE
 from hostagent.labels import parse as parse_labels
-from tests.rootneeds import DEVICE_NODES
+from tests.rootneeds import GPU_CHANGES
 from tests.waiting import until
 
 from .agentd import AgentProcess, make_root
 
-pytestmark = DEVICE_NODES
 
 CLI = [sys.executable, "-m", "hostagent.cli.main"]
 QUIET = 4.0            # long enough to observe 'unhealthy' on a busy box, short to wait out
@@ -66,6 +65,7 @@ class Node:
         return self.agent.client()
 
 
+# Its node has MIG devices (root's to make): each test on it is marked GPU_CHANGES.
 @contextlib.contextmanager
 def health_node():
     port = free_port()
@@ -138,6 +138,7 @@ def health_events(events, **match):
             and all(e["event"].get(k) == v for k, v in match.items())]
 
 
+@GPU_CHANGES
 def test_labels_at_start_and_after_a_mig_change(node):
     start = node.labels_at_start
     assert start["nvidia.com/gpu.count"] == "8" and start["nvidia.com/mig.strategy"] == "mixed"
@@ -160,6 +161,7 @@ def test_labels_at_start_and_after_a_mig_change(node):
     assert served["file"]["path"].endswith(FEATURES_FILE)
 
 
+@GPU_CHANGES
 def test_gpu_wide_xid_marks_the_gpu_its_mig_devices_and_the_allocation_then_recovers(node):
     gpu0 = node.gpus[0]
     mig0 = {m["uuid"] for m in node.migs if m["parent_index"] == 0}
@@ -196,6 +198,7 @@ def test_gpu_wide_xid_marks_the_gpu_its_mig_devices_and_the_allocation_then_reco
     assert health[gpu0["uuid"]]["state"] == "healthy" and health[gpu0["uuid"]]["last_xid"] == 48
 
 
+@GPU_CHANGES
 def test_scoped_xid_marks_only_that_mig_device_and_clear(node):
     target = next(m for m in node.migs if m["parent_index"] == 0 and not m["allocations"])
     with node.client() as c:
@@ -223,6 +226,7 @@ def test_scoped_xid_marks_only_that_mig_device_and_clear(node):
                 c.request("POST", "/v1/health/clear", bad_body)
 
 
+@GPU_CHANGES
 def test_ignored_xid_is_recorded_not_unhealthy(node):
     gpu1 = node.gpus[1]
     with node.client() as c:
@@ -248,6 +252,7 @@ def samples(fams, name, **labels):
     return [s for s in fams[name].samples if all(s.labels.get(k) == v for k, v in labels.items())]
 
 
+@GPU_CHANGES
 def test_metrics_on_the_socket_and_the_tcp_port(node):
     gpu0 = node.gpus[0]
     alloc_gi = next(str(m["gi"]) for m in node.migs if m["allocations"] == ["claim-a"])
@@ -289,6 +294,7 @@ def test_metrics_on_the_socket_and_the_tcp_port(node):
     assert samples(later, "hostagent_metrics_samples")[0].value > samples(first, "hostagent_metrics_samples")[0].value
 
 
+@GPU_CHANGES
 def test_devices_command_shows_health(node):
     with node.client() as c:
         w = Watch(c)
@@ -310,6 +316,7 @@ def test_devices_command_shows_health(node):
         assert c.device("3")["health"]["state"] == "healthy"
 
 
+@GPU_CHANGES
 def test_lost_gpu_marks_its_devices_until_cleared(own_node):
     node = own_node
     gpu1 = node.gpus[1]

@@ -14,7 +14,7 @@ import pytest
 
 from hostagent.client import Request
 from hostagent.errors import UnavailableError
-from tests.rootneeds import DEVICE_NODES
+from tests.rootneeds import GPU_CHANGES
 from tests.waiting import until
 
 from .agentd import ABSENT_GROUP, AgentProcess, make_root, running_agent
@@ -206,7 +206,6 @@ def test_a_node_the_daemon_may_not_write_is_one_line_naming_it_and_the_fix(root,
     assert "Traceback" not in done.stderr
 
 
-@DEVICE_NODES
 def test_unreadable_inventory_at_start_then_recovery(root):
     subprocess.run([sys.executable, "-m", "hostagent.cli.main", "sim", "driver", "unload", "--root", str(root)],
                    check=True, capture_output=True)
@@ -334,7 +333,7 @@ def _state(pid: int) -> str:
         return f.read().rsplit(")", 1)[1].split()[0]
 
 
-@DEVICE_NODES
+@GPU_CHANGES                    # a MIG layout applied
 def test_status_follows_allocations_releases_and_mig_changes(root):
     notify, env = _notified("@hostagent-test-status-%d" % os.getpid())
     agent = AgentProcess(root, env=env)
@@ -357,7 +356,6 @@ def test_status_follows_allocations_releases_and_mig_changes(root):
         agent.cleanup()
 
 
-@DEVICE_NODES
 def test_command_line_log_level_wins_over_a_reload(root):
     notify, env = _notified("@hostagent-test-level-%d" % os.getpid())
     agent = AgentProcess(root, {"daemon": {"resync_interval": 0, "log_level": "info"}}, env=env)

@@ -7,7 +7,6 @@ import threading
 
 from hostagent.errors import HostagentError
 
-from tests.rootneeds import DEVICE_NODES
 from tests.waiting import until
 
 from .agentd import FAST, AgentProcess, make_root
@@ -18,7 +17,6 @@ def check(agent) -> subprocess.CompletedProcess:
                            "--config", str(agent.config)], capture_output=True, text=True, timeout=30)
 
 
-@DEVICE_NODES          # the stuck work is an allocation
 def test_check_fails_when_the_work_is_stuck_though_reads_are_answered():
     config = {**FAST, "daemon": {**FAST["daemon"], "work_timeout": 1}}
     agent = AgentProcess(make_root("dgx-a100"), config, env={"HOSTAGENT_FAULT": "allocate:after_spec=hang"}).start()

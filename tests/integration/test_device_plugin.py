@@ -8,6 +8,7 @@ mixed) for the module; each test leaves the node as it found it (MIG disabled, e
 healthy, no allocation).
 """
 
+import os
 import shutil
 import signal
 import subprocess
@@ -22,13 +23,12 @@ import yaml
 
 from hostagent.sim.control import inject_xid
 from hostagent.sim.store import SimStore
-from tests.rootneeds import DEVICE_NODES
+from tests.rootneeds import GPU_CHANGES
 from tests.waiting import until
 
 from .agentd import AgentProcess, make_root
 from .kubelet import TestKubelet
 
-pytestmark = DEVICE_NODES
 
 GPU = "nvidia.com/gpu"
 MIG = "nvidia.com/mig-1g.5gb"
@@ -59,7 +59,11 @@ class Plugin:
 class Node:
     def __init__(self):
         self.root = make_root()
-        self.agent = AgentProcess(self.root, {"api": {"watch_heartbeat": 2}, "daemon": {"resync_interval": 0},
+        # Run by another user, the plugin is that user, named among the uids that may use the
+        # kubelet plugins' allocation ids (api.plugin_uids); root may anyway.
+        uids = [os.getuid()] if os.getuid() else []
+        self.agent = AgentProcess(self.root, {"api": {"watch_heartbeat": 2, "plugin_uids": uids},
+                                              "daemon": {"resync_interval": 0},
                                               "health": {"quiet_period": None, "wait_timeout_ms": 200}})
         self.dir = Path(tempfile.mkdtemp(prefix="dp-"))
         self.kubelet = TestKubelet(self.dir / "device-plugins", self.dir / "pod-resources/kubelet.sock")
@@ -267,6 +271,7 @@ def test_an_xid_turns_exactly_its_gpu_unhealthy(node):
     e.wait(all_healthy(8))
 
 
+@GPU_CHANGES                    # MIG modes
 def test_mig_reconfiguration_changes_the_resources(node):
     k = node.kubelet
     gpu = k.endpoint(GPU)
@@ -342,6 +347,7 @@ def test_allocations_expire_without_the_pod_resources_api(node):
     node.wait_released()
 
 
+@GPU_CHANGES                    # time-slices, MPS's exclusive-process compute mode
 def test_shared_gpus_are_advertised_and_allocated_as_replicas(node):
     """Time-slicing on GPUs 6 and 7 (renamed .shared, one replica a request), MPS on GPU 5."""
     from .mpsprocs import running

@@ -17,13 +17,12 @@ import yaml
 from hostagent.sim.control import inject_xid
 from hostagent.sim.store import SimStore
 
-from tests.rootneeds import DEVICE_NODES, GPU_CHANGES
+from tests.rootneeds import GPU_CHANGES
 from tests.waiting import until
 
 from .dracluster import DRIVER, NODE, Cluster, quickstart
 
 pytest.importorskip("celpy", reason="cel-python is in the [test] extra")
-pytestmark = DEVICE_NODES              # claims are prepared as allocations of the node's GPUs
 
 DEMOS = quickstart()
 
@@ -105,6 +104,7 @@ def test_quickstart_whole_gpu_claims_are_prepared_and_unprepared(cluster, demo):
     assert cluster.kubelet.unprepare(*claims) == {c["metadata"]["uid"]: "" for c in claims}
 
 
+@GPU_CHANGES                    # time-slices
 def test_quickstart_gpu_test6_picks_even_a100s_by_index_and_time_slices_them(cluster):
     claims = cluster.allocate(cluster.claims(DEMOS["gpu-test6"]))
     try:

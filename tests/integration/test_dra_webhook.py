@@ -84,6 +84,34 @@ def test_a_bad_configuration_is_refused_naming_the_field(parameters, message):
     assert response["status"]["code"] == 422 and message in response["status"]["message"], response
 
 
+VFIO = {"apiVersion": "resource.nvidia.com/v1beta1", "kind": "VfioDeviceConfig"}
+AT = "spec.spec.devices.config[0].opaque.parameters"
+
+
+@pytest.mark.parametrize("iommu", [{"backendPolicy": "PreferIommuFD", "enableAPIDevice": True},
+                                   {"backendPolicy": "LegacyOnly"}, {}, None])
+def test_a_good_vfio_device_config_is_admitted(iommu):
+    parameters = {**VFIO, **({"iommu": iommu} if iommu is not None else {})}
+    assert verdict(with_parameters("gpu-test-vfio-config", parameters))["allowed"] is True
+
+
+@pytest.mark.parametrize("parameters, message", [
+    ({**VFIO, "iommu": {"backendPolicy": "IommuFDOnly"}},
+     f"{AT}.iommu.backendPolicy: unknown IOMMU backend policy: IommuFDOnly, supported IOMMU backend policies: "
+     "LegacyOnly, PreferIommuFD"),
+    ({**VFIO, "iommu": {"enableAPIDevice": "yes"}}, f'{AT}.iommu.enableAPIDevice: "yes" is not true or false'),
+    ({**VFIO, "iommu": {"backendPolicy": "LegacyOnly", "noiommu": True}},
+     f"{AT}.iommu.noiommu: unknown field (known: backendPolicy, enableAPIDevice)"),
+    ({**VFIO, "sharing": {"strategy": "Exclusive"}}, f"{AT}.sharing: unknown field (known: apiVersion, iommu, kind)"),
+    ({**VFIO, "apiVersion": "resource.nvidia.com/v1"},
+     f'{AT}.apiVersion: "resource.nvidia.com/v1" is not resource.nvidia.com/v1beta1'),
+])
+def test_a_bad_vfio_device_config_is_refused_naming_the_field(parameters, message):
+    response = verdict(with_parameters("gpu-test-vfio-config", parameters))
+    assert response["allowed"] is False
+    assert response["status"] == {"code": 422, "reason": "Invalid", "message": message}, response
+
+
 def test_every_problem_is_said_and_another_drivers_configuration_is_its_own():
     obj = with_parameters("gpu-test5", {**GPU, "sharing": {"strategy": "Turbo"}})
     obj["spec"]["spec"]["devices"]["config"][1]["opaque"]["parameters"]["kind"] = "CpuConfig"

@@ -18,7 +18,6 @@ from hostagent.plugins.kubelet import podresources_pb2 as pr
 from hostagent.plugins.kubelet import podresources_pb2_grpc as pr_grpc
 from hostagent.sim.node import MIG_ENABLE
 
-from tests.rootneeds import DEVICE_NODES
 from tests.waiting import until
 
 from .agentd import make_root, running_agent
@@ -168,7 +167,6 @@ def test_a_slow_kubelet_never_delays_a_scrape(node):
     assert not any("pod" in s.labels for s in parse(svc.render().decode())["DCGM_FI_DEV_GPU_TEMP"].samples)
 
 
-@DEVICE_NODES
 def test_the_daemon_attributes_its_allocations():
     """Through the real daemon: a claim whose CDI device is an allocation's gets that
     device's series labelled, beside its allocation label."""
@@ -195,7 +193,6 @@ def test_the_daemon_attributes_its_allocations():
             kubelet.server.stop(0).wait()
 
 
-@DEVICE_NODES
 def test_a_kubelet_socket_that_accepts_and_never_answers_stops_nothing():
     """Through the real daemon: the pod resources socket accepts connections and never says
     a byte (a kubelet hung mid-start). Scrapes answer, the agent's loop answers and

@@ -17,12 +17,12 @@ import pytest
 
 from hostagent.sim import control
 from hostagent.sim.store import SimStore
-from tests.rootneeds import DEVICE_NODES, GPU_CHANGES
+from tests.rootneeds import GPU_CHANGES
 from tests.waiting import until
 
 from .dracluster import NODE, Cluster
 
-pytestmark = [GPU_CHANGES, DEVICE_NODES]
+pytestmark = GPU_CHANGES
 
 AGENT = {"api": {"watch_heartbeat": 2}, "daemon": {"resync_interval": 0},
          "health": {"quiet_period": None, "wait_timeout_ms": 200}}

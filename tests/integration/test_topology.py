@@ -22,7 +22,6 @@ from hostagent.sim.store import SimStore
 from hostagent.devices.topology import bits, cpu_text
 from hostagent.topology.matrix import text
 
-from tests.rootneeds import DEVICE_NODES
 
 from ..programs import script
 from .agentd import make_root, running_agent
@@ -182,7 +181,6 @@ def test_the_daemon_serves_the_topology_and_refuses_unknown_gpus(dgx1):
         assert response.status == 422 and response.json()["code"] == "unknown_device"
 
 
-@DEVICE_NODES
 def test_preferred_allocations_and_constraints_follow_the_cube_mesh(dgx1):
     with dgx1.client() as c:
         uuid = [g["uuid"] for g in c.devices()["gpus"]]
@@ -202,7 +200,6 @@ def test_preferred_allocations_and_constraints_follow_the_cube_mesh(dgx1):
             c.release(alloc)
 
 
-@DEVICE_NODES
 def test_a_gpu_of_unknown_topology_makes_the_daemon_prefer_by_numa_and_say_why(dgx1):
     store = SimStore(dgx1.root)
     control.set_topology_support(store, 4, False)

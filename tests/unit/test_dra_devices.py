@@ -256,3 +256,49 @@ def test_slices_stay_within_the_api_servers_limits():
     # Nothing at all: one empty slice says the driver is there.
     assert layout(Pool(), "gpu.nvidia.com", "node-1", "node-1", (1, 35)) == [
         {"driver": "gpu.nvidia.com", "pool": {"name": "node-1"}, "nodeName": "node-1", "devices": []}]
+
+
+@GPU_CHANGES
+def test_with_passthrough_a_gpu_its_partitions_and_its_vfio_device_draw_on_one_counter(make_node):
+    host, _ = make_node("dgx-a100")
+    for gpu in ("0", "1"):
+        smi(host, "-i", gpu, "-mig", "1")
+    smi(host, "-r")
+    smi(host, "mig", "-i", "1", "-cgi", "3g.20gb", "-C")          # a MIG device made by hand
+    inv, devices, profiles, node = views(host)
+    # The agent's node view of the PCI bus (GET /v1/node's vfio), each GPU alone in its group.
+    node["vfio"] = {"iommu": True, "iommufd": False, "vfio_pci": True, "gpus": [
+        {"index": g.index, "pci_bus_id": g.sysfs_bus_id, "uuid": g.uuid, "device_id": "0x20b0",
+         "vendor_id": "0x10de", "product": "GA100 [A100 SXM4 40GB]", "numa_node": 0, "iommu_group": 24 + g.index,
+         "addressable_memory": 1 << 36, "driver": "nvidia"} for g in inv.gpus]}
+    pool = build_pool(devices, profiles, node, dynamic_mig=True, passthrough=True)
+    whole = {s.name: s.counters for s in pool.counter_sets if s.name.startswith("gpu-vfio-")}
+
+    def share(d):
+        [taken] = [c for c in (d.consumes, d.shares) if c and c["counterSet"].startswith("gpu-vfio-")]
+        return taken["counterSet"], {k: v["value"] for k, v in taken["counters"].items()}
+    mig_mode, static = inv.gpus[0], inv.gpus[1]
+    partitions = [d for d in pool.devices if d.gpu == mig_mode.uuid and d.kind == "partition"]
+    assert partitions and all(share(d) == ("gpu-vfio-0-counter-set", {"whole-gpu": "1"}) for d in partitions)
+    # Each partition draws on its MIG set too; the vfio device takes all of the whole-GPU set,
+    # so one partition in use keeps the GPU from a VM, and a VM's GPU has no partition free.
+    assert all(d.consumes["counterSet"] == f"gpu-{mig_mode.minor}-counter-set" for d in partitions)
+    [vfio0] = [d for d in pool.devices if d.name == "gpu-vfio-0"]
+    assert share(vfio0) == ("gpu-vfio-0-counter-set", {"whole-gpu": "8"})
+    assert {k: v["value"] for k, v in whole["gpu-vfio-0-counter-set"].items()} == {"whole-gpu": "8"}
+    # A whole GPU and its vfio device take the same: all of it.
+    for g in inv.gpus[2:]:
+        [gpu] = [d for d in pool.devices if d.name == f"gpu-{g.minor}"]
+        [vfio] = [d for d in pool.devices if d.name == f"gpu-vfio-{g.index}"]
+        assert share(gpu) == share(vfio) == (f"gpu-vfio-{g.index}-counter-set", {"whole-gpu": "8"})
+    # A GPU with a MIG device made by hand has no vfio device (NVIDIA's driver offers none).
+    assert "gpu-vfio-1" not in {d.name for d in pool.devices}
+    assert all(not d.shares for d in pool.devices if d.gpu == static.uuid)
+    for version in ((1, 34), (1, 35), (1, 36)):
+        valid(pool, version)
+    # A GPU the IOMMU does not group: no vfio device, and its GPU draws on no set of one.
+    node["vfio"]["gpus"][7]["iommu_group"] = None
+    pool = build_pool(devices, profiles, node, dynamic_mig=True, passthrough=True)
+    [last] = [d for d in pool.devices if d.name == f"gpu-{inv.gpus[7].minor}"]
+    assert "gpu-vfio-7" not in {d.name for d in pool.devices} and not last.shares
+    valid(pool, (1, 35))

@@ -8,7 +8,6 @@ import sys
 import pytest
 
 from hostagent.fileio import remove_stale_temporaries, temp_path, write_atomic
-from tests.rootneeds import DEVICE_NODES
 from tests.waiting import until
 
 
@@ -104,7 +103,6 @@ def test_a_killed_writer_not_yet_reaped_counts_as_gone(tmp_path):
         writer.wait()
 
 
-@DEVICE_NODES
 def test_commands_with_nothing_to_write_sweep_too(tmp_path):
     """cdi refresh and runtime configure that find their files as wanted still remove what
     a writer killed before its rename left beside them; a dry run leaves them."""

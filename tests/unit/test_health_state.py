@@ -241,6 +241,29 @@ def test_reconcile_follows_mig_changes():
     assert S.reconcile(st2, new, now=4.0)[0] is st2
 
 
+def test_a_gpu_out_of_the_inventory_and_back_keeps_its_health():
+    st = S.initial(INDEX, 0.0)
+    st, _ = S.apply_event(st, event(g=1, xid=48, at=1.0), quiet_period=60, now=1.0)
+    bad = st.get("GPU-1")
+    # Passed through: NVML no longer lists it (and a GPU after it would take its index).
+    st, _ = S.reconcile(st, DeviceIndex.from_inventory(inventory(gpu(0))), now=2.0)
+    assert "GPU-1" not in st.devices and not st.unhealthy
+    assert S.recover_due(st, now=100.0)[0].away == st.away        # out of the inventory, not looked at
+    # Bound back: the same record, under the name it has now; its quiet period ran meanwhile.
+    st, changed = S.reconcile(st, DeviceIndex.from_inventory(inventory(gpu(0), gpu(1))), now=3.0)
+    assert st.get("GPU-1") == bad and not st.away
+    assert [d.key for d in S.recover_due(st, now=62.0)[1]] == ["GPU-1"]
+    # Cleared, all of them, while it is away: healthy when it returns. MIG devices and
+    # unreadable GPUs are never set aside (their UUIDs never return, their keys are indices).
+    st, _ = S.reconcile(st, DeviceIndex.from_inventory(inventory(gpu(0))), now=4.0)
+    st, _ = S.clear(st, None, now=5.0)
+    st, _ = S.reconcile(st, DeviceIndex.from_inventory(inventory(gpu(0), gpu(1))), now=6.0)
+    assert st.get("GPU-1").healthy
+    st = S.initial(INDEX, 0.0)
+    st, _ = S.reconcile(st, DeviceIndex.from_inventory(inventory(gpu(0), gpu(1))), now=1.0)
+    assert not st.away
+
+
 def test_unreadable_gpu_has_a_record():
     inv = inventory(gpu(0), unreadable=[UnreadableGpu(index=1, error="GPU is lost", nvml_code=15)])
     index = DeviceIndex.from_inventory(inv)

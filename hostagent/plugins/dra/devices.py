@@ -360,7 +360,8 @@ def _with_passthrough(published: list[Published], vfio: dict, node: dict) -> tup
     """Each GPU on the bus also as its vfio device, and every device of a GPU drawing on its
     whole-GPU counter set: the GPU and the vfio device all of it, a partition one; a GPU with
     MIG devices made otherwise has no vfio device (as NVIDIA's driver offers none)."""
-    by_uuid = {g["uuid"]: g for g in vfio.get("gpus") or () if g.get("uuid")}
+    # A GPU without an IOMMU group has no vfio device, so no whole-GPU set to draw on.
+    by_uuid = {g["uuid"]: g for g in vfio.get("gpus") or () if g.get("uuid") and g.get("iommu_group") is not None}
     static = {d.gpu for d in published if d.kind == "mig"}
     out, sets = [], []
     for d in published:
