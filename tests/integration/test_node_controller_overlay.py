@@ -16,14 +16,15 @@ import sys
 
 import pytest
 
-from tests.rootneeds import DEVICE_NODES, GPU_CHANGES
+from tests.rootneeds import GPU_CHANGES
 from tests.unit.test_kubernetes_overlays import pod
 from tests.waiting import until
 
 from .agentd import existing_group
 from .dracluster import AGENT, NODE, Cluster
 
-pytestmark = [GPU_CHANGES, DEVICE_NODES,
+pytestmark = [GPU_CHANGES, pytest.mark.root("the controller is run as the container's user, root, which only root may "
+                                            "become"),
               pytest.mark.skipif(not shutil.which("setpriv"), reason="setpriv (util-linux) is not installed")]
 
 MIG_FILE = {"version": "v1", "mig-configs": {
