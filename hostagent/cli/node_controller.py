@@ -42,7 +42,7 @@ def register(sub) -> None:
                         "default), fail, or cordon the node and evict the pods holding them")
     p.add_argument("--eviction-timeout", type=positive_seconds, default=300.0, metavar="SECONDS",
                    help="with --on-busy evict: how long evictions a disruption budget refuses are retried, and "
-                        "the devices waited for (default 300)")
+                        "the devices waited for, from when the evictions began, a restart included (default 300)")
     p.add_argument("--taint-unhealthy", action="store_true",
                    help="taint the node nvidia.com/gpu.unhealthy=true:NoSchedule while every GPU is unhealthy")
     p.add_argument("--agent-socket", metavar="PATH",

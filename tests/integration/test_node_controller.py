@@ -250,7 +250,127 @@ def test_on_busy_evict_cordons_evicts_through_the_disruption_budget_applies_and_
     assert {"Cordoned", "Evicted", "Uncordoned"} <= {e["reason"] for e in events(node)}
 
 
+def train_pod_holding_an_allocation(c, alloc_id: str = "k8s-dra/uid-1") -> None:
+    """A DRA allocation of a 1g.5gb device, and the pod holding its claim."""
+    with c.agent.client() as a:
+        a.allocate(alloc_id, [{"constraints": {"profile": "1g.5gb"}}], labels={"claim": "team/train-gpu"})
+    c.api.create({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "train", "namespace": "team"},
+                  "spec": {"nodeName": NODE, "containers": [{"name": "c", "image": "cuda"}],
+                           "resourceClaims": [{"name": "gpu", "resourceClaimName": "train-gpu"}]}})
+
+
+def evictions(c) -> int:
+    return sum(1 for method, url, _ in c.api.requests if method == "POST" and url.endswith("/eviction"))
+
+
+EVICTION_STARTED = "hostagent.io/mig.config.eviction-started"
+
+
+def test_a_controller_killed_mid_eviction_goes_on_with_the_time_left_of_its_timeout(node):
+    """The budget never lets the pod go. The controller is killed 6 s into a 10 s eviction
+    timeout and started again once the 10 s are over: the time is up, counted from when the
+    evictions began (the Node keeps it), so the change fails at once, with no new round of
+    evictions, and its cordon is lifted."""
+    start(node, "--on-busy", "evict", "--eviction-timeout", "10")
+    mark = relabel(node, {MIG: "all-1g.5gb"})
+    assert settled(node, MIG_STATE, after=mark) == "success"
+    train_pod_holding_an_allocation(node)
+    node.api.objects.blocked[("team", "train")] = None
+    before = evictions(node)
+    mark = relabel(node, {MIG: "all-3g.20gb"})
+    until(lambda: evictions(node) > before, timeout=15, interval=0.01, what="the first eviction")
+    began = time.time()
+    assert node.api.get("nodes", NODE)["spec"]["unschedulable"] is True
+    until(lambda: time.time() >= began + 6, timeout=15, what="6 s of evictions")
+    node.controller.send_signal(signal.SIGKILL)
+    node.controller.wait()
+    refused = evictions(node)
+    until(lambda: time.time() >= began + 10.5, timeout=15, what="the timeout over")
+    start(node, "--on-busy", "evict", "--eviction-timeout", "10")
+    assert settled(node, MIG_STATE, after=mark) == "failed"
+    assert "not released within 10 s of the eviction" in events(node, "MIGConfigFailed")[0]["message"]
+    assert evictions(node) == refused
+    after = node.api.get("nodes", NODE)
+    assert not after["spec"].get("unschedulable") and not {"hostagent.io/cordoned-by", EVICTION_STARTED} & set(
+        after["metadata"].get("annotations") or {})
+    assert mig_profiles(node) == ["1g.5gb"] * 56
+
+
+def test_a_controller_killed_after_its_evictions_lifts_its_cordon_once_restarted(node):
+    """Killed as the pod goes (before the change is applied): the one started next finds
+    the devices free, applies the change, and lifts the cordon the first one made."""
+    start(node, "--on-busy", "evict")
+    mark = relabel(node, {MIG: "all-1g.5gb"})
+    assert settled(node, MIG_STATE, after=mark) == "success"
+    train_pod_holding_an_allocation(node)
+
+    def kubelet(resource, obj):             # the pod gone: its allocation released, the controller killed
+        if resource == "pods" and obj["metadata"]["name"] == "train":
+            node.controller.send_signal(signal.SIGKILL)
+            with node.agent.client() as a:
+                a.release("k8s-dra/uid-1")
+    node.api.objects.on_delete.append(kubelet)
+    mark = relabel(node, {MIG: "all-3g.20gb"})
+    until(lambda: node.controller.poll() is not None, timeout=30, what="the controller killed as the pod went")
+    assert node.api.get("nodes", NODE)["spec"]["unschedulable"] is True
+    start(node, "--on-busy", "evict")
+    assert settled(node, MIG_STATE, after=mark) == "success"
+    assert mig_profiles(node) == ["3g.20gb"] * 16
+    after = node.api.get("nodes", NODE)
+    assert not after["spec"].get("unschedulable") and not {"hostagent.io/cordoned-by", EVICTION_STARTED} & set(
+        after["metadata"].get("annotations") or {})
+
+
+def test_an_allocation_in_the_way_made_during_the_evictions_has_its_pod_evicted_too(node):
+    """A pod bound before the cordon starts as the first goes, and takes a device the change
+    destroys: its pod is evicted too, and the change made (not left waiting for the timeout)."""
+    start(node, "--on-busy", "evict")
+    mark = relabel(node, {MIG: "all-1g.5gb"})
+    assert settled(node, MIG_STATE, after=mark) == "success"
+    train_pod_holding_an_allocation(node)
+
+    def kubelet(resource, obj):
+        name = obj["metadata"]["name"] if resource == "pods" else None
+        if name == "train":                 # the next pod starts on the device it frees
+            with node.agent.client() as a:
+                a.release("k8s-dra/uid-1")
+                a.allocate("k8s-dra/uid-2", [{"constraints": {"profile": "1g.5gb"}}], labels={"claim": "team/late-gpu"})
+            node.api.objects.create("pods", "team", {
+                "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "late", "namespace": "team"},
+                "spec": {"nodeName": NODE, "containers": [{"name": "c", "image": "cuda"}],
+                         "resourceClaims": [{"name": "gpu", "resourceClaimName": "late-gpu"}]}})
+        elif name == "late":
+            with node.agent.client() as a:
+                a.release("k8s-dra/uid-2")
+    node.api.objects.on_delete.append(kubelet)
+    mark = relabel(node, {MIG: "all-3g.20gb"})
+    assert settled(node, MIG_STATE, timeout=40, after=mark) == "success"
+    assert node.api.objects.evicted == [("team", "train"), ("team", "late")]
+    assert mig_profiles(node) == ["3g.20gb"] * 16 and not node.api.get("nodes", NODE)["spec"].get("unschedulable")
+
+
 def test_a_node_cordoned_by_its_admin_stays_cordoned_after_an_eviction(node):
+    node.api.patch("nodes", NODE, {"spec": {"unschedulable": True}})
+    start(node, "--on-busy", "evict")
+    mark = relabel(node, {MIG: "all-1g.5gb"})
+    assert settled(node, MIG_STATE, after=mark) == "success"
+    train_pod_holding_an_allocation(node)
+
+    def kubelet(resource, obj):
+        if resource == "pods" and obj["metadata"]["name"] == "train":
+            with node.agent.client() as a:
+                a.release("k8s-dra/uid-1")
+    node.api.objects.on_delete.append(kubelet)
+    mark = relabel(node, {MIG: "all-3g.20gb"})
+    assert settled(node, MIG_STATE, timeout=40, after=mark) == "success"
+    assert node.api.objects.evicted == [("team", "train")] and mig_profiles(node) == ["3g.20gb"] * 16
+    after = node.api.get("nodes", NODE)
+    assert after["spec"]["unschedulable"] is True and "hostagent.io/cordoned-by" not in (
+        after["metadata"].get("annotations") or {})
+    assert not events(node, "Cordoned") and not events(node, "Uncordoned")
+
+
+def test_an_allocation_no_pod_holds_fails_the_change_naming_it_and_the_admins_cordon_stays(node):
     node.api.patch("nodes", NODE, {"spec": {"unschedulable": True}})
     start(node, "--on-busy", "evict")
     mark = relabel(node, {MIG: "all-1g.5gb"})
@@ -319,6 +439,23 @@ def test_a_configmap_update_of_the_sharing_folder_is_applied(node):
         until(lambda: replicas(node) == [3] * 8, timeout=20, what="the updated config")
     finally:
         configmap_folder(node.sharing, {"default": slicing(2), "slice-4": slicing(4)})
+
+
+def test_a_sharing_change_that_takes_replicas_from_a_pod_waits_until_they_are_released(node):
+    start(node, "--sharing-configs", str(node.sharing))
+    node.api.label_node(NODE, {SHARING: "slice-4"})
+    until(lambda: replicas(node) == [4] * 8, timeout=20, what="4 replicas per GPU")
+    with node.agent.client() as a:
+        held = a.devices(type="gpu")["gpus"][0]["replicas"][3]
+        a.allocate("k8s-dra/claim-s", [held], labels={"claim": "team/slice"})
+    mark = relabel(node, {SHARING: None}, SHARING_STATE)          # back to the default: 2 replicas
+    waiting = until(lambda: events(node, "SharingConfigWaiting"), timeout=15, what="the waiting Event")
+    assert "k8s-dra/claim-s" in waiting[0]["message"] and held.partition("::")[0] in waiting[0]["message"]
+    assert labels(node)[SHARING_STATE] == "pending" and replicas(node) == [4] * 8
+    with node.agent.client() as a:
+        a.release("k8s-dra/claim-s")
+    assert settled(node, SHARING_STATE, after=mark) == "success"
+    assert replicas(node) == [2] * 8 and len(events(node, "SharingConfigWaiting")) == 1
 
 
 # ---- GPU faults -------------------------------------------------------------------------------

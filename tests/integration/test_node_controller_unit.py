@@ -2,7 +2,7 @@
 the agent, waits for its configuration file, keeps no capability and writes nothing; the
 packages install, enable and start it as they do the DRA plugin's."""
 
-import os
+import importlib.util
 import shutil
 import subprocess
 from pathlib import Path
@@ -39,9 +39,15 @@ def test_after_the_agent_configured_by_its_env_file_and_confined():
     assert "ReadWritePaths" not in d and d["Restart"] == ["always"]
 
 
-def test_the_rpm_enables_starts_and_restarts_it_as_the_dra_plugins():
+def test_the_packages_install_it_and_the_rpm_enables_starts_and_restarts_it_as_the_dra_plugins(tmp_path):
     spec = (REPO / "packaging/rpm/hostagent.spec").read_text()
     for line in spec.splitlines():
         if "hostagent-dra-plugin.service" in line:
             assert "hostagent-node-controller.service" in line, line
-    assert os.path.basename(UNIT) in os.listdir(REPO / "systemd")      # the deb installs systemd/*
+    # Both packages are made of what packaging/stage.py lays out: the unit, run from /usr/bin.
+    loader = importlib.util.spec_from_file_location("stage", REPO / "packaging/stage.py")
+    stage = importlib.util.module_from_spec(loader)
+    loader.loader.exec_module(stage)
+    stage.host_files(REPO, tmp_path)
+    staged = directives((tmp_path / "lib/systemd/system" / UNIT.name).read_text())
+    assert staged["ExecStart"] == ["/usr/bin/hostagent node-controller $NODE_CONTROLLER_ARGS"]

@@ -171,7 +171,11 @@ def test_a_failed_node_waits_for_its_admin_and_its_mark_goes_when_it_no_longer_h
     # A slot still held once the walk ended (a crash before the release) is released.
     done = node(up.UPGRADE_DONE, V)
     assert up.next_step(WANT, done, up.AgentFacts(True, True, False, V),
-                        up.SlotFacts(held="hostagent-driver-upgrade-0")).do == up.RELEASE
+                        up.SlotFacts(held="hostagent-driver-upgrade-0")) == up.Step(up.RELEASE)
+    # A failed walk's slot is released with the mark that halts the others (not left out of it).
+    release = up.next_step(WANT, failed, READY_OLD, up.SlotFacts(held="hostagent-driver-upgrade-0"))
+    assert (release.do, release.state, release.version) == (up.RELEASE, up.UPGRADE_FAILED, V) and release.why
+    assert not up.next_step(WANT, skipped, READY_OLD, up.SlotFacts(held="hostagent-driver-upgrade-0")).why
 
 
 # ---- which pods move --------------------------------------------------------------------------
@@ -310,6 +314,49 @@ def test_slots_are_taken_once_renewed_released_with_a_mark_and_taken_over_when_e
         for s in (a, b):
             s.stop()
             s.leases.stop()
+
+
+def test_a_watch_event_older_than_a_write_of_ours_does_not_undo_it():
+    """The node takes a slot (its write answered at version 7) while the watch still brings
+    version 6 (the Lease released by the node before). The Leases seen keep version 7: the
+    renewer, which stops when the slot seems held by another, goes on."""
+    name = "hostagent-driver-upgrade-0"
+    before = lease(name, "a", rv="5")
+    released, taken = lease(name, None, rv="6"), lease(name, "b", rv="7")
+
+    def watch(version):
+        leases.seen(taken)                   # the answer to our write comes first
+        yield "MODIFIED", released
+    leases = Collection("leases", lambda: ([before], "5"), watch, lambda items: None)
+    leases._once()
+    assert slots.held_by(leases.items, "b") == name and leases.version == "6"
+
+
+def test_a_slot_is_released_as_this_node_held_it_never_as_another_took_it():
+    """The watch brings another node's take-over of the Lease (it lapsed) while this node
+    releases it: what is written is this node's Lease at its version (the API server
+    refuses it, 409), never the other's Lease without its holder."""
+    name = "hostagent-driver-upgrade-0"
+    mine, theirs = lease(name, "a", rv="5"), lease(name, "b", rv="6")
+
+    class Leases:                            # each look after the first finds the take-over
+        looks = 0
+
+        @property
+        def items(self):
+            self.looks += 1
+            return {name: mine if self.looks == 1 else theirs}
+
+        def seen(self, obj):
+            pass
+    written = []
+
+    class Api:
+        def replace_lease(self, body):
+            written.append(body)
+            return body
+    assert slots.Slots(Api(), "hostagent", "a", Leases()).release() is True
+    assert [(w["metadata"]["resourceVersion"], slots.holder(w)) for w in written] == [("5", None)]
 
 
 def test_a_watch_the_credentials_do_not_allow_is_asked_for_again_only_as_often_as_a_watch_is_renewed():

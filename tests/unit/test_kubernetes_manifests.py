@@ -151,7 +151,8 @@ def test_only_the_node_controller_may_use_the_kubernetes_api_and_only_for_what_i
 def test_the_node_controller_reads_the_configmaps_its_flags_name_and_the_agents_socket():
     c = container("node-controller")
     assert tuple(c["command"][:2]) == ("hostagent", "node-controller") and c["image"] == container("hostagent")["image"]
-    assert c["securityContext"] == {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+    # Root (the agent's admin on its socket: it applies MIG layouts and sharing) without a capability.
+    assert c["securityContext"] == {"runAsUser": 0, "allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
                                     "capabilities": {"drop": ["ALL"]}}
     volumes = {v["name"]: v for v in kind("DaemonSet")["spec"]["template"]["spec"]["volumes"]}
     mounts = {m["mountPath"]: volumes[m["name"]] for m in c["volumeMounts"]}

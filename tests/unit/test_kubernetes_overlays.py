@@ -27,7 +27,7 @@ CUSTOM = {("monitoring.coreos.com/v1", "ServiceMonitor"), ("cert-manager.io/v1",
 # Every release from 1.30 (resource.k8s.io/v1 and so the DRA overlay: from 1.34) to 1.35.
 RELEASES = tuple(f"1.{minor}.0" for minor in range(30, 36))
 OVERLAYS = {".": RELEASES, "dra": RELEASES[4:], "simulated": RELEASES, "simulated/dra": RELEASES[4:],
-            "monitoring": RELEASES, "dra/cert-manager": RELEASES}
+            "monitoring": RELEASES, "dra/cert-manager": RELEASES, "node-controller": RELEASES}
 # Kustomize components: parts of the overlays above, not rendered alone.
 COMPONENTS = {"components/simulated"}
 
@@ -193,6 +193,47 @@ def test_a_simulated_nodes_specs_start_no_hook_and_the_rest_of_the_configuration
     assert config == {**base, "hook": {"in_cdi_specs": False}}
     hook = validate_data(config)["hook"]
     assert hook_in_specs(simulated_host("/var/lib/hostagent-sim"), hook) is False
+
+
+def test_the_node_controller_overlay_runs_the_bases_controller_alone_against_the_hosts_agent():
+    """For an agent installed on the host: the base's node controller container as it is, in a
+    DaemonSet of its own with only what it mounts, the base's ServiceAccount, RBAC and named
+    configs, and nothing of the agent's (its DaemonSet, its configuration)."""
+    from hostagent.client import DEFAULT_SOCKET
+    objects = {(d["kind"], d["metadata"]["name"]) for d in rendered("node-controller")}
+    base = {(d["kind"], d["metadata"]["name"]) for d in rendered(".")}
+    assert objects == base - {("DaemonSet", "hostagent"), ("ConfigMap", "hostagent-config")} | {
+        ("DaemonSet", "hostagent-node-controller")}
+    for doc in rendered("node-controller"):
+        if doc["kind"] != "DaemonSet":
+            assert doc in rendered("."), (doc["kind"], doc["metadata"]["name"])
+    daemonset = the("node-controller", "DaemonSet")
+    spec, agent_pod = daemonset["spec"]["template"]["spec"], pod(".")
+    [controller] = spec["containers"]
+    assert controller == next(c for c in agent_pod["containers"] if c["name"] == "node-controller")
+    assert "initContainers" not in spec
+    # Its volumes are the base's of the same names, each mounted, nothing else of the host's.
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    assert set(volumes) == {m["name"] for m in controller["volumeMounts"]}
+    assert all(v in agent_pod["volumes"] for v in spec["volumes"])
+    mounts = {m["mountPath"]: volumes[m["name"]] for m in controller["volumeMounts"]}
+    assert mounts[str(Path(DEFAULT_SOCKET).parent)]["hostPath"]["path"] == "/run/hostagent"
+    assert {v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v} == {
+        "/run/hostagent", "/var/lib/kubelet/pod-resources"}
+    # The agent's admin on its socket: the host's root, without any capability or privilege.
+    assert controller["securityContext"] == {"runAsUser": 0, "allowPrivilegeEscalation": False,
+                                             "readOnlyRootFilesystem": True, "capabilities": {"drop": ["ALL"]}}
+    assert spec["hostUsers"] is True and "securityContext" not in spec
+    assert not spec.get("hostNetwork") and not spec.get("hostPID")
+    # The ServiceAccount's token, mounted by the controller; on the agent's nodes; its pods its own.
+    assert spec["serviceAccountName"] == "hostagent" and spec["automountServiceAccountToken"] is False
+    assert volumes["node-controller-token"] == next(v for v in agent_pod["volumes"]
+                                                     if v["name"] == "node-controller-token")
+    assert spec["affinity"] == agent_pod["affinity"] and spec["tolerations"] == agent_pod["tolerations"]
+    selector = daemonset["spec"]["selector"]["matchLabels"]
+    assert all(daemonset["spec"]["template"]["metadata"]["labels"][k] == v for k, v in selector.items())
+    agent_labels = the(".", "DaemonSet", "hostagent")["spec"]["template"]["metadata"]["labels"]
+    assert any(agent_labels.get(k) != v for k, v in selector.items())     # never the agent's pods
 
 
 def test_the_service_monitor_scrapes_every_agent_pod():

@@ -13,7 +13,7 @@ pytest.importorskip("lightkube", reason="lightkube is a dependency")
 
 from hostagent.plugins.nodecontroller import healthplan, migplan, sharingplan  # noqa: E402
 from hostagent.plugins.nodecontroller.configs import MigFile, config_names  # noqa: E402
-from hostagent.plugins.nodecontroller.cordon import Cordon, cordon_patch, uncordon_patch  # noqa: E402
+from hostagent.plugins.nodecontroller.cordon import Cordon, cordon_patch, lifted_patch, uncordon_patch  # noqa: E402
 from hostagent.plugins.nodecontroller.events import EventRecorder  # noqa: E402
 from hostagent.plugins.nodecontroller.evict import Evictor, Refused  # noqa: E402
 from hostagent.plugins.nodecontroller.holders import holders  # noqa: E402
@@ -148,6 +148,13 @@ def test_cordon_lifts_only_its_own():
     assert cordon_patch(admins, "mig") is None and uncordon_patch(admins, "mig") is None
     both = {"metadata": {"annotations": {"hostagent.io/cordoned-by": "mig,upgrade"}}, "spec": {"unschedulable": True}}
     assert uncordon_patch(both, "mig") == {"metadata": {"annotations": {"hostagent.io/cordoned-by": "upgrade"}}}
+    assert lifted_patch(both) is None
+    # Someone else uncordoned it: the record of our cordon goes, and a cordon made after is theirs.
+    lifted = {"metadata": {"annotations": {"hostagent.io/cordoned-by": "upgrade"}}, "spec": {}}
+    assert lifted_patch(lifted) == uncordon_patch(lifted, "upgrade") == {
+        "metadata": {"annotations": {"hostagent.io/cordoned-by": None}}}
+    assert cordon_patch(lifted, "mig") == {"spec": {"unschedulable": True},
+                                           "metadata": {"annotations": {"hostagent.io/cordoned-by": "mig"}}}
 
 
 # ---- executors against the test API server --------------------------------------------------
@@ -164,6 +171,29 @@ def test_a_stale_node_is_read_again_on_409_and_the_others_change_kept(api):
     before = len(server.requests)
     assert writer.set_labels({"nvidia.com/mig.config.state": "pending"}) is None    # nothing to change
     assert len(server.requests) == before
+
+
+def test_an_answer_that_comes_back_after_a_newer_one_does_not_replace_it(api):
+    """Two threads write through one writer: the second's patch is made and answered while
+    the first's answer is on its way. The Node kept is the newer, with both changes."""
+    server, client = api
+    writer = NodeWriter(client, "n")
+    writer.seen(client.get_node("n"))
+
+    class Overtaken:
+        def __getattr__(self, name):
+            return getattr(client, name)
+
+        def patch_node(self, name, patch):
+            answer = client.patch_node(name, patch)
+            if "first" in patch["metadata"].get("labels", {}):      # another thread's write lands first
+                writer.api = client
+                writer.set_labels({"second": "b"})
+            return answer
+    writer.api = Overtaken()
+    writer.set_labels({"first": "a"})
+    assert writer.node["metadata"]["labels"] == {"first": "a", "second": "b"}
+    assert writer.node["metadata"]["resourceVersion"] == server.get("nodes", "n")["metadata"]["resourceVersion"]
 
 
 def test_cordon_through_the_api(api):

@@ -16,7 +16,8 @@ One per node, a consumer of the agent's local API and of the Kubernetes API (nev
     cordon       cordon and uncordon, remembering its own cordon in an annotation
     evict        pods evicted through the Eviction API, 429s retried until a timeout
     holders      which pods hold an agent allocation
-    context      what the parts share; clearing devices in use (cordon, evict, uncordon)
+    clearing     devices in use cleared for a change: cordon, evict, uncordon (--on-busy evict)
+    context      what the parts share
     mig          MIG by label: a pass of the plan, the state, the apply
     sharing      sharing by label: the same for the sharing config
     health       the faults reported: Events, condition, taint, on a thread of its own

@@ -69,7 +69,7 @@ class NodeController:
         self.writer.seen(node)
         labels = ((node or {}).get("metadata") or {}).get("labels") or {}
         wanted = (labels.get(MIG_CONFIG), labels.get(SHARING_CONFIG))
-        if wanted != self._labels:
+        if wanted != self._labels or self.ctx.cordon.lifted():     # the latter: forgotten on the loop
             self._labels = wanted
             self._wake.set()
         self.health.wake()
@@ -102,9 +102,9 @@ class NodeController:
             return
         labels = (node.get("metadata") or {}).get("labels") or {}
         failed = False
-        for part in (self.mig, self.sharing):
+        for reconcile in (lambda _: self.ctx.cordon.forget_lifted(), self.mig.reconcile, self.sharing.reconcile):
             try:
-                part.reconcile(labels)
+                reconcile(labels)
             except KubeError as e:
                 log.warning("%s; trying again in %g s", e.message, self._delay)
                 failed = True

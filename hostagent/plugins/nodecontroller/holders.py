@@ -13,7 +13,9 @@ allocations, what the kubelet says each container holds (its pod resources API).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+
+from .gpupods import claim_names
 
 __all__ = ["Holders", "holders"]
 
@@ -22,20 +24,10 @@ __all__ = ["Holders", "holders"]
 class Holders:
     pods: tuple[tuple[str, str], ...] = ()                        # (namespace, name), sorted
     unheld: tuple[str, ...] = ()                                 # allocation ids no pod holds
-    by_allocation: dict = field(default_factory=dict)            # allocation id -> its pods
 
 
 def _claim_pods(pods: list[dict], namespace: str, claim: str) -> list[tuple[str, str]]:
-    out = []
-    for pod in pods:
-        meta = pod.get("metadata") or {}
-        if meta.get("namespace") != namespace:
-            continue
-        spec_claims = {c.get("resourceClaimName") for c in (pod.get("spec") or {}).get("resourceClaims") or ()}
-        status_claims = {c.get("resourceClaimName") for c in (pod.get("status") or {}).get("resourceClaimStatuses") or ()}
-        if claim in spec_claims | status_claims:
-            out.append((namespace, meta["name"]))
-    return out
+    return [(namespace, pod["metadata"]["name"]) for pod in pods if (namespace, claim) in claim_names(pod)]
 
 
 def _device_pods(holdings, devices: set[str]) -> list[tuple[str, str]]:
@@ -61,4 +53,4 @@ def holders(busy: list[dict], pods: list[dict], holdings=None) -> Holders:
             found = _device_pods(holdings, set(alloc.get("devices") or ()))
         by_allocation[alloc["id"]] = tuple(sorted(set(found)))
     return Holders(tuple(sorted({p for found in by_allocation.values() for p in found})),
-                   tuple(sorted(a for a, found in by_allocation.items() if not found)), by_allocation)
+                   tuple(sorted(a for a, found in by_allocation.items() if not found)))

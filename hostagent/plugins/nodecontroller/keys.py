@@ -6,7 +6,7 @@ from __future__ import annotations
 
 __all__ = ["MIG_CONFIG", "MIG_STATE", "SHARING_CONFIG", "SHARING_STATE", "PENDING", "SUCCESS", "FAILED",
            "CONDITION", "TAINT", "CORDONED_BY", "COMPONENT", "UPGRADE_STATE", "UPGRADE_SKIP", "UPGRADE_VERSION",
-           "UPGRADE_ADMITTED", "DRIVER_CONFIGMAP"]
+           "UPGRADE_ADMITTED", "DRIVER_CONFIGMAP", "EVICTION_STARTED"]
 
 MIG_CONFIG = "nvidia.com/mig.config"                      # mig-manager: the named config wanted
 MIG_STATE = "nvidia.com/mig.config.state"                 # mig-manager: pending, success, failed
@@ -17,6 +17,8 @@ PENDING, SUCCESS, FAILED = "pending", "success", "failed"
 CONDITION = "GPUUnhealthy"                  # True while a GPU is unhealthy (a problem-type condition)
 TAINT = "nvidia.com/gpu.unhealthy"          # with --taint-unhealthy: every GPU of the node is unhealthy
 CORDONED_BY = "hostagent.io/cordoned-by"    # the features that cordoned the node, comma-separated
+# A feature's evictions began (Unix time): their timeout counts from it across restarts
+EVICTION_STARTED = "hostagent.io/{}.eviction-started"
 COMPONENT = "hostagent-node-controller"     # the Events' source, the writes' field manager
 
 # Driver upgrades across the fleet

@@ -14,7 +14,7 @@ import logging
 
 from ...errors import ConflictError, HostagentError, UnavailableError
 from . import migplan
-from .context import Clearing
+from .clearing import Clearing
 from .keys import MIG_STATE, PENDING
 
 __all__ = ["MigByLabel"]
@@ -88,9 +88,10 @@ class MigByLabel:
                 return self._finish(key, migplan.refused(
                     name, f"the devices in use were not released within {self.ctx.options.eviction_timeout:g} s "
                           f"of the eviction: {migplan.busy_text(step.busy)}"))
-            if not self.clearing.active:
-                self.ctx.recorder.record(*step.event)
-                problem = self.clearing.start(step.busy, f"MIG config {name!r}")
+            if self.clearing.due(ids):
+                if not self.clearing.active:         # said once, not again after a restart
+                    self.ctx.recorder.record(*step.event)
+                problem = self.clearing.start(ids, step.busy, f"MIG config {name!r}")
                 if problem:
                     return self._finish(key, migplan.refused(name, problem))
             return

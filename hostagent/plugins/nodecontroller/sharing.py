@@ -10,7 +10,7 @@ import logging
 from ...errors import ConflictError, HostagentError, UnavailableError
 from . import sharingplan
 from .configs import config_names, read_sharing_config
-from .context import Clearing
+from .clearing import Clearing
 from .keys import FAILED, PENDING, SHARING_STATE
 
 __all__ = ["SharingByLabel"]
@@ -113,7 +113,7 @@ class SharingByLabel:
             return self._finish(key, *sharingplan.failed(
                 choice.name, f"the devices in use were not released within {self.ctx.options.eviction_timeout:g} s "
                              f"of the eviction: {sharingplan.busy_text(devices, ids)}"))
-        if self.clearing.active:
+        if not self.clearing.due(ids):
             return
         busy = []
         for alloc_id in ids:
@@ -123,6 +123,6 @@ class SharingByLabel:
                 continue                     # released meanwhile
             busy.append({"id": alloc_id, "labels": alloc.get("labels") or {},
                          "devices": sorted(set(alloc.get("devices") or ()) & set(devices))})
-        problem = self.clearing.start(busy, f"sharing config {choice.name!r}")
+        problem = self.clearing.start(ids, busy, f"sharing config {choice.name!r}")
         if problem:
             self._finish(key, *sharingplan.failed(choice.name, problem))

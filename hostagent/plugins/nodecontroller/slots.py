@@ -179,6 +179,13 @@ class Slots:
     def held(self) -> str | None:
         return held_by(self.items, self.me)
 
+    def _mine(self) -> tuple[str | None, dict | None]:
+        """The slot this node holds and its Lease, from one look at the Leases: the watch
+        replaces them meanwhile, and a second look may find the Lease another node took."""
+        items = self.items
+        name = held_by(items, self.me)
+        return name, items.get(name) if name else None
+
     def _write(self, body: dict, create: bool = False) -> dict | None:
         """Create or replace; None when another node wrote first (409)."""
         try:
@@ -216,10 +223,10 @@ class Slots:
         """Release the slot held (with a failure ``mark``); True when one was."""
         with self._lock:
             for _ in range(5):
-                name = self.held()
+                name, lease = self._mine()
                 if name is None:
                     return False
-                if self._write(released(self.items[name], mark)) is not None:
+                if self._write(released(lease, mark)) is not None:
                     return True
                 time.sleep(0.2)             # the watch brings the other write
             raise KubeError(f"releasing Lease {self.namespace}/{self.held()}: it kept changing", status=409)
@@ -227,8 +234,9 @@ class Slots:
     def clear_marks(self) -> None:
         """Remove this node's failure marks (its rollout may go on)."""
         with self._lock:
-            for name in my_marks(self.items, self.me):
-                self._write(unmarked(self.items[name]))
+            items = self.items
+            for name in my_marks(items, self.me):
+                self._write(unmarked(items[name]))
 
     # ---- renewal ---------------------------------------------------------------------
 
@@ -252,7 +260,7 @@ class Slots:
         delay, last = self.duration / 3, None
         while not self._stop.wait(delay):
             with self._lock:
-                name = self.held()
+                name, lease = self._mine()
                 if name is None:             # released; or taken over, when it lapsed unrenewed
                     taker = holder(self.items.get(last)) if last else None
                     if taker not in (None, self.me):
@@ -262,7 +270,7 @@ class Slots:
                     return
                 last = name
                 try:
-                    ok = self._write(renewed(self.items[name], self.wall())) is not None
+                    ok = self._write(renewed(lease, self.wall())) is not None
                 except KubeError as e:
                     log.warning("Lease %s not renewed: %s", name, e.message)
                     ok = False

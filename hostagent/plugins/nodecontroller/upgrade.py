@@ -22,8 +22,8 @@ from ..kubeerror import KubeError
 from . import gpupods, slots as slotlib
 from . import upgradeplan as plan
 from .events import NORMAL, WARNING
-from .evict import Evictor, Refused
-from .keys import DRIVER_CONFIGMAP, UPGRADE_ADMITTED, UPGRADE_STATE, UPGRADE_VERSION
+from .evict import Evictor, Refused, started, started_patch
+from .keys import DRIVER_CONFIGMAP, EVICTION_STARTED, UPGRADE_ADMITTED, UPGRADE_STATE, UPGRADE_VERSION
 from .watcher import Collection, Follower
 
 __all__ = ["DriverUpgrade", "WHY", "REASON", "FAILED_REASON", "HALTED_REASON", "CONFIG_REASON"]
@@ -32,7 +32,7 @@ log = logging.getLogger("hostagent.plugins")
 
 WHY = "driver-upgrade"                      # its cordon's reason (hostagent.io/cordoned-by)
 REASON = "GPUDriverUpgrade"                 # the GPU operator's reason for each step
-FAILED_REASON = "GPUDriverUpgradeFailed"
+FAILED_REASON = plan.FAILED_EVENT
 HALTED_REASON = "GPUDriverUpgradeHalted"
 CONFIG_REASON = "GPUDriverUpgradeConfigInvalid"
 PASS_STEPS = 32                             # steps in one pass at most (a walk has fewer)
@@ -53,7 +53,7 @@ class DriverUpgrade:
         self.slots = slotlib.Slots(api, options.namespace, options.node, self.leases, options.upgrade_lease,
                                    wake=self.wake)
         self.known = False                  # the ConfigMap was read (or found absent) once
-        self.last: plan.Step | None = None  # the last step, for the status line and the dry run
+        self.last: plan.Step | None = None  # the last step, for the status line
         self._said: dict[str, str] = {}     # the Warning last recorded, by reason
         self._wake = threading.Event()
         self._timeout: float | None = None
@@ -158,11 +158,15 @@ class DriverUpgrade:
 
     # ---- the Node ---------------------------------------------------------------------------
 
-    def _write(self, state: str | None, version: str | None, *, admitted: bool | None = None) -> None:
+    def _write(self, state: str | None, version: str | None, *, admitted: bool | None = None,
+               evicting: bool | None = None) -> None:
+        """The state label and the walk's annotations: its version, when it took its slot
+        (``admitted``), when its evictions began (``evicting``); True: now, False: gone."""
         labels = {UPGRADE_STATE: state} if state else {}
         notes = {UPGRADE_VERSION: version} if version else {}
-        if admitted is not None:
-            notes[UPGRADE_ADMITTED] = f"{time.time():.3f}" if admitted else None
+        for key, now in ((UPGRADE_ADMITTED, admitted), (EVICTION_STARTED.format(WHY), evicting)):
+            if now is not None:
+                notes[key] = f"{time.time():.3f}" if now else None
 
         def change(node):
             meta = node.get("metadata") or {}
@@ -204,12 +208,20 @@ class DriverUpgrade:
             why = "the node is cordoned for the upgrade"
         else:
             why = "the node was cordoned already by someone else: it stays cordoned after the upgrade"
-        self._write(step.state, step.version)
+        self._write(step.state, step.version, evicting=True)
         self._event(step.state, f"{why}; evicting its GPU pods")
 
     def _evict(self, step, want, node):
+        """Evict the GPU pods, retrying a budget's 429 until ``podDeletionTimeoutSeconds``
+        after the evictions began (the Node says when: a restart goes on with the time left),
+        then wait for them to go."""
         want = want or plan.Desired(step.version)
         api, me = self.ctx.api, self.ctx.options.node
+        began = started(self.ctx.writer.node, WHY)
+        if began is None:                    # the state set by hand: they begin now
+            began = time.time()
+            self.ctx.writer.update(lambda n: started_patch(n, WHY, began), "recording when the evictions began")
+        left = began + want.pod_deletion_timeout - time.time()
         pods = api.node_pods(me)
         claims = {}
         for ref in sorted({c for p in gpupods.candidates(pods) for c in gpupods.claim_names(p)}):
@@ -218,12 +230,14 @@ class DriverUpgrade:
             except KubeError as e:
                 claims[ref] = {} if e.status == 404 else None       # gone: no GPU; unreadable: taken for one
         targets = gpupods.gpu_pods(pods, claims)
-        deadline = time.monotonic() + want.pod_deletion_timeout
+        deadline = time.monotonic() + left
         evictor = Evictor(api, timeout=want.pod_deletion_timeout, stop=self.ctx.stop)
         deleted = []
         try:
-            evictor.evict(targets)
+            evictor.evict(targets, left=left)
         except Refused as e:
+            if self.ctx.stop.is_set():       # stopping is no failure: the next start goes on
+                return False
             if not want.pod_deletion_force:
                 return self._fail(plan.Step(plan.FAIL, version=step.version, why=f"GPU pods were not evicted within "
                                             f"{want.pod_deletion_timeout} s: {e.message} (podDeletionForce is "
@@ -239,11 +253,13 @@ class DriverUpgrade:
                 deleted.append(key)
         if self.ctx.stop.is_set():
             return False
-        left = self._gone(targets, deadline)
-        if left:
+        still = self._gone(targets, deadline)
+        if self.ctx.stop.is_set():
+            return False
+        if still:
             return self._fail(plan.Step(plan.FAIL, version=step.version, why=f"GPU pods evicted but still there after "
-                                        f"{want.pod_deletion_timeout} s: {', '.join(left)}"), want, node)
-        self._write(step.state, step.version)
+                                        f"{want.pod_deletion_timeout} s: {', '.join(still)}"), want, node)
+        self._write(step.state, step.version, evicting=False)
         moved = [f"{ns}/{name}" for ns, name in targets if f"{ns}/{name}" not in deleted]
         said = (f"evicted {', '.join(moved)}" if moved else "no GPU pod to move") + \
                (f"; deleted {', '.join(deleted)} (podDeletionForce)" if deleted else "")
@@ -309,23 +325,26 @@ class DriverUpgrade:
                                 f"({cdi.get('devices', 0)} devices); uncordoning")
 
     def _uncordon(self, step, want, node) -> None:
-        lifted = self.ctx.cordon.uncordon(WHY)
+        self.ctx.cordon.uncordon(WHY)
+        others = self.ctx.cordon.holders()
         self._write(step.state, step.version, admitted=False)
-        self._event(step.state, f"the driver {step.version} is in place; "
-                    + ("the node is uncordoned" if lifted else "the node stays cordoned (not by the upgrade)"))
+        self._event(step.state, f"the driver {step.version} is in place; the node "
+                    + ("is uncordoned" if others is None else f"stays cordoned (for {', '.join(others)})" if others
+                       else "stays cordoned (not by the upgrade)"))
 
     def _fail(self, step, want, node):
         where = node.state or "upgrade-required"
         what = f"the upgrade to the driver {step.version}" if step.version else "the driver upgrade"
         message = f"{what} failed at {where}: {step.why}; the node stays cordoned"
         self.ctx.recorder.record(WARNING, FAILED_REASON, message)       # the Event first: the label points at it
-        self._write(plan.UPGRADE_FAILED, step.version)
+        self._write(plan.UPGRADE_FAILED, step.version, evicting=False)
         self.slots.release({"node": self.ctx.options.node, "version": step.version, "reason": step.why})
         return False
 
     def _release(self, step, want, node) -> None:
-        if self.slots.release():
-            log.info("driver upgrade: slot released")
+        mark = {"node": self.ctx.options.node, "version": step.version, "reason": step.why} if step.why else None
+        if self.slots.release(mark):
+            log.info("driver upgrade: slot released%s", " with this node's failure mark" if mark else "")
 
     def _clear(self, step, want, node) -> None:
         self.slots.clear_marks()

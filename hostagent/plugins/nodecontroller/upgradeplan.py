@@ -45,8 +45,10 @@ ACQUIRE = "acquire"    # take a free slot
 ADMIT = "admit"        # the slot is held: cordon-required, the walk's start recorded
 CORDON, EVICT, INSTALL, VALIDATE, UNCORDON = "cordon", "evict", "install", "validate", "uncordon"
 FAIL = "fail"          # upgrade-failed, an Event saying ``why``, the slot released with a mark
-RELEASE = "release"    # the slot goes (the walk is over)
+RELEASE = "release"    # the slot goes (the walk is over; state upgrade-failed and a why: with the mark)
 CLEAR = "clear"        # this node's failure mark goes (it no longer halts the rollout)
+
+FAILED_EVENT = "GPUDriverUpgradeFailed"     # the Warning a failed walk leaves on the Node
 
 VERSION = re.compile(r"[0-9]{3,4}\.[0-9]{1,3}(\.[0-9]{1,3})?")
 KEYS = ("version", "maxParallelUpgrades", "podDeletionTimeoutSeconds", "podDeletionForce")
@@ -158,6 +160,11 @@ def next_step(want: Desired | None, node: NodeFacts, agent: AgentFacts, slot: Sl
     failed_here = node.state == UPGRADE_FAILED and not node.skip and want is not None and node.version == want.version
     if slot.mine_failed and not failed_here:
         return Step(CLEAR)
+    if slot.held and node.state == UPGRADE_FAILED:
+        # A failed walk whose release did not happen (a restart, the API server away): the
+        # slot goes with the mark that halts the rollout, as the failure would have left it.
+        return Step(RELEASE, UPGRADE_FAILED, node.version,
+                    why=f"see its Warning {FAILED_EVENT}" if failed_here else "")
     step = _resting(want, node, agent, slot)
     if slot.held and step.do not in (ADMIT, MARK):
         return Step(RELEASE)                 # a walk that ended before its slot was released

@@ -42,7 +42,6 @@ class Follower:
         self.connected = False
         self.error: str | None = "not read yet"
         self.version: str | None = None        # where the watch resumes (None: read first)
-        self.reads = 0                         # full reads: the first, and after each 410
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -64,7 +63,6 @@ class Follower:
 
     def _once(self) -> None:
         if self.version is None:
-            self.reads += 1
             try:
                 obj = self.read()
             except KubeError as e:
@@ -136,7 +134,6 @@ class Collection(Follower):
 
     def _once(self) -> None:
         if self.version is None:
-            self.reads += 1
             objects, self.version = self.read()
             self.items = {o["metadata"]["name"]: o for o in objects}
             self.listed, self.connected, self.error = True, True, None
@@ -150,13 +147,16 @@ class Collection(Follower):
             if kind == "DELETED":
                 self.items = {k: v for k, v in self.items.items() if k != name}
             elif kind in ("ADDED", "MODIFIED"):
-                self.items = {**self.items, name: obj}
+                self.seen(obj)
             else:
                 continue
             self._publish()
 
     def seen(self, obj: dict) -> None:
-        """An object as this process's own write left it (the watch brings it later)."""
+        """A version of an object: the watch's, or this process's own write as the API
+        server answered it. Kept unless the one kept is newer: the watch may still be
+        delivering changes made before that write (a Lease's holder would seem to change
+        back)."""
         name = obj["metadata"]["name"]
         old = self.items.get(name)
         if old is None or _newer(obj, old):

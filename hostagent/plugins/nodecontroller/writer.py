@@ -2,8 +2,11 @@
 sent with its ``resourceVersion`` as a precondition, so a change made meanwhile by someone
 else (a 409) is never overwritten: the Node is read again and the patch computed again.
 
-The Node as last seen is the watch's (no read before a write) or this writer's own last
-answer, whichever came last; a write that changes nothing is not sent.
+The Node as last seen is the newest of the watch's, the API server's answers to this
+writer's patches, and its reads after a 409 (no read before a write). The controller's
+threads write through one writer, so an answer that comes back after a newer one (another
+thread's patch, made later, answered first) never takes its place. A write that changes
+nothing is not sent.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ import threading
 
 from ..kubeerror import KubeError
 
-__all__ = ["NodeWriter", "labels_patch", "annotations_patch"]
+__all__ = ["NodeWriter", "labels_patch", "merged"]
 
 log = logging.getLogger("hostagent.plugins")
 
@@ -31,8 +34,18 @@ def labels_patch(node: dict, labels: dict) -> dict | None:
     return _metadata_patch(node, "labels", labels)
 
 
-def annotations_patch(node: dict, annotations: dict) -> dict | None:
-    return _metadata_patch(node, "annotations", annotations)
+def merged(*patches: dict | None) -> dict | None:
+    """Merge patches as one (each changes keys of its own); None when all are None."""
+    def merge(into: dict, patch: dict) -> dict:
+        out = dict(into)
+        for key, value in patch.items():
+            out[key] = merge(out.get(key) or {}, value) if isinstance(value, dict) else value
+        return out
+    out = None
+    for patch in patches:
+        if patch is not None:
+            out = merge(out or {}, patch)
+    return out
 
 
 def _older(node: dict, than: dict | None) -> bool:
@@ -54,8 +67,8 @@ class NodeWriter:
         self._lock = threading.Lock()
 
     def seen(self, node: dict | None) -> None:
-        """The Node as the watch delivered it: kept unless this writer's own last answer is
-        newer (the watch may still be delivering changes made before it)."""
+        """A version of the Node (the watch's, an answer, a read): kept unless the one kept
+        is newer (the watch may still be delivering changes made before it)."""
         if node is not None:
             with self._lock:
                 if not _older(node, self._node):
@@ -72,6 +85,7 @@ class NodeWriter:
         for attempt in range(CONFLICT_TRIES):
             if node is None:
                 node = self.api.get_node(self.name)
+                self.seen(node)
             patch = change(node)
             if patch is None:
                 return None
@@ -86,13 +100,9 @@ class NodeWriter:
                 node = None
                 continue
             self.writes += 1
-            with self._lock:
-                self._node = result
+            self.seen(result)
             return result
         raise KubeError(f"{what}: the Node kept changing ({CONFLICT_TRIES} conflicts in a row)", status=409)
 
     def set_labels(self, labels: dict, what: str = "labels") -> dict | None:
         return self.update(lambda node: labels_patch(node, labels), f"setting {what} on Node {self.name}")
-
-    def set_annotations(self, annotations: dict, what: str = "annotations") -> dict | None:
-        return self.update(lambda node: annotations_patch(node, annotations), f"setting {what} on Node {self.name}")
