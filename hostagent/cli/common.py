@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["host_from_args", "daemon_socket", "running_daemon_socket", "daemon_client",
+__all__ = ["cluster_arguments", "node_name", "host_from_args", "daemon_socket", "running_daemon_socket", "daemon_client",
            "unread_lines", "note_unread", "say"]
 
 DEFAULT_SOCKET = "/run/hostagent/hostagent.sock"
@@ -109,3 +109,21 @@ def seconds(text: str, *, above_zero: bool = False) -> float:
 def positive_seconds(text: str) -> float:
     """An argparse type: a finite number of seconds, more than 0."""
     return seconds(text, above_zero=True)
+
+
+def cluster_arguments(p) -> None:
+    """``--kubeconfig`` and ``--node-name``: how a command that talks to the Kubernetes API finds
+    it and its own Node (the DRA plugin, the node controller)."""
+    p.add_argument("--kubeconfig", metavar="FILE",
+                   help="the Kubernetes API's configuration (default: $KUBECONFIG, else the pod's service account)")
+    p.add_argument("--node-name", metavar="NAME", help="this node's name in Kubernetes (default: $NODE_NAME)")
+
+
+def node_name(args, environ) -> str:
+    """The node's name: ``--node-name``, else ``$NODE_NAME``."""
+    from ..errors import UsageError
+    node = args.node_name or environ.get("NODE_NAME")
+    if not node:
+        raise UsageError("no node name", hint="give --node-name NAME or set NODE_NAME; in a pod, from the "
+                                              "downward API's spec.nodeName")
+    return node

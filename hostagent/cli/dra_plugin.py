@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .common import host_from_args, positive_seconds
+from .common import cluster_arguments, host_from_args, node_name, positive_seconds
 
 __all__ = ["register"]
 
@@ -26,9 +26,7 @@ def register(sub) -> None:
         description="The DRA kubelet plugin (resource.k8s.io/v1): the agent's GPUs, MIG devices and, with "
                     "--dynamic-mig, MIG partitions made on demand as the ResourceSlices of a DRA driver, and "
                     "resource claims prepared as agent allocations. Runs until SIGTERM. See docs/dra.md.")
-    p.add_argument("--kubeconfig", metavar="FILE",
-                   help="the Kubernetes API's configuration (default: $KUBECONFIG, else the pod's service account)")
-    p.add_argument("--node-name", metavar="NAME", help="this node's name in Kubernetes (default: $NODE_NAME)")
+    cluster_arguments(p)
     p.add_argument("--plugin-registry", metavar="DIR",
                    help=f"the kubelet's plugin registry folder (default {REGISTRY}; under the simulated root "
                         "with --simulate)")
@@ -59,13 +57,9 @@ def options_from_args(args, environ=None):
     import os
     from pathlib import Path
     from ..client import DEFAULT_SOCKET
-    from ..errors import UsageError
     from ..plugins.dra.plugin import Options
     environ = os.environ if environ is None else environ
-    node = args.node_name or environ.get("NODE_NAME")
-    if not node:
-        raise UsageError("no node name", hint="give --node-name NAME or set NODE_NAME; in a pod, from the "
-                                              "downward API's spec.nodeName")
+    node = node_name(args, environ)
     host = host_from_args(args)
     return Options(
         node=node, driver=args.driver_name,

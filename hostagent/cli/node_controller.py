@@ -5,7 +5,7 @@ of the agent and of the Kubernetes API."""
 
 from __future__ import annotations
 
-from .common import host_from_args, positive_seconds
+from .common import cluster_arguments, host_from_args, node_name, positive_seconds
 
 __all__ = ["register", "options_from_args"]
 
@@ -22,9 +22,7 @@ def register(sub) -> None:
                     "node (nvidia.com/gpu-driver-upgrade-state), and turns the agent's GPU health into Events, "
                     "the GPUUnhealthy condition and, optionally, a taint on the Node. Runs until SIGTERM. See "
                     "docs/node-controller.md.")
-    p.add_argument("--kubeconfig", metavar="FILE",
-                   help="the Kubernetes API's configuration (default: $KUBECONFIG, else the pod's service account)")
-    p.add_argument("--node-name", metavar="NAME", help="this node's name in Kubernetes (default: $NODE_NAME)")
+    cluster_arguments(p)
     p.add_argument("--namespace", metavar="NS", default="hostagent",
                    help="the agent's namespace in the cluster: the Events, the ConfigMap hostagent-driver and "
                         "the driver upgrades' Leases (default hostagent)")
@@ -63,10 +61,7 @@ def options_from_args(args, environ=None):
     from ..errors import NotFoundError, UsageError
     from ..plugins.nodecontroller.context import Options
     environ = os.environ if environ is None else environ
-    node = args.node_name or environ.get("NODE_NAME")
-    if not node:
-        raise UsageError("no node name", hint="give --node-name NAME or set NODE_NAME; in a pod, from the "
-                                              "downward API's spec.nodeName")
+    node = node_name(args, environ)
     if args.sharing_configs is not None and not Path(args.sharing_configs).is_dir():
         raise NotFoundError("the sharing configs folder does not exist", where=args.sharing_configs,
                             hint="give --sharing-configs a folder of named configs (a ConfigMap mounted as one)")
